@@ -1,0 +1,190 @@
+"""Named fault points for the crash proofs (ARCHITECTURE §5, STYLE 10).
+
+Every point a test may kill the process at is a :class:`CrashPoint`; code calls
+``crash_point(CrashPoint.AFTER_STEP_COMMIT, step_key)`` right after the commit it
+guards returned. The hooks are inert unless ``FLOW_CRASH_AT`` is set::
+
+    FLOW_CRASH_AT=<point>              kill at the first call of <point>
+    FLOW_CRASH_AT=<point>:<qualifier>  kill only where the call passes that qualifier
+                                       (e.g. ``after_step_commit:send_invoice``)
+
+``FLOW_CRASH_AT`` (and ``FLOW_CRASH_MARKER_FILE``) are read once, at import, because a
+hook must work before any configuration exists; an unknown point name makes the import
+fail, so a misspelt crash test can never run inert. A matching hook writes one line to
+stderr, appends ``<point>[:<qualifier>]`` to ``FLOW_CRASH_MARKER_FILE`` (fsync'ed, so the
+test can assert *where* the process died), then sends itself ``SIGKILL``.
+
+The in-process variant :func:`raise_connection_lost_after_commit` raises
+:class:`~services.errors.CommitOutcomeUnknownError` once after a commit, as a driver
+would when the connection drops during ``COMMIT``; only tests arm it
+(:func:`connection_lost_after_commit`).
+
+A process with ``FLOW_ENV=production`` refuses to start while any hook is set
+(:func:`assert_hooks_allowed`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from services.errors import CommitOutcomeUnknownError
+
+__all__ = [
+    "CrashPoint",
+    "CrashSpec",
+    "FaultHookError",
+    "active_crash_spec",
+    "assert_hooks_allowed",
+    "connection_lost_after_commit",
+    "crash_point",
+    "parse_crash_at",
+    "raise_connection_lost_after_commit",
+]
+
+
+class CrashPoint(StrEnum):
+    """Every named fault point; the value is the ``FLOW_CRASH_AT`` spelling."""
+
+    AFTER_CLAIM_COMMIT = "after_claim"
+    AFTER_RUNNING_COMMIT = "after_running"
+    BEFORE_STEP_COMMIT = "before_step_commit"
+    AFTER_STEP_COMMIT = "after_step_commit"
+    DURING_RECOVERY = "during_recovery"
+    AFTER_OUTBOX_ENQUEUE = "after_outbox_enqueue"
+    AFTER_INBOX_ACCEPT = "after_inbox_accept"
+    SERVER_STARTED = "server_started"
+
+
+class FaultHookError(ValueError):
+    """``FLOW_CRASH_AT`` is malformed, or hooks are set where they are refused."""
+
+
+@dataclass(frozen=True)
+class CrashSpec:
+    """A parsed ``FLOW_CRASH_AT`` value."""
+
+    point: CrashPoint
+    qualifier: str | None = None
+
+    def matches(self, point: CrashPoint, qualifier: str | None) -> bool:
+        """Exact match: same point, and the same qualifier when the spec names one."""
+        return self.point == point and (self.qualifier is None or self.qualifier == qualifier)
+
+    def __str__(self) -> str:
+        return _label(self.point, self.qualifier)
+
+
+def _label(point: CrashPoint, qualifier: str | None) -> str:
+    return point.value if qualifier is None else f"{point.value}:{qualifier}"
+
+
+def parse_crash_at(raw: str) -> CrashSpec | None:
+    """Parse ``<point>`` or ``<point>:<qualifier>``; empty means no hook.
+
+    Raises:
+        FaultHookError: unknown point or empty qualifier.
+    """
+    raw = raw.strip()
+    if not raw:
+        return None
+    name, sep, qualifier = raw.partition(":")
+    try:
+        point = CrashPoint(name)
+    except ValueError:
+        known = ", ".join(p.value for p in CrashPoint)
+        raise FaultHookError(f"FLOW_CRASH_AT: unknown point {name!r} (known: {known})") from None
+    if sep and not qualifier:
+        raise FaultHookError(f"FLOW_CRASH_AT: empty qualifier in {raw!r}")
+    return CrashSpec(point, qualifier if sep else None)
+
+
+_CRASH_AT: Final = parse_crash_at(os.environ.get("FLOW_CRASH_AT", ""))
+_MARKER_FILE: Final = os.environ.get("FLOW_CRASH_MARKER_FILE") or None
+
+
+def active_crash_spec() -> CrashSpec | None:
+    """The hook this process was started with (None: hooks are inert)."""
+    return _CRASH_AT
+
+
+def crash_point(point: CrashPoint, qualifier: str | None = None) -> None:
+    """SIGKILL this process if ``FLOW_CRASH_AT`` names this point (and qualifier)."""
+    if _CRASH_AT is None or not _CRASH_AT.matches(point, qualifier):
+        return
+    label = _label(point, qualifier)
+    # os.write, not print/logging: nothing buffered may be lost to the SIGKILL.
+    os.write(2, f"FLOW_CRASH_AT: SIGKILL at {label} (pid {os.getpid()})\n".encode())
+    if _MARKER_FILE:
+        fd = os.open(_MARKER_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{label}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class _ArmedConnectionLoss:
+    spec: CrashSpec | None = None
+
+
+_CONNECTION_LOSS = _ArmedConnectionLoss()
+
+
+def raise_connection_lost_after_commit(point: CrashPoint, qualifier: str | None = None) -> None:
+    """Raise ``CommitOutcomeUnknownError`` here once, if a test armed this point.
+
+    Call it right after the commit it guards returned: the transaction is durable
+    but the caller is told the outcome is unknown, as after a lost COMMIT response.
+
+    Raises:
+        CommitOutcomeUnknownError: the point is armed (the hook then disarms itself).
+    """
+    spec = _CONNECTION_LOSS.spec
+    if spec is None or not spec.matches(point, qualifier):
+        return
+    _CONNECTION_LOSS.spec = None
+    raise CommitOutcomeUnknownError(
+        f"connection lost after commit (injected at {_label(point, qualifier)})"
+    )
+
+
+@contextmanager
+def connection_lost_after_commit(
+    point: CrashPoint, qualifier: str | None = None
+) -> Iterator[CrashSpec]:
+    """Test-only: arm :func:`raise_connection_lost_after_commit` for the block."""
+    spec = CrashSpec(point, qualifier)
+    _CONNECTION_LOSS.spec = spec
+    try:
+        yield spec
+    finally:
+        _CONNECTION_LOSS.spec = None
+
+
+def assert_hooks_allowed(env: str, *, crash_at: str = "") -> None:
+    """Refuse fault hooks in production (ARCHITECTURE §5).
+
+    Args:
+        env: ``FLOW_ENV`` (``ServiceConfig.env``).
+        crash_at: ``ServiceConfig.crash_at``, checked as well as the process environment.
+
+    Raises:
+        FaultHookError: ``env`` is ``production`` and a hook is set or armed, or
+            ``crash_at`` is malformed.
+    """
+    configured = parse_crash_at(crash_at)
+    if env != "production":
+        return
+    hook = _CRASH_AT or configured or _CONNECTION_LOSS.spec
+    if hook is not None:
+        raise FaultHookError(
+            f"fault hook {hook} is set; FLOW_CRASH_AT must be empty when FLOW_ENV=production"
+        )
