@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 __all__ = [
@@ -31,7 +31,7 @@ class ConfigError(ValueError):
     """A configuration variable is missing or malformed."""
 
 
-class ServiceName(str, Enum):
+class ServiceName(StrEnum):
     """The three deployable services; the value is the credential audience."""
 
     CATALOG = "catalog"
@@ -66,30 +66,60 @@ _DB_FILES: Mapping[ServiceName, str] = {
 #: Every environment variable read by the services: name -> (default, meaning).
 #: The README's configuration table is generated from / checked against this.
 ENV_VARS: Mapping[str, tuple[str, str]] = {
-    "FLOW_ENV": ("development", "`development`, `test` or `production`; production refuses fault hooks and dev keys"),
+    "FLOW_ENV": (
+        "development",
+        "`development`, `test` or `production`; production refuses fault hooks and dev keys",
+    ),
     "FLOW_DATA_DIR": ("./.data", "directory for embedded SQLite files and dev keys"),
     "FLOW_LISTEN_HOST": ("127.0.0.1", "address the gRPC server binds"),
     "FLOW_CATALOG_PORT": ("50061", "catalog service gRPC port (0 = pick a free port)"),
     "FLOW_RUNTIME_PORT": ("50062", "runtime service gRPC port (0 = pick a free port)"),
     "FLOW_EFFECT_PORT": ("50063", "effect-owner service gRPC port (0 = pick a free port)"),
-    "FLOW_CATALOG_DB_URL": ("sqlite+aiosqlite:///$FLOW_DATA_DIR/catalog.db", "catalog database URL (`sqlite+aiosqlite://…` or `mysql+aiomysql://…`)"),
-    "FLOW_RUNTIME_DB_URL": ("sqlite+aiosqlite:///$FLOW_DATA_DIR/runtime.db", "runtime database URL"),
-    "FLOW_EFFECT_DB_URL": ("sqlite+aiosqlite:///$FLOW_DATA_DIR/effect_owner.db", "effect-owner database URL"),
+    "FLOW_CATALOG_DB_URL": (
+        "sqlite+aiosqlite:///$FLOW_DATA_DIR/catalog.db",
+        "catalog database URL (`sqlite+aiosqlite://…` or `mysql+aiomysql://…`)",
+    ),
+    "FLOW_RUNTIME_DB_URL": (
+        "sqlite+aiosqlite:///$FLOW_DATA_DIR/runtime.db",
+        "runtime database URL",
+    ),
+    "FLOW_EFFECT_DB_URL": (
+        "sqlite+aiosqlite:///$FLOW_DATA_DIR/effect_owner.db",
+        "effect-owner database URL",
+    ),
     "FLOW_DB_AUTO_MIGRATE": ("true", "run `db upgrade` at start-up before serving"),
     "FLOW_DB_POOL_SIZE": ("10", "connection pool size (MySQL/MariaDB/TiDB)"),
-    "FLOW_AUTH_TRUSTED_KEYS": ("$FLOW_DATA_DIR/auth/trusted_keys.json", "JSON file `{key_id: public-key PEM}` of workload-credential issuers the server trusts"),
-    "FLOW_AUTH_SIGNING_KEY": ("$FLOW_DATA_DIR/auth/dev_signing_key.pem", "Ed25519 private key PEM used by clients (flowctl, tests) to mint credentials"),
+    "FLOW_AUTH_TRUSTED_KEYS": (
+        "$FLOW_DATA_DIR/auth/trusted_keys.json",
+        "JSON file `{key_id: public-key PEM}` of workload-credential issuers the server trusts",
+    ),
+    "FLOW_AUTH_SIGNING_KEY": (
+        "$FLOW_DATA_DIR/auth/dev_signing_key.pem",
+        "Ed25519 private key PEM used by clients (flowctl, tests) to mint credentials",
+    ),
     "FLOW_AUTH_SIGNING_KEY_ID": ("dev", "key id written into minted credentials"),
-    "FLOW_AUTH_CLOCK_SKEW_S": ("30", "tolerated clock skew when checking credential expiry, seconds"),
+    "FLOW_AUTH_CLOCK_SKEW_S": (
+        "30",
+        "tolerated clock skew when checking credential expiry, seconds",
+    ),
     "FLOW_TLS_CERT": ("", "server certificate PEM; with FLOW_TLS_KEY enables TLS"),
     "FLOW_TLS_KEY": ("", "server private key PEM"),
-    "FLOW_TLS_CLIENT_CA": ("", "CA bundle PEM; when set the server requires client certificates (mTLS)"),
+    "FLOW_TLS_CLIENT_CA": (
+        "",
+        "CA bundle PEM; when set the server requires client certificates (mTLS)",
+    ),
     "FLOW_GRPC_MAX_MESSAGE_BYTES": ("4194304", "maximum inbound/outbound gRPC message size"),
     "FLOW_SHUTDOWN_GRACE_S": ("10", "seconds in-flight RPCs get to finish after SIGTERM"),
-    "FLOW_OTEL_ENABLED": ("true", "instrument gRPC with OpenTelemetry (spans exported only when an exporter is configured)"),
+    "FLOW_OTEL_ENABLED": (
+        "true",
+        "instrument gRPC with OpenTelemetry (spans exported only when an exporter is configured)",
+    ),
     "FLOW_OTEL_CONSOLE_EXPORT": ("false", "export spans to stderr (debugging)"),
     "FLOW_LOG_LEVEL": ("INFO", "Python log level"),
-    "FLOW_CRASH_AT": ("", "fault hook: SIGKILL the process at the named point (tests only; refused in production)"),
+    "FLOW_CRASH_AT": (
+        "",
+        "fault hook: SIGKILL the process at the named point (tests only; refused in production)",
+    ),
 }
 
 

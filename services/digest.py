@@ -41,7 +41,9 @@ __all__ = [
     "versioned_digest",
 ]
 
-DIGEST_RE = re.compile(r"^(?P<kind>[a-z][a-z0-9_.-]*)/v(?P<version>[1-9][0-9]*):sha256:(?P<hex>[0-9a-f]{64})$")
+DIGEST_RE = re.compile(
+    r"^(?P<kind>[a-z][a-z0-9_.-]*)/v(?P<version>[1-9][0-9]*):sha256:(?P<hex>[0-9a-f]{64})$"
+)
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]*$")
 
 
@@ -101,7 +103,8 @@ def versioned_digest(kind: str, value: Any, *, version: int = 1) -> str:
     """Digest of the canonical JSON of ``value`` under ``kind`` and ``version``.
 
     Example:
-        >>> versioned_digest("binding", {"b": 1, "a": 2}) == versioned_digest("binding", {"a": 2, "b": 1})
+        >>> a = versioned_digest("binding", {"b": 1, "a": 2})
+        >>> a == versioned_digest("binding", {"a": 2, "b": 1})
         True
     """
     return digest_bytes(kind, canonical_json(value), version=version)

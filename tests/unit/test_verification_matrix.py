@@ -52,7 +52,11 @@ def test_every_named_test_id_is_collected_by_pytest() -> None:
         timeout=300,
         check=False,
     )
-    assert proc.returncode == 0, f"matrix names tests pytest cannot collect:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    assert proc.returncode == 0, (
+        f"matrix names tests pytest cannot collect:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    )
     collected = {line.strip() for line in proc.stdout.splitlines() if "::" in line}
     for nid in ids:
-        assert any(c == nid or c.startswith(nid + "[") or c.startswith(nid + "::") for c in collected), nid
+        assert any(
+            c == nid or c.startswith(nid + "[") or c.startswith(nid + "::") for c in collected
+        ), nid

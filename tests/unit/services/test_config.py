@@ -35,7 +35,9 @@ def test_every_variable_is_documented_in_the_readme() -> None:
         ({"FLOW_DB_AUTO_MIGRATE": "maybe"}, "FLOW_DB_AUTO_MIGRATE"),
     ],
 )
-def test_malformed_values_are_rejected_with_the_variable_named(env: dict[str, str], message: str) -> None:
+def test_malformed_values_are_rejected_with_the_variable_named(
+    env: dict[str, str], message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(ServiceName.RUNTIME, env)
 

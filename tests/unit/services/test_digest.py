@@ -9,12 +9,26 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.digest import CanonicalJsonError, canonical_json, is_digest, parse_digest, versioned_digest
+from services.digest import (
+    CanonicalJsonError,
+    canonical_json,
+    is_digest,
+    parse_digest,
+    versioned_digest,
+)
 
-json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.floats(allow_nan=False, allow_infinity=False)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=8)
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 

@@ -1,0 +1,12 @@
+"""``python -m runtime_svc [serve | db upgrade|verify|current]``: the runtime service process."""
+
+from __future__ import annotations
+
+import sys
+
+from runtime_svc.app import build_services
+from services.config import ServiceName
+from services.service_main import run_service
+
+if __name__ == "__main__":
+    sys.exit(run_service(ServiceName.RUNTIME, "runtime_svc", build_services))

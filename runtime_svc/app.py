@@ -1,0 +1,47 @@
+"""Servicer wiring of the runtime service."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.config import ServiceConfig
+from services.grpc_server import ServiceRegistration, unimplemented_servicer
+from services.proto import runtime_v1
+
+__all__ = ["SERVICE_NAMES", "build_services"]
+
+SERVICE_NAMES = (
+    "nexus.flow.runtime.v1.FlowDefinitionService",
+    "nexus.flow.runtime.v1.FlowRunService",
+    "nexus.flow.runtime.v1.RecordService",
+    "nexus.flow.runtime.v1.WakeSignalService",
+)
+
+
+async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[ServiceRegistration]:
+    """The runtime RPCs; each answers UNIMPLEMENTED until its issue lands."""
+    del cfg, engine
+    return [
+        ServiceRegistration(
+            SERVICE_NAMES[0],
+            runtime_v1.add_FlowDefinitionServiceServicer_to_server,
+            unimplemented_servicer(runtime_v1.FlowDefinitionServiceServicer),
+        ),
+        ServiceRegistration(
+            SERVICE_NAMES[1],
+            runtime_v1.add_FlowRunServiceServicer_to_server,
+            unimplemented_servicer(runtime_v1.FlowRunServiceServicer),
+        ),
+        ServiceRegistration(
+            SERVICE_NAMES[2],
+            runtime_v1.add_RecordServiceServicer_to_server,
+            unimplemented_servicer(runtime_v1.RecordServiceServicer),
+        ),
+        ServiceRegistration(
+            SERVICE_NAMES[3],
+            runtime_v1.add_WakeSignalServiceServicer_to_server,
+            unimplemented_servicer(runtime_v1.WakeSignalServiceServicer),
+        ),
+    ]

@@ -1,0 +1,1 @@
+"""Test utilities shared by integration, e2e and crash tests."""
