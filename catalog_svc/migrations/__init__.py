@@ -1,0 +1,1 @@
+"""Alembic migration environment of catalog_svc (see services.migrate)."""

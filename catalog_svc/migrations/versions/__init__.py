@@ -1,0 +1,1 @@
+"""Alembic revisions of catalog_svc; Alembic loads them by file, never by import."""

@@ -1,0 +1,1 @@
+"""Alembic migration environment of effect_owner_svc (see services.migrate)."""

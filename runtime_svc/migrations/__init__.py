@@ -1,0 +1,1 @@
+"""Alembic migration environment of runtime_svc (see services.migrate)."""

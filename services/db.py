@@ -1,0 +1,689 @@
+"""Database kernel: engines, transactions, error classes, fencing and schema building blocks.
+
+Every service reaches its database through this module, so the portable rules of
+ARCHITECTURE §2 are written once:
+
+* :func:`create_engine` — ``sqlite+aiosqlite`` (embedded default) or ``mysql+aiomysql``
+  (MariaDB in CI, TiDB in production), configured for correct locking on each.
+* :func:`transaction` / :func:`run_in_transaction` — always an explicit transaction
+  (``BEGIN IMMEDIATE`` on SQLite); whole-transaction retry on deadlock/write conflict and
+  lock-wait timeout; a connection lost during ``COMMIT`` becomes
+  :class:`~services.errors.CommitOutcomeUnknownError` and is never retried.
+* :func:`classify_db_error` — the one mapping from driver errors to :class:`DbErrorClass`.
+* :func:`cas_update` — the fence: one conditional ``UPDATE`` whose row count must be 1,
+  else :class:`~services.errors.FenceLostError`.
+* :func:`insert_if_absent` — ``INSERT`` on a unique key, duplicate key → ``False``.
+* :func:`db_now` — the database clock, in UTC.
+* Schema building blocks shared by the three ``schema.py`` modules: :func:`new_metadata`
+  (naming convention), :data:`TABLE_OPTIONS`, :class:`UtcDateTime`, :class:`JsonText` and
+  the ``*_LEN`` column widths.
+
+What differs between the backends lives in one :class:`DialectStrategy` per dialect
+(:func:`strategy_for`); nothing else in the code base branches on the dialect name.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import enum
+import logging
+import random
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    URL,
+    BigInteger,
+    Column,
+    ColumnElement,
+    DateTime,
+    Dialect,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    event,
+    insert,
+    make_url,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.schema import PrimaryKeyConstraint, UniqueConstraint
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from services.errors import CommitOutcomeUnknownError, ConflictError, FenceLostError
+
+__all__ = [
+    "CODE_LEN",
+    "DEFAULT_BACKOFF",
+    "DEFAULT_MAX_ATTEMPTS",
+    "DIGEST_LEN",
+    "ID_LEN",
+    "KEY_LEN",
+    "LOCK_WAIT_TIMEOUT_S",
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "TABLE_OPTIONS",
+    "TOKEN_LEN",
+    "WORK_SCOPE",
+    "Backoff",
+    "DbErrorClass",
+    "DialectStrategy",
+    "JsonText",
+    "PayloadTooLargeError",
+    "UtcDateTime",
+    "cas_update",
+    "classify_db_error",
+    "create_engine",
+    "db_now",
+    "insert_if_absent",
+    "new_metadata",
+    "outbox_delivery_columns",
+    "run_in_transaction",
+    "strategy_for",
+    "transaction",
+    "work_scope_columns",
+]
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Seconds an InnoDB/TiDB row-lock wait may last before error 1205 (the server default, 50 s,
+#: would hold a worker and a pooled connection far past any step budget).
+LOCK_WAIT_TIMEOUT_S = 5
+#: How long a SQLite writer waits for the single write lock before ``SQLITE_BUSY``.
+SQLITE_BUSY_TIMEOUT_MS = 5000
+
+# Column widths. Every key/index must fit InnoDB's and TiDB's 3072-byte index limit at
+# 4 bytes per utf8mb4 character (tests/integration/test_schema.py checks every index).
+#: App-generated identifiers (ULID/UUID-like) and org/installation/capability ids.
+ID_LEN = 64
+#: Caller- or producer-supplied keys: idempotency keys, producer keys, handoff keys.
+KEY_LEN = 200
+#: Opaque tokens: wake tokens, lease tokens, owner/holder names.
+TOKEN_LEN = 128
+#: ``services.digest`` strings: ``<kind>/v<n>:sha256:<64 hex>`` (75 characters plus the
+#: kind at v1-v9, so kinds of up to 25 characters fit).
+DIGEST_LEN = 100
+#: Enumerated codes: states, kinds, profiles, failure classes.
+CODE_LEN = 32
+
+#: MySQL/MariaDB/TiDB table options: binary collation so ids, keys and digests compare
+#: byte-for-byte (MariaDB's default ``utf8mb4_general_ci`` would make ``"A"`` collide with
+#: ``"a"`` in a unique key); ``utf8mb4_bin`` is also TiDB's default. Ignored by SQLite.
+TABLE_OPTIONS: Mapping[str, Any] = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+}
+
+_NAMING_CONVENTION: Mapping[str, str] = {
+    "pk": "pk_%(table_name)s",
+    "fk": "fk_%(table_name)s_%(referred_table_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+}
+
+
+def new_metadata() -> MetaData:
+    """A ``MetaData`` with the project naming convention, so Alembic compares stable names."""
+    return MetaData(naming_convention=dict(_NAMING_CONVENTION))
+
+
+# --- error classes ---------------------------------------------------------------------
+
+
+class DbErrorClass(enum.Enum):
+    """What a database error means for the transaction that hit it (ARCHITECTURE §2)."""
+
+    #: Deadlock or write conflict; the server rolled the transaction back. Retry it whole.
+    RETRYABLE_CONFLICT = "retryable_conflict"
+    #: A lock wait timed out; only the statement was rolled back. ROLLBACK, then retry.
+    LOCK_WAIT_TIMEOUT = "lock_wait_timeout"
+    #: The connection was lost. During COMMIT the outcome is unknown: never retry blindly.
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    #: A unique or primary key already holds the value (insert-if-absent lost the race).
+    DUPLICATE_KEY = "duplicate_key"
+    #: Anything else: a bug, a constraint violation, a syntax error. Not retried.
+    OTHER = "other"
+
+
+_RETRIED = frozenset({DbErrorClass.RETRYABLE_CONFLICT, DbErrorClass.LOCK_WAIT_TIMEOUT})
+
+# MySQL/MariaDB/TiDB server and client error numbers (pymysql ``err.args[0]``).
+_MYSQL_CODES: Mapping[int, DbErrorClass] = {
+    1213: DbErrorClass.RETRYABLE_CONFLICT,  # ER_LOCK_DEADLOCK
+    1020: DbErrorClass.RETRYABLE_CONFLICT,  # ER_CHECKREAD: record changed since last read
+    9007: DbErrorClass.RETRYABLE_CONFLICT,  # TiDB write conflict
+    8002: DbErrorClass.RETRYABLE_CONFLICT,  # TiDB SELECT FOR UPDATE write conflict
+    8005: DbErrorClass.RETRYABLE_CONFLICT,  # TiDB transaction retry / write conflict
+    8028: DbErrorClass.RETRYABLE_CONFLICT,  # TiDB information schema changed
+    1205: DbErrorClass.LOCK_WAIT_TIMEOUT,  # ER_LOCK_WAIT_TIMEOUT (also MariaDB NOWAIT)
+    3572: DbErrorClass.LOCK_WAIT_TIMEOUT,  # ER_LOCK_NOWAIT (MySQL 8 / TiDB)
+    2006: DbErrorClass.OUTCOME_UNKNOWN,  # CR_SERVER_GONE_ERROR
+    2013: DbErrorClass.OUTCOME_UNKNOWN,  # CR_SERVER_LOST
+    2055: DbErrorClass.OUTCOME_UNKNOWN,  # CR_SERVER_LOST_EXTENDED
+    1062: DbErrorClass.DUPLICATE_KEY,  # ER_DUP_ENTRY
+    1586: DbErrorClass.DUPLICATE_KEY,  # ER_DUP_ENTRY_WITH_KEY_NAME
+}
+
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+_SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE = 1555, 2067
+
+
+def _classify_mysql(orig: BaseException) -> DbErrorClass | None:
+    # pymysql (and aiomysql, which re-exports its classes) carry (errno, message) in args.
+    if type(orig).__module__.split(".")[0] not in ("pymysql", "aiomysql"):
+        return None
+    code = orig.args[0] if orig.args and isinstance(orig.args[0], int) else None
+    return _MYSQL_CODES.get(code, DbErrorClass.OTHER) if code is not None else DbErrorClass.OTHER
+
+
+def _classify_sqlite(orig: BaseException) -> DbErrorClass | None:
+    if not isinstance(orig, sqlite3.Error):
+        return None
+    # Python 3.11 sets the extended result code on errors raised by SQLite itself; an
+    # exception built by hand (or by an adapter) may only carry the message.
+    code = getattr(orig, "sqlite_errorcode", None)
+    message = str(orig)
+    if isinstance(code, int):
+        if code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
+            return DbErrorClass.RETRYABLE_CONFLICT
+        if code in (_SQLITE_CONSTRAINT_UNIQUE, _SQLITE_CONSTRAINT_PRIMARYKEY):
+            return DbErrorClass.DUPLICATE_KEY
+    if "database is locked" in message or "database table is locked" in message:
+        return DbErrorClass.RETRYABLE_CONFLICT
+    if isinstance(orig, sqlite3.IntegrityError) and message.startswith("UNIQUE constraint failed"):
+        return DbErrorClass.DUPLICATE_KEY
+    return DbErrorClass.OTHER
+
+
+def classify_db_error(exc: BaseException) -> DbErrorClass:
+    """Classify ``exc`` — a SQLAlchemy ``DBAPIError`` or a raw pymysql/sqlite3 error.
+
+    A SQLAlchemy error whose connection was invalidated (the dialect recognised a
+    disconnect) is :attr:`DbErrorClass.OUTCOME_UNKNOWN` even when the driver code is not
+    in the table. Anything that is not a database error is :attr:`DbErrorClass.OTHER`.
+    """
+    orig: BaseException = exc
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return DbErrorClass.OUTCOME_UNKNOWN
+        if exc.orig is not None:
+            orig = exc.orig
+    for classify in (_classify_mysql, _classify_sqlite):
+        found = classify(orig)
+        if found is not None:
+            return found
+    return DbErrorClass.OTHER
+
+
+# --- per-dialect strategy --------------------------------------------------------------
+
+_BEGIN_MODE_OPTION = "flow_sqlite_begin"
+
+
+class DialectStrategy(abc.ABC):
+    """Everything that differs between the supported backends."""
+
+    #: ``create_async_engine`` driver names this strategy accepts.
+    drivers: frozenset[str] = frozenset()
+    #: SQL returning the current UTC time of the database.
+    now_sql: str = ""
+    #: Whether DDL takes part in transactions (a whole migration commits or not at all).
+    transactional_ddl: bool = False
+
+    @abc.abstractmethod
+    def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
+        """Keyword arguments for ``create_async_engine``."""
+
+    @abc.abstractmethod
+    def install_hooks(self, engine: Engine) -> None:
+        """Register connection/transaction event hooks on the engine's sync facade."""
+
+    def parse_now(self, value: Any) -> datetime:
+        """Turn the result of :attr:`now_sql` into an aware UTC datetime."""
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if not isinstance(value, datetime):
+            raise TypeError(f"database clock returned {value!r}")
+        return value.replace(tzinfo=UTC)
+
+    def datetime_type(self) -> TypeEngine[Any]:
+        """Storage type of :class:`UtcDateTime`."""
+        return DateTime()
+
+    def text_type(self, max_bytes: int) -> TypeEngine[Any]:
+        """Storage type of :class:`JsonText` able to hold ``max_bytes`` bytes."""
+        return Text()
+
+    def migration_lock(self, name: str) -> tuple[str, str] | None:
+        """``(acquire, release)`` SQL serialising schema upgrades, or None when not needed."""
+        return None
+
+
+class _SqliteStrategy(DialectStrategy):
+    drivers = frozenset({"sqlite+aiosqlite"})
+    transactional_ddl = True
+    # Millisecond precision is what SQLite's clock offers.
+    now_sql = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
+    def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
+        database = url.database or ""
+        if database in ("", ":memory:") or database.startswith("file:"):
+            return {}  # StaticPool: one shared connection
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+        return {"pool_size": pool_size, "max_overflow": 0}
+
+    def install_hooks(self, engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            # Take BEGIN away from pysqlite: its deferred BEGIN lets two read-modify-write
+            # transactions both read before either writes (lost updates, TOOLING.md).
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+                # WAL: readers never block the writer and several processes share a file.
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA foreign_keys=ON")
+                # NORMAL in WAL mode survives a process crash (SIGKILL); only an OS crash
+                # may lose the last commits, which the embedded default accepts.
+                cursor.execute("PRAGMA synchronous=NORMAL")
+            finally:
+                cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            # IMMEDIATE takes the write lock up front, so the SELECT of a read-modify-write
+            # is already serialised (SQLite ignores FOR UPDATE); read-only transactions opt
+            # into DEFERRED through transaction(readonly=True).
+            mode = conn.get_execution_options().get(_BEGIN_MODE_OPTION, "IMMEDIATE")
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+class _MySqlStrategy(DialectStrategy):
+    drivers = frozenset({"mysql+aiomysql", "mariadb+aiomysql"})
+    # UTC_TIMESTAMP, not CURRENT_TIMESTAMP: the latter is in the session time zone.
+    now_sql = "SELECT UTC_TIMESTAMP(6)"
+
+    def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
+        return {
+            "pool_pre_ping": True,
+            "pool_size": pool_size,
+            "max_overflow": 0,  # FLOW_DB_POOL_SIZE is the connection budget, not a hint
+            "pool_recycle": 1800,
+            # READ COMMITTED, not REPEATABLE READ: correctness never rests on snapshot
+            # reads or gap locks — the fence is the conditional UPDATE checked by row
+            # count, and rows are locked explicitly with FOR UPDATE in §13.1 order. This
+            # is also the isolation TiDB's pessimistic mode is tuned for, and it avoids
+            # InnoDB's gap/next-key locks that TiDB does not have (fewer MariaDB-only
+            # deadlocks). Needs ROW binlog format when binary logging is on.
+            "isolation_level": "READ COMMITTED",
+            "connect_args": {
+                "charset": "utf8mb4",
+                "init_command": f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}",
+            },
+        }
+
+    def install_hooks(self, engine: Engine) -> None:
+        # Nothing to hook: the driver runs with autocommit off (the first statement opens
+        # the transaction), and isolation and lock-wait timeout are connect options.
+        return None
+
+    def datetime_type(self) -> TypeEngine[Any]:
+        return mysql.DATETIME(fsp=6)
+
+    def text_type(self, max_bytes: int) -> TypeEngine[Any]:
+        if max_bytes <= 65_535:
+            return mysql.TEXT()
+        if max_bytes <= 16_777_215:
+            return mysql.MEDIUMTEXT()
+        return mysql.LONGTEXT()
+
+    def migration_lock(self, name: str) -> tuple[str, str] | None:
+        # A session-level named lock survives the implicit commits of DDL; two replicas
+        # starting with FLOW_DB_AUTO_MIGRATE=true must not both run CREATE TABLE.
+        return (f"SELECT GET_LOCK('{name}', 120)", f"SELECT RELEASE_LOCK('{name}')")
+
+
+_STRATEGIES: Mapping[str, DialectStrategy] = {
+    "sqlite": _SqliteStrategy(),
+    "mysql": _MySqlStrategy(),
+    "mariadb": _MySqlStrategy(),
+}
+
+
+def strategy_for(dialect: str | Dialect) -> DialectStrategy:
+    """The strategy of a dialect (or dialect name)."""
+    name = dialect if isinstance(dialect, str) else dialect.name
+    try:
+        return _STRATEGIES[name]
+    except KeyError:
+        raise ValueError(f"unsupported database dialect {name!r}") from None
+
+
+def create_engine(url: str | URL, pool_size: int = 5) -> AsyncEngine:
+    """Create the async engine of one service database.
+
+    Args:
+        url: ``sqlite+aiosqlite:///path`` or ``mysql+aiomysql://user:pw@host:port/db``.
+        pool_size: connection budget (``ServiceConfig.db_pool_size``).
+
+    Raises:
+        ValueError: unsupported driver.
+    """
+    parsed = make_url(url)
+    strategy = strategy_for(parsed.get_backend_name())
+    if parsed.drivername not in strategy.drivers:
+        raise ValueError(f"unsupported database driver {parsed.drivername!r}")
+    engine = create_async_engine(parsed, **strategy.engine_options(parsed, pool_size))
+    strategy.install_hooks(engine.sync_engine)
+    return engine
+
+
+# --- transactions ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Bounded exponential backoff with jitter between whole-transaction retries."""
+
+    initial_s: float = 0.005
+    max_s: float = 0.2
+    multiplier: float = 2.0
+
+    def delay(self, retry: int) -> float:
+        """Delay before retry number ``retry`` (1-based): uniform in [cap/2, cap]."""
+        cap = min(self.max_s, self.initial_s * self.multiplier ** max(retry - 1, 0))
+        return random.uniform(cap / 2, cap)  # noqa: S311 - jitter, not a secret
+
+
+DEFAULT_BACKOFF = Backoff()
+DEFAULT_MAX_ATTEMPTS = 5
+
+
+async def _rollback_quietly(conn: AsyncConnection) -> None:
+    try:
+        await conn.rollback()
+    except Exception:
+        # The connection is unusable (e.g. lost): drop it rather than return it to the pool.
+        _log.warning("rollback failed; invalidating the connection", exc_info=True)
+        await conn.invalidate()
+
+
+@asynccontextmanager
+async def transaction(
+    engine: AsyncEngine, *, readonly: bool = False
+) -> AsyncIterator[AsyncConnection]:
+    """One explicit transaction: commit on success, roll back on any exception.
+
+    On SQLite the transaction starts with ``BEGIN IMMEDIATE`` (``BEGIN DEFERRED`` when
+    ``readonly``, which must then not write); on MySQL autocommit is off, so the first
+    statement opens the transaction and a ``FOR UPDATE`` never runs in autocommit.
+
+    Raises:
+        CommitOutcomeUnknownError: the connection was lost during COMMIT.
+    """
+    conn = await engine.connect()
+    try:
+        if readonly:
+            await conn.execution_options(**{_BEGIN_MODE_OPTION: "DEFERRED"})
+        await conn.begin()
+        try:
+            yield conn
+        except BaseException:
+            await _rollback_quietly(conn)
+            raise
+        try:
+            await conn.commit()
+        except Exception as exc:
+            if classify_db_error(exc) is DbErrorClass.OUTCOME_UNKNOWN:
+                raise CommitOutcomeUnknownError("connection lost during commit") from exc
+            await _rollback_quietly(conn)
+            raise
+    finally:
+        await conn.close()
+
+
+async def run_in_transaction(
+    engine: AsyncEngine,
+    fn: Callable[[AsyncConnection], Awaitable[T]],
+    *,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    backoff: Backoff = DEFAULT_BACKOFF,
+    readonly: bool = False,
+) -> T:
+    """Run ``fn`` in a :func:`transaction`, retrying the whole of it on conflicts.
+
+    ``fn`` must be safe to run again from the same input: a retry starts over in a new
+    transaction after the old one was rolled back. Retried: deadlock/write conflict and
+    lock-wait timeout. Never retried: a lost connection (during COMMIT it surfaces as
+    :class:`~services.errors.CommitOutcomeUnknownError`; before COMMIT the raw error is
+    re-raised for the caller's durable retry), fence loss, duplicate keys, anything else.
+
+    Raises:
+        ConflictError: still conflicting after ``max_attempts`` attempts.
+        CommitOutcomeUnknownError: the connection was lost during COMMIT.
+    """
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be >= 1")
+    attempt = 1
+    while True:
+        try:
+            async with transaction(engine, readonly=readonly) as conn:
+                return await fn(conn)
+        except Exception as exc:
+            kind = classify_db_error(exc)
+            if kind not in _RETRIED:
+                raise
+            if attempt >= max_attempts:
+                raise ConflictError(
+                    f"database conflict persisted after {attempt} attempts"
+                ) from exc
+            _log.debug("transaction attempt %d: %s, retrying", attempt, kind.value)
+            await asyncio.sleep(backoff.delay(attempt))
+            attempt += 1
+
+
+# --- fencing and idempotent inserts ----------------------------------------------------
+
+
+def _unique_keys(table: Table) -> Iterable[frozenset[str]]:
+    for constraint in table.constraints:
+        if isinstance(constraint, PrimaryKeyConstraint | UniqueConstraint):
+            yield frozenset(c.name for c in constraint.columns)
+
+
+async def cas_update(
+    conn: AsyncConnection,
+    table: Table,
+    *,
+    org_id: str,
+    key: Mapping[str, Any],
+    expected_version: int,
+    values: Mapping[str, Any],
+    version_column: str = "state_version",
+    extra_predicates: Iterable[ColumnElement[bool]] = (),
+) -> int:
+    """Fenced update of one row: ``SET version = version + 1, … WHERE org_id AND key AND
+    version = expected [AND extra…]`` whose row count must be exactly 1.
+
+    Args:
+        conn: the caller's connection, inside its transaction.
+        table: a table with an ``org_id`` column and ``version_column``.
+        org_id: the trusted org.
+        key: the rest of a primary or unique key (column name → value).
+        expected_version: the version the caller read.
+        values: columns to set; never the version, ``org_id`` or key columns.
+        version_column: the compare-and-swap column.
+        extra_predicates: further fence conditions (lease token, state, epoch, …).
+
+    Returns:
+        The new version (``expected_version + 1``).
+
+    Raises:
+        FenceLostError: no row matched; ``found_version`` is what a scoped re-read saw
+            (None when the row does not exist in this org).
+        ValueError: ``key`` is not a unique key with ``org_id``, or ``values`` touches the
+            version or identity columns.
+    """
+    identity = frozenset({"org_id", *key})
+    if identity not in set(_unique_keys(table)):
+        raise ValueError(f"{sorted(identity)} is not a unique key of {table.name}")
+    touched = identity.union({version_column}).intersection(values)
+    if touched:
+        raise ValueError(f"cas_update may not set {sorted(touched)} on {table.name}")
+    version = table.c[version_column]
+    scope = [table.c.org_id == org_id, *(table.c[name] == value for name, value in key.items())]
+    stmt = (
+        update(table)
+        .where(*scope, version == expected_version, *extra_predicates)
+        .values({**values, version_column: version + 1})
+    )
+    result = await conn.execute(stmt)
+    if result.rowcount == 1:
+        return expected_version + 1
+    # Diagnostic only: the decision was made by the row count above.
+    found = (await conn.execute(select(version).where(*scope))).scalar_one_or_none()
+    raise FenceLostError(
+        table.name,
+        ",".join(f"{name}={value}" for name, value in key.items()),
+        expected_version,
+        found,
+    )
+
+
+async def insert_if_absent(conn: AsyncConnection, table: Table, values: Mapping[str, Any]) -> bool:
+    """``INSERT`` one row; ``False`` when a primary/unique key already holds it.
+
+    The caller's transaction stays usable after a duplicate: MySQL/MariaDB/TiDB roll back
+    only the failed statement, and so does SQLite (its default ``ABORT`` conflict
+    resolution keeps earlier changes of the transaction), so no savepoint is needed. A
+    duplicate on *any* unique key returns ``False``; read back by the key that matters.
+    """
+    try:
+        await conn.execute(insert(table).values(dict(values)))
+    except DBAPIError as exc:
+        if classify_db_error(exc) is DbErrorClass.DUPLICATE_KEY:
+            return False
+        raise
+    return True
+
+
+async def db_now(conn: AsyncConnection) -> datetime:
+    """The database's current time as an aware UTC datetime.
+
+    Durable times (``RunAfter``, lease expiry, ``RecoveryObservedAt``) are taken from the
+    database clock so that replicas with skewed clocks agree (§12.2).
+    """
+    strategy = strategy_for(conn.dialect)
+    return strategy.parse_now((await conn.execute(text(strategy.now_sql))).scalar_one())
+
+
+# --- column types ----------------------------------------------------------------------
+
+
+class PayloadTooLargeError(ValueError):
+    """A :class:`JsonText` value exceeds the column's documented byte bound."""
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A point in time: aware UTC in Python, naive UTC in the column.
+
+    ``DATETIME(6)`` on MySQL (microseconds), ``DATETIME`` text on SQLite. Binding a naive
+    datetime raises ``ValueError``: its time zone would be a guess.
+    """
+
+    impl = DateTime
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        return dialect.type_descriptor(strategy_for(dialect).datetime_type())
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError("naive datetime: pass an aware datetime (UTC)")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class JsonText(TypeDecorator[str]):
+    """Serialized JSON (canonical JSON from ``services.digest``) with an enforced byte bound.
+
+    The storage type holds at least ``max_bytes`` (``TEXT``/``MEDIUMTEXT``/``LONGTEXT`` on
+    MySQL, ``TEXT`` on SQLite); binding a larger value raises :class:`PayloadTooLargeError`
+    before any SQL is sent.
+    """
+
+    impl = Text
+    cache_ok = True
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__()
+        self.max_bytes = max_bytes
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        return dialect.type_descriptor(strategy_for(dialect).text_type(self.max_bytes))
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        if value is not None and len(value.encode("utf-8")) > self.max_bytes:
+            raise PayloadTooLargeError(f"JSON value exceeds {self.max_bytes} bytes")
+        return value
+
+
+def outbox_delivery_columns() -> list[Column[Any]]:
+    """The delivery-state columns every transactional outbox table carries, so one generic
+    dispatcher can serve the Runtime outbox and the effect owner's outbox.
+
+    ``delivery_state`` is the transport lifecycle; ``lease_*`` fence the dispatcher that is
+    delivering a row; ``state_version`` is the compare-and-swap version of the row.
+    """
+    return [
+        Column("delivery_state", String(CODE_LEN), nullable=False),
+        Column("delivery_attempts", Integer, nullable=False),
+        Column("next_attempt_at", UtcDateTime(), nullable=False),
+        Column("lease_owner", String(TOKEN_LEN), nullable=True),
+        Column("lease_token", String(TOKEN_LEN), nullable=True),
+        Column("lease_until", UtcDateTime(), nullable=True),
+        Column("last_error_code", String(CODE_LEN), nullable=True),
+        Column("delivered_at", UtcDateTime(), nullable=True),
+        Column("state_version", BigInteger, nullable=False),
+    ]
+
+
+#: Column names of the trusted Runtime work scope (§10.0), in key order.
+WORK_SCOPE = (
+    "org_id",
+    "app_installation_id",
+    "runtime_capability_id",
+    "runtime_work_binding_digest",
+)
+
+
+def work_scope_columns() -> list[Column[str]]:
+    """Fresh ``org_id, app_installation_id, runtime_capability_id,
+    runtime_work_binding_digest`` columns: every dependency/wake match, inbox, dedupe and
+    receipt check uses all four (§10.0)."""
+    return [
+        Column("org_id", String(ID_LEN), nullable=False),
+        Column("app_installation_id", String(ID_LEN), nullable=False),
+        Column("runtime_capability_id", String(ID_LEN), nullable=False),
+        Column("runtime_work_binding_digest", String(DIGEST_LEN), nullable=False),
+    ]

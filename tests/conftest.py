@@ -1,0 +1,79 @@
+"""Database fixtures shared by every test.
+
+* ``sqlite_url`` — a fresh SQLite file per test.
+* ``mariadb_server_url`` — the MariaDB server from ``FLOW_TEST_MYSQL_URL`` (e.g.
+  ``mysql+aiomysql://root:@127.0.0.1:3307``); without it the test is skipped locally and
+  fails under ``CI=true`` (ARCHITECTURE §6: a skipped MariaDB suite in CI is a failure).
+* ``mariadb_url`` — a fresh, uniquely named database on that server per test, dropped after.
+* ``db_url`` — parametrized over ``sqlite`` and ``mariadb``; the ``mariadb`` case carries the
+  ``mariadb`` marker (``-m "not mariadb"`` deselects it).
+
+Sub-directory ``conftest.py`` files add their own fixtures on top of these.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pymysql
+import pytest
+from sqlalchemy.engine import make_url
+
+MYSQL_URL_ENV = "FLOW_TEST_MYSQL_URL"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """URL of a new SQLite database file (created on first connect)."""
+    return f"sqlite+aiosqlite:///{tmp_path / 'db' / 'test.db'}"
+
+
+@pytest.fixture(scope="session")
+def mariadb_server_url() -> str:
+    """The MariaDB server URL (no database), from ``FLOW_TEST_MYSQL_URL``."""
+    url = os.environ.get(MYSQL_URL_ENV, "").strip()
+    if not url:
+        message = f"{MYSQL_URL_ENV} is not set: no MariaDB server for this test"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{message} (CI=true: the MariaDB suite may not be skipped)")
+        pytest.skip(message)
+    return url
+
+
+@pytest.fixture
+def mariadb_url(mariadb_server_url: str) -> Iterator[str]:
+    """URL of a new, empty database on the MariaDB server, dropped after the test."""
+    server = make_url(mariadb_server_url)
+    name = f"flow_test_{uuid.uuid4().hex[:16]}"
+    # Plain pymysql (what aiomysql wraps): the fixture works for sync and async tests alike.
+    admin = pymysql.connect(
+        host=server.host or "127.0.0.1",
+        port=server.port or 3306,
+        user=server.username or "root",
+        password=server.password or "",
+        charset="utf8mb4",
+        autocommit=True,
+    )
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        yield server.set(database=name, query={"charset": "utf8mb4"}).render_as_string(
+            hide_password=False
+        )
+        with admin.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        admin.close()
+
+
+@pytest.fixture(
+    params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)],
+    ids=["sqlite", "mariadb"],
+)
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A fresh database URL on each backend: ``sqlite`` and ``mariadb``."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url

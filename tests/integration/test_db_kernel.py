@@ -1,0 +1,494 @@
+"""The database kernel (services.db) against real SQLite and MariaDB databases: engine
+settings, fencing, insert-if-absent, retries, the database clock and column types."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pymysql
+import pytest
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Integer,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    UniqueConstraint,
+    func,
+    insert,
+    select,
+    text,
+)
+from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services import db
+from services.errors import CommitOutcomeUnknownError, ConflictError, FenceLostError
+
+metadata = db.new_metadata()
+items = Table(
+    "kernel_items",
+    metadata,
+    Column("org_id", String(db.ID_LEN), nullable=False),
+    Column("item_id", String(db.ID_LEN), nullable=False),
+    Column("external_key", String(db.KEY_LEN), nullable=False),
+    Column("state_version", BigInteger, nullable=False),
+    Column("counter", Integer, nullable=False),
+    Column("lease_token", String(db.TOKEN_LEN), nullable=True),
+    Column("note", db.JsonText(64), nullable=True),
+    Column("seen_at", db.UtcDateTime(), nullable=True),
+    PrimaryKeyConstraint("org_id", "item_id"),
+    UniqueConstraint("org_id", "external_key", name="uq_kernel_items_external_key"),
+    **db.TABLE_OPTIONS,
+)
+
+ORG, OTHER_ORG = "org-1", "org-2"
+NO_WAIT = db.Backoff(initial_s=0.001, max_s=0.002)
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = db.create_engine(db_url, pool_size=5)
+    async with db.transaction(eng) as conn:
+        await conn.run_sync(metadata.create_all)
+    yield eng
+    await eng.dispose()
+
+
+def _row(item_id: str, **overrides: Any) -> dict[str, Any]:
+    return {
+        "org_id": ORG,
+        "item_id": item_id,
+        "external_key": f"key-{item_id}",
+        "state_version": 0,
+        "counter": 0,
+        "lease_token": None,
+        **overrides,
+    }
+
+
+async def _insert(engine: AsyncEngine, *rows: dict[str, Any]) -> None:
+    async with db.transaction(engine) as conn:
+        for row in rows:
+            await conn.execute(insert(items).values(row))
+
+
+async def _get(engine: AsyncEngine, item_id: str, org_id: str = ORG) -> Any:
+    async with db.transaction(engine, readonly=True) as conn:
+        query = select(items).where(items.c.org_id == org_id, items.c.item_id == item_id)
+        return (await conn.execute(query)).one_or_none()
+
+
+def _is_mysql(conn: AsyncConnection) -> bool:
+    return conn.dialect.name in ("mysql", "mariadb")
+
+
+# --- engine settings -------------------------------------------------------------------
+
+
+async def test_engine_session_settings(engine: AsyncEngine) -> None:
+    async with db.transaction(engine) as conn:
+        if _is_mysql(conn):
+            row = (
+                await conn.execute(text("SELECT @@tx_isolation, @@innodb_lock_wait_timeout"))
+            ).one()
+            assert tuple(row) == ("READ-COMMITTED", db.LOCK_WAIT_TIMEOUT_S)
+        else:
+            assert (await conn.execute(text("PRAGMA journal_mode"))).scalar() == "wal"
+            assert (await conn.execute(text("PRAGMA foreign_keys"))).scalar() == 1
+            assert (await conn.execute(text("PRAGMA busy_timeout"))).scalar() == 5000
+
+
+async def test_create_engine_rejects_unsupported_drivers() -> None:
+    with pytest.raises(ValueError, match="unsupported database driver"):
+        db.create_engine("sqlite+pysqlite:///x.db")
+    with pytest.raises(ValueError, match="unsupported database dialect"):
+        db.create_engine("postgresql+asyncpg://h/db")
+
+
+# --- fencing ---------------------------------------------------------------------------
+
+
+async def test_cas_update_advances_the_version_and_sets_values(engine: AsyncEngine) -> None:
+    await _insert(engine, _row("a", state_version=3))
+
+    async with db.transaction(engine) as conn:
+        new_version = await db.cas_update(
+            conn, items, org_id=ORG, key={"item_id": "a"}, expected_version=3, values={"counter": 7}
+        )
+
+    assert new_version == 4
+    row = await _get(engine, "a")
+    assert (row.state_version, row.counter) == (4, 7)
+
+
+async def test_cas_update_with_a_stale_version_loses_the_fence(engine: AsyncEngine) -> None:
+    await _insert(engine, _row("a", state_version=5))
+
+    with pytest.raises(FenceLostError) as caught:
+        async with db.transaction(engine) as conn:
+            await db.cas_update(
+                conn,
+                items,
+                org_id=ORG,
+                key={"item_id": "a"},
+                expected_version=4,
+                values={"counter": 1},
+            )
+
+    assert (caught.value.entity, caught.value.key) == ("kernel_items", "item_id=a")
+    assert (caught.value.expected_version, caught.value.found_version) == (4, 5)
+    assert (await _get(engine, "a")).counter == 0
+
+
+async def test_cas_update_in_the_wrong_org_matches_nothing(engine: AsyncEngine) -> None:
+    await _insert(engine, _row("a"))
+
+    with pytest.raises(FenceLostError) as caught:
+        async with db.transaction(engine) as conn:
+            await db.cas_update(
+                conn,
+                items,
+                org_id=OTHER_ORG,
+                key={"item_id": "a"},
+                expected_version=0,
+                values={"counter": 1},
+            )
+
+    assert caught.value.found_version is None  # absent in that org: no disclosure
+    assert (await _get(engine, "a")).state_version == 0
+
+
+async def test_cas_update_extra_predicates_are_part_of_the_fence(engine: AsyncEngine) -> None:
+    await _insert(engine, _row("a", lease_token="t-new"))
+
+    with pytest.raises(FenceLostError) as caught:
+        async with db.transaction(engine) as conn:
+            await db.cas_update(
+                conn,
+                items,
+                org_id=ORG,
+                key={"item_id": "a"},
+                expected_version=0,
+                values={"counter": 1},
+                extra_predicates=[items.c.lease_token == "t-old"],
+            )
+    assert caught.value.found_version == 0
+
+    async with db.transaction(engine) as conn:
+        await db.cas_update(
+            conn,
+            items,
+            org_id=ORG,
+            key={"item_id": "a"},
+            expected_version=0,
+            values={"counter": 1},
+            extra_predicates=[items.c.lease_token == "t-new"],
+        )
+    assert (await _get(engine, "a")).counter == 1
+
+
+async def test_cas_update_accepts_a_unique_key_and_refuses_misuse(engine: AsyncEngine) -> None:
+    await _insert(engine, _row("a"))
+    async with db.transaction(engine) as conn:
+        await db.cas_update(
+            conn,
+            items,
+            org_id=ORG,
+            key={"external_key": "key-a"},
+            expected_version=0,
+            values={"counter": 2},
+        )
+        with pytest.raises(ValueError, match="not a unique key"):
+            await db.cas_update(
+                conn, items, org_id=ORG, key={"counter": 2}, expected_version=1, values={}
+            )
+        with pytest.raises(ValueError, match="may not set"):
+            await db.cas_update(
+                conn,
+                items,
+                org_id=ORG,
+                key={"item_id": "a"},
+                expected_version=1,
+                values={"state_version": 9},
+            )
+    assert (await _get(engine, "a")).counter == 2
+
+
+# --- insert-if-absent ------------------------------------------------------------------
+
+
+async def test_insert_if_absent_duplicate_keeps_the_transaction_usable(engine: AsyncEngine) -> None:
+    await _insert(engine, _row("a", counter=1))
+
+    async with db.transaction(engine) as conn:
+        assert await db.insert_if_absent(conn, items, _row("b")) is True
+        assert await db.insert_if_absent(conn, items, _row("a", counter=99)) is False  # PK
+        assert (
+            await db.insert_if_absent(
+                conn,
+                items,
+                _row("z", external_key="key-b"),  # unique key taken by "b"
+            )
+            is False
+        )
+        assert await db.insert_if_absent(conn, items, _row("c")) is True
+
+    assert (await _get(engine, "a")).counter == 1
+    assert await _get(engine, "b") is not None
+    assert await _get(engine, "c") is not None
+    assert await _get(engine, "z") is None
+
+
+async def test_insert_if_absent_is_scoped_by_org(engine: AsyncEngine) -> None:
+    await _insert(engine, _row("a"))
+    async with db.transaction(engine) as conn:
+        assert await db.insert_if_absent(conn, items, _row("a", org_id=OTHER_ORG)) is True
+
+
+async def test_insert_if_absent_propagates_other_integrity_errors(engine: AsyncEngine) -> None:
+    with pytest.raises(IntegrityError):
+        async with db.transaction(engine) as conn:
+            await db.insert_if_absent(conn, items, _row("a", counter=None))
+
+
+# --- transactions and retries ----------------------------------------------------------
+
+
+async def test_concurrent_read_modify_write_increments_are_not_lost(engine: AsyncEngine) -> None:
+    await _insert(engine, _row("a"))
+
+    async def increment() -> None:
+        async with db.transaction(engine) as conn:
+            query = select(items.c.counter).where(items.c.org_id == ORG, items.c.item_id == "a")
+            current = (await conn.execute(query.with_for_update())).scalar_one()
+            await asyncio.sleep(0)  # let the others run between the read and the write
+            await conn.execute(
+                items.update()
+                .where(items.c.org_id == ORG, items.c.item_id == "a")
+                .values(counter=current + 1)
+            )
+
+    await asyncio.gather(*(increment() for _ in range(20)))
+
+    assert (await _get(engine, "a")).counter == 20
+
+
+def _pymysql_error(code: int) -> Exception:
+    return pymysql.err.OperationalError(code, "fabricated")
+
+
+@pytest.mark.parametrize(
+    "make_error",
+    [
+        lambda: _pymysql_error(1213),  # deadlock
+        lambda: _pymysql_error(9007),  # TiDB write conflict
+        lambda: _pymysql_error(1205),  # lock wait timeout
+        lambda: sqlite3.OperationalError("database is locked"),
+    ],
+    ids=["deadlock", "tidb-write-conflict", "lock-wait-timeout", "sqlite-busy"],
+)
+async def test_run_in_transaction_retries_conflicts_from_a_clean_slate(
+    engine: AsyncEngine, make_error: Callable[[], Exception]
+) -> None:
+    calls = 0
+
+    async def body(conn: AsyncConnection) -> str:
+        nonlocal calls
+        calls += 1
+        await conn.execute(insert(items).values(_row(f"attempt-{calls}")))
+        if calls < 3:
+            raise make_error()
+        return "done"
+
+    assert await db.run_in_transaction(engine, body, max_attempts=5, backoff=NO_WAIT) == "done"
+
+    assert calls == 3
+    async with db.transaction(engine, readonly=True) as conn:
+        ids = (await conn.execute(select(items.c.item_id))).scalars().all()
+    assert ids == ["attempt-3"]  # the failed attempts were rolled back
+
+
+async def test_run_in_transaction_gives_up_after_max_attempts(engine: AsyncEngine) -> None:
+    calls = 0
+
+    async def body(conn: AsyncConnection) -> None:
+        nonlocal calls
+        calls += 1
+        raise _pymysql_error(1213)
+
+    with pytest.raises(ConflictError) as caught:
+        await db.run_in_transaction(engine, body, max_attempts=3, backoff=NO_WAIT)
+
+    assert calls == 3
+    assert db.classify_db_error(caught.value.__cause__) is db.DbErrorClass.RETRYABLE_CONFLICT
+
+
+@pytest.mark.parametrize(
+    "make_error",
+    [
+        lambda: _pymysql_error(2013),  # connection lost: outcome unknown class
+        lambda: FenceLostError("kernel_items", "item_id=a", 1, 2),
+        lambda: ValueError("bug"),
+    ],
+    ids=["outcome-unknown", "fence-lost", "other"],
+)
+async def test_run_in_transaction_does_not_retry_other_failures(
+    engine: AsyncEngine, make_error: Callable[[], Exception]
+) -> None:
+    calls = 0
+    error = make_error()
+
+    async def body(conn: AsyncConnection) -> None:
+        nonlocal calls
+        calls += 1
+        raise error
+
+    with pytest.raises(type(error)):
+        await db.run_in_transaction(engine, body, max_attempts=5, backoff=NO_WAIT)
+    assert calls == 1
+
+
+async def test_connection_lost_during_commit_is_outcome_unknown_and_not_retried(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def lost_during_commit(dbapi_connection: Any) -> None:
+        raise pymysql.err.OperationalError(2013, "Lost connection to server during query")
+
+    monkeypatch.setattr(engine.sync_engine.dialect, "do_commit", lost_during_commit)
+    calls = 0
+
+    async def body(conn: AsyncConnection) -> None:
+        nonlocal calls
+        calls += 1
+        await conn.execute(insert(items).values(_row("a")))
+
+    with pytest.raises(CommitOutcomeUnknownError):
+        await db.run_in_transaction(engine, body, max_attempts=5, backoff=NO_WAIT)
+    assert calls == 1
+
+
+# --- clock and column types ------------------------------------------------------------
+
+
+async def test_db_now_is_utc_whatever_the_session_time_zone(engine: AsyncEngine) -> None:
+    async with db.transaction(engine) as conn:
+        if _is_mysql(conn):
+            await conn.execute(text("SET time_zone = '+05:00'"))
+        first = await db.db_now(conn)
+        second = await db.db_now(conn)
+
+    assert first.tzinfo is UTC
+    assert first <= second
+    # A session-zone clock would be off by five hours; allow for a generous clock skew.
+    assert abs(first - datetime.now(UTC)) < timedelta(minutes=30)
+
+
+async def test_utc_datetime_round_trips_instants_with_microseconds(engine: AsyncEngine) -> None:
+    instant = datetime(2026, 3, 1, 12, 30, 45, 123456, tzinfo=timezone(timedelta(hours=2)))
+    await _insert(engine, _row("a", seen_at=instant))
+
+    stored = (await _get(engine, "a")).seen_at
+
+    assert stored == instant
+    assert stored.tzinfo is UTC
+    assert stored.hour == 10
+
+
+async def test_naive_datetimes_are_refused(engine: AsyncEngine) -> None:
+    with pytest.raises(StatementError, match="naive datetime"):
+        await _insert(engine, _row("a", seen_at=datetime(2026, 1, 1)))
+
+
+async def test_json_text_enforces_its_byte_bound(engine: AsyncEngine) -> None:
+    await _insert(engine, _row("a", note="é" * 32))  # 64 bytes: at the bound
+    with pytest.raises(StatementError) as caught:
+        await _insert(engine, _row("b", note="é" * 33))
+    assert isinstance(caught.value.orig, db.PayloadTooLargeError)
+
+
+# --- real lock conflicts ---------------------------------------------------------------
+
+
+async def test_sqlite_busy_writer_is_classified_retryable(sqlite_url: str) -> None:
+    engine = db.create_engine(sqlite_url)
+    try:
+        async with db.transaction(engine) as holder:
+            await holder.execute(text("CREATE TABLE t (x INTEGER)"))
+        async with engine.connect() as holder, engine.connect() as waiter:
+            await holder.begin()  # BEGIN IMMEDIATE: holds the write lock
+            raw = await waiter.get_raw_connection()
+            await raw.driver_connection.execute("PRAGMA busy_timeout = 0")
+            with pytest.raises(DBAPIError) as caught:
+                await waiter.begin()
+            await holder.rollback()
+        assert db.classify_db_error(caught.value) is db.DbErrorClass.RETRYABLE_CONFLICT
+    finally:
+        await engine.dispose()
+
+
+async def _wait_for_lock_wait(engine: AsyncEngine) -> None:
+    query = text("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
+    for _ in range(200):  # bounded: ~10 s
+        async with engine.connect() as probe:
+            if (await probe.execute(query)).scalar():
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the first transaction never started waiting")
+
+
+@pytest.mark.mariadb
+async def test_mariadb_crossed_row_locks_deadlock_is_retryable_conflict(mariadb_url: str) -> None:
+    engine = db.create_engine(mariadb_url, pool_size=3)
+    try:
+        async with db.transaction(engine) as conn:
+            await conn.run_sync(metadata.create_all)
+            await conn.execute(insert(items).values([_row("a"), _row("b")]))
+
+        def lock(item_id: str) -> Any:
+            return (
+                select(items.c.counter)
+                .where(items.c.org_id == ORG, items.c.item_id == item_id)
+                .with_for_update()
+            )
+
+        async with db.transaction(engine) as first, db.transaction(engine) as second:
+            await first.execute(lock("a"))
+            await second.execute(lock("b"))
+            first_crosses = asyncio.ensure_future(first.execute(lock("b")))
+            await _wait_for_lock_wait(engine)
+            outcomes = await asyncio.gather(
+                second.execute(lock("a")), first_crosses, return_exceptions=True
+            )
+            errors = [o for o in outcomes if isinstance(o, BaseException)]
+            assert len(errors) == 1, outcomes
+            assert db.classify_db_error(errors[0]) is db.DbErrorClass.RETRYABLE_CONFLICT
+            await first.rollback()
+            await second.rollback()
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.mariadb
+async def test_mariadb_lock_wait_timeout_is_classified(mariadb_url: str) -> None:
+    engine = db.create_engine(mariadb_url, pool_size=2)
+    try:
+        async with db.transaction(engine) as conn:
+            await conn.run_sync(metadata.create_all)
+            await conn.execute(insert(items).values(_row("a")))
+        query = select(func.count()).select_from(items).where(items.c.item_id == "a")
+        async with db.transaction(engine) as holder, db.transaction(engine) as waiter:
+            await holder.execute(query.with_for_update())
+            await waiter.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+            with pytest.raises(DBAPIError) as caught:
+                await waiter.execute(query.with_for_update())
+            await holder.rollback()
+            await waiter.rollback()
+        assert db.classify_db_error(caught.value) is db.DbErrorClass.LOCK_WAIT_TIMEOUT
+    finally:
+        await engine.dispose()
