@@ -1,0 +1,1 @@
+"""Catalog service: work bindings, Runtime metadata views and sealed capability catalogs."""

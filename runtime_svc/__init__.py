@@ -1,0 +1,1 @@
+"""Runtime service: plan compiler, durable run store, scheduler and executors."""
