@@ -83,7 +83,10 @@ async def _bench_db(label: str, url: str) -> None:
         raw = await _rate(insert)
         fenced = await _rate(cas)
         print(f"{label:<8} raw single-row commits/s  {raw:10.0f}")
-        print(f"{label:<8} fenced CAS commits/s      {fenced:10.0f}   ratio CAS/raw {fenced / raw:5.2f}")
+        print(
+            f"{label:<8} fenced CAS commits/s      {fenced:10.0f}"
+            f"   ratio CAS/raw {fenced / raw:5.2f}"
+        )
         async with engine.begin() as conn:
             await conn.run_sync(_META.drop_all)
     finally:
@@ -91,7 +94,10 @@ async def _bench_db(label: str, url: str) -> None:
 
 
 def _bench_digest() -> None:
-    value = {"org_id": "org-1", "steps": [{"key": f"s{i}", "kind": "PURE_COMPUTE"} for i in range(20)]}
+    value = {
+        "org_id": "org-1",
+        "steps": [{"key": f"s{i}", "kind": "PURE_COMPUTE"} for i in range(20)],
+    }
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < _SECONDS:
         versioned_digest("plan", value)

@@ -1,1 +1,1 @@
-"""Effect-owner service: idempotent inbox with the accept/reject fence, external commands, receipts."""
+"""Effect-owner service: inbox with the accept/reject fence, external commands, receipts."""
