@@ -11,7 +11,7 @@ PIP := $(VENV)/bin/pip
 TOOLS := .tools
 BUF := $(TOOLS)/node_modules/.bin/buf
 PROTO_SRC := $(shell find protos -name '*.proto' 2>/dev/null)
-PROTO_STAMP := services/proto/nexus/.generated
+PROTO_STAMP := .proto-stamp
 INSTALL_STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
