@@ -120,6 +120,10 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "",
         "fault hook: SIGKILL the process at the named point (tests only; refused in production)",
     ),
+    "FLOW_CRASH_MARKER_FILE": (
+        "",
+        "fault hook: file the process appends the crash point to (fsync) before it SIGKILLs itself",
+    ),
 }
 
 
