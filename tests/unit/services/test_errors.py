@@ -74,7 +74,9 @@ def test_every_concrete_class_is_covered() -> None:
             out |= subclasses(sub)
         return out
 
-    assert {type(e) for e, *_ in CASES} == subclasses(FlowError)
+    # Only the kernel's own hierarchy: services define narrower subclasses of these.
+    kernel = {c for c in subclasses(FlowError) if c.__module__ == FlowError.__module__}
+    assert {type(e) for e, *_ in CASES} == kernel
 
 
 @pytest.mark.parametrize(
