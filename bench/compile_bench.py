@@ -61,9 +61,8 @@ def run(seconds: float) -> None:
     start = time.perf_counter()
     plan = compile_plan(big, inputs)
     once = time.perf_counter() - start
-    print(
-        f"{'compile':<8} 200-element Flow          {once * 1000:10.1f} ms  ({len(plan.steps)} steps, {plan.profile.value})"
-    )
+    shape = f"({len(plan.steps)} steps, {plan.profile.value})"
+    print(f"{'compile':<8} 200-element Flow          {once * 1000:10.1f} ms  {shape}")
     small = _flow(10)
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
