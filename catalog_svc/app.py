@@ -6,8 +6,11 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from catalog_svc.api.servicer import CatalogServicer
+from catalog_svc.service import CatalogService
+from catalog_svc.store import CatalogRepository
 from services.config import ServiceConfig
-from services.grpc_server import ServiceRegistration, unimplemented_servicer
+from services.grpc_server import ServiceRegistration
 from services.proto import catalog_v1
 
 __all__ = ["SERVICE_NAMES", "build_services"]
@@ -16,12 +19,11 @@ SERVICE_NAMES = ("nexus.flow.catalog.v1.CatalogService",)
 
 
 async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[ServiceRegistration]:
-    """The catalog RPCs."""
-    del cfg, engine
+    """The catalog RPCs over the catalog database ``engine``."""
+    del cfg
+    servicer = CatalogServicer(CatalogService(CatalogRepository(engine)))
     return [
         ServiceRegistration(
-            SERVICE_NAMES[0],
-            catalog_v1.add_CatalogServiceServicer_to_server,
-            unimplemented_servicer(catalog_v1.CatalogServiceServicer),
+            SERVICE_NAMES[0], catalog_v1.add_CatalogServiceServicer_to_server, servicer
         )
     ]

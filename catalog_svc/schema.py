@@ -45,13 +45,19 @@ from services.db import (
 
 __all__ = [
     "MAX_CAPABILITY_DESCRIPTOR_BYTES",
+    "MAX_ENTRY_PAYLOAD_BYTES",
     "MAX_METADATA_VIEW_BYTES",
+    "MAX_REJECTION_PAYLOAD_BYTES",
+    "MAX_REQUEST_RESPONSE_BYTES",
     "capability_catalog_entries",
     "capability_catalog_generations",
     "catalog_references",
+    "catalog_requests",
     "handler_availability",
     "metadata",
+    "metadata_view_installations",
     "metadata_views",
+    "runtime_releases",
     "runtime_work_bindings",
 ]
 
@@ -60,6 +66,13 @@ __all__ = [
 MAX_METADATA_VIEW_BYTES = 8 * 1024 * 1024
 #: Upper bound of one serialized L0 capability descriptor (§8.4 table).
 MAX_CAPABILITY_DESCRIPTOR_BYTES = 32 * 1024
+#: Upper bound of one normalized catalog entry with its digests (declared descriptor,
+#: handler binding and the handler's asserted descriptor).
+MAX_ENTRY_PAYLOAD_BYTES = 128 * 1024
+#: Upper bound of the §8.3 diagnostics that rejected a generation.
+MAX_REJECTION_PAYLOAD_BYTES = 64 * 1024
+#: Upper bound of one stored response of a deduplicated mutating request.
+MAX_REQUEST_RESPONSE_BYTES = 1024 * 1024
 
 metadata = new_metadata()
 _GENERATION = (*WORK_SCOPE, "catalog_generation_id")
@@ -109,13 +122,15 @@ capability_catalog_generations = Table(
     metadata,
     *work_scope_columns(),
     Column("catalog_generation_id", String(ID_LEN), nullable=False),
-    Column("state", String(CODE_LEN), nullable=False),  # OPEN | SEALED
+    Column("state", String(CODE_LEN), nullable=False),  # OPEN | SEALED | REJECTED
     Column("state_version", BigInteger, nullable=False),
     Column("contract_version", Integer, nullable=False),
     # Set when sealed: digest of the binding digest plus the sorted entry digests.
     Column("catalog_digest", String(DIGEST_LEN), nullable=True),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("sealed_at", UtcDateTime(), nullable=True),
+    # Revision 0003: the §8.3 diagnostics that moved the generation to REJECTED.
+    Column("rejection_payload", JsonText(MAX_REJECTION_PAYLOAD_BYTES), nullable=True),
     PrimaryKeyConstraint(*_GENERATION),
     ForeignKeyConstraint(list(WORK_SCOPE), [f"runtime_work_bindings.{c}" for c in WORK_SCOPE]),
     **TABLE_OPTIONS,
@@ -136,6 +151,11 @@ capability_catalog_entries = Table(
     Column("binding_fingerprint", String(DIGEST_LEN), nullable=False),
     Column("entry_digest", String(DIGEST_LEN), nullable=False),
     Column("created_at", UtcDateTime(), nullable=False),
+    # Revision 0003: the complete normalized entry (owner kind, contract-only flag,
+    # service-release digest, asserted capability) with its digest chain, re-verified on
+    # every read; the columns above are its indexed projection. Nullable only because
+    # the column was added after the table (no row predates it).
+    Column("entry_payload", JsonText(MAX_ENTRY_PAYLOAD_BYTES), nullable=True),
     PrimaryKeyConstraint(*_GENERATION, "action_type"),
     ForeignKeyConstraint(
         list(_GENERATION), [f"capability_catalog_generations.{c}" for c in _GENERATION]
@@ -183,5 +203,58 @@ handler_availability = Table(
         list(_GENERATION), [f"capability_catalog_generations.{c}" for c in _GENERATION]
     ),
     Index("ix_handler_availability_binary", "org_id", "runtime_binary_id"),
+    **TABLE_OPTIONS,
+)
+
+
+#: Which installations published a content-addressed metadata view (revision 0003). The
+#: view content is stored once per org (``metadata_views``); visibility is per
+#: installation, so identical content published by two installations of one org never
+#: discloses one installation's view to the other.
+metadata_view_installations = Table(
+    "metadata_view_installations",
+    metadata,
+    Column("org_id", String(ID_LEN), nullable=False),
+    Column("app_installation_id", String(ID_LEN), nullable=False),
+    Column("runtime_metadata_view_digest", String(DIGEST_LEN), nullable=False),
+    Column("schema_generation", BigInteger, nullable=False),
+    Column("created_at", UtcDateTime(), nullable=False),
+    PrimaryKeyConstraint("org_id", "app_installation_id", "runtime_metadata_view_digest"),
+    ForeignKeyConstraint(
+        ["org_id", "runtime_metadata_view_digest"],
+        ["metadata_views.org_id", "metadata_views.runtime_metadata_view_digest"],
+    ),
+    Index("ix_metadata_view_installations_view", "org_id", "runtime_metadata_view_digest"),
+    **TABLE_OPTIONS,
+)
+
+#: One publication of a runtime binary release within a work scope (revision 0003): the
+#: highest capability version it supports; its tuples are ``handler_availability`` rows.
+runtime_releases = Table(
+    "runtime_releases",
+    metadata,
+    *work_scope_columns(),
+    Column("runtime_release_id", String(ID_LEN), nullable=False),
+    Column("supported_capability_version", BigInteger, nullable=False),
+    Column("published_at", UtcDateTime(), nullable=False),
+    PrimaryKeyConstraint(*WORK_SCOPE, "runtime_release_id"),
+    ForeignKeyConstraint(list(WORK_SCOPE), [f"runtime_work_bindings.{c}" for c in WORK_SCOPE]),
+    **TABLE_OPTIONS,
+)
+
+#: Request deduplication of mutating RPCs (revision 0003): ``(org, rpc, request_id)`` ->
+#: digest of the request body and the original response (NULL when the RPC replays by
+#: re-executing its naturally idempotent effect).
+catalog_requests = Table(
+    "catalog_requests",
+    metadata,
+    Column("org_id", String(ID_LEN), nullable=False),
+    Column("rpc_name", String(CODE_LEN), nullable=False),
+    Column("request_id", String(TOKEN_LEN), nullable=False),
+    Column("request_digest", String(DIGEST_LEN), nullable=False),
+    Column("response_payload", JsonText(MAX_REQUEST_RESPONSE_BYTES), nullable=True),
+    Column("created_at", UtcDateTime(), nullable=False),
+    PrimaryKeyConstraint("org_id", "rpc_name", "request_id"),
+    Index("ix_catalog_requests_created", "org_id", "created_at"),
     **TABLE_OPTIONS,
 )

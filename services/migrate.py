@@ -42,6 +42,7 @@ __all__ = [
     "SERVICE_PACKAGES",
     "current",
     "downgrade",
+    "heads",
     "main",
     "run_migrations",
     "upgrade",
@@ -145,7 +146,8 @@ async def downgrade(db_url: str, service_pkg: str, revision: str) -> None:
     await _run_alembic(db_url, service_pkg, lambda cfg: command.downgrade(cfg, revision))
 
 
-def _heads(service_pkg: str) -> list[str]:
+def heads(service_pkg: str) -> list[str]:
+    """The head revision(s) of ``service_pkg``'s migration scripts (one for a linear history)."""
     return sorted(ScriptDirectory.from_config(_config(service_pkg)).get_heads())
 
 
@@ -194,14 +196,14 @@ async def verify(db_url: str, service_pkg: str) -> list[str]:
         unique and foreign keys). Empty when the schema is exactly as declared.
     """
     metadata = _metadata(service_pkg)
-    heads = _heads(service_pkg)
+    expected_heads = heads(service_pkg)
 
     def _compare(sync_conn: Connection) -> list[str]:
         mc = MigrationContext.configure(sync_conn, opts=dict(_COMPARE_OPTS))
         at = sorted(mc.get_current_heads())
         problems = []
-        if at != heads:
-            problems.append(f"database is at revision {at or 'none'}, head is {heads}")
+        if at != expected_heads:
+            problems.append(f"database is at revision {at or 'none'}, head is {expected_heads}")
         problems.extend(_describe(d) for d in compare_metadata(mc, metadata))
         return problems
 
@@ -242,7 +244,7 @@ def main(argv: Sequence[str], service_pkg: str, db_url: str | None = None) -> in
             return 0
         if args.action == "current":
             at = asyncio.run(current(url, service_pkg))
-            head = ", ".join(_heads(service_pkg))
+            head = ", ".join(heads(service_pkg))
             out.write(f"{service_pkg}: at {', '.join(at) or 'none'} (head {head})\n")
             return 0
         problems = asyncio.run(verify(url, service_pkg))

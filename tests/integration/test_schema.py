@@ -16,7 +16,7 @@ from services import db, migrate
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("catalog_svc", "runtime_svc", "effect_owner_svc")
-FIRST, HEAD = "0001", "0002"
+FIRST = "0001"
 
 EXPECTED_TABLES = {
     "catalog_svc": {
@@ -26,6 +26,9 @@ EXPECTED_TABLES = {
         "capability_catalog_entries",
         "catalog_references",
         "handler_availability",
+        "metadata_view_installations",
+        "runtime_releases",
+        "catalog_requests",
     },
     "runtime_svc": {
         "flow_versions",
@@ -227,7 +230,7 @@ def test_fenced_rows_have_a_bigint_version() -> None:
 async def test_clean_install_reaches_head_and_verifies_clean(db_url: str, service_pkg: str) -> None:
     await migrate.upgrade(db_url, service_pkg)
 
-    assert await migrate.current(db_url, service_pkg) == [HEAD]
+    assert await migrate.current(db_url, service_pkg) == migrate.heads(service_pkg)
     assert await migrate.verify(db_url, service_pkg) == []
     await migrate.upgrade(db_url, service_pkg)  # idempotent at head
     assert await migrate.verify(db_url, service_pkg) == []
@@ -239,7 +242,9 @@ async def test_upgrade_from_the_first_revision_then_verify(db_url: str, service_
 
     assert await migrate.current(db_url, service_pkg) == [FIRST]
     problems = await migrate.verify(db_url, service_pkg)
-    assert problems[0] == f"database is at revision ['{FIRST}'], head is ['{HEAD}']"
+    assert (
+        problems[0] == f"database is at revision ['{FIRST}'], head is {migrate.heads(service_pkg)}"
+    )
     assert any(p.startswith("add_table: ") for p in problems[1:])
 
     await migrate.upgrade(db_url, service_pkg)
@@ -296,7 +301,7 @@ async def test_verify_reports_drift(db_url: str) -> None:
 def test_db_command_line(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert migrate.main(["upgrade", "--revision", FIRST], "effect_owner_svc", db_url) == 0
     assert migrate.main(["current"], "effect_owner_svc", db_url) == 0
-    assert f"at {FIRST} (head {HEAD})" in capsys.readouterr().out
+    assert f"at {FIRST} (head {migrate.heads('effect_owner_svc')[0]})" in capsys.readouterr().out
 
     assert migrate.main(["verify"], "effect_owner_svc", db_url) == 1
     assert "add_table: table owner_outbox" in capsys.readouterr().out
@@ -305,3 +310,8 @@ def test_db_command_line(db_url: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert migrate.main(["verify"], "effect_owner_svc", db_url) == 0
     assert "schema matches the models at head" in capsys.readouterr().out
     assert migrate.main(["frobnicate"], "effect_owner_svc", db_url) == 2
+
+
+@pytest.mark.parametrize("service_pkg", SERVICES)
+def test_each_service_has_one_linear_migration_head(service_pkg: str) -> None:
+    assert len(migrate.heads(service_pkg)) == 1
