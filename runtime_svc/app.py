@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from runtime_svc.api.definitions import build_definition_service
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration, unimplemented_servicer
 from services.proto import runtime_v1
@@ -21,14 +22,9 @@ SERVICE_NAMES = (
 
 
 async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[ServiceRegistration]:
-    """The runtime RPCs; each answers UNIMPLEMENTED until its issue lands."""
-    del cfg, engine
+    """The runtime RPCs; those whose issue has not landed answer UNIMPLEMENTED."""
     return [
-        ServiceRegistration(
-            SERVICE_NAMES[0],
-            runtime_v1.add_FlowDefinitionServiceServicer_to_server,
-            unimplemented_servicer(runtime_v1.FlowDefinitionServiceServicer),
-        ),
+        await build_definition_service(cfg, engine),
         ServiceRegistration(
             SERVICE_NAMES[1],
             runtime_v1.add_FlowRunServiceServicer_to_server,

@@ -57,6 +57,7 @@ from services.db import (
 )
 
 __all__ = [
+    "LABEL_LEN",
     "MAX_AUDIT_DETAILS_BYTES",
     "MAX_CONTEXT_PAYLOAD_BYTES",
     "MAX_EVENT_PAYLOAD_BYTES",
@@ -86,6 +87,8 @@ __all__ = [
     "runtime_policies",
 ]
 
+#: Display labels.
+LABEL_LEN = 255
 #: Normalized Flow version metadata (source of compilation).
 MAX_FLOW_SOURCE_BYTES = 2 * 1024 * 1024
 #: One runtime policy generation.
@@ -144,6 +147,8 @@ flow_versions = Table(
     Column("source_payload", JsonText(MAX_FLOW_SOURCE_BYTES), nullable=False),
     _digest("metadata_digest"),
     _time("created_at"),
+    # Display label (request label, else the source's ``label``, else the API name).
+    Column("label", String(LABEL_LEN), nullable=True),
     PrimaryKeyConstraint("org_id", "flow_version_id"),
     UniqueConstraint("org_id", "flow_id", "version_number", name="uq_flow_versions_number"),
     **TABLE_OPTIONS,
@@ -208,17 +213,20 @@ execution_plans = Table(
     **TABLE_OPTIONS,
 )
 
-#: Flow-version activation bindings: own ACTIVE/SUPERSEDED state and the diagnostics of
-#: blocked compile attempts (``plan_id`` NULL, state BLOCKED); plans stay immutable.
+#: Flow-version activation bindings: own ACTIVE/SUPERSEDED/DEACTIVATED state and the
+#: diagnostics of blocked activation attempts (``plan_id`` NULL, state BLOCKED); plans stay
+#: immutable. At most one ACTIVE row per Flow (API name) and installation/capability: a new
+#: activation of any version, under any binding digest, supersedes the previous one.
 plan_activations = Table(
     "plan_activations",
     metadata,
     *work_scope_columns(),
     _id("activation_id"),
     _id("flow_version_id"),
+    _id("flow_api_name"),
     _digest("trigger_binding_digest"),
     _id("plan_id", nullable=True),
-    _code("state"),  # ACTIVE | SUPERSEDED | BLOCKED
+    _code("state"),  # ACTIVE | SUPERSEDED | DEACTIVATED | BLOCKED
     Column("active_slot", SmallInteger, nullable=True),
     Column("attempt_diagnostics", JsonText(MAX_SUMMARY_BYTES), nullable=True),
     _bigint("state_version"),
@@ -227,12 +235,18 @@ plan_activations = Table(
     _time("superseded_at", nullable=True),
     PrimaryKeyConstraint("org_id", "activation_id"),
     UniqueConstraint(
-        *WORK_SCOPE, "flow_version_id", "active_slot", name="uq_plan_activations_active"
+        "org_id",
+        "flow_api_name",
+        "app_installation_id",
+        "runtime_capability_id",
+        "active_slot",
+        name="uq_plan_activations_flow_active",
     ),
     ForeignKeyConstraint(
         ["org_id", "plan_id"], ["execution_plans.org_id", "execution_plans.plan_id"]
     ),
     Index("ix_plan_activations_plan", "org_id", "plan_id"),
+    Index("ix_plan_activations_version", "org_id", "flow_version_id", "active_slot"),
     **TABLE_OPTIONS,
 )
 
@@ -526,6 +540,10 @@ records = Table(
     Column("is_deleted", Boolean, nullable=False, server_default=text("0")),
     _time("created_at"),
     _time("updated_at"),
+    # Every parent ref ([{relationship, parent_object, parent_record_id}], sorted by
+    # relationship); parent_object_name/parent_record_id index the first lock-relevant one.
+    # NULL = none (also rows written before revision 0005).
+    Column("parent_refs", JsonText(MAX_SUMMARY_BYTES), nullable=True),
     PrimaryKeyConstraint("org_id", "object_name", "record_id"),
     Index("ix_records_parent", "org_id", "parent_object_name", "parent_record_id"),
     **TABLE_OPTIONS,
@@ -563,10 +581,16 @@ business_events = Table(
     _id("step_execution_id", nullable=True),
     _id("attempt_id", nullable=True),
     _time("occurred_at"),
+    # Caller request of an RPC-driven mutation: the event is the mutation's outcome marker,
+    # so a retried request finds it and is not applied twice (dedupe on org, RPC, id).
+    _id("request_rpc", nullable=True),
+    Column("request_id", String(KEY_LEN), nullable=True),
+    _digest("request_digest", nullable=True),
     PrimaryKeyConstraint("org_id", "event_id"),
     UniqueConstraint(
         "org_id", "object_name", "record_id", "history_sequence", name="uq_business_events_sequence"
     ),
+    UniqueConstraint("org_id", "request_rpc", "request_id", name="uq_business_events_request"),
     ForeignKeyConstraint(
         ["org_id", "object_name", "record_id"],
         ["records.org_id", "records.object_name", "records.record_id"],

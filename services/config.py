@@ -87,6 +87,10 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "sqlite+aiosqlite:///$FLOW_DATA_DIR/effect_owner.db",
         "effect-owner database URL",
     ),
+    "FLOW_CATALOG_TARGET": (
+        "",
+        "host:port the runtime dials for the catalog (default 127.0.0.1:$FLOW_CATALOG_PORT)",
+    ),
     "FLOW_DB_AUTO_MIGRATE": ("true", "run `db upgrade` at start-up before serving"),
     "FLOW_DB_POOL_SIZE": ("10", "connection pool size (MySQL/MariaDB/TiDB)"),
     "FLOW_AUTH_TRUSTED_KEYS": (
@@ -183,6 +187,7 @@ class ServiceConfig:
     otel_enabled: bool
     otel_console_export: bool
     log_level: str
+    catalog_target: str = field(default="127.0.0.1:50061")
     crash_at: str = field(default="")
 
     @property
@@ -243,5 +248,7 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         otel_enabled=_bool(e, "FLOW_OTEL_ENABLED"),
         otel_console_export=_bool(e, "FLOW_OTEL_CONSOLE_EXPORT"),
         log_level=_get(e, "FLOW_LOG_LEVEL").upper(),
+        catalog_target=_get(e, "FLOW_CATALOG_TARGET")
+        or f"127.0.0.1:{_int(e, 'FLOW_CATALOG_PORT')}",
         crash_at=_get(e, "FLOW_CRASH_AT"),
     )

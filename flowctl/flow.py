@@ -1,0 +1,329 @@
+"""``flowctl flow …``: compile and draw plans locally; register, activate and inventory Flows.
+
+Local and pure (no server; the same :func:`runtime_svc.compiler.compile_plan` activation
+uses)::
+
+    flowctl flow compile FILE --inputs DIR [--explain | --json]
+    flowctl flow plan FILE --inputs DIR [--mermaid | --json]
+
+``FILE`` is a Flow document (JSON or YAML). ``--inputs`` is a directory holding
+``binding.json``, ``catalog.json``, ``metadata_view.json``, ``policy.json`` and optionally
+``subflows/*.json`` (the layout of ``tests/flows/_inputs``), or one JSON/YAML bundle file
+``{"binding", "catalog", "metadata_view", "policy", "subflows"}``. A rejected compile
+prints every diagnostic (with its transitive blocker chain) and exits 1.
+
+Through the runtime's FlowDefinitionService (gRPC; connection flags as for every
+command, the work-scoped ones need ``--app-installation --capability --binding-digest``)::
+
+    flowctl flow register FILE [--label L]
+    flowctl flow activate --flow-version ID (--plan-id P --plan-digest D
+                                             | --generation G --catalog-digest C)
+    flowctl flow inventory --generation G --catalog-digest C [--flow NAME …] [--json]
+
+``activate`` with a generation compiles first and activates the plan it yields.
+``inventory`` compiles every active Flow (or the named ones) without changing execution
+and prints profile, rejection reason, unknown capabilities, loop/fan-out proof, step
+count, legacy behaviour and cohort per Flow (§20.4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from flowctl.common import (
+    CliError,
+    add_connection_args,
+    call_metadata,
+    channel_for,
+    load_document,
+    print_message,
+)
+from runtime_svc.compiler import (
+    CompilerInputs,
+    ExecutionPlan,
+    FlowSourceError,
+    PlanCompileError,
+    compile_plan,
+    explain,
+    load_flow_text,
+    to_mermaid,
+)
+from services.config import ServiceName
+from services.proto import common_v1, runtime_v1
+
+__all__ = ["compile_file", "format_issues", "load_inputs", "register"]
+
+_CALL_TIMEOUT_S = 60.0
+_INPUT_FILES = ("binding", "catalog", "metadata_view", "policy")
+
+
+def load_inputs(path: str) -> CompilerInputs:
+    """Compiler inputs from a directory (``tests/flows/_inputs`` layout) or a bundle file."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            doc: dict[str, Any] = {}
+            for name in _INPUT_FILES:
+                f = p / f"{name}.json"
+                if not f.exists():
+                    raise CliError(f"{path}: missing {f.name}")
+                doc[name] = json.loads(f.read_text(encoding="utf-8"))
+            doc["subflows"] = [
+                load_flow_text(s.read_text(encoding="utf-8"))
+                for s in sorted((p / "subflows").glob("*.json"))
+            ]
+        else:
+            doc = load_document(path)
+        return CompilerInputs.from_dict(doc)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CliError(f"{path}: unusable compiler inputs: {exc}") from exc
+
+
+def _load_flow(path: str) -> dict[str, Any]:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        return load_flow_text(text)
+    except (OSError, FlowSourceError) as exc:
+        raise CliError(f"{path}: {exc}") from exc
+
+
+def compile_file(flow_path: str, inputs_path: str) -> ExecutionPlan:
+    """Compile one Flow file against local inputs.
+
+    Raises:
+        PlanCompileError: the compiler rejected the Flow.
+        CliError: unreadable files.
+    """
+    return compile_plan(_load_flow(flow_path), load_inputs(inputs_path))
+
+
+def format_issues(exc: PlanCompileError) -> str:
+    """One line per issue: ``path: [code] message (blocker: A → B)``."""
+    lines = [f"{len(exc.issues)} compile issue(s):"]
+    for i in exc.issues:
+        chain = f" (blocker: {' → '.join(i.blocker_chain)})" if i.blocker_chain else ""
+        lines.append(f"  {i.path}: [{i.code}] {i.message}{chain}")
+    return "\n".join(lines) + "\n"
+
+
+def _compile_cmd(args: argparse.Namespace) -> int:
+    try:
+        plan = compile_file(args.file, args.inputs)
+    except PlanCompileError as exc:
+        sys.stdout.write(format_issues(exc))
+        return 1
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        sys.stdout.write(explain(plan))
+    return 0
+
+
+def _plan_cmd(args: argparse.Namespace) -> int:
+    try:
+        plan = compile_file(args.file, args.inputs)
+    except PlanCompileError as exc:
+        sys.stdout.write(format_issues(exc))
+        return 1
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        sys.stdout.write(to_mermaid(plan))
+    return 0
+
+
+# --- remote commands ---------------------------------------------------------------------
+
+
+def _scope(args: argparse.Namespace) -> Any:
+    if not (args.app_installation and args.capability and args.binding_digest):
+        raise CliError("this command needs --app-installation, --capability and --binding-digest")
+    return common_v1.TrustedRuntimeWorkScope(
+        org_id=args.org,
+        app_installation_id=args.app_installation,
+        runtime_capability_id=args.capability,
+        runtime_work_binding_digest=args.binding_digest,
+    )
+
+
+def _stub(channel: grpc.Channel) -> Any:
+    return runtime_v1.FlowDefinitionServiceStub(channel)
+
+
+def _register_cmd(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    try:
+        doc = load_flow_text(text)
+    except FlowSourceError as exc:
+        raise CliError(f"{args.file}: {exc}") from exc
+    # The service takes JSON; a YAML file is sent as its JSON rendering.
+    source = text if text.lstrip().startswith("{") else json.dumps(doc)
+    with channel_for(args.target) as channel:
+        resp = _stub(channel).RegisterFlowVersion(
+            runtime_v1.RegisterFlowVersionRequest(
+                request_id=uuid.uuid4().hex,
+                org_id=args.org,
+                flow_api_name=str(doc.get("api_name", "")),
+                source_json=source,
+                label=args.label or "",
+            ),
+            metadata=call_metadata(args, ServiceName.RUNTIME),
+            timeout=_CALL_TIMEOUT_S,
+        )
+    print_message(resp.flow_version)
+    return 0
+
+
+def _print_diagnostics(diagnostics: Any) -> None:
+    for d in diagnostics:
+        severity = runtime_v1.DiagnosticSeverity.Name(d.severity).removeprefix(
+            "DIAGNOSTIC_SEVERITY_"
+        )
+        chain = f" (blocker: {' → '.join(d.blocker_chain)})" if d.blocker_chain else ""
+        print(f"  {severity.lower()} {d.path}: [{d.code}] {d.message}{chain}")
+
+
+def _activate_cmd(args: argparse.Namespace) -> int:
+    scope = _scope(args)
+    md = call_metadata(args, ServiceName.RUNTIME)
+    with channel_for(args.target) as channel:
+        stub = _stub(channel)
+        plan_id, plan_digest = args.plan_id, args.plan_digest
+        if not plan_id:
+            if not (args.generation and args.catalog_digest):
+                raise CliError("give --plan-id/--plan-digest or --generation/--catalog-digest")
+            compiled = stub.CompileFlowVersion(
+                runtime_v1.CompileFlowVersionRequest(
+                    request_id=uuid.uuid4().hex,
+                    scope=scope,
+                    flow_version_id=args.flow_version,
+                    catalog_generation_id=args.generation,
+                    catalog_digest=args.catalog_digest,
+                ),
+                metadata=md,
+                timeout=_CALL_TIMEOUT_S,
+            )
+            if not compiled.compiled:
+                print("compile rejected:")
+                _print_diagnostics(compiled.diagnostics)
+                return 1
+            plan_id, plan_digest = compiled.plan.plan_id, compiled.plan.plan_digest
+        resp = stub.ActivateFlowVersion(
+            runtime_v1.ActivateFlowVersionRequest(
+                request_id=uuid.uuid4().hex,
+                scope=scope,
+                flow_version_id=args.flow_version,
+                plan_id=plan_id,
+                plan_digest=plan_digest or "",
+            ),
+            metadata=md,
+            timeout=_CALL_TIMEOUT_S,
+        )
+    print_message(resp.activation)
+    return 0
+
+
+def _inventory_rows(entries: Any) -> str:
+    lines = []
+    for e in entries:
+        profile = common_v1.ExecutionProfile.Name(e.selected_profile).removeprefix(
+            "EXECUTION_PROFILE_"
+        )
+        cohort = runtime_v1.MigrationCohort.Name(e.migration_cohort).removeprefix(
+            "MIGRATION_COHORT_"
+        )
+        lines.append(
+            f"{e.flow_api_name} ({e.flow_version_id}): "
+            f"{'compilable' if e.compilable else 'REJECTED'}, profile {profile.lower()}, "
+            f"cohort {cohort.lower()}, steps {e.estimated_step_count}, "
+            f"fan-out {'proven' if e.fanout_proven else 'unproven'}"
+        )
+        lines += [f"    unknown capability: {u}" for u in e.unknown_capabilities]
+        lines += [f"    legacy: {b}" for b in e.legacy_behaviors]
+        for d in e.diagnostics:
+            chain = f" (blocker: {' → '.join(d.blocker_chain)})" if d.blocker_chain else ""
+            lines.append(f"    {d.path}: [{d.code}] {d.message}{chain}")
+    return "\n".join(lines) + ("\n" if lines else "no active Flows\n")
+
+
+def _inventory_cmd(args: argparse.Namespace) -> int:
+    scope = _scope(args)
+    entries: list[Any] = []
+    token = ""
+    with channel_for(args.target) as channel:
+        stub = _stub(channel)
+        for _ in range(10_000):  # bounded paging
+            resp = stub.GetInventory(
+                runtime_v1.GetInventoryRequest(
+                    scope=scope,
+                    catalog_generation_id=args.generation,
+                    catalog_digest=args.catalog_digest,
+                    flow_api_names=args.flow or [],
+                    page_token=token,
+                ),
+                metadata=call_metadata(args, ServiceName.RUNTIME),
+                timeout=_CALL_TIMEOUT_S,
+            )
+            entries.extend(resp.entries)
+            token = resp.next_page_token
+            if not token:
+                break
+    if args.json:
+        rows = [json_format.MessageToDict(e, preserving_proto_field_name=True) for e in entries]
+        print(json.dumps(rows, indent=2))
+    else:
+        sys.stdout.write(_inventory_rows(entries))
+    return 0
+
+
+def register(groups: Any) -> None:
+    """Add the ``flow`` command group."""
+    flow = groups.add_parser("flow", help="compile, draw, register, activate, inventory Flows")
+    commands = flow.add_subparsers(dest="command", required=True)
+
+    compile_p = commands.add_parser("compile", help="compile a Flow file locally")
+    compile_p.add_argument("file", help="Flow document (JSON or YAML; - = stdin)")
+    compile_p.add_argument("--inputs", required=True, help="compiler inputs directory or file")
+    out = compile_p.add_mutually_exclusive_group()
+    out.add_argument("--explain", action="store_true", help="human explanation (default)")
+    out.add_argument("--json", action="store_true", help="the canonical plan JSON")
+    compile_p.set_defaults(func=_compile_cmd)
+
+    plan_p = commands.add_parser("plan", help="draw a Flow's compiled plan")
+    plan_p.add_argument("file", help="Flow document (JSON or YAML; - = stdin)")
+    plan_p.add_argument("--inputs", required=True, help="compiler inputs directory or file")
+    out = plan_p.add_mutually_exclusive_group()
+    out.add_argument("--mermaid", action="store_true", help="Mermaid flowchart (default)")
+    out.add_argument("--json", action="store_true", help="the canonical plan JSON")
+    plan_p.set_defaults(func=_plan_cmd)
+
+    reg = commands.add_parser("register", help="register a Flow version (gRPC)")
+    reg.add_argument("file", help="Flow document (JSON or YAML; - = stdin)")
+    reg.add_argument("--label", default="", help="display label")
+    add_connection_args(reg, ServiceName.RUNTIME)
+    reg.set_defaults(func=_register_cmd)
+
+    act = commands.add_parser("activate", help="activate a Flow version on a plan (gRPC)")
+    act.add_argument("--flow-version", required=True, help="Flow version id")
+    act.add_argument("--plan-id", default="", help="plan to activate")
+    act.add_argument("--plan-digest", default="", help="expected digest of --plan-id")
+    act.add_argument("--generation", default="", help="compile against this generation first")
+    act.add_argument("--catalog-digest", default="", help="digest of --generation")
+    add_connection_args(act, ServiceName.RUNTIME)
+    act.set_defaults(func=_activate_cmd)
+
+    inv = commands.add_parser("inventory", help="compile-only inventory of active Flows (gRPC)")
+    inv.add_argument("--generation", required=True, help="sealed catalog generation id")
+    inv.add_argument("--catalog-digest", required=True, help="its catalog digest")
+    inv.add_argument("--flow", action="append", help="only this Flow API name (repeatable)")
+    inv.add_argument("--json", action="store_true", help="JSON rows")
+    add_connection_args(inv, ServiceName.RUNTIME)
+    inv.set_defaults(func=_inventory_cmd)

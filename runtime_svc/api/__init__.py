@@ -1,0 +1,1 @@
+"""gRPC servicers of the runtime service (thin: decode → service layer → encode)."""

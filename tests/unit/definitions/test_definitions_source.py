@@ -1,0 +1,52 @@
+"""Flow source validation at registration (the compiler's parse step)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime_svc.definitions import FlowSourceInvalidError, parse_source_json
+from runtime_svc.definitions.source import SubflowRef, subflow_refs
+from tests.unit.definitions import corpus
+
+
+def test_a_valid_source_yields_its_parsed_fields() -> None:
+    info = parse_source_json(json.dumps(corpus.flow("durable_send_email")))
+    assert (info.api_name, info.version, info.process_type) == (
+        "durable_send_email",
+        1,
+        "record_triggered",
+    )
+    assert info.trigger is not None and info.trigger["object"] == "Contact"
+    assert info.action_types == ("send_email",)
+    assert info.metadata_digest.startswith("flow-metadata/v1:sha256:")
+    reformatted = json.dumps(corpus.flow("durable_send_email"), indent=3, sort_keys=True)
+    assert parse_source_json(reformatted).metadata_digest == info.metadata_digest
+
+
+def test_subflow_references_are_collected() -> None:
+    info = parse_source_json(json.dumps(corpus.flow("atomic_subflow_line_items")))
+    assert info.subflows == (SubflowRef("recalc_line_items", 1),)
+    assert subflow_refs({"elements": [{"type": "Subflow", "flow": 3}, "junk"]}) == ()
+
+
+def test_bad_json_names_line_and_column() -> None:
+    with pytest.raises(FlowSourceInvalidError) as err:
+        parse_source_json('{\n "a": }')
+    assert err.value.field_path == "source_json:line 2 column 7"
+    assert "not valid JSON" in err.value.safe_message
+    with pytest.raises(FlowSourceInvalidError) as err:
+        parse_source_json("[1, 2]")
+    assert err.value.attributes["codes"] == "source.not_object"
+
+
+def test_every_parse_issue_is_reported_with_its_path() -> None:
+    doc = corpus.flow("durable_send_email")
+    doc["elements"][0]["nxet"] = "x"
+    del doc["start"]
+    with pytest.raises(FlowSourceInvalidError) as err:
+        parse_source_json(json.dumps(doc))
+    paths = {i.path for i in err.value.issues}
+    assert "elements[welcome].nxet" in paths and "flow.start" in paths
+    assert err.value.attributes["issue_count"] == str(len(err.value.issues))
