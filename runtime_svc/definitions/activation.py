@@ -27,11 +27,10 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from runtime_svc.catalog_client import CatalogPort
 from runtime_svc.compiler import ExecutionPlan, PlanCompileError
 from runtime_svc.definitions import repository as repo
 from runtime_svc.definitions._util import Db, bounded_json, new_id
@@ -50,6 +49,9 @@ from services.errors import (
     FlowError,
     InvalidArgumentError,
 )
+
+if TYPE_CHECKING:  # the catalog client imports this package (CatalogSnapshot)
+    from runtime_svc.catalog_client import CatalogPort
 
 __all__ = ["ActivationOutcome", "Activations", "PlanLookup"]
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from runtime_svc.catalog_client import CatalogPort
 from runtime_svc.compiler import (
     COMPILER_VERSION,
     ExecutionPlan,
@@ -43,6 +42,9 @@ from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now
 from services.digest import is_digest
 from services.errors import ConflictError, InvalidArgumentError, NotFoundError
+
+if TYPE_CHECKING:  # the catalog client imports this package (CatalogSnapshot)
+    from runtime_svc.catalog_client import CatalogPort
 
 __all__ = ["CompileOutcome", "DefinitionService", "PlanView"]
 

@@ -1,0 +1,477 @@
+"""``nexus.flow.runtime.v1.RecordService``: the gRPC face of :mod:`runtime_svc.records`.
+
+Servicer methods are thin: decode → :class:`~runtime_svc.records.RecordEngine` → encode.
+The org always comes from the verified credential (:func:`services.auth.current_identity`);
+writes also need its complete work scope, which selects the metadata view the request is
+validated against. The auth interceptor has already rejected a body ``org_id``/``scope``
+that disagrees with the credential, so body values are checked there, never used here.
+
+**Metadata views** come from the catalog service through the trusted scope:
+``GetWorkBinding(scope)`` names the binding's view digest, ``GetMetadataView`` returns the
+view. :class:`CatalogRecordViews` caches both: a binding is immutable and named by its
+content digest, and a view is an immutable, content-addressed artifact, so a cached entry
+can never go stale. (:class:`runtime_svc.catalog_client.GrpcCatalogClient` reduces a view
+to the compiler's document, which lacks the write rules — required, max length,
+picklists, precision, read-only — so this module reads the view proto itself, with the
+same scoped credentials.)
+
+**Request ids.** Mutating requests carry ``request_id`` (required). The engine stores it
+with the mutation's business event, so a retry of an applied request returns the
+record's *current* state without applying the mutation again, and a reuse of the id with
+another body fails ``INVALID_ARGUMENT`` (dedupe scope: trusted org, RPC, request id).
+
+**Triggers.** ``triggered_flow_run_ids`` is always empty for now: after-save trigger
+admission arrives with the Flow run work (issue 5, "Starting runs").
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, Protocol
+
+import grpc
+import grpc.aio
+from google.protobuf import json_format
+from google.protobuf.struct_pb2 import Struct
+from google.protobuf.timestamp_pb2 import Timestamp
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from runtime_svc.catalog_client import ScopedCredentials
+from runtime_svc.compiler.inputs import (
+    FieldView,
+    MetadataViewInput,
+    ObjectView,
+    RelationshipView,
+)
+from runtime_svc.records import (
+    Actor,
+    FieldRules,
+    FieldType,
+    MutationResult,
+    ParentRef,
+    RecordEngine,
+    RecordState,
+    RecordView,
+    RequestRef,
+    prepare_create,
+    prepare_delete,
+    prepare_update,
+)
+from runtime_svc.records.view import IMPLICIT_ID_FIELD
+from services.auth import TrustedRuntimeWorkScope, bearer_metadata, current_identity
+from services.config import ServiceConfig
+from services.digest import versioned_digest
+from services.errors import (
+    FailedPreconditionError,
+    FlowError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    UnavailableError,
+)
+from services.grpc_server import ServiceRegistration
+from services.proto import catalog_v1, common_v1, runtime_v1
+
+__all__ = [
+    "SERVICE_NAME",
+    "CatalogRecordViews",
+    "RecordServicer",
+    "RecordViewSource",
+    "build_record_service",
+    "record_proto",
+    "record_view_from_proto",
+]
+
+SERVICE_NAME = "nexus.flow.runtime.v1.RecordService"
+
+Context = Any  # grpc.aio.ServicerContext
+
+#: Metadata views (and binding → view digests) kept per process.
+_MAX_CACHED_VIEWS = 256
+#: Deadline of one catalog call (as ``runtime_svc.catalog_client``).
+_CATALOG_TIMEOUT_S = 10.0
+
+_F = catalog_v1.FieldType
+_FIELD_TYPES: Mapping[int, FieldType] = {
+    _F.FIELD_TYPE_STRING: FieldType.STRING,
+    _F.FIELD_TYPE_TEXT: FieldType.TEXT,
+    _F.FIELD_TYPE_INTEGER: FieldType.INTEGER,
+    _F.FIELD_TYPE_DECIMAL: FieldType.DECIMAL,
+    _F.FIELD_TYPE_BOOLEAN: FieldType.BOOLEAN,
+    _F.FIELD_TYPE_DATE: FieldType.DATE,
+    _F.FIELD_TYPE_DATETIME: FieldType.DATETIME,
+    _F.FIELD_TYPE_PICKLIST: FieldType.PICKLIST,
+    _F.FIELD_TYPE_MULTI_PICKLIST: FieldType.MULTI_PICKLIST,
+    _F.FIELD_TYPE_REFERENCE: FieldType.REFERENCE,
+    _F.FIELD_TYPE_EMAIL: FieldType.EMAIL,
+    _F.FIELD_TYPE_CURRENCY: FieldType.CURRENCY,
+    # The catalog's record-identity type; its number is not (yet) in the proto enum.
+    13: FieldType.ID,
+}
+#: Record field types → the compiler's value types (``FieldView.type``).
+_COMPILER_TYPES: Mapping[FieldType, str] = {
+    FieldType.INTEGER: "number",
+    FieldType.DECIMAL: "number",
+    FieldType.CURRENCY: "number",
+    FieldType.BOOLEAN: "boolean",
+    FieldType.DATE: "date",
+    FieldType.DATETIME: "datetime",
+    FieldType.REFERENCE: "reference",
+    FieldType.ID: "id",
+}
+_MASTER_DETAIL = catalog_v1.RelationshipKind.RELATIONSHIP_KIND_MASTER_DETAIL
+
+
+# --- metadata views -----------------------------------------------------------------------
+
+
+def record_view_from_proto(view: Any) -> RecordView:
+    """The :class:`RecordView` of a ``catalog_v1.MetadataView``.
+
+    Relationships lock the parent when the catalog marks them lock-relevant or
+    master-detail (as :func:`runtime_svc.catalog_client.metadata_view_doc` does). Every
+    object gets the read-only implicit ``Id`` field. A field type this runtime does not
+    know is read-only (fail closed: a value it cannot validate is never written). Trigger
+    subscriptions and actions are not part of the record engine's view.
+    """
+    objects: list[ObjectView] = []
+    rules: list[tuple[str, FieldRules]] = []
+    for o in view.objects:
+        fields: list[FieldView] = []
+        for f in o.fields:
+            known = f.type in _FIELD_TYPES
+            ftype = _FIELD_TYPES.get(f.type, FieldType.STRING)
+            reference_to = f.reference_object_api_name or None
+            fields.append(FieldView(f.api_name, _COMPILER_TYPES.get(ftype, "string"), reference_to))
+            rules.append(
+                (
+                    o.api_name,
+                    FieldRules(
+                        name=f.api_name,
+                        type=ftype,
+                        required=f.required,
+                        max_length=max(f.max_length, 0),
+                        precision=max(f.precision, 0),
+                        scale=max(f.scale, 0),
+                        picklist_values=tuple(f.picklist_values),
+                        reference_to=reference_to,
+                        read_only=f.read_only or not known or ftype is FieldType.ID,
+                    ),
+                )
+            )
+        if not any(f.name == IMPLICIT_ID_FIELD for f in fields):
+            fields.insert(0, FieldView(IMPLICIT_ID_FIELD, "id"))
+            rules.append((o.api_name, FieldRules(IMPLICIT_ID_FIELD, FieldType.ID, read_only=True)))
+        objects.append(ObjectView(o.api_name, tuple(fields)))
+    relationships = tuple(
+        RelationshipView(
+            name=r.name,
+            parent_object=r.parent_object_api_name,
+            child_object=r.child_object_api_name,
+            field=r.child_field_api_name,
+            lock_parent=bool(r.lock_relevant or r.kind == _MASTER_DETAIL),
+        )
+        for r in view.relationships
+    )
+    metadata = MetadataViewInput(
+        digest=view.runtime_metadata_view_digest,
+        objects=tuple(objects),
+        relationships=relationships,
+    )
+    return RecordView.build(metadata, rules)
+
+
+class RecordViewSource(Protocol):
+    """Where the record service gets the metadata view of a trusted work scope."""
+
+    async def view_for(self, scope: TrustedRuntimeWorkScope) -> RecordView:
+        """The view bound to ``scope``.
+
+        Raises:
+            FailedPreconditionError: the catalog has no binding or view for ``scope``.
+            UnavailableError: the catalog cannot be reached.
+        """
+        ...
+
+
+def _catalog_failure(exc: grpc.aio.AioRpcError, what: str) -> FlowError:
+    code = exc.code()
+    if code == grpc.StatusCode.NOT_FOUND:
+        return FailedPreconditionError(
+            f"the catalog has no {what} for this work scope", reason="metadata_view_missing"
+        )
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDeniedError(f"the catalog refused access to the {what}")
+    if code in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+    ):
+        return UnavailableError(f"catalog service unavailable ({code.name})")
+    return FlowError(f"catalog call for the {what} failed", reason="catalog_error")
+
+
+def _scope_proto(scope: TrustedRuntimeWorkScope) -> Any:
+    return common_v1.TrustedRuntimeWorkScope(
+        org_id=scope.org_id,
+        app_installation_id=scope.app_installation_id,
+        runtime_capability_id=scope.runtime_capability_id,
+        runtime_work_binding_digest=scope.runtime_work_binding_digest,
+    )
+
+
+class CatalogRecordViews:
+    """:class:`RecordViewSource` over the catalog's gRPC API, cached by content digest.
+
+    Args:
+        channel: a channel to the catalog service.
+        credentials: mints the catalog credential of a work scope
+            (:class:`runtime_svc.catalog_client.ScopedCredentials`).
+        timeout_s: deadline of one catalog call.
+        max_cached: views (and binding → view digests) kept.
+    """
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        credentials: Callable[[TrustedRuntimeWorkScope], str],
+        *,
+        timeout_s: float = _CATALOG_TIMEOUT_S,
+        max_cached: int = _MAX_CACHED_VIEWS,
+    ) -> None:
+        self._stub = catalog_v1.CatalogServiceStub(channel)
+        self._credentials = credentials
+        self._timeout = timeout_s
+        self._max = max_cached
+        # Keys carry the full scope / org + installation, so no entry is ever served to
+        # another tenant even if two tenants published byte-identical views.
+        self._view_digests: OrderedDict[TrustedRuntimeWorkScope, str] = OrderedDict()
+        self._views: OrderedDict[tuple[str, str, str], RecordView] = OrderedDict()
+
+    @property
+    def cached_views(self) -> int:
+        """Number of views in the cache."""
+        return len(self._views)
+
+    def _remember(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > self._max:
+            cache.popitem(last=False)
+
+    async def view_for(self, scope: TrustedRuntimeWorkScope) -> RecordView:
+        md = bearer_metadata(self._credentials(scope))
+        digest = self._view_digests.get(scope)
+        if digest is None:
+            try:
+                resp = await self._stub.GetWorkBinding(
+                    catalog_v1.GetWorkBindingRequest(scope=_scope_proto(scope)),
+                    metadata=md,
+                    timeout=self._timeout,
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise _catalog_failure(exc, "work binding") from exc
+            digest = str(resp.work_binding.binding.runtime_metadata_view_digest)
+            self._remember(self._view_digests, scope, digest)
+        key = (scope.org_id, scope.app_installation_id, digest)
+        view = self._views.get(key)
+        if view is not None:
+            self._views.move_to_end(key)
+            return view
+        try:
+            resp = await self._stub.GetMetadataView(
+                catalog_v1.GetMetadataViewRequest(
+                    org_id=scope.org_id,
+                    app_installation_id=scope.app_installation_id,
+                    runtime_metadata_view_digest=digest,
+                ),
+                metadata=md,
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _catalog_failure(exc, "metadata view") from exc
+        view = record_view_from_proto(resp.view)
+        if view.digest != digest:
+            raise FailedPreconditionError(
+                "the catalog returned a metadata view under another digest",
+                reason="metadata_view_digest_mismatch",
+            )
+        self._remember(self._views, key, view)
+        return view
+
+
+# --- proto mapping -----------------------------------------------------------------------------
+
+
+def _timestamp(value: datetime) -> Timestamp:
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def record_proto(state: RecordState) -> Any:
+    """``runtime_v1.Record`` of a stored record."""
+    fields = Struct()
+    fields.update(dict(state.fields))
+    return runtime_v1.Record(
+        org_id=state.org_id,
+        object_api_name=state.object_name,
+        record_id=state.record_id,
+        version=state.version,
+        fields=fields,
+        parent_refs=[
+            runtime_v1.ParentRef(
+                relationship_name=r.relationship_name,
+                parent_object_api_name=r.parent_object,
+                parent_record_id=r.parent_record_id,
+            )
+            for r in state.parent_refs
+        ],
+        is_deleted=state.is_deleted,
+        created_at=_timestamp(state.created_at),
+        updated_at=_timestamp(state.updated_at),
+    )
+
+
+def _fields(request: Any) -> dict[str, Any]:
+    if not request.HasField("fields"):
+        return {}
+    value: dict[str, Any] = json_format.MessageToDict(request.fields)
+    return value
+
+
+def _request_ref(rpc: str, request: Any) -> RequestRef:
+    request_id: str = request.request_id
+    if not request_id:
+        raise InvalidArgumentError("request_id is required", field_path="request_id")
+    if len(request_id) > 200:
+        raise InvalidArgumentError("request_id is too long", field_path="request_id")
+    body = type(request)()
+    body.CopyFrom(request)
+    body.request_id = ""
+    # The body as the caller sent it (an empty record_id stays empty), so a retry of a
+    # create with a server-generated id matches its first attempt.
+    digest = versioned_digest(
+        "record-request",
+        {"rpc": rpc, "body": json_format.MessageToDict(body, preserving_proto_field_name=True)},
+    )
+    return RequestRef(rpc, request_id, digest)
+
+
+def _require(value: str, field_path: str) -> str:
+    if not value:
+        raise InvalidArgumentError(f"{field_path} is required", field_path=field_path)
+    return value
+
+
+class RecordServicer(runtime_v1.RecordServiceServicer):
+    """Create, update, soft-delete and read business records (issue 5, deliverable 1).
+
+    ``triggered_flow_run_ids`` of every write response is empty until after-save trigger
+    admission lands with the Flow run work.
+    """
+
+    def __init__(self, engine: RecordEngine, views: RecordViewSource) -> None:
+        self._engine = engine
+        self._views = views
+
+    async def _context(self) -> tuple[str, RecordView, Actor]:
+        identity = current_identity()
+        scope = identity.require_work_scope()
+        view = await self._views.view_for(scope)
+        return identity.org_id, view, Actor("workload", identity.subject)
+
+    async def CreateRecord(self, request: Any, context: Context) -> Any:
+        """Validate against the scope's view and create the record at version 1."""
+        ref = _request_ref("CreateRecord", request)
+        org, view, actor = await self._context()
+        mutation = prepare_create(
+            view,
+            request.object_api_name,
+            request.record_id,
+            _fields(request),
+            [
+                ParentRef(p.relationship_name, p.parent_object_api_name, p.parent_record_id)
+                for p in request.parent_refs
+            ],
+        )
+        result = await self._engine.mutate(org, view, mutation, actor=actor, request=ref)
+        return runtime_v1.CreateRecordResponse(record=_record(result))
+
+    async def UpdateRecord(self, request: Any, context: Context) -> Any:
+        """Compare-and-swap on ``expected_version``; a mismatch fails ``ABORTED``."""
+        ref = _request_ref("UpdateRecord", request)
+        org, view, actor = await self._context()
+        mutation = prepare_update(
+            view,
+            request.object_api_name,
+            request.record_id,
+            request.expected_version,
+            _fields(request),
+        )
+        result = await self._engine.mutate(org, view, mutation, actor=actor, request=ref)
+        return runtime_v1.UpdateRecordResponse(record=_record(result))
+
+    async def DeleteRecord(self, request: Any, context: Context) -> Any:
+        """Soft delete with compare-and-swap; the response carries ``is_deleted`` true."""
+        ref = _request_ref("DeleteRecord", request)
+        org, view, actor = await self._context()
+        mutation = prepare_delete(
+            view, request.object_api_name, request.record_id, request.expected_version
+        )
+        result = await self._engine.mutate(org, view, mutation, actor=actor, request=ref)
+        return runtime_v1.DeleteRecordResponse(record=_record(result))
+
+    async def GetRecord(self, request: Any, context: Context) -> Any:
+        """A live record of the caller's org; deleted or other-org records are NOT_FOUND."""
+        org = current_identity().org_id
+        state = await self._engine.get(
+            org,
+            _require(request.object_api_name, "object_api_name"),
+            _require(request.record_id, "record_id"),
+        )
+        return runtime_v1.GetRecordResponse(record=record_proto(state))
+
+
+def _record(result: MutationResult) -> Any:
+    return record_proto(result.record)
+
+
+async def build_record_service(
+    cfg: ServiceConfig,
+    engine: AsyncEngine,
+    catalog: RecordViewSource | None = None,
+    *,
+    catalog_target: str | None = None,
+    credentials: Callable[[TrustedRuntimeWorkScope], str] | None = None,
+) -> ServiceRegistration:
+    """The RecordService registration for ``runtime_svc.app.build_services``.
+
+    Args:
+        cfg: the runtime's configuration.
+        engine: the runtime database.
+        catalog: the metadata-view source (default: :class:`CatalogRecordViews` over a
+            gRPC channel to the catalog service).
+        catalog_target: ``host:port`` of the catalog (default: the catalog's configured
+            listen address and port).
+        credentials: mints the catalog credential of a work scope (default: signed with
+            ``FLOW_AUTH_SIGNING_KEY``).
+    """
+    if catalog is None:
+        if credentials is None:
+            credentials = ScopedCredentials.from_config(cfg)
+        channel = grpc.aio.insecure_channel(
+            catalog_target or cfg.catalog_target,
+            options=[
+                ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
+                ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
+            ],
+        )
+        catalog = CatalogRecordViews(channel, credentials)
+    return ServiceRegistration(
+        SERVICE_NAME,
+        runtime_v1.add_RecordServiceServicer_to_server,
+        RecordServicer(RecordEngine(engine), catalog),
+    )

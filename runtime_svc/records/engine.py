@@ -1,0 +1,511 @@
+"""The record engine: business-record mutations under the §13.1 lock order.
+
+Two layers (STYLE 6):
+
+* **Composable ``_txn`` functions** that run inside a caller-supplied connection, for
+  callers that own the transaction (the Flow worker's step commit); steps 1-2 live in
+  :mod:`runtime_svc.records.locking` and are re-exported here:
+
+  1. :func:`plan_mutation` — pure: the :class:`~runtime_svc.resources.LockPlan` of one
+     mutation (record row, lock-relevant parent rows, history-sequence row).
+     Plans of several mutations combine with :meth:`LockPlan.union`.
+  2. :func:`acquire_locks_txn` — takes the plan's business/parent locks, then its
+     history-sequence locks, each class in canonical key order (``SELECT … FOR UPDATE``;
+     a record the plan creates is locked by its ``INSERT`` at its own position). It
+     returns :class:`HeldLocks`, the proof that those locks are held on this connection.
+  3. *(the caller's Flow lifecycle locks: root, steps, attempts, …; §13.1 step 4)*
+  4. :func:`apply_mutation_txn` — per mutation: the record's compare-and-swap write on
+     its already-locked row, the history-sequence reservation on its already-locked row,
+     then the derived business event and audit record (§13.1 step 5). It refuses any
+     record, parent or history row that is not in the admitted plan with
+     :class:`~runtime_svc.resources.LateResourceDiscoveryError` *before* touching it.
+
+* **:class:`RecordEngine`** — the public methods of ordinary (non-Flow) record writes. Each
+  opens exactly one transaction through :func:`services.db.run_in_transaction`: a
+  deadlock victim or lock-wait timeout is rolled back and the whole transaction runs again
+  from the same validated input (same generated record id). Late discovery — the row was
+  re-parented between the plan read and the lock — restarts the whole transaction with a
+  fresh plan, a bounded number of times (§13.3).
+
+**Version semantics.** ``version`` is 1 after create and +1 per write. An update or delete
+whose ``expected_version`` is not the stored one fails with :class:`StaleVersionError`,
+a :class:`~services.errors.ConflictError` (``ABORTED``), as the proto comments say: the
+caller re-reads and decides; resending the same request cannot succeed.
+
+**Soft delete.** Delete sets ``is_deleted``; normal reads and writes treat a deleted record
+as missing (``NOT_FOUND``). Every function takes the trusted org; a record of another org
+is indistinguishable from a missing one.
+
+**What is written per mutation, in one transaction:** the record row, one history
+sequence (strictly increasing per record, no gaps, reserved under the record's lock), one
+business event ordered by that sequence, one audit record. Audit and event payloads carry
+field *names*, versions and digests, never field values (§17.3: no credential material or
+raw context in audit rows).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from runtime_svc.records import store
+from runtime_svc.records.locking import (
+    RECORD_ENTITY,
+    HeldLocks,
+    LockHook,
+    acquire_locks_txn,
+    lock_relevant_relationships,
+    plan_mutation,
+)
+from runtime_svc.records.model import (
+    Actor,
+    Lineage,
+    MutationKind,
+    MutationResult,
+    RecordMutation,
+    RecordState,
+    RequestRef,
+)
+from runtime_svc.records.validation import (
+    RecordValidationError,
+    check_required,
+    parent_refs_of,
+    require_object,
+)
+from runtime_svc.records.view import RecordView
+from runtime_svc.resources import (
+    LateResourceDiscoveryError,
+    LockRole,
+    business_key,
+    history_key,
+)
+from services.db import (
+    DEFAULT_BACKOFF,
+    DEFAULT_MAX_ATTEMPTS,
+    Backoff,
+    DbErrorClass,
+    classify_db_error,
+    run_in_transaction,
+)
+from services.digest import versioned_digest
+from services.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    FenceLostError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+)
+
+__all__ = [
+    "DEFAULT_MAX_REPLANS",
+    "EngineStats",
+    "HeldLocks",
+    "LockHook",
+    "RecordEngine",
+    "StaleVersionError",
+    "acquire_locks_txn",
+    "apply_mutation_txn",
+    "get_record_txn",
+    "plan_mutation",
+]
+
+#: How often a public write re-plans after late resource discovery before giving up.
+DEFAULT_MAX_REPLANS = 3
+#: Entity name in NOT_FOUND / ALREADY_EXISTS errors.
+_ENTITY = RECORD_ENTITY
+
+
+class StaleVersionError(ConflictError):
+    """The record is not at the version the caller expected (``ABORTED``; re-read first)."""
+
+    reason = "stale_version"
+
+    def __init__(
+        self, object_name: str, record_id: str, expected_version: int, found: int | None
+    ) -> None:
+        shown = "absent" if found is None else str(found)
+        super().__init__(
+            f"record version is {shown}, expected {expected_version}",
+            entity=_ENTITY,
+            key=f"{object_name}/{record_id}",
+        )
+        self.expected_version, self.found_version = expected_version, found
+        self.attributes.update(expected_version=str(expected_version), found_version=shown)
+
+
+def _not_found(object_name: str, record_id: str) -> NotFoundError:
+    return NotFoundError(_ENTITY, f"{object_name}/{record_id}")
+
+
+# --- applying one mutation ------------------------------------------------------------------
+
+
+def _check_parents(
+    view: RecordView,
+    mutation: RecordMutation,
+    before: RecordState | None,
+    after: RecordState,
+    locks: HeldLocks,
+) -> None:
+    """Every lock-relevant parent of the old and new state is admitted; set ones exist."""
+    own = business_key(mutation.object_name, mutation.record_id)
+    issues: list[tuple[str, str]] = []
+    for rel in view.child_relationships(mutation.object_name):
+        if not rel.lock_parent:
+            continue
+        for state in (before, after):
+            value = None if state is None else state.fields.get(rel.field)
+            if isinstance(value, str) and business_key(rel.parent_object, value) != own:
+                locks.plan.require(business_key(rel.parent_object, value), LockRole.PARENT)
+        value = after.fields.get(rel.field)
+        if rel.field in mutation.fields and isinstance(value, str):
+            key = business_key(rel.parent_object, value)
+            parent = after if key == own else locks.rows.get(key)
+            if parent is None or parent.is_deleted:
+                issues.append((f"fields.{rel.field}", "parent_not_found"))
+    if issues:
+        raise RecordValidationError(issues)
+
+
+def _changed(mutation: RecordMutation, before: RecordState | None, after: RecordState) -> list[str]:
+    if mutation.kind is MutationKind.CREATE:
+        return sorted(after.fields)
+    if mutation.kind is MutationKind.DELETE or before is None:
+        return []
+    return sorted(k for k in mutation.fields if before.fields.get(k) != after.fields.get(k))
+
+
+async def _reserve_history(
+    conn: AsyncConnection, org_id: str, mutation: RecordMutation, locks: HeldLocks
+) -> int:
+    key = history_key(mutation.object_name, mutation.record_id)
+    last = locks.history.get(key)
+    obj, rid = mutation.object_name, mutation.record_id
+    if last is None:
+        # A record written before the engine kept history rows: its row is created now, at
+        # sequence 1, under the record's lock (a concurrent writer waits on that lock).
+        if not await store.insert_history_txn(conn, org_id, obj, rid, 1, locks.now):
+            raise FenceLostError("record_history_sequences", f"{obj}/{rid}", 0, None)
+        sequence = 1
+    else:
+        sequence = await store.advance_history_txn(conn, org_id, obj, rid, last, locks.now)
+    locks.history[key] = sequence
+    return sequence
+
+
+async def apply_mutation_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    view: RecordView,
+    mutation: RecordMutation,
+    locks: HeldLocks,
+    *,
+    actor: Actor,
+    lineage: Lineage | None = None,
+    request: RequestRef | None = None,
+) -> MutationResult:
+    """Apply one validated mutation under locks the caller already holds.
+
+    Assumes the caller took ``locks`` with :func:`acquire_locks_txn` on ``conn`` (and then
+    any Flow lifecycle locks); writes only rows of ``locks.plan`` and appends the derived
+    event and audit rows last.
+
+    Raises:
+        LateResourceDiscoveryError: the record, its history row or one of its
+            lock-relevant parents (before or after the write) is not in the plan.
+        NotFoundError: the record does not exist in ``org_id`` or is deleted.
+        AlreadyExistsError: a CREATE of an existing record.
+        StaleVersionError: ``expected_version`` is not the stored version.
+        RecordValidationError: a required field would be empty, or a newly referenced
+            lock-relevant parent does not exist.
+        PermissionDeniedError: ``locks`` were taken for another org.
+        ValueError: a mutation of a record whose CREATE in ``locks`` is not applied yet.
+    """
+    if locks.org_id != org_id:
+        raise PermissionDeniedError("lock plan belongs to another org", reason="org_mismatch")
+    obj, rid = mutation.object_name, mutation.record_id
+    rkey = business_key(obj, rid)
+    locks.plan.require(rkey, LockRole.RECORD)
+    locks.plan.require(history_key(obj, rid), LockRole.HISTORY)
+    rules = require_object(view, obj)
+    current = locks.rows.get(rkey)
+    lock_relevant = lock_relevant_relationships(view, obj)
+
+    before: RecordState | None
+    if mutation.kind is MutationKind.CREATE:
+        if rkey not in locks.pending_creates or current is None:
+            if current is not None:
+                raise AlreadyExistsError(_ENTITY, f"{obj}/{rid}")
+            # The plan admitted the row as existing, not as created by this transaction.
+            raise LateResourceDiscoveryError(rkey, LockRole.RECORD)
+        before, after = None, current
+        _check_parents(view, mutation, before, after, locks)
+        locks.pending_creates.discard(rkey)
+    else:
+        if rkey in locks.pending_creates:
+            # History order must follow mutation order: the create's event comes first.
+            raise ValueError("apply the CREATE of a record before its other mutations")
+        if current is None or current.is_deleted:
+            raise _not_found(obj, rid)
+        before = current
+        fields = dict(current.fields)
+        if mutation.kind is MutationKind.UPDATE:
+            for name, value in mutation.fields.items():
+                if value is None:
+                    fields.pop(name, None)
+                else:
+                    fields[name] = value
+            check_required(rules, fields)
+        after = replace(
+            current,
+            fields=fields,
+            parent_refs=parent_refs_of(view, obj, fields),
+            is_deleted=mutation.kind is MutationKind.DELETE,
+            updated_at=locks.now,
+        )
+        _check_parents(view, mutation, before, after, locks)
+        expected = (
+            current.version if mutation.expected_version is None else mutation.expected_version
+        )
+        try:
+            version = await store.update_record_txn(conn, org_id, after, expected, lock_relevant)
+        except FenceLostError as exc:
+            raise StaleVersionError(obj, rid, expected, exc.found_version) from exc
+        after = replace(after, version=version)
+        locks.rows[rkey] = after
+
+    sequence = await _reserve_history(conn, org_id, mutation, locks)
+    changed = _changed(mutation, before, after)
+    lineage = lineage or Lineage()
+    event_id, audit_id = f"evt_{uuid.uuid4().hex}", f"aud_{uuid.uuid4().hex}"
+    inserted = await store.insert_event_txn(
+        conn,
+        store.EventRow(
+            org_id=org_id,
+            event_id=event_id,
+            object_name=obj,
+            record_id=rid,
+            history_sequence=sequence,
+            event_type=mutation.kind.value,
+            payload={
+                "version": after.version,
+                "changed_fields": changed,
+                "fields_digest": versioned_digest("record-fields", after.fields),
+                "view_digest": view.digest,
+            },
+            occurred_at=locks.now,
+            flow_run_id=lineage.flow_run_id,
+            step_execution_id=lineage.step_execution_id,
+            attempt_id=lineage.attempt_id,
+            request_rpc=None if request is None else request.rpc,
+            request_id=None if request is None else request.request_id,
+            request_digest=None if request is None else request.request_digest,
+        ),
+    )
+    if not inserted:
+        # The sequence is reserved under lock, so only the request key can collide: the
+        # same request is being applied by a concurrent call. It re-reads, then replays.
+        raise ConflictError(
+            "the same request is being applied concurrently", entity=_ENTITY, key=f"{obj}/{rid}"
+        )
+    await store.insert_audit_txn(
+        conn,
+        store.AuditRow(
+            org_id=org_id,
+            audit_record_id=audit_id,
+            actor_kind=actor.kind,
+            actor_id=actor.id,
+            action=f"record.{mutation.kind.value}",
+            object_name=obj,
+            record_id=rid,
+            details={
+                "changed_fields": changed,
+                "version": after.version,
+                "history_sequence": sequence,
+                "event_id": event_id,
+                "view_digest": view.digest,
+                **({} if request is None else {"request_rpc": request.rpc}),
+            },
+            occurred_at=locks.now,
+            flow_run_id=lineage.flow_run_id,
+            step_execution_id=lineage.step_execution_id,
+            attempt_id=lineage.attempt_id,
+        ),
+    )
+    return MutationResult(after, sequence, event_id, audit_id, tuple(changed))
+
+
+async def get_record_txn(
+    conn: AsyncConnection, org_id: str, object_name: str, record_id: str
+) -> RecordState:
+    """The live (not deleted) record in ``org_id``.
+
+    Raises:
+        NotFoundError: absent, deleted, or in another org (indistinguishable).
+    """
+    state = await store.read_record_txn(conn, org_id, object_name, record_id)
+    if state is None:
+        raise _not_found(object_name, record_id)
+    return state
+
+
+async def _replay_txn(
+    conn: AsyncConnection, org_id: str, request: RequestRef
+) -> MutationResult | None:
+    marker = await store.find_request_txn(conn, org_id, request.rpc, request.request_id)
+    if marker is None:
+        return None
+    if marker.request_digest != request.request_digest:
+        raise InvalidArgumentError(
+            "request_id was already used for a different request",
+            reason="request_id_reused",
+            field_path="request_id",
+        )
+    state = await store.read_record_txn(
+        conn, org_id, marker.object_name, marker.record_id, include_deleted=True
+    )
+    if state is None:  # pragma: no cover - records are only soft-deleted
+        raise _not_found(marker.object_name, marker.record_id)
+    return MutationResult(state, marker.history_sequence, marker.event_id, "", (), replayed=True)
+
+
+# --- the public engine ------------------------------------------------------------------------
+
+
+@dataclass
+class EngineStats:
+    """Counters of one :class:`RecordEngine` (exported as metrics; read by tests).
+
+    Attributes:
+        conflict_retries: transactions rolled back by a deadlock/write conflict (MySQL 1213,
+            TiDB 9007, ``SQLITE_BUSY``, …) and run again whole.
+        lock_wait_timeouts: transactions rolled back by a lock-wait timeout and run again.
+        replans: transactions restarted with a fresh lock plan after late discovery.
+    """
+
+    conflict_retries: int = 0
+    lock_wait_timeouts: int = 0
+    replans: int = 0
+
+
+class RecordEngine:
+    """Ordinary record writes and reads, one transaction per call.
+
+    Args:
+        engine: the runtime database.
+        max_attempts: whole-transaction attempts on deadlock/lock-wait timeout.
+        backoff: jittered backoff between those attempts.
+        max_replans: restarts after late resource discovery.
+        lock_hook: awaited after each lock a write takes (test seam for interleavings;
+            ``None`` in production).
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        max_replans: int = DEFAULT_MAX_REPLANS,
+        lock_hook: LockHook | None = None,
+    ) -> None:
+        self._engine = engine
+        self._lock_hook = lock_hook
+        self._max_attempts = max_attempts
+        self._backoff = backoff
+        self._max_replans = max_replans
+        self.stats = EngineStats()
+
+    async def get(self, org_id: str, object_name: str, record_id: str) -> RecordState:
+        """The live record ``object_name``/``record_id`` of ``org_id``.
+
+        Raises:
+            NotFoundError: absent, deleted, or in another org.
+        """
+
+        async def read(conn: AsyncConnection) -> RecordState:
+            return await get_record_txn(conn, org_id, object_name, record_id)
+
+        return await run_in_transaction(
+            self._engine, read, max_attempts=self._max_attempts, readonly=True
+        )
+
+    async def mutate(
+        self,
+        org_id: str,
+        view: RecordView,
+        mutation: RecordMutation,
+        *,
+        actor: Actor,
+        request: RequestRef | None = None,
+    ) -> MutationResult:
+        """Apply one validated mutation in its own transaction.
+
+        The transaction: replay check (``request``) → plain read of the current row →
+        :func:`plan_mutation` → :func:`acquire_locks_txn` → :func:`apply_mutation_txn`.
+        A retry (deadlock, lock-wait timeout, re-plan) starts again from ``mutation``.
+
+        Raises:
+            NotFoundError, AlreadyExistsError, StaleVersionError, RecordValidationError:
+                see :func:`apply_mutation_txn`.
+            InvalidArgumentError: ``request.request_id`` was used for another request.
+            ConflictError: still conflicting after every attempt.
+        """
+
+        async def attempt(conn: AsyncConnection) -> MutationResult:
+            if request is not None:
+                replay = await _replay_txn(conn, org_id, request)
+                if replay is not None:
+                    return replay
+            current = None
+            if mutation.kind is not MutationKind.CREATE:
+                current = await store.read_record_txn(
+                    conn, org_id, mutation.object_name, mutation.record_id
+                )
+                if current is None:
+                    raise _not_found(mutation.object_name, mutation.record_id)
+            plan = plan_mutation(view, mutation, current)
+            locks = await acquire_locks_txn(
+                conn, org_id, view, plan, [mutation], on_locked=self._lock_hook
+            )
+            return await apply_mutation_txn(
+                conn, org_id, view, mutation, locks, actor=actor, request=request
+            )
+
+        for _ in range(self._max_replans):
+            try:
+                return await run_in_transaction(
+                    self._engine,
+                    self._observed(attempt),
+                    max_attempts=self._max_attempts,
+                    backoff=self._backoff,
+                )
+            except LateResourceDiscoveryError:
+                # Rolled back (the exception left the transaction); plan again from the
+                # same input: the next plain read sees the committed re-parenting.
+                self.stats.replans += 1
+        raise ConflictError(
+            "the record's parents kept changing while it was written",
+            entity=_ENTITY,
+            key=f"{mutation.object_name}/{mutation.record_id}",
+        )
+
+    def _observed(
+        self, fn: Callable[[AsyncConnection], Awaitable[MutationResult]]
+    ) -> Callable[[AsyncConnection], Awaitable[MutationResult]]:
+        async def run(conn: AsyncConnection) -> MutationResult:
+            try:
+                return await fn(conn)
+            except Exception as exc:
+                kind = classify_db_error(exc)
+                if kind is DbErrorClass.RETRYABLE_CONFLICT:
+                    self.stats.conflict_retries += 1
+                elif kind is DbErrorClass.LOCK_WAIT_TIMEOUT:
+                    self.stats.lock_wait_timeouts += 1
+                raise
+
+        return run

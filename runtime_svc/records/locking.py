@@ -1,0 +1,186 @@
+"""The lock phase of a record transaction (§13.1 steps 1-3).
+
+:func:`plan_mutation` derives the :class:`~runtime_svc.resources.LockPlan` of one mutation
+(pure); :func:`acquire_locks_txn` takes the plan's business/parent locks, then its
+history-sequence locks, each in canonical key order, and returns :class:`HeldLocks` — the
+proof, handed to :func:`runtime_svc.records.engine.apply_mutation_txn`, that those locks
+are held on the connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from runtime_svc.records import store
+from runtime_svc.records.model import MutationKind, RecordMutation, RecordState
+from runtime_svc.records.validation import parent_refs_of, references_of
+from runtime_svc.records.view import RecordView
+from runtime_svc.resources import (
+    LockPlan,
+    ResourceClass,
+    ResourceKey,
+    business_key,
+    plan_record_mutation,
+)
+from services.db import db_now
+from services.errors import AlreadyExistsError
+
+__all__ = [
+    "RECORD_ENTITY",
+    "HeldLocks",
+    "LockHook",
+    "acquire_locks_txn",
+    "lock_relevant_relationships",
+    "plan_mutation",
+]
+
+#: Entity name in NOT_FOUND / ALREADY_EXISTS errors of records.
+RECORD_ENTITY = "Record"
+
+
+def lock_relevant_relationships(view: RecordView, object_name: str) -> frozenset[str]:
+    """Names of the relationships whose parent a write of ``object_name`` locks."""
+    return frozenset(r.name for r in view.child_relationships(object_name) if r.lock_parent)
+
+
+#: Awaited after each lock of :func:`acquire_locks_txn` (test seam for interleavings).
+LockHook = Callable[[ResourceKey], Awaitable[None]]
+
+
+# --- planning ----------------------------------------------------------------------------
+
+
+def plan_mutation(
+    view: RecordView, mutation: RecordMutation, current: RecordState | None = None
+) -> LockPlan:
+    """The lock plan of ``mutation`` (pure).
+
+    Args:
+        view: the bound metadata view.
+        mutation: the validated mutation.
+        current: the record as last read (``None`` for a create). Its parents are in the
+            plan too: a child write locks the parent it leaves as well as the one it joins.
+    """
+    refs: list[tuple[str, str | None]] = []
+    if current is not None:
+        refs += references_of(view, mutation.object_name, current.fields)
+    if mutation.kind is not MutationKind.DELETE:
+        refs += references_of(view, mutation.object_name, mutation.fields)
+    return plan_record_mutation(
+        view.metadata,
+        mutation.object_name,
+        mutation.record_id,
+        refs,
+        creates=mutation.kind is MutationKind.CREATE,
+    )
+
+
+# --- lock acquisition ----------------------------------------------------------------------
+
+
+@dataclass
+class HeldLocks:
+    """The business/parent and history locks of ``plan``, held on one connection.
+
+    Built only by :func:`acquire_locks_txn`; :func:`apply_mutation_txn` keeps the row
+    images current as it writes, so several mutations of one transaction (even of one
+    record) see each other.
+
+    Attributes:
+        org_id: the trusted org the locks were taken in.
+        plan: the admitted lock plan.
+        now: the database clock at acquisition (every write of the transaction uses it).
+        rows: business rows read (or inserted) under lock; ``None`` = no such row.
+        history: ``last_sequence`` of history rows read under lock; ``None`` = no row.
+        pending_creates: inserted rows whose create mutation is not applied yet.
+    """
+
+    org_id: str
+    plan: LockPlan
+    now: datetime
+    rows: dict[ResourceKey, RecordState | None] = field(default_factory=dict)
+    history: dict[ResourceKey, int | None] = field(default_factory=dict)
+    pending_creates: set[ResourceKey] = field(default_factory=set)
+
+
+def _new_record(
+    org_id: str, view: RecordView, mutation: RecordMutation, now: datetime
+) -> RecordState:
+    return RecordState(
+        org_id=org_id,
+        object_name=mutation.object_name,
+        record_id=mutation.record_id,
+        version=1,
+        fields=dict(mutation.fields),
+        parent_refs=parent_refs_of(view, mutation.object_name, mutation.fields),
+        is_deleted=False,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+async def acquire_locks_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    view: RecordView,
+    plan: LockPlan,
+    mutations: Sequence[RecordMutation] = (),
+    *,
+    on_locked: LockHook | None = None,
+) -> HeldLocks:
+    """Take the business/parent, then history-sequence locks of ``plan`` (§13.1 steps 1-3).
+
+    Keys of the Flow lifecycle classes are left to the caller, who takes them next
+    (§13.1 step 4); derived rows come after both (step 5, :func:`apply_mutation_txn`).
+
+    Args:
+        conn: the caller's connection, inside its transaction.
+        org_id: the trusted org.
+        view: the bound metadata view.
+        plan: the admitted plan (canonical order by construction).
+        mutations: the CREATE mutations of ``plan.creates`` (others are ignored): a new
+            row is inserted at its key's position, which is how its lock is taken.
+        on_locked: awaited after each lock (test seam).
+
+    Raises:
+        AlreadyExistsError: a record the plan creates exists (even soft-deleted).
+        ValueError: a created key has no CREATE mutation.
+    """
+    creates = {
+        business_key(m.object_name, m.record_id): m
+        for m in mutations
+        if m.kind is MutationKind.CREATE
+    }
+    missing = plan.creates - creates.keys()
+    if missing:
+        raise ValueError("every record the lock plan creates needs its CREATE mutation")
+    held = HeldLocks(org_id, plan, await db_now(conn))
+    for key in plan.keys:
+        obj, rid = key.object_or_namespace, key.record_identity
+        if key.resource_class is ResourceClass.BUSINESS_RECORD:
+            if key in plan.creates:
+                state = _new_record(org_id, view, creates[key], held.now)
+                if not await store.insert_record_txn(
+                    conn, state, lock_relevant_relationships(view, obj)
+                ):
+                    raise AlreadyExistsError(RECORD_ENTITY, f"{obj}/{rid}")
+                held.rows[key] = state
+                held.pending_creates.add(key)
+            else:
+                held.rows[key] = await store.read_record_txn(conn, org_id, obj, rid, lock=True)
+        elif key.resource_class is ResourceClass.HISTORY_SEQUENCE:
+            if business_key(obj, rid) in plan.creates:
+                # The new record's history row starts at 0; the create reserves 1.
+                await store.insert_history_txn(conn, org_id, obj, rid, 0, held.now)
+                held.history[key] = 0
+            else:
+                held.history[key] = await store.lock_history_txn(conn, org_id, obj, rid)
+        else:
+            break  # Flow lifecycle classes follow; they are the caller's (canonical order)
+        if on_locked is not None:
+            await on_locked(key)
+    return held

@@ -1,0 +1,354 @@
+"""SQL of the record engine: ``_txn`` helpers that run inside the caller's transaction.
+
+Each helper is one bounded statement (or a statement plus its diagnostic re-read) on the
+runtime schema, always scoped by the trusted ``org_id`` (§10.0). None of them opens,
+commits or retries a transaction and none decides lock order: the engine calls them in
+the §13.1 order of its :class:`~runtime_svc.resources.LockPlan`.
+
+Portable rules followed here (ARCHITECTURE §2): locks are explicit ``SELECT … FOR UPDATE``
+by primary key (SQLite serialises writers with ``BEGIN IMMEDIATE`` instead); the record
+fence and the history-sequence reservation are conditional ``UPDATE``\\s checked by row
+count; inserts that may collide are ``INSERT`` + duplicate-key detection; no
+``RETURNING``, no AUTO_INCREMENT.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row, false, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from runtime_svc.records.model import ParentRef, RecordState
+from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
+from services.db import cas_update, insert_if_absent
+from services.digest import canonical_json
+from services.errors import FenceLostError
+
+__all__ = [
+    "AuditRow",
+    "EventRow",
+    "RequestMarker",
+    "advance_history_txn",
+    "find_request_txn",
+    "insert_audit_txn",
+    "insert_event_txn",
+    "insert_history_txn",
+    "insert_record_txn",
+    "lock_history_txn",
+    "read_record_txn",
+    "update_record_txn",
+]
+
+
+def _json(value: Any) -> str:
+    return canonical_json(value).decode("utf-8")
+
+
+def _state(row: Row[Any]) -> RecordState:
+    refs = json.loads(row.parent_refs) if row.parent_refs else []
+    return RecordState(
+        org_id=row.org_id,
+        object_name=row.object_name,
+        record_id=row.record_id,
+        version=int(row.record_version),
+        fields=json.loads(row.fields),
+        parent_refs=tuple(ParentRef.from_dict(r) for r in refs),
+        is_deleted=bool(row.is_deleted),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+async def read_record_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    object_name: str,
+    record_id: str,
+    *,
+    lock: bool = False,
+    include_deleted: bool = False,
+) -> RecordState | None:
+    """The record in ``org_id`` (``None`` when absent, in another org, or deleted unless
+    ``include_deleted``); ``lock`` reads it ``FOR UPDATE``.
+
+    A locking read always returns deleted rows too: the lock is taken either way, and the
+    caller decides what a deleted row means.
+    """
+    stmt = select(records).where(
+        records.c.org_id == org_id,
+        records.c.object_name == object_name,
+        records.c.record_id == record_id,
+    )
+    if lock:
+        stmt = stmt.with_for_update()
+    elif not include_deleted:
+        stmt = stmt.where(records.c.is_deleted == false())
+    row = (await conn.execute(stmt)).one_or_none()
+    return None if row is None else _state(row)
+
+
+def _parent_columns(refs: Sequence[ParentRef], lock_relevant: frozenset[str]) -> dict[str, Any]:
+    # The indexed parent columns hold one parent: the first lock-relevant relationship in
+    # name order, else the first relationship; every ref is in ``parent_refs``.
+    chosen = next((r for r in refs if r.relationship_name in lock_relevant), None)
+    chosen = chosen or (refs[0] if refs else None)
+    return {
+        "parent_object_name": chosen.parent_object if chosen else None,
+        "parent_record_id": chosen.parent_record_id if chosen else None,
+        "parent_refs": _json([r.to_dict() for r in refs]) if refs else None,
+    }
+
+
+async def insert_record_txn(
+    conn: AsyncConnection, state: RecordState, lock_relevant: frozenset[str]
+) -> bool:
+    """Insert a new record row; ``False`` when the identity exists (even soft-deleted).
+
+    The ``INSERT`` is also how the new row's lock is taken (§13.1: at its key's position).
+    """
+    return await insert_if_absent(
+        conn,
+        records,
+        {
+            "org_id": state.org_id,
+            "object_name": state.object_name,
+            "record_id": state.record_id,
+            "record_version": state.version,
+            "fields": _json(state.fields),
+            "is_deleted": state.is_deleted,
+            "created_at": state.created_at,
+            "updated_at": state.updated_at,
+            **_parent_columns(state.parent_refs, lock_relevant),
+        },
+    )
+
+
+async def update_record_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    state: RecordState,
+    expected_version: int,
+    lock_relevant: frozenset[str],
+) -> int:
+    """Fenced write of ``state`` over version ``expected_version``; the new version.
+
+    Raises:
+        FenceLostError: the row is not at ``expected_version`` (or not in ``org_id``).
+    """
+    return await cas_update(
+        conn,
+        records,
+        org_id=org_id,
+        key={"object_name": state.object_name, "record_id": state.record_id},
+        expected_version=expected_version,
+        version_column="record_version",
+        values={
+            "fields": _json(state.fields),
+            "is_deleted": state.is_deleted,
+            "updated_at": state.updated_at,
+            **_parent_columns(state.parent_refs, lock_relevant),
+        },
+    )
+
+
+# --- history sequence -----------------------------------------------------------------
+
+
+def _history_scope(org_id: str, object_name: str, record_id: str) -> list[Any]:
+    t = record_history_sequences
+    return [t.c.org_id == org_id, t.c.object_name == object_name, t.c.record_id == record_id]
+
+
+async def lock_history_txn(
+    conn: AsyncConnection, org_id: str, object_name: str, record_id: str
+) -> int | None:
+    """``last_sequence`` of the record's history row read ``FOR UPDATE`` (``None``: no row)."""
+    t = record_history_sequences
+    stmt = select(t.c.last_sequence).where(*_history_scope(org_id, object_name, record_id))
+    value = (await conn.execute(stmt.with_for_update())).scalar_one_or_none()
+    return None if value is None else int(value)
+
+
+async def insert_history_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    object_name: str,
+    record_id: str,
+    last_sequence: int,
+    now: datetime,
+) -> bool:
+    """Create the record's history row at ``last_sequence``; ``False`` when it exists."""
+    return await insert_if_absent(
+        conn,
+        record_history_sequences,
+        {
+            "org_id": org_id,
+            "object_name": object_name,
+            "record_id": record_id,
+            "last_sequence": last_sequence,
+            "updated_at": now,
+        },
+    )
+
+
+async def advance_history_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    object_name: str,
+    record_id: str,
+    last_sequence: int,
+    now: datetime,
+) -> int:
+    """Reserve the next history sequence of a locked history row: ``last_sequence + 1``.
+
+    A conditional ``UPDATE`` on the value read under lock, so a lost pessimistic lock
+    (TiDB) still cannot hand one sequence out twice.
+
+    Raises:
+        FenceLostError: the row no longer holds ``last_sequence``.
+    """
+    t = record_history_sequences
+    result = await conn.execute(
+        update(t)
+        .where(
+            *_history_scope(org_id, object_name, record_id),
+            t.c.last_sequence == last_sequence,
+        )
+        .values(last_sequence=last_sequence + 1, updated_at=now)
+    )
+    if result.rowcount != 1:
+        found = await conn.execute(
+            select(t.c.last_sequence).where(*_history_scope(org_id, object_name, record_id))
+        )
+        raise FenceLostError(
+            t.name, f"{object_name}/{record_id}", last_sequence, found.scalar_one_or_none()
+        )
+    return last_sequence + 1
+
+
+# --- derived rows ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One business event (ordered per record by ``history_sequence``)."""
+
+    org_id: str
+    event_id: str
+    object_name: str
+    record_id: str
+    history_sequence: int
+    event_type: str
+    payload: Mapping[str, Any]
+    occurred_at: datetime
+    flow_run_id: str | None = None
+    step_execution_id: str | None = None
+    attempt_id: str | None = None
+    request_rpc: str | None = None
+    request_id: str | None = None
+    request_digest: str | None = None
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One append-only audit record (safe details only, §17.3)."""
+
+    org_id: str
+    audit_record_id: str
+    actor_kind: str
+    actor_id: str
+    action: str
+    object_name: str
+    record_id: str
+    details: Mapping[str, Any]
+    occurred_at: datetime
+    flow_run_id: str | None = None
+    step_execution_id: str | None = None
+    attempt_id: str | None = None
+
+
+async def insert_event_txn(conn: AsyncConnection, event: EventRow) -> bool:
+    """Append a business event; ``False`` when its sequence or request key exists."""
+    return await insert_if_absent(
+        conn,
+        business_events,
+        {
+            "org_id": event.org_id,
+            "event_id": event.event_id,
+            "object_name": event.object_name,
+            "record_id": event.record_id,
+            "history_sequence": event.history_sequence,
+            "event_type": event.event_type,
+            "payload": _json(event.payload),
+            "flow_run_id": event.flow_run_id,
+            "step_execution_id": event.step_execution_id,
+            "attempt_id": event.attempt_id,
+            "occurred_at": event.occurred_at,
+            "request_rpc": event.request_rpc,
+            "request_id": event.request_id,
+            "request_digest": event.request_digest,
+        },
+    )
+
+
+async def insert_audit_txn(conn: AsyncConnection, audit: AuditRow) -> None:
+    """Append an audit record (fresh identity: a duplicate is a bug and raises)."""
+    await conn.execute(
+        audit_records.insert().values(
+            org_id=audit.org_id,
+            audit_record_id=audit.audit_record_id,
+            actor_kind=audit.actor_kind,
+            actor_id=audit.actor_id,
+            action=audit.action,
+            object_name=audit.object_name,
+            record_id=audit.record_id,
+            flow_run_id=audit.flow_run_id,
+            step_execution_id=audit.step_execution_id,
+            attempt_id=audit.attempt_id,
+            details=_json(audit.details),
+            occurred_at=audit.occurred_at,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class RequestMarker:
+    """The business event that recorded an earlier application of a request."""
+
+    object_name: str
+    record_id: str
+    request_digest: str
+    history_sequence: int
+    event_id: str
+
+
+async def find_request_txn(
+    conn: AsyncConnection, org_id: str, rpc: str, request_id: str
+) -> RequestMarker | None:
+    """The outcome marker of request ``(org_id, rpc, request_id)``, if it was applied."""
+    t = business_events
+    row = (
+        await conn.execute(
+            select(
+                t.c.object_name,
+                t.c.record_id,
+                t.c.request_digest,
+                t.c.history_sequence,
+                t.c.event_id,
+            ).where(t.c.org_id == org_id, t.c.request_rpc == rpc, t.c.request_id == request_id)
+        )
+    ).one_or_none()
+    if row is None:
+        return None
+    return RequestMarker(
+        row.object_name,
+        row.record_id,
+        row.request_digest or "",
+        int(row.history_sequence),
+        row.event_id,
+    )

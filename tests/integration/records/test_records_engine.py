@@ -1,0 +1,389 @@
+"""Record engine on SQLite and MariaDB: round trip, validation, versions, soft delete,
+exactly-once history/event/audit in one transaction, late discovery, org scoping,
+request replay and audit safety."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from runtime_svc.records import (
+    Actor,
+    Lineage,
+    MutationKind,
+    RecordEngine,
+    RecordMutation,
+    RecordValidationError,
+    RequestRef,
+    StaleVersionError,
+    acquire_locks_txn,
+    apply_mutation_txn,
+    plan_mutation,
+    prepare_create,
+    prepare_delete,
+    prepare_update,
+)
+from runtime_svc.records import store as record_store
+from runtime_svc.resources import (
+    LateResourceDiscoveryError,
+    LockPlan,
+    LockRole,
+    business_key,
+    history_key,
+)
+from runtime_svc.schema import audit_records, business_events
+from services.db import transaction
+from services.errors import AlreadyExistsError, ConflictError, InvalidArgumentError, NotFoundError
+from tests.integration.records.support import (
+    SECRET,
+    audit_and_event_text,
+    audit_details,
+    count,
+    last_sequence,
+    record_count,
+    record_view,
+    sequences,
+)
+
+VIEW = record_view()
+ACTOR = Actor("workload", "records-test")
+
+
+async def _create(rec: RecordEngine, org: str, obj: str, rid: str, **fields: Any) -> int:
+    result = await rec.mutate(org, VIEW, prepare_create(VIEW, obj, rid, fields), actor=ACTOR)
+    return result.record.version
+
+
+async def test_create_get_update_delete_round_trip(engine: AsyncEngine, org: str) -> None:
+    rec = RecordEngine(engine)
+    created = await rec.mutate(
+        org,
+        VIEW,
+        prepare_create(VIEW, "Account", "", {"Name": "Acme", "Employees": 10, "Tier": "Gold"}),
+        actor=ACTOR,
+    )
+    rid = created.record.record_id
+    assert created.record.version == 1 and created.history_sequence == 1
+    assert created.changed_fields == ("Employees", "Name", "Tier")
+
+    got = await rec.get(org, "Account", rid)
+    assert got.fields == {"Name": "Acme", "Employees": 10, "Tier": "Gold"}
+    assert got.version == 1 and not got.is_deleted and got.org_id == org
+    assert got.created_at == got.updated_at
+
+    updated = await rec.mutate(
+        org,
+        VIEW,
+        prepare_update(VIEW, "Account", rid, 1, {"Employees": 11, "Tier": None}),
+        actor=ACTOR,
+    )
+    assert updated.record.version == 2 and updated.history_sequence == 2
+    assert updated.changed_fields == ("Employees", "Tier")
+    assert (await rec.get(org, "Account", rid)).fields == {"Name": "Acme", "Employees": 11}
+
+    deleted = await rec.mutate(org, VIEW, prepare_delete(VIEW, "Account", rid, 2), actor=ACTOR)
+    assert deleted.record.is_deleted and deleted.record.version == 3
+    assert deleted.history_sequence == 3
+    with pytest.raises(NotFoundError):
+        await rec.get(org, "Account", rid)  # normal reads filter deleted rows
+    with pytest.raises(NotFoundError):
+        await rec.mutate(
+            org, VIEW, prepare_update(VIEW, "Account", rid, 3, {"Employees": 1}), actor=ACTOR
+        )
+    with pytest.raises(NotFoundError):
+        await rec.mutate(org, VIEW, prepare_delete(VIEW, "Account", rid, 3), actor=ACTOR)
+    with pytest.raises(AlreadyExistsError):  # a deleted identity is not reused
+        await _create(rec, org, "Account", rid, Name="Again")
+
+    assert await sequences(engine, org, "Account", rid) == [1, 2, 3]
+    events = await count(engine, business_events, org, record_id=rid)
+    audits = await count(engine, audit_records, org, record_id=rid)
+    assert events == audits == 3  # exactly one event and one audit row per mutation
+    assert [d["changed_fields"] for d in await audit_details(engine, org, rid)] == [
+        ["Employees", "Name", "Tier"],
+        ["Employees", "Tier"],
+        [],
+    ]
+
+
+async def test_parent_refs_lock_relevant_parent_must_exist(engine: AsyncEngine, org: str) -> None:
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "acc-1", Name="Parent")
+    child = await rec.mutate(
+        org, VIEW, prepare_create(VIEW, "Contact", "con-1", {"AccountId": "acc-1"}), actor=ACTOR
+    )
+    assert [(p.relationship_name, p.parent_record_id) for p in child.record.parent_refs] == [
+        ("AccountId", "acc-1")
+    ]
+    assert (await rec.get(org, "Contact", "con-1")).parent_refs == child.record.parent_refs
+
+    with pytest.raises(RecordValidationError) as info:
+        await rec.mutate(
+            org, VIEW, prepare_create(VIEW, "Contact", "con-2", {"AccountId": "nope"}), actor=ACTOR
+        )
+    assert info.value.field_path == "fields.AccountId"
+    assert dict(info.value.issues) == {"fields.AccountId": "parent_not_found"}
+    # A lookup that is not lock-relevant only needs a well-formed identity.
+    await rec.mutate(
+        org, VIEW, prepare_create(VIEW, "Note", "n-1", {"AboutId": "missing-1"}), actor=ACTOR
+    )
+    assert await record_count(engine, org) == 3  # the failed create left nothing
+
+
+async def test_validation_errors_name_the_field(engine: AsyncEngine, org: str) -> None:
+    with pytest.raises(RecordValidationError) as info:
+        prepare_create(VIEW, "Account", "a1", {"Name": "x", "Employees": "ten"})
+    assert info.value.field_path == "fields.Employees"
+    with pytest.raises(RecordValidationError) as info:
+        prepare_create(VIEW, "Contact", "c1", {"Score": 3})
+    assert info.value.field_path == "fields.Score"  # read-only in the catalog view
+    with pytest.raises(RecordValidationError) as info:
+        prepare_create(VIEW, "Contact", "c1", {"Nope": 3})
+    assert dict(info.value.issues) == {"fields.Nope": "unknown_field"}
+    with pytest.raises(RecordValidationError) as info:
+        prepare_create(VIEW, "Account", "a1", {})
+    assert dict(info.value.issues) == {"fields.Name": "required"}
+    assert await record_count(engine, org) == 0
+
+
+async def test_stale_version_is_rejected_with_aborted(engine: AsyncEngine, org: str) -> None:
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "a1", Name="Acme")
+    await rec.mutate(
+        org, VIEW, prepare_update(VIEW, "Account", "a1", 1, {"Employees": 1}), actor=ACTOR
+    )
+    with pytest.raises(StaleVersionError) as info:
+        await rec.mutate(
+            org, VIEW, prepare_update(VIEW, "Account", "a1", 1, {"Employees": 2}), actor=ACTOR
+        )
+    assert info.value.code.name == "ABORTED"
+    assert (info.value.expected_version, info.value.found_version) == (1, 2)
+    with pytest.raises(StaleVersionError):
+        await rec.mutate(org, VIEW, prepare_delete(VIEW, "Account", "a1", 3), actor=ACTOR)
+    state = await rec.get(org, "Account", "a1")
+    assert state.version == 2 and state.fields["Employees"] == 1
+    assert await sequences(engine, org, "Account", "a1") == [1, 2]  # no gap from the rejects
+
+
+async def test_cross_org_reads_and_writes_answer_not_found(engine: AsyncEngine, org: str) -> None:
+    rec = RecordEngine(engine)
+    other = org + "-other"
+    await _create(rec, org, "Account", "shared-id", Name="Mine")
+    with pytest.raises(NotFoundError):
+        await rec.get(other, "Account", "shared-id")
+    with pytest.raises(NotFoundError):
+        await rec.mutate(
+            other, VIEW, prepare_update(VIEW, "Account", "shared-id", 1, {"Name": "x"}), actor=ACTOR
+        )
+    with pytest.raises(NotFoundError):
+        await rec.mutate(other, VIEW, prepare_delete(VIEW, "Account", "shared-id", 1), actor=ACTOR)
+    # The same identity in another org is another record.
+    assert await _create(rec, other, "Account", "shared-id", Name="Theirs") == 1
+    assert (await rec.get(org, "Account", "shared-id")).fields["Name"] == "Mine"
+    assert (await rec.get(other, "Account", "shared-id")).fields["Name"] == "Theirs"
+
+
+async def test_failure_after_the_record_write_persists_nothing(
+    engine: AsyncEngine, org: str
+) -> None:
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "a1", Name="Acme")
+    mutation = prepare_update(VIEW, "Account", "a1", 1, {"Employees": 5})
+
+    class Boom(Exception):
+        pass
+
+    async def step(conn: AsyncConnection) -> None:
+        current = await record_store.read_record_txn(conn, org, "Account", "a1")
+        locks = await acquire_locks_txn(conn, org, VIEW, plan_mutation(VIEW, mutation, current))
+        result = await apply_mutation_txn(conn, org, VIEW, mutation, locks, actor=ACTOR)
+        assert result.record.version == 2  # written inside the transaction…
+        raise Boom  # …then the step fails before commit
+
+    with pytest.raises(Boom):
+        async with transaction(engine) as conn:
+            await step(conn)
+
+    state = await rec.get(org, "Account", "a1")
+    assert state.version == 1 and "Employees" not in state.fields
+    assert await sequences(engine, org, "Account", "a1") == [1]
+    assert await last_sequence(engine, org, "Account", "a1") == 1
+    assert await count(engine, audit_records, org) == 1
+
+
+async def test_audit_failure_rolls_back_the_business_change(
+    engine: AsyncEngine, org: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "a1", Name="Acme")
+
+    async def failing_audit(conn: AsyncConnection, audit: Any) -> None:
+        raise RuntimeError("audit store unavailable")
+
+    monkeypatch.setattr(record_store, "insert_audit_txn", failing_audit)
+    with pytest.raises(RuntimeError):
+        await rec.mutate(
+            org, VIEW, prepare_update(VIEW, "Account", "a1", 1, {"Employees": 5}), actor=ACTOR
+        )
+    monkeypatch.undo()
+    state = await rec.get(org, "Account", "a1")
+    assert state.version == 1 and "Employees" not in state.fields
+    assert await sequences(engine, org, "Account", "a1") == [1]
+    assert await count(engine, audit_records, org) == 1
+
+
+async def test_late_discovery_is_refused_before_any_write(engine: AsyncEngine, org: str) -> None:
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "acc-1", Name="P1")
+    await _create(rec, org, "Account", "acc-2", Name="P2")
+    await rec.mutate(
+        org, VIEW, prepare_create(VIEW, "Contact", "c1", {"AccountId": "acc-1"}), actor=ACTOR
+    )
+    move = prepare_update(VIEW, "Contact", "c1", 1, {"AccountId": "acc-2"})
+    # An admitted plan that knows the record and the new parent but not the old one.
+    narrow = LockPlan.of(
+        [
+            (business_key("Contact", "c1"), LockRole.RECORD),
+            (business_key("Account", "acc-2"), LockRole.PARENT),
+            (history_key("Contact", "c1"), LockRole.HISTORY),
+        ]
+    )
+    with pytest.raises(LateResourceDiscoveryError) as info:
+        async with transaction(engine) as conn:
+            locks = await acquire_locks_txn(conn, org, VIEW, narrow)
+            await apply_mutation_txn(conn, org, VIEW, move, locks, actor=ACTOR)
+    assert info.value.resource_key == business_key("Account", "acc-1")
+    assert info.value.attributes["role"] == "parent"
+    # A plan without the record itself is refused as well.
+    other = LockPlan.of([(business_key("Account", "acc-1"), LockRole.RECORD)])
+    with pytest.raises(LateResourceDiscoveryError):
+        async with transaction(engine) as conn:
+            locks = await acquire_locks_txn(conn, org, VIEW, other)
+            await apply_mutation_txn(conn, org, VIEW, move, locks, actor=ACTOR)
+    assert (await rec.get(org, "Contact", "c1")).fields["AccountId"] == "acc-1"
+    assert await sequences(engine, org, "Contact", "c1") == [1]
+
+
+async def test_public_write_replans_after_late_discovery(
+    engine: AsyncEngine, org: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """§13.3: the plan came from a stale read (the child moved to another parent before
+    the lock); the whole transaction rolls back and restarts with the expanded plan."""
+    rec = RecordEngine(engine)
+    for rid in ("acc-1", "acc-2", "acc-3"):
+        await _create(rec, org, "Account", rid, Name=rid)
+    await rec.mutate(
+        org, VIEW, prepare_create(VIEW, "Contact", "c1", {"AccountId": "acc-1"}), actor=ACTOR
+    )
+    await rec.mutate(
+        org, VIEW, prepare_update(VIEW, "Contact", "c1", 1, {"AccountId": "acc-2"}), actor=ACTOR
+    )
+    real_read = record_store.read_record_txn
+    stale_reads = 0
+
+    async def stale_first_plain_read(conn: AsyncConnection, *args: Any, **kw: Any) -> Any:
+        nonlocal stale_reads
+        state = await real_read(conn, *args, **kw)
+        if not kw.get("lock") and stale_reads == 0 and state is not None:
+            stale_reads += 1
+            return type(state)(**{**state.__dict__, "fields": {"AccountId": "acc-1"}})
+        return state
+
+    monkeypatch.setattr(record_store, "read_record_txn", stale_first_plain_read)
+    result = await rec.mutate(
+        org, VIEW, prepare_update(VIEW, "Contact", "c1", 2, {"AccountId": "acc-3"}), actor=ACTOR
+    )
+    assert stale_reads == 1 and rec.stats.replans == 1
+    assert result.record.version == 3 and result.record.fields["AccountId"] == "acc-3"
+    assert await sequences(engine, org, "Contact", "c1") == [1, 2, 3]
+
+
+async def test_composable_txn_writes_flow_lineage_and_several_mutations(
+    engine: AsyncEngine, org: str
+) -> None:
+    """The Flow worker's shape: one plan for all mutations of a step, locks first, then
+    the mutations (expected version = version read under lock), derived rows last."""
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "acc-1", Name="P")
+    create = prepare_create(VIEW, "Contact", "c9", {"AccountId": "acc-1", "LastName": "A"})
+    touch = RecordMutation(MutationKind.UPDATE, "Account", "acc-1", {"Employees": 3})
+    again = RecordMutation(MutationKind.UPDATE, "Contact", "c9", {"LastName": "B"})
+    lineage = Lineage("run-1", "step-1", "attempt-1")
+    async with transaction(engine) as conn:
+        plan = plan_mutation(VIEW, create).union(plan_mutation(VIEW, touch))
+        locks = await acquire_locks_txn(conn, org, VIEW, plan, [create])
+        results = [
+            await apply_mutation_txn(conn, org, VIEW, m, locks, actor=ACTOR, lineage=lineage)
+            for m in (create, touch, again)
+        ]
+    assert [r.record.version for r in results] == [1, 2, 2]
+    assert [r.history_sequence for r in results] == [1, 2, 2]
+    assert await sequences(engine, org, "Contact", "c9") == [1, 2]
+    assert await count(engine, business_events, org, flow_run_id="run-1") == 3
+    assert await count(engine, audit_records, org, attempt_id="attempt-1") == 3
+    assert (await rec.get(org, "Contact", "c9")).fields == {"AccountId": "acc-1", "LastName": "B"}
+
+
+async def test_request_replay_applies_once(engine: AsyncEngine, org: str) -> None:
+    rec = RecordEngine(engine)
+    create = prepare_create(VIEW, "Account", "", {"Name": "Acme"})
+    ref = RequestRef("CreateRecord", "req-1", "digest-a")
+    first = await rec.mutate(org, VIEW, create, actor=ACTOR, request=ref)
+    # A client retry after a lost response: the server generated another id this time.
+    retry = prepare_create(VIEW, "Account", "", {"Name": "Acme"})
+    second = await rec.mutate(org, VIEW, retry, actor=ACTOR, request=ref)
+    assert second.replayed and second.record.record_id == first.record.record_id
+    assert second.event_id == first.event_id
+    assert await record_count(engine, org) == 1
+    assert await count(engine, business_events, org) == 1
+    with pytest.raises(InvalidArgumentError) as info:
+        await rec.mutate(
+            org, VIEW, retry, actor=ACTOR, request=RequestRef("CreateRecord", "req-1", "digest-b")
+        )
+    assert info.value.field_path == "request_id"
+    # The dedupe scope is (org, RPC, request id): another org may use the same id.
+    other = await rec.mutate(org + "-b", VIEW, retry, actor=ACTOR, request=ref)
+    assert not other.replayed
+
+
+async def test_audit_and_events_hold_no_field_values(engine: AsyncEngine, org: str) -> None:
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "a1", Name="Acme", ApiKey=SECRET)
+    await rec.mutate(
+        org, VIEW, prepare_update(VIEW, "Account", "a1", 1, {"ApiKey": SECRET + "2"}), actor=ACTOR
+    )
+    stored = await audit_and_event_text(engine, org)
+    assert "ApiKey" in stored  # names of changed fields are evidence…
+    assert SECRET not in stored and "Acme" not in stored  # …values are not
+
+
+async def test_concurrent_updates_have_gapless_history(engine: AsyncEngine, org: str) -> None:
+    """N writers race optimistic updates on one record (re-read + retry on ABORTED)."""
+    n = 12
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "hot", Name="Hot", Employees=0)
+
+    async def writer(i: int) -> int:
+        for attempts in range(1, 500):
+            current = await rec.get(org, "Account", "hot")
+            try:
+                await rec.mutate(
+                    org,
+                    VIEW,
+                    prepare_update(VIEW, "Account", "hot", current.version, {"Balance": i}),
+                    actor=ACTOR,
+                )
+                return attempts
+            except (StaleVersionError, ConflictError):
+                await asyncio.sleep(0)
+        raise AssertionError("writer never succeeded")
+
+    await asyncio.gather(*(writer(i) for i in range(n)))
+    state = await rec.get(org, "Account", "hot")
+    assert state.version == n + 1  # create + N updates
+    assert await sequences(engine, org, "Account", "hot") == list(range(1, n + 2))
+    assert await last_sequence(engine, org, "Account", "hot") == n + 1
+    assert await count(engine, audit_records, org, record_id="hot") == n + 1
