@@ -1,0 +1,615 @@
+"""``FlowRunStateStore``: the only write path for FlowRun, FlowStepExecution,
+FlowStepAttempt and FlowCheckpoint rows (§10.1 "the only write boundary"; issue 5).
+
+Shape (STYLE 5-7): every transition locks the lifecycle rows it needs in the §12 order
+(root, step, attempt) with ``SELECT … FOR UPDATE``, hands the snapshots to a pure
+``decide_*`` function from :mod:`runtime_svc.kernel.transitions`, and applies the
+returned decision as conditional UPDATEs whose row count must be 1
+(:func:`runtime_svc.kernel.store_rows.apply_transition`). A lost fence raises
+:class:`~services.errors.FenceLostError` and rolls the whole transaction back; ordinary
+domain outcomes (not eligible, nothing to recover, cancellation won) are returned as
+values.
+
+Each ``*_txn`` method runs in the caller's connection and composes with other helpers
+in one transaction — :meth:`FlowRunStateStore.commit_step_txn` is called by the worker
+*inside its business transaction* after its business locks (§12.2 steps 9-13). Each
+public method without the suffix opens exactly one transaction
+(``services.db.run_in_transaction``: whole-transaction retry on deadlocks, never on a
+lost COMMIT).
+
+Every method takes the trusted ``org_id`` first, and a :class:`LeaseFence` is checked
+against it before any SQL. Durable times come from the database clock (``db_now``); the
+``clock`` constructor argument exists so tests can shift it, never to use a worker clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from runtime_svc.kernel.checkpoint_guard import DEFAULT_MAX_CHECKPOINT_BYTES
+from runtime_svc.kernel.decisions import (
+    Admitted,
+    Advance,
+    AlreadyCommitted,
+    CancelCompleted,
+    CancelRecorded,
+    CancelWon,
+    ClaimRequest,
+    FenceLost,
+    NextStep,
+    NoChange,
+    NotEligible,
+    Quarantined,
+    Recovered,
+    RecoveryTerminal,
+    RetryExhausted,
+    RetryScheduled,
+    StepFailure,
+    Tombstoned,
+    WaitExpired,
+    WaitResolved,
+    validate_fence_input,
+)
+from runtime_svc.kernel.errors import TransitionInputError
+from runtime_svc.kernel.model import (
+    CheckpointInput,
+    CheckpointMeta,
+    LeaseFence,
+    RunRecord,
+)
+from runtime_svc.kernel.policy import (
+    DEFAULT_RETRY_POLICY,
+    RetryPolicy,
+    lease_token_digest,
+    new_lease_token,
+)
+from runtime_svc.kernel.states import AttemptOutcome, RunState
+from runtime_svc.kernel.store_create import (
+    FirstStep,
+    StartRunRequest,
+    StartRunResult,
+    create_run_txn,
+)
+from runtime_svc.kernel.store_reads import (
+    DEFAULT_PAGE_SIZE,
+    Candidate,
+    Checkpoint,
+    RunFilters,
+    RunPage,
+    SupportView,
+    cancel_requested_runs_txn,
+    eligible_work_txn,
+    expired_leases_txn,
+    get_checkpoint_txn,
+    get_run_txn,
+    list_runs_txn,
+    plan_digest_txn,
+    support_view_txn,
+)
+from runtime_svc.kernel.store_rows import (
+    PreparedCheckpoint,
+    apply_transition,
+    count_fenced_attempts,
+    extend_lease_row,
+    fence_error,
+    insert_checkpoint,
+    lock_fenced,
+    lock_latest_attempt,
+    lock_root_and_current,
+    lock_run,
+    lock_step,
+    new_id,
+    prepare_checkpoint,
+)
+from runtime_svc.kernel.transitions import (
+    decide_admit,
+    decide_cancel,
+    decide_cancel_cleanup,
+    decide_claim,
+    decide_commit,
+    decide_commit_unknown,
+    decide_heartbeat,
+    decide_recovery,
+    decide_release,
+    decide_resolve_wait,
+    decide_rollback_retry,
+    decide_start_running,
+    decide_wait_expired,
+)
+from runtime_svc.resources import LockPlan
+from services.auth import TrustedRuntimeWorkScope
+from services.db import db_now, run_in_transaction, transaction
+from services.errors import FenceLostError, NotFoundError
+
+__all__ = [
+    "EMPTY_LOCK_PLAN_DIGEST",
+    "Clock",
+    "CommitResult",
+    "FirstStep",
+    "FlowRunStateStore",
+    "RecoveryResult",
+    "StartRunRequest",
+    "StartRunResult",
+]
+
+T = TypeVar("T")
+
+#: The database clock (or, in tests, a shifted one).
+Clock = Callable[[AsyncConnection], Awaitable[datetime]]
+#: ``LockPlanDigest`` of a step that declares no business resources.
+EMPTY_LOCK_PLAN_DIGEST = LockPlan().digest()
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a successful final commit published."""
+
+    run_state: RunState
+    output_checkpoint: CheckpointMeta
+    next_step_execution_id: str | None
+
+
+@dataclass(frozen=True)
+class RecoveryResult:
+    """One expired lease and what recovery decided for it."""
+
+    flow_run_id: str
+    step_execution_id: str
+    decision: Recovered | RecoveryTerminal | NoChange
+
+
+class FlowRunStateStore:
+    """Typed, fenced transitions and reads of Flow runs (see module docstring).
+
+    Args:
+        engine: the runtime database.
+        policy: retry/lease policy selected at claim time.
+        ownership_epoch: this scheduler generation's V2 epoch (>= 1).
+        max_checkpoint_bytes: bound of one checkpoint context.
+        clock: the durable clock; ``services.db.db_now`` unless a test shifts it.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        policy: RetryPolicy = DEFAULT_RETRY_POLICY,
+        ownership_epoch: int = 1,
+        max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
+        clock: Clock = db_now,
+    ) -> None:
+        if ownership_epoch < 1:
+            raise ValueError("a V2 ownership epoch is >= 1")
+        self._engine = engine
+        self.policy = policy
+        self.ownership_epoch = ownership_epoch
+        self.max_checkpoint_bytes = max_checkpoint_bytes
+        self._clock = clock
+
+    def _check_fence(self, org_id: str, fence: LeaseFence) -> None:
+        """Typed input validation before any SQL: org, epoch (this scheduler's), token."""
+        validate_fence_input(org_id, fence)
+        if fence.ownership_epoch != self.ownership_epoch:
+            raise TransitionInputError(
+                "fence epoch is not this scheduler's ownership epoch", field="epoch"
+            )
+
+    async def _run(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        return await run_in_transaction(self._engine, fn)
+
+    async def _read(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        async with transaction(self._engine, readonly=True) as conn:
+            return await fn(conn)
+
+    # --- runs ----------------------------------------------------------------------------
+
+    async def create_run(
+        self, scope: TrustedRuntimeWorkScope, request: StartRunRequest
+    ) -> StartRunResult:
+        """Accept a run: root (``Runnable``, or ``Accepted`` when not admitted), first
+        step ``Pending`` and the immutable input checkpoint, in one transaction."""
+        # Validate the input checkpoint before opening the transaction (no SQL for it).
+        prepare_checkpoint(request.input, max_bytes=self.max_checkpoint_bytes)
+        return await self._run(lambda conn: self.create_run_txn(conn, scope, request))
+
+    async def create_run_txn(
+        self, conn: AsyncConnection, scope: TrustedRuntimeWorkScope, request: StartRunRequest
+    ) -> StartRunResult:
+        """:meth:`create_run` inside the caller's transaction (see
+        :func:`runtime_svc.kernel.store_create.create_run_txn` for the errors)."""
+        return await create_run_txn(
+            conn,
+            scope,
+            request,
+            ownership_epoch=self.ownership_epoch,
+            max_checkpoint_bytes=self.max_checkpoint_bytes,
+            now=await self._clock(conn),
+        )
+
+    async def admit_run(self, org_id: str, flow_run_id: str) -> Admitted | NoChange:
+        """Root ``Accepted -> Runnable``."""
+
+        async def fn(conn: AsyncConnection) -> Admitted | NoChange:
+            now = await self._clock(conn)
+            root, step = await lock_root_and_current(conn, org_id, flow_run_id)
+            if step is None:
+                return NoChange("no_current_step")
+            decision = decide_admit(root, step, now)
+            if isinstance(decision, Admitted):
+                await apply_transition(conn, org_id, decision.transition, now)
+            return decision
+
+        return await self._run(fn)
+
+    # --- claim, lifecycle, heartbeat -----------------------------------------------------
+
+    async def claim(
+        self,
+        org_id: str,
+        candidate: Candidate,
+        *,
+        lease_owner: str,
+        lock_plan_digest: str = EMPTY_LOCK_PLAN_DIGEST,
+        trace_id: str | None = None,
+    ) -> LeaseFence | NotEligible:
+        """§12.1: claim the candidate's step; exactly one concurrent claimer wins.
+
+        Returns the worker's :class:`LeaseFence` (holding the only copy of the raw lease
+        token) or :class:`NotEligible` — including ``"lost_race"`` when a conditional
+        UPDATE found the row already moved.
+        """
+        if candidate.org_id != org_id:
+            raise TransitionInputError("candidate belongs to another org", field="org_id")
+        token = new_lease_token()
+
+        async def fn(conn: AsyncConnection) -> LeaseFence | NotEligible:
+            now = await self._clock(conn)
+            root = await lock_run(conn, org_id, candidate.flow_run_id)
+            step = await lock_step(conn, org_id, candidate.step_execution_id)
+            if root is None or step is None:
+                return NotEligible("missing")
+            request = ClaimRequest(
+                attempt_id=new_id("att"),
+                lease_owner=lease_owner,
+                lease_token_digest=lease_token_digest(token),
+                ownership_epoch=self.ownership_epoch,
+                plan_digest=await plan_digest_txn(conn, org_id, root.plan_id),
+                lock_plan_digest=lock_plan_digest,
+                trace_id=trace_id,
+                expected_root_version=candidate.root_state_version,
+                expected_step_version=candidate.step_state_version,
+            )
+            decision = decide_claim(root, step, now, self.policy, request)
+            if isinstance(decision, NotEligible):
+                return decision
+            await apply_transition(conn, org_id, decision.transition, now)
+            return decision.fence(org_id, root.flow_run_id, step, request, token)
+
+        try:
+            return await self._run(fn)
+        except FenceLostError:  # a conditional UPDATE found the row already moved
+            return NotEligible("lost_race")
+
+    async def mark_running(self, org_id: str, fence: LeaseFence) -> LeaseFence:
+        """§12.2 step 3: step ``Claimed -> Running``; returns the fence with the new step
+        version, which the final commit compares."""
+        self._check_fence(org_id, fence)
+
+        async def fn(conn: AsyncConnection) -> LeaseFence:
+            now = await self._clock(conn)
+            root, step, attempt = await lock_fenced(conn, org_id, fence)
+            decision = decide_start_running(root, step, attempt, fence, now)
+            if isinstance(decision, FenceLost):
+                raise fence_error(decision)
+            await apply_transition(conn, org_id, decision.transition, now)
+            return dataclasses.replace(fence, step_state_version=decision.step_state_version)
+
+        return await self._run(fn)
+
+    async def extend_lease(self, org_id: str, fence: LeaseFence) -> LeaseFence:
+        """§12.3 heartbeat (lifecycle-only, root then step): a new ``lease_until``; the
+        commit fence (versions) is unchanged."""
+        self._check_fence(org_id, fence)
+
+        async def fn(conn: AsyncConnection) -> LeaseFence:
+            now = await self._clock(conn)
+            root, step, attempt = await lock_fenced(conn, org_id, fence)
+            decision = decide_heartbeat(root, step, attempt, fence, now, self.policy)
+            if isinstance(decision, FenceLost):
+                raise fence_error(decision)
+            await extend_lease_row(conn, org_id, step, fence.token_digest, decision.lease_until)
+            return dataclasses.replace(fence, lease_until=decision.lease_until)
+
+        return await self._run(fn)
+
+    async def release_claim(self, org_id: str, fence: LeaseFence) -> None:
+        """Give a claim back before any work: step ``Pending``, attempt ``Abandoned``."""
+        self._check_fence(org_id, fence)
+
+        async def fn(conn: AsyncConnection) -> None:
+            now = await self._clock(conn)
+            root, step, attempt = await lock_fenced(conn, org_id, fence)
+            decision = decide_release(root, step, attempt, fence, now)
+            if isinstance(decision, FenceLost):
+                raise fence_error(decision)
+            await apply_transition(conn, org_id, decision.transition, now)
+
+        await self._run(fn)
+
+    # --- commit, rollback, ambiguity, recovery -------------------------------------------
+
+    async def commit_step(
+        self, org_id: str, fence: LeaseFence, *, output: CheckpointInput, advance: Advance
+    ) -> CommitResult:
+        """:meth:`commit_step_txn` in its own transaction (steps without business writes)."""
+        self._check_fence(org_id, fence)
+        prepared = prepare_checkpoint(output, max_bytes=self.max_checkpoint_bytes)
+        return await self._run(lambda conn: self._commit(conn, org_id, fence, prepared, advance))
+
+    async def commit_step_txn(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        fence: LeaseFence,
+        *,
+        output: CheckpointInput,
+        advance: Advance,
+    ) -> CommitResult:
+        """§12.2 steps 9-12, inside the worker's business transaction and after its
+        business locks: lock root, step, attempt; revalidate the whole fence; insert the
+        immutable output checkpoint; attempt ``Committed``, step ``Succeeded`` (or
+        ``Waiting``), root advanced with its pointers and compatibility projection.
+
+        A ``NextStep`` advance with an empty ``step_execution_id`` gets a new id.
+
+        Raises:
+            FenceLostError: the fence no longer holds; the caller's transaction must roll
+                back (every business write in it goes too).
+            TransitionInputError: a malformed fence (before any SQL).
+            InvalidArgumentError: the output checkpoint is too large or holds credentials
+                (before any SQL of this method).
+        """
+        self._check_fence(org_id, fence)
+        prepared = prepare_checkpoint(output, max_bytes=self.max_checkpoint_bytes)
+        return await self._commit(conn, org_id, fence, prepared, advance)
+
+    async def _commit(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        fence: LeaseFence,
+        prepared: PreparedCheckpoint,
+        advance: Advance,
+    ) -> CommitResult:
+        if isinstance(advance, NextStep) and not advance.step_execution_id:
+            advance = dataclasses.replace(advance, step_execution_id=new_id("step"))
+        now = await self._clock(conn)
+        root, step, attempt = await lock_fenced(conn, org_id, fence)
+        checkpoint_id = new_id("ckpt")
+        decision = decide_commit(root, step, attempt, fence, now, advance, checkpoint_id)
+        if isinstance(decision, FenceLost):
+            raise fence_error(decision)
+        meta = await insert_checkpoint(
+            conn,
+            org_id,
+            root.flow_run_id,
+            prepared,
+            checkpoint_id=checkpoint_id,
+            created_by_attempt_id=attempt.attempt_id,
+            now=now,
+        )
+        await apply_transition(conn, org_id, decision.transition, now)
+        new_step = decision.transition.new_step
+        return CommitResult(
+            decision.run_state, meta, None if new_step is None else new_step.step_execution_id
+        )
+
+    async def record_rollback(
+        self, org_id: str, fence: LeaseFence, failure: StepFailure
+    ) -> RetryScheduled | RetryExhausted | CancelWon:
+        """§12.2 proven rollback (or classified pre-transaction failure), recorded in the
+        small state transaction that follows it: retry with durable backoff, or fail."""
+        self._check_fence(org_id, fence)
+
+        async def fn(conn: AsyncConnection) -> RetryScheduled | RetryExhausted | CancelWon:
+            now = await self._clock(conn)
+            root, step, attempt = await lock_fenced(conn, org_id, fence)
+            decision = decide_rollback_retry(root, step, attempt, fence, now, self.policy, failure)
+            if isinstance(decision, FenceLost):
+                raise fence_error(decision)
+            if not isinstance(decision, CancelWon):
+                await apply_transition(conn, org_id, decision.transition, now)
+            return decision
+
+        return await self._run(fn)
+
+    async def quarantine_commit_unknown(
+        self,
+        org_id: str,
+        fence: LeaseFence,
+        outcome: AttemptOutcome = AttemptOutcome.COMMIT_UNKNOWN,
+    ) -> Quarantined | AlreadyCommitted | CancelWon:
+        """The connection died during COMMIT (or ROLLBACK): read the outcome marker; if
+        the commit is not durable, quarantine attempt, step and root — never retry."""
+        self._check_fence(org_id, fence)
+
+        async def fn(conn: AsyncConnection) -> Quarantined | AlreadyCommitted | CancelWon:
+            now = await self._clock(conn)
+            root, step, attempt = await lock_fenced(conn, org_id, fence)
+            decision = decide_commit_unknown(root, step, attempt, fence, now, outcome)
+            if isinstance(decision, FenceLost):
+                raise fence_error(decision)
+            if isinstance(decision, Quarantined):
+                await apply_transition(conn, org_id, decision.transition, now)
+            return decision
+
+        return await self._run(fn)
+
+    async def recover_expired(self, org_id: str, *, limit: int = 100) -> list[RecoveryResult]:
+        """§12.4 sweep: recover up to ``limit`` expired leases, one short transaction each."""
+
+        async def scan(conn: AsyncConnection) -> list[tuple[str, str]]:
+            now = await self._clock(conn)
+            found = await expired_leases_txn(conn, org_id, now, limit)
+            return [(e.flow_run_id, e.step_execution_id) for e in found]
+
+        results = []
+        for run_id, step_id in await self._read(scan):
+            decision = await self.recover_step(org_id, run_id, step_id)
+            results.append(RecoveryResult(run_id, step_id, decision))
+        return results
+
+    async def recover_step(
+        self, org_id: str, flow_run_id: str, step_execution_id: str
+    ) -> Recovered | RecoveryTerminal | NoChange:
+        """§12.4 for one step: lock root, step, attempt; fence the expired attempt and
+        install ``RetryScheduled`` with the backoff floor (or the terminal signal)."""
+
+        async def fn(conn: AsyncConnection) -> Recovered | RecoveryTerminal | NoChange:
+            now = await self._clock(conn)
+            root = await lock_run(conn, org_id, flow_run_id)
+            step = await lock_step(conn, org_id, step_execution_id)
+            if root is None or step is None or step.flow_run_id != root.flow_run_id:
+                return NoChange("missing")
+            attempt = await lock_latest_attempt(conn, org_id, step)
+            prior = await count_fenced_attempts(conn, org_id, step_execution_id)
+            decision = decide_recovery(root, step, attempt, now, self.policy, prior)
+            if not isinstance(decision, NoChange):
+                await apply_transition(conn, org_id, decision.transition, now)
+            return decision
+
+        return await self._run(fn)
+
+    # --- cancellation and delete ---------------------------------------------------------
+
+    async def request_cancel(
+        self, org_id: str, flow_run_id: str
+    ) -> CancelRecorded | Tombstoned | NoChange:
+        """Cancel a run (§11.1): root ``CancelRequested``, active step/attempt fenced."""
+        return await self._cancel(org_id, flow_run_id, delete=False)
+
+    async def delete_run(
+        self, org_id: str, flow_run_id: str
+    ) -> CancelRecorded | Tombstoned | NoChange:
+        """§10.1 ``DeleteFlowInterview`` steps 2-5 (the caller authorized step 1):
+        soft delete through ``IsDeleted`` plus fenced cancellation; idempotent."""
+        return await self._cancel(org_id, flow_run_id, delete=True)
+
+    async def _cancel(
+        self, org_id: str, flow_run_id: str, *, delete: bool
+    ) -> CancelRecorded | Tombstoned | NoChange:
+        async def fn(conn: AsyncConnection) -> CancelRecorded | Tombstoned | NoChange:
+            now = await self._clock(conn)
+            root, step = await lock_root_and_current(conn, org_id, flow_run_id)
+            if root.is_deleted and not delete:
+                raise NotFoundError("flow_run", flow_run_id)
+            attempt = None if step is None else await lock_latest_attempt(conn, org_id, step)
+            decision = decide_cancel(root, step, attempt, now, delete=delete)
+            if not isinstance(decision, NoChange):
+                await apply_transition(conn, org_id, decision.transition, now)
+            return decision
+
+        return await self._run(fn)
+
+    async def pending_cancellations(self, org_id: str, *, limit: int = 100) -> list[str]:
+        """Ids of ``CancelRequested`` runs (deleted ones included) for the cleanup sweep."""
+        return await self._read(lambda conn: cancel_requested_runs_txn(conn, org_id, limit))
+
+    async def complete_cancel(self, org_id: str, flow_run_id: str) -> CancelCompleted | NoChange:
+        """Cancellation cleanup: ``CancelRequested -> Cancelled`` (idempotent)."""
+
+        async def fn(conn: AsyncConnection) -> CancelCompleted | NoChange:
+            now = await self._clock(conn)
+            root, step = await lock_root_and_current(conn, org_id, flow_run_id)
+            attempt = None if step is None else await lock_latest_attempt(conn, org_id, step)
+            decision = decide_cancel_cleanup(root, step, attempt, now)
+            if isinstance(decision, CancelCompleted):
+                await apply_transition(conn, org_id, decision.transition, now)
+            return decision
+
+        return await self._run(fn)
+
+    # --- waits (called by the dependency engine inside its own transaction) --------------
+
+    async def resolve_wait_txn(
+        self, conn: AsyncConnection, org_id: str, flow_run_id: str
+    ) -> WaitResolved | NoChange:
+        """Step ``Waiting -> Pending`` with root ``Waiting -> Runnable`` (§14, §18.2)."""
+        now = await self._clock(conn)
+        root, step = await lock_root_and_current(conn, org_id, flow_run_id)
+        if step is None:
+            return NoChange("no_current_step")
+        decision = decide_resolve_wait(root, step, now)
+        if isinstance(decision, WaitResolved):
+            await apply_transition(conn, org_id, decision.transition, now)
+        return decision
+
+    async def expire_wait_txn(
+        self, conn: AsyncConnection, org_id: str, flow_run_id: str, *, quarantine: bool
+    ) -> WaitExpired | NoChange:
+        """Dependency expiry under a terminal or quarantine policy (§14.3)."""
+        now = await self._clock(conn)
+        root, step = await lock_root_and_current(conn, org_id, flow_run_id)
+        if step is None:
+            return NoChange("no_current_step")
+        decision = decide_wait_expired(root, step, now, quarantine=quarantine)
+        if isinstance(decision, WaitExpired):
+            await apply_transition(conn, org_id, decision.transition, now)
+        return decision
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def get_run(
+        self, org_id: str, flow_run_id: str, *, include_deleted: bool = False
+    ) -> RunRecord:
+        """The run in the trusted org (``NotFoundError`` when missing, foreign or deleted)."""
+        return await self._read(
+            lambda conn: get_run_txn(conn, org_id, flow_run_id, include_deleted=include_deleted)
+        )
+
+    async def list_runs(
+        self,
+        org_id: str,
+        filters: RunFilters | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        page_token: str = "",
+    ) -> RunPage:
+        """Org-scoped, non-deleted runs, stable keyset pages."""
+        return await self._read(
+            lambda conn: list_runs_txn(conn, org_id, filters or RunFilters(), page_size, page_token)
+        )
+
+    async def support_view(
+        self, org_id: str, flow_run_id: str, *, include_deleted: bool = False
+    ) -> SupportView:
+        """§19 support read (no checkpoint payload)."""
+        return await self._read(
+            lambda conn: support_view_txn(
+                conn, org_id, flow_run_id, include_deleted=include_deleted
+            )
+        )
+
+    async def get_checkpoint(self, org_id: str, flow_run_id: str, checkpoint_id: str) -> Checkpoint:
+        """A checkpoint with its payload (the worker's step input)."""
+        return await self._read(
+            lambda conn: get_checkpoint_txn(conn, org_id, flow_run_id, checkpoint_id)
+        )
+
+    async def eligible_work(
+        self, org_id: str, queue_class: str, *, limit: int = 50
+    ) -> list[Candidate]:
+        """§12.1 step 1: a bounded, stably ordered batch of due candidates."""
+
+        async def fn(conn: AsyncConnection) -> list[Candidate]:
+            now = await self._clock(conn)
+            return await eligible_work_txn(
+                conn, org_id, queue_class, now, limit, self.ownership_epoch
+            )
+
+        return await self._read(fn)

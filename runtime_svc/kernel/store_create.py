@@ -1,0 +1,195 @@
+"""Run creation for :class:`runtime_svc.kernel.store.FlowRunStateStore` (§10.1, §18.3):
+root, first ``Pending`` step and immutable input checkpoint in one transaction,
+idempotent on ``(org, idempotency_key)`` by insert-if-absent (STYLE 8): a duplicate key
+is read back — the same request digest means the caller's own earlier request (return
+that run), a different digest is a conflict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from runtime_svc.kernel.model import CheckpointInput, NewStep, RunRecord
+from runtime_svc.kernel.states import ExecutionOwner, RunState, StepState
+from runtime_svc.kernel.store_reads import get_run_txn
+from runtime_svc.kernel.store_rows import (
+    insert_checkpoint,
+    insert_step,
+    new_id,
+    new_run_id,
+    prepare_checkpoint,
+)
+from runtime_svc.kernel.tables import check_transition, compatibility_status
+from runtime_svc.schema import execution_plans, flow_runs
+from services.auth import TrustedRuntimeWorkScope
+from services.db import insert_if_absent
+from services.digest import versioned_digest
+from services.errors import ConflictError, NotFoundError
+
+__all__ = ["FirstStep", "StartRunRequest", "StartRunResult", "create_run_txn"]
+
+
+@dataclass(frozen=True)
+class FirstStep:
+    """The compiled entry step a new run starts with."""
+
+    plan_step_key: str
+    step_kind: str
+    queue_class: str
+    invocation_ordinal: int = 0
+
+
+@dataclass(frozen=True)
+class StartRunRequest:
+    """A run to accept on ``plan_id`` (§18.3 ``StartRun``).
+
+    ``idempotency_key`` dedupes within the trusted org: the same key with the same
+    request returns the same run; with a different request it is a conflict (an
+    after-save trigger derives the key from the record mutation).
+    ``admit=False`` leaves the root ``Accepted`` for a later ``admit_run``.
+    """
+
+    plan_id: str
+    first_step: FirstStep
+    input: CheckpointInput
+    idempotency_key: str | None = None
+    priority: int = 0
+    admit: bool = True
+
+    def digest(self, scope: TrustedRuntimeWorkScope) -> str:
+        """``RequestDigest``: everything that makes two requests the same request."""
+        return versioned_digest(
+            "start-run-request",
+            {
+                "scope": dataclasses.asdict(scope),
+                "plan_id": self.plan_id,
+                "first_step": dataclasses.asdict(self.first_step),
+                "context": self.input.context,
+                "plan_cursor": self.input.plan_cursor,
+                "context_schema_version": self.input.context_schema_version,
+                "priority": self.priority,
+                "admit": self.admit,
+            },
+        )
+
+
+@dataclass(frozen=True)
+class StartRunResult:
+    """The accepted run, and whether this call created it (False: idempotent replay)."""
+
+    run: RunRecord
+    created: bool
+
+
+async def _by_idempotency_key(conn: AsyncConnection, org_id: str, key: str) -> RunRecord | None:
+    t = flow_runs.c
+    stmt = select(t.flow_run_id).where(t.org_id == org_id, t.idempotency_key == key)
+    run_id = (await conn.execute(stmt)).scalar_one_or_none()
+    if run_id is None:
+        return None
+    return await get_run_txn(conn, org_id, run_id, include_deleted=True)
+
+
+def _replay(existing: RunRecord, request_digest: str) -> StartRunResult:
+    if existing.request_digest != request_digest:
+        raise ConflictError(
+            "idempotency key already used for a different request",
+            entity="flow_run",
+            key=existing.idempotency_key or "",
+        )
+    return StartRunResult(existing, created=False)
+
+
+async def create_run_txn(
+    conn: AsyncConnection,
+    scope: TrustedRuntimeWorkScope,
+    request: StartRunRequest,
+    *,
+    ownership_epoch: int,
+    max_checkpoint_bytes: int,
+    now: datetime,
+) -> StartRunResult:
+    """Accept a run inside the caller's transaction.
+
+    Raises:
+        NotFoundError: no such plan in the trusted work scope.
+        ConflictError: the idempotency key was used for a different request.
+        InvalidArgumentError: the input checkpoint is too large or holds credentials
+            (before any SQL).
+    """
+    org = scope.org_id
+    prepared = prepare_checkpoint(request.input, max_bytes=max_checkpoint_bytes)
+    request_digest = request.digest(scope)
+    if request.idempotency_key is not None:
+        existing = await _by_idempotency_key(conn, org, request.idempotency_key)
+        if existing is not None:
+            return _replay(existing, request_digest)
+    p = execution_plans.c
+    stmt = select(execution_plans).where(p.org_id == org, p.plan_id == request.plan_id)
+    plan = (await conn.execute(stmt)).mappings().first()
+    # A plan of another installation/capability/binding answers like a missing one.
+    if plan is None or any(plan[k] != v for k, v in dataclasses.asdict(scope).items()):
+        raise NotFoundError("execution_plan", request.plan_id)
+    state = RunState.ACCEPTED
+    if request.admit:
+        check_transition("run", RunState.ACCEPTED, RunState.RUNNABLE)
+        state = RunState.RUNNABLE
+    first = request.first_step
+    run_id, step_id, checkpoint_id = new_run_id(), new_id("step"), new_id("ckpt")
+    values = {
+        **dataclasses.asdict(scope),
+        "flow_run_id": run_id,
+        "flow_version_id": plan["flow_version_id"],
+        "plan_id": request.plan_id,
+        "execution_profile": plan["execution_profile"],
+        "execution_owner": ExecutionOwner.FLOW_RUNTIME_V2.code,
+        "runtime_state": state.code,
+        "current_step_execution_id": step_id,
+        "current_checkpoint_id": checkpoint_id,
+        "state_version": 0,
+        "ownership_epoch": ownership_epoch,
+        "run_after": now,
+        "queue_class": first.queue_class,
+        "priority": request.priority,
+        "is_deleted": False,
+        "idempotency_key": request.idempotency_key,
+        "request_digest": request_digest,
+        "interview_status": compatibility_status(state, StepState.PENDING).code,
+        "current_element": first.plan_step_key,
+        "created_at": now,
+        "updated_at": now,
+    }
+    if not await insert_if_absent(conn, flow_runs, values):
+        # Lost the insert race on the idempotency key: read the winner back.
+        key = request.idempotency_key
+        existing = None if key is None else await _by_idempotency_key(conn, org, key)
+        if existing is None:
+            raise ConflictError("flow run identity collision", entity="flow_run")
+        return _replay(existing, request_digest)
+    await insert_checkpoint(
+        conn,
+        org,
+        run_id,
+        prepared,
+        checkpoint_id=checkpoint_id,
+        created_by_attempt_id=None,
+        now=now,
+    )
+    step = NewStep(
+        step_execution_id=step_id,
+        flow_run_id=run_id,
+        plan_step_key=first.plan_step_key,
+        invocation_ordinal=first.invocation_ordinal,
+        step_kind=first.step_kind,
+        input_checkpoint_id=checkpoint_id,
+        ownership_epoch=ownership_epoch,
+        run_after=now,
+        queue_class=first.queue_class,
+    )
+    await insert_step(conn, org, step, now)
+    return StartRunResult(await get_run_txn(conn, org, run_id), created=True)

@@ -1,0 +1,437 @@
+"""Read ``_txn`` helpers of :mod:`runtime_svc.kernel.store`: point reads, org-scoped
+listing with stable keyset pages, the §19 support view, and the two bounded scans the
+scheduler runs (eligible work, expired leases).
+
+Every query is scoped by the trusted ``org_id`` and, on a normal read path, filters the
+one visibility fact ``is_deleted`` (§10.1 step 6); ``include_deleted`` exists for the
+authorized recycle-bin/retention reads only. A row of another org answers exactly like a
+missing one. None of these reads takes locks.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import and_, false, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from runtime_svc.kernel.model import AttemptRecord, CheckpointMeta, RunRecord, StepRecord
+from runtime_svc.kernel.states import ExecutionOwner, RunState, StepState
+from runtime_svc.kernel.store_codec import (
+    attempt_from_row,
+    checkpoint_meta_from_row,
+    run_from_row,
+    step_from_row,
+)
+from runtime_svc.schema import (
+    execution_plans,
+    flow_checkpoints,
+    flow_runs,
+    flow_step_attempts,
+    flow_step_executions,
+)
+from services.digest import versioned_digest
+from services.errors import InvalidArgumentError, NotFoundError
+
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "MAX_PAGE_SIZE",
+    "MAX_SUPPORT_ATTEMPTS",
+    "Candidate",
+    "Checkpoint",
+    "ExpiredLease",
+    "RunFilters",
+    "RunPage",
+    "SupportView",
+    "cancel_requested_runs_txn",
+    "eligible_work_txn",
+    "expired_leases_txn",
+    "get_checkpoint_txn",
+    "get_run_txn",
+    "list_runs_txn",
+    "plan_digest_txn",
+    "support_view_txn",
+]
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+#: Attempt history rows in one support view (plans bound steps, policies bound attempts).
+MAX_SUPPORT_ATTEMPTS = 1000
+
+_V2 = ExecutionOwner.FLOW_RUNTIME_V2.code
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An eligible (root, current step) pair found by the non-locking claim lookup; the
+    versions seen are re-checked under lock by the claim."""
+
+    org_id: str
+    flow_run_id: str
+    step_execution_id: str
+    root_state_version: int
+    step_state_version: int
+    run_after: datetime
+    queue_class: str
+
+
+@dataclass(frozen=True)
+class ExpiredLease:
+    """A ``Claimed``/``Running`` step whose lease deadline has passed."""
+
+    flow_run_id: str
+    step_execution_id: str
+    lease_until: datetime
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    """``list_runs`` filters (all optional; combined with AND)."""
+
+    states: tuple[RunState, ...] = ()
+    flow_version_id: str | None = None
+    plan_id: str | None = None
+
+    def digest(self) -> str:
+        return versioned_digest(
+            "run-list-filters",
+            {
+                "states": sorted(s.code for s in self.states),
+                "flow_version_id": self.flow_version_id,
+                "plan_id": self.plan_id,
+            },
+        )
+
+
+@dataclass(frozen=True)
+class RunPage:
+    """One page of runs and the token of the next (``""`` on the last page)."""
+
+    runs: tuple[RunRecord, ...]
+    next_page_token: str
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint with its payload (worker input; never part of a support view)."""
+
+    meta: CheckpointMeta
+    context_json: str = field(repr=False)
+    plan_cursor_json: str
+
+
+@dataclass(frozen=True)
+class SupportView:
+    """§19 support read: immutable plan, canonical state, current step, current
+    checkpoint metadata (no payload), every step and its attempt history, safe cause."""
+
+    run: RunRecord
+    plan_digest: str
+    current_step: StepRecord | None
+    current_checkpoint: CheckpointMeta | None
+    steps: tuple[StepRecord, ...]
+    attempts: tuple[AttemptRecord, ...]
+
+    @property
+    def terminal_cause_code(self) -> str | None:
+        return self.run.terminal_cause_code
+
+
+async def get_run_txn(
+    conn: AsyncConnection, org_id: str, flow_run_id: str, *, include_deleted: bool = False
+) -> RunRecord:
+    """The run ``(org_id, flow_run_id)``.
+
+    Raises:
+        NotFoundError: missing, in another org, or soft-deleted (unless included).
+    """
+    t = flow_runs.c
+    stmt = select(flow_runs).where(t.org_id == org_id, t.flow_run_id == flow_run_id)
+    if not include_deleted:
+        stmt = stmt.where(t.is_deleted == false())
+    row = (await conn.execute(stmt)).mappings().first()
+    if row is None:
+        raise NotFoundError("flow_run", flow_run_id)
+    return run_from_row(row)
+
+
+def _encode_token(after: str, filters: RunFilters) -> str:
+    raw = json.dumps({"a": after, "f": filters.digest()}).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_token(token: str, filters: RunFilters) -> str | None:
+    if not token:
+        return None
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except (binascii.Error, ValueError):
+        payload = None
+    if (
+        not isinstance(payload, dict)
+        or payload.get("f") != filters.digest()
+        or not isinstance(payload.get("a"), str)
+    ):
+        raise InvalidArgumentError(
+            "page_token is malformed or was issued for other filters", field_path="page_token"
+        )
+    after: str = payload["a"]
+    return after
+
+
+async def list_runs_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    filters: RunFilters,
+    page_size: int = 0,
+    page_token: str = "",
+) -> RunPage:
+    """Org-scoped, non-deleted runs in stable ``flow_run_id`` keyset order.
+
+    Raises:
+        InvalidArgumentError: negative ``page_size`` or a foreign/malformed token.
+    """
+    if page_size < 0:
+        raise InvalidArgumentError("page_size must not be negative", field_path="page_size")
+    size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+    after = _decode_token(page_token, filters)
+    t = flow_runs.c
+    stmt = select(flow_runs).where(t.org_id == org_id, t.is_deleted == false())
+    if filters.states:
+        stmt = stmt.where(t.runtime_state.in_([s.code for s in filters.states]))
+    if filters.flow_version_id is not None:
+        stmt = stmt.where(t.flow_version_id == filters.flow_version_id)
+    if filters.plan_id is not None:
+        stmt = stmt.where(t.plan_id == filters.plan_id)
+    if after is not None:
+        stmt = stmt.where(t.flow_run_id > after)
+    rows = (await conn.execute(stmt.order_by(t.flow_run_id).limit(size + 1))).mappings().all()
+    runs = tuple(run_from_row(r) for r in rows[:size])
+    token = _encode_token(runs[-1].flow_run_id, filters) if len(rows) > size else ""
+    return RunPage(runs, token)
+
+
+async def plan_digest_txn(conn: AsyncConnection, org_id: str, plan_id: str) -> str:
+    """The immutable ``PlanDigest`` of ``plan_id`` in ``org_id``.
+
+    Raises:
+        NotFoundError: no such plan in the org.
+    """
+    t = execution_plans.c
+    digest = (
+        await conn.execute(select(t.plan_digest).where(t.org_id == org_id, t.plan_id == plan_id))
+    ).scalar_one_or_none()
+    if digest is None:
+        raise NotFoundError("execution_plan", plan_id)
+    return str(digest)
+
+
+async def support_view_txn(
+    conn: AsyncConnection, org_id: str, flow_run_id: str, *, include_deleted: bool = False
+) -> SupportView:
+    """The §19 support read of ``(org_id, flow_run_id)`` — never by run id alone, and
+    never with a checkpoint payload.
+
+    Raises:
+        NotFoundError: as :func:`get_run_txn`.
+    """
+    run = await get_run_txn(conn, org_id, flow_run_id, include_deleted=include_deleted)
+    s, a, c = flow_step_executions.c, flow_step_attempts.c, flow_checkpoints.c
+    step_rows = (
+        (
+            await conn.execute(
+                select(flow_step_executions)
+                .where(s.org_id == org_id, s.flow_run_id == flow_run_id)
+                .order_by(s.created_at, s.step_execution_id)
+                .limit(MAX_SUPPORT_ATTEMPTS)
+            )
+        )
+        .mappings()
+        .all()
+    )
+    steps = tuple(step_from_row(r) for r in step_rows)
+    attempt_rows = (
+        (
+            await conn.execute(
+                select(flow_step_attempts)
+                .select_from(
+                    flow_step_attempts.join(
+                        flow_step_executions,
+                        and_(s.org_id == a.org_id, s.step_execution_id == a.step_execution_id),
+                    )
+                )
+                .where(a.org_id == org_id, s.flow_run_id == flow_run_id)
+                .order_by(a.started_at, a.step_execution_id, a.attempt_number)
+                .limit(MAX_SUPPORT_ATTEMPTS)
+            )
+        )
+        .mappings()
+        .all()
+    )
+    checkpoint: CheckpointMeta | None = None
+    if run.current_checkpoint_id is not None:
+        meta_columns = [
+            c.checkpoint_id,
+            c.flow_run_id,
+            c.sequence,
+            c.context_schema_version,
+            c.context_digest,
+            c.created_by_attempt_id,
+            c.created_at,
+        ]
+        row = (
+            (
+                await conn.execute(
+                    select(*meta_columns).where(
+                        c.org_id == org_id, c.checkpoint_id == run.current_checkpoint_id
+                    )
+                )
+            )
+            .mappings()
+            .first()
+        )
+        checkpoint = None if row is None else checkpoint_meta_from_row(row)
+    current = next(
+        (st for st in steps if st.step_execution_id == run.current_step_execution_id), None
+    )
+    return SupportView(
+        run=run,
+        plan_digest=await plan_digest_txn(conn, org_id, run.plan_id),
+        current_step=current,
+        current_checkpoint=checkpoint,
+        steps=steps,
+        attempts=tuple(attempt_from_row(r) for r in attempt_rows),
+    )
+
+
+async def get_checkpoint_txn(
+    conn: AsyncConnection, org_id: str, flow_run_id: str, checkpoint_id: str
+) -> Checkpoint:
+    """One checkpoint of one run, with its payload (the worker's input).
+
+    Raises:
+        NotFoundError: missing, in another org, or of another run.
+    """
+    c = flow_checkpoints.c
+    row = (
+        (
+            await conn.execute(
+                select(flow_checkpoints).where(
+                    c.org_id == org_id,
+                    c.checkpoint_id == checkpoint_id,
+                    c.flow_run_id == flow_run_id,
+                )
+            )
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise NotFoundError("flow_checkpoint", checkpoint_id)
+    return Checkpoint(checkpoint_meta_from_row(row), row["context_payload"], row["plan_cursor"])
+
+
+_CLAIMABLE_CODES: Sequence[str] = (StepState.PENDING.code, StepState.RETRY_SCHEDULED.code)
+
+
+async def eligible_work_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    queue_class: str,
+    now: datetime,
+    limit: int,
+    ownership_epoch: int,
+) -> list[Candidate]:
+    """§12.1 step 1: due current steps of runnable, non-deleted V2 roots.
+
+    One bounded range query per claimable step state over the step claim index
+    ``(org, state, queue_class, run_after, id)``, joined to the root by primary key;
+    ``Waiting`` and leased steps are outside every range scanned, so the waiting
+    population is never read. Results merge in ``(run_after, step id)`` order.
+    """
+    s, r = flow_step_executions.c, flow_runs.c
+    found: list[Candidate] = []
+    for state in _CLAIMABLE_CODES:
+        stmt = (
+            select(
+                s.flow_run_id,
+                s.step_execution_id,
+                s.state_version,
+                s.run_after,
+                s.queue_class,
+                r.state_version.label("root_state_version"),
+            )
+            .select_from(
+                flow_step_executions.join(
+                    flow_runs, and_(r.org_id == s.org_id, r.flow_run_id == s.flow_run_id)
+                )
+            )
+            .where(
+                s.org_id == org_id,
+                s.state == state,
+                s.queue_class == queue_class,
+                s.run_after <= now,
+                r.runtime_state == RunState.RUNNABLE.code,
+                r.current_step_execution_id == s.step_execution_id,
+                r.is_deleted == false(),
+                r.delete_requested_at.is_(None),
+                r.execution_owner == _V2,
+                r.ownership_epoch == ownership_epoch,
+            )
+            .order_by(s.run_after, s.step_execution_id)
+            .limit(limit)
+        )
+        for row in (await conn.execute(stmt)).mappings():
+            found.append(
+                Candidate(
+                    org_id=org_id,
+                    flow_run_id=row["flow_run_id"],
+                    step_execution_id=row["step_execution_id"],
+                    root_state_version=row["root_state_version"],
+                    step_state_version=row["state_version"],
+                    run_after=row["run_after"],
+                    queue_class=row["queue_class"],
+                )
+            )
+    found.sort(key=lambda c: (c.run_after, c.step_execution_id))
+    return found[:limit]
+
+
+async def expired_leases_txn(
+    conn: AsyncConnection, org_id: str, now: datetime, limit: int
+) -> list[ExpiredLease]:
+    """Leased steps past their deadline, oldest first, over the ``(org, lease_until)``
+    index (every non-leased state has ``lease_until`` NULL, outside the range)."""
+    s = flow_step_executions.c
+    stmt = (
+        select(s.flow_run_id, s.step_execution_id, s.lease_until)
+        .where(
+            s.org_id == org_id,
+            s.lease_until < now,
+            s.state.in_([StepState.CLAIMED.code, StepState.RUNNING.code]),
+        )
+        .order_by(s.lease_until, s.step_execution_id)
+        .limit(limit)
+    )
+    return [
+        ExpiredLease(r["flow_run_id"], r["step_execution_id"], r["lease_until"])
+        for r in (await conn.execute(stmt)).mappings()
+    ]
+
+
+async def cancel_requested_runs_txn(conn: AsyncConnection, org_id: str, limit: int) -> list[str]:
+    """Runs waiting for cancellation cleanup (``CancelRequested``), in stable id order,
+    over the ``(org, runtime_state, …)`` claim index of ``flow_runs``."""
+    t = flow_runs.c
+    stmt = (
+        select(t.flow_run_id)
+        .where(t.org_id == org_id, t.runtime_state == RunState.CANCEL_REQUESTED.code)
+        .order_by(t.flow_run_id)
+        .limit(limit)
+    )
+    return [str(r) for r in (await conn.execute(stmt)).scalars()]

@@ -1,0 +1,497 @@
+"""Row-level ``_txn`` helpers of :mod:`runtime_svc.kernel.store`: decoding, §12-ordered
+locking, and applying a decision's :class:`~runtime_svc.kernel.model.Transition` as
+compare-and-swap UPDATEs plus idempotent inserts.
+
+Every helper runs inside the caller's transaction and takes the trusted ``org_id``
+first; nothing here opens a transaction. This module and ``store.py`` are the only
+writers of ``flow_runs``, ``flow_step_executions``, ``flow_step_attempts`` and
+``flow_checkpoints`` (a test scans ``runtime_svc/`` for any other DML on them).
+
+Locks are ``SELECT … FOR UPDATE`` in the lifecycle sub-order of §12 — root, steps in
+stable id order, attempts — and only order rows; the fence itself is always the
+conditional UPDATE checked by row count (``services.db.cas_update``). On SQLite
+``FOR UPDATE`` renders as nothing and ``BEGIN IMMEDIATE`` serialises writers instead.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, false, func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from runtime_svc.kernel.checkpoint_guard import validate_checkpoint_payload
+from runtime_svc.kernel.decisions import ATTEMPTS, RUNS, STEPS, FenceLost
+from runtime_svc.kernel.errors import fence_lost
+from runtime_svc.kernel.model import (
+    AttemptPatch,
+    AttemptRecord,
+    CheckpointInput,
+    CheckpointMeta,
+    LeaseFence,
+    NewAttempt,
+    NewStep,
+    RunPatch,
+    RunRecord,
+    StepPatch,
+    StepRecord,
+    Transition,
+    patch_changes,
+)
+from runtime_svc.kernel.states import (
+    AttemptOutcome,
+    CodedEnum,
+    ExecutionOwner,
+    StepState,
+)
+from runtime_svc.kernel.store_codec import (
+    attempt_from_row,
+    run_from_row,
+    step_from_row,
+)
+from runtime_svc.kernel.tables import compatibility_status
+from runtime_svc.schema import (
+    MAX_PLAN_CURSOR_BYTES,
+    MAX_SUMMARY_BYTES,
+    flow_checkpoints,
+    flow_runs,
+    flow_step_attempts,
+    flow_step_executions,
+)
+from services.db import cas_update, insert_if_absent
+from services.digest import versioned_digest
+from services.errors import ConflictError, FenceLostError, NotFoundError
+
+__all__ = [
+    "PreparedCheckpoint",
+    "apply_transition",
+    "count_fenced_attempts",
+    "extend_lease_row",
+    "fence_error",
+    "insert_attempt",
+    "insert_checkpoint",
+    "insert_step",
+    "lock_attempt",
+    "lock_fenced",
+    "lock_latest_attempt",
+    "lock_root_and_current",
+    "lock_run",
+    "lock_step",
+    "new_id",
+    "new_run_id",
+    "prepare_checkpoint",
+]
+
+_V2 = ExecutionOwner.FLOW_RUNTIME_V2.code
+
+
+def new_id(prefix: str) -> str:
+    """An unpredictable app-generated id (``step_…``, ``att_…``, ``ckpt_…``)."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def new_run_id() -> str:
+    """A run id whose prefix is the creation time in milliseconds, so the stable keyset
+    order of ``list_runs`` (the primary key) is roughly creation order. Ordering is a
+    convenience only; nothing relies on it for correctness."""
+    return f"run_{int(time.time() * 1000):012x}{secrets.token_hex(10)}"
+
+
+def fence_error(lost: FenceLost) -> FenceLostError:
+    """The typed error of a revalidation :class:`FenceLost` decision."""
+    return fence_lost(lost.entity, lost.key, lost.expected_version, lost.found_version, lost.reason)
+
+
+# --- locks (§12 lifecycle sub-order: root, steps, attempts) ------------------------------
+
+
+async def lock_run(conn: AsyncConnection, org_id: str, flow_run_id: str) -> RunRecord | None:
+    """Lock and read the root (first lifecycle lock of every transition)."""
+    t = flow_runs.c
+    stmt = (
+        select(flow_runs).where(t.org_id == org_id, t.flow_run_id == flow_run_id).with_for_update()
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else run_from_row(row)
+
+
+async def lock_step(conn: AsyncConnection, org_id: str, step_id: str) -> StepRecord | None:
+    """Lock and read one step (after its root)."""
+    t = flow_step_executions.c
+    stmt = (
+        select(flow_step_executions)
+        .where(t.org_id == org_id, t.step_execution_id == step_id)
+        .with_for_update()
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else step_from_row(row)
+
+
+async def lock_attempt(conn: AsyncConnection, org_id: str, attempt_id: str) -> AttemptRecord | None:
+    """Lock and read one attempt (after its root and step)."""
+    t = flow_step_attempts.c
+    stmt = (
+        select(flow_step_attempts)
+        .where(t.org_id == org_id, t.attempt_id == attempt_id)
+        .with_for_update()
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else attempt_from_row(row)
+
+
+async def lock_latest_attempt(
+    conn: AsyncConnection, org_id: str, step: StepRecord
+) -> AttemptRecord | None:
+    """Lock and read the step's latest attempt (number ``attempt_count``), if any."""
+    if step.attempt_count < 1:
+        return None
+    t = flow_step_attempts.c
+    stmt = (
+        select(flow_step_attempts)
+        .where(
+            t.org_id == org_id,
+            t.step_execution_id == step.step_execution_id,
+            t.attempt_number == step.attempt_count,
+        )
+        .with_for_update()
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else attempt_from_row(row)
+
+
+async def count_fenced_attempts(conn: AsyncConnection, org_id: str, step_id: str) -> int:
+    """How many of the step's attempts ended ``Fenced`` (its prior lease expiries)."""
+    t = flow_step_attempts.c
+    stmt = select(func.count()).where(
+        t.org_id == org_id,
+        t.step_execution_id == step_id,
+        t.transaction_outcome == AttemptOutcome.FENCED.code,
+    )
+    return int((await conn.execute(stmt)).scalar_one())
+
+
+# --- composite locks ---------------------------------------------------------------------
+
+
+async def lock_fenced(
+    conn: AsyncConnection, org_id: str, fence: LeaseFence
+) -> tuple[RunRecord, StepRecord, AttemptRecord]:
+    """Lock the fence's root, step and attempt, in that order.
+
+    Raises:
+        FenceLostError: one of them does not exist in ``org_id`` (found version None).
+    """
+    root = await lock_run(conn, org_id, fence.flow_run_id)
+    if root is None:
+        raise fence_lost(RUNS, fence.flow_run_id, fence.root_state_version, None, "missing")
+    step = await lock_step(conn, org_id, fence.step_execution_id)
+    if step is None:
+        raise fence_lost(STEPS, fence.step_execution_id, fence.step_state_version, None, "missing")
+    attempt = await lock_attempt(conn, org_id, fence.attempt_id)
+    if attempt is None:
+        raise fence_lost(ATTEMPTS, fence.attempt_id, fence.attempt_state_version, None, "missing")
+    return root, step, attempt
+
+
+async def lock_root_and_current(
+    conn: AsyncConnection, org_id: str, flow_run_id: str
+) -> tuple[RunRecord, StepRecord | None]:
+    """Lock the root, then its current step (if any).
+
+    Raises:
+        NotFoundError: no such run in ``org_id``.
+    """
+    root = await lock_run(conn, org_id, flow_run_id)
+    if root is None:
+        raise NotFoundError("flow_run", flow_run_id)
+    step_id = root.current_step_execution_id
+    step = None if step_id is None else await lock_step(conn, org_id, step_id)
+    return root, step
+
+
+# --- applying a transition ---------------------------------------------------------------
+
+
+def _coded(values: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        # Enum members are stored by their spec code ("Running"), never their number.
+        out[name] = value.code if isinstance(value, CodedEnum) else value
+    return out
+
+
+def _eq_or_null(column: Any, value: Any) -> ColumnElement[bool]:
+    result: ColumnElement[bool] = column.is_(None) if value is None else column == value
+    return result
+
+
+async def _apply_run(
+    conn: AsyncConnection, org_id: str, patch: RunPatch, step_state: StepState | None, now: datetime
+) -> int:
+    t = flow_runs.c
+    values = _coded(patch_changes(patch))
+    values.update(
+        runtime_state=patch.to_state.code,
+        interview_status=compatibility_status(patch.to_state, step_state).code,
+        updated_at=now,
+    )
+    predicates: list[ColumnElement[bool]] = [
+        t.runtime_state == patch.from_state.code,
+        t.execution_owner == _V2,
+        t.ownership_epoch == patch.expect_epoch,
+    ]
+    if patch.require_live:
+        predicates += [t.is_deleted == false(), t.delete_requested_at.is_(None)]
+    if patch.expect_current_step is not None:
+        predicates.append(t.current_step_execution_id == patch.expect_current_step)
+    return await cas_update(
+        conn,
+        flow_runs,
+        org_id=org_id,
+        key={"flow_run_id": patch.flow_run_id},
+        expected_version=patch.expected_version,
+        values=values,
+        extra_predicates=predicates,
+    )
+
+
+async def _apply_step(conn: AsyncConnection, org_id: str, patch: StepPatch, now: datetime) -> int:
+    t = flow_step_executions.c
+    changes = patch_changes(patch)
+    if "lease_token_digest" in changes:
+        changes["lease_token"] = changes.pop("lease_token_digest")
+    values = _coded(changes)
+    values.update(state=patch.to_state.code, updated_at=now)
+    predicates = [
+        t.state == patch.from_state.code,
+        t.ownership_epoch == patch.expect_epoch,
+        _eq_or_null(t.lease_token, patch.expect_lease_token_digest),
+    ]
+    if patch.expect_input_checkpoint_id is not None:
+        predicates.append(t.input_checkpoint_id == patch.expect_input_checkpoint_id)
+    return await cas_update(
+        conn,
+        flow_step_executions,
+        org_id=org_id,
+        key={"step_execution_id": patch.step_execution_id},
+        expected_version=patch.expected_version,
+        values=values,
+        extra_predicates=predicates,
+    )
+
+
+async def _apply_attempt(conn: AsyncConnection, org_id: str, patch: AttemptPatch) -> int:
+    t = flow_step_attempts.c
+    values = _coded(patch_changes(patch))
+    values["transaction_outcome"] = patch.to_state.code
+    predicates = [
+        t.transaction_outcome == patch.from_state.code,
+        t.lease_token_digest == patch.expect_lease_token_digest,
+        t.ownership_epoch == patch.expect_epoch,
+    ]
+    if patch.expect_root_state_version_at_claim is not None:
+        predicates.append(t.root_state_version_at_claim == patch.expect_root_state_version_at_claim)
+    return await cas_update(
+        conn,
+        flow_step_attempts,
+        org_id=org_id,
+        key={"attempt_id": patch.attempt_id},
+        expected_version=patch.expected_version,
+        values=values,
+        version_column="attempt_state_version",
+        extra_predicates=predicates,
+    )
+
+
+async def apply_transition(
+    conn: AsyncConnection, org_id: str, transition: Transition, now: datetime
+) -> None:
+    """Apply ``transition`` in §12 order: root, step, attempt CAS, then inserts.
+
+    Raises:
+        FenceLostError: any conditional UPDATE matched no row (the caller's transaction
+            must roll back; everything it wrote goes with it).
+    """
+    if transition.new_step is not None:
+        projected: StepState | None = StepState.PENDING
+    elif transition.step is not None:
+        projected = transition.step.to_state
+    else:
+        projected = None
+    if transition.run is not None:
+        await _apply_run(conn, org_id, transition.run, projected, now)
+    if transition.step is not None:
+        await _apply_step(conn, org_id, transition.step, now)
+    if transition.attempt is not None:
+        await _apply_attempt(conn, org_id, transition.attempt)
+    if transition.new_attempt is not None:
+        await insert_attempt(conn, org_id, transition.new_attempt)
+    if transition.new_step is not None:
+        await insert_step(conn, org_id, transition.new_step, now)
+
+
+async def extend_lease_row(
+    conn: AsyncConnection, org_id: str, step: StepRecord, token_digest: str, until: datetime
+) -> None:
+    """Heartbeat: move ``lease_until`` under the full fence *without* a version bump, so
+    a concurrent final commit keeps its fence (§12.3). Row count must be 1."""
+    t = flow_step_executions.c
+    stmt = (
+        update(flow_step_executions)
+        .where(
+            t.org_id == org_id,
+            t.step_execution_id == step.step_execution_id,
+            t.state_version == step.state_version,
+            t.state == step.state.code,
+            t.ownership_epoch == step.ownership_epoch,
+            t.lease_token == token_digest,
+        )
+        .values(lease_until=until)
+    )
+    if (await conn.execute(stmt)).rowcount != 1:
+        raise fence_lost(STEPS, step.step_execution_id, step.state_version, None, "heartbeat")
+
+
+# --- inserts -----------------------------------------------------------------------------
+
+
+async def insert_attempt(conn: AsyncConnection, org_id: str, a: NewAttempt) -> None:
+    """Insert a ``Started`` attempt; a duplicate ``(org, step, number)`` is a lost race."""
+    values = {
+        "org_id": org_id,
+        "attempt_id": a.attempt_id,
+        "step_execution_id": a.step_execution_id,
+        "attempt_number": a.attempt_number,
+        "lease_token_digest": a.lease_token_digest,
+        "ownership_epoch": a.ownership_epoch,
+        "root_state_version_at_claim": a.root_state_version_at_claim,
+        "started_at": a.started_at,
+        "transaction_outcome": AttemptOutcome.STARTED.code,
+        "retry_policy_digest": a.retry_policy_digest,
+        "recovery_backoff_floor_ms": a.recovery_backoff_floor_ms,
+        "attempt_state_version": 0,
+        "plan_digest": a.plan_digest,
+        "lock_plan_digest": a.lock_plan_digest,
+        "trace_id": a.trace_id,
+    }
+    if not await insert_if_absent(conn, flow_step_attempts, values):
+        raise fence_lost(ATTEMPTS, a.attempt_id, 0, None, "attempt_exists")
+
+
+async def insert_step(conn: AsyncConnection, org_id: str, s: NewStep, now: datetime) -> None:
+    """Insert a ``Pending`` step; a duplicate invocation is a conflicting advance."""
+    values = {
+        "org_id": org_id,
+        "step_execution_id": s.step_execution_id,
+        "flow_run_id": s.flow_run_id,
+        "plan_step_key": s.plan_step_key,
+        "invocation_ordinal": s.invocation_ordinal,
+        "step_kind": s.step_kind,
+        "state": StepState.PENDING.code,
+        "input_checkpoint_id": s.input_checkpoint_id,
+        "state_version": 0,
+        "attempt_count": 0,
+        "ownership_epoch": s.ownership_epoch,
+        "run_after": s.run_after,
+        "queue_class": s.queue_class,
+        "created_at": now,
+        "updated_at": now,
+    }
+    if not await insert_if_absent(conn, flow_step_executions, values):
+        raise ConflictError(
+            "this step invocation already exists", entity=STEPS, key=s.plan_step_key
+        )
+
+
+@dataclass(frozen=True)
+class PreparedCheckpoint:
+    """A validated checkpoint, serialized and digested, ready to insert."""
+
+    context_json: str = field(repr=False)
+    plan_cursor_json: str
+    read_verification_json: str | None
+    context_digest: str
+    context_schema_version: int
+
+
+def prepare_checkpoint(checkpoint: CheckpointInput, *, max_bytes: int) -> PreparedCheckpoint:
+    """Validate (size bound, no credential material) and serialize a checkpoint — before
+    any SQL of the transition that publishes it.
+
+    Raises:
+        InvalidArgumentError: too large, not JSON, or credential material.
+    """
+    context = validate_checkpoint_payload(checkpoint.context, max_bytes=max_bytes)
+    cursor = validate_checkpoint_payload(
+        checkpoint.plan_cursor, max_bytes=MAX_PLAN_CURSOR_BYTES, field="plan_cursor"
+    )
+    verification = (
+        None
+        if checkpoint.read_verification_set is None
+        else validate_checkpoint_payload(
+            checkpoint.read_verification_set,
+            max_bytes=MAX_SUMMARY_BYTES,
+            field="read_verification_set",
+        ).decode()
+    )
+    return PreparedCheckpoint(
+        context_json=context.decode(),
+        plan_cursor_json=cursor.decode(),
+        read_verification_json=verification,
+        context_digest=versioned_digest("flow-context", checkpoint.context),
+        context_schema_version=checkpoint.context_schema_version,
+    )
+
+
+async def insert_checkpoint(
+    conn: AsyncConnection,
+    org_id: str,
+    flow_run_id: str,
+    checkpoint: PreparedCheckpoint,
+    *,
+    checkpoint_id: str,
+    created_by_attempt_id: str | None,
+    now: datetime,
+) -> CheckpointMeta:
+    """Insert an immutable checkpoint with the run's next sequence.
+
+    The caller holds the root lock, which is what makes ``max(sequence) + 1`` safe; a
+    duplicate sequence would mean a writer without that lock and is a conflict.
+    """
+    t = flow_checkpoints.c
+    last = (
+        await conn.execute(
+            select(func.max(t.sequence)).where(t.org_id == org_id, t.flow_run_id == flow_run_id)
+        )
+    ).scalar_one()
+    meta = CheckpointMeta(
+        checkpoint_id=checkpoint_id,
+        flow_run_id=flow_run_id,
+        sequence=int(last or 0) + 1,
+        context_schema_version=checkpoint.context_schema_version,
+        context_digest=checkpoint.context_digest,
+        created_by_attempt_id=created_by_attempt_id,
+        created_at=now,
+    )
+    values = {
+        "org_id": org_id,
+        "checkpoint_id": checkpoint_id,
+        "flow_run_id": flow_run_id,
+        "sequence": meta.sequence,
+        "plan_cursor": checkpoint.plan_cursor_json,
+        "context_schema_version": meta.context_schema_version,
+        "context_payload": checkpoint.context_json,
+        "context_digest": meta.context_digest,
+        "read_verification_set": checkpoint.read_verification_json,
+        "created_by_attempt_id": created_by_attempt_id,
+        "created_at": now,
+    }
+    if not await insert_if_absent(conn, flow_checkpoints, values):
+        raise ConflictError("checkpoint sequence taken", entity=RUNS, key=flow_run_id)
+    return meta

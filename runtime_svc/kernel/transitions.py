@@ -1,0 +1,454 @@
+"""Pure transition functions of the orchestration kernel (§11, §12; STYLE 5).
+
+Each ``decide_*`` function takes row snapshots read under lock (root, step, attempt),
+the database clock ``now`` and the caller's inputs, and returns a decision value from
+:mod:`runtime_svc.kernel.decisions`; it never performs I/O. A decision that writes
+carries a :class:`~runtime_svc.kernel.model.Transition` whose patches were checked
+against the transition tables when they were built, and whose predicates make the store's
+conditional UPDATEs the real fence (ARCHITECTURE §2).
+
+Arrow coverage (§11.1 run / §11.2 step / §11.3 attempt):
+
+=========================  ==================================================================
+function                   arrows
+=========================  ==================================================================
+decide_admit               run Accepted→Runnable
+decide_claim               run Runnable→Running; step Pending|RetryScheduled→Claimed
+decide_start_running       step Claimed→Running
+decide_release             step Claimed→Pending; attempt Started→Abandoned; run Running→Runnable
+decide_commit              attempt Started→Committed; step Running→Succeeded|Waiting; run
+                           Running→Runnable|Succeeded|TerminalFailed|Waiting
+decide_rollback_retry      attempt Started→RolledBack|PreTransactionFailed; step
+                           Running→RetryScheduled|Failed; run Running→Runnable|TerminalFailed
+decide_recovery            attempt Started→Fenced; step Claimed|Running→RetryScheduled
+                           (or →Failed at the limit); run Running→Runnable|TerminalFailed
+decide_commit_unknown      attempt Started→CommitUnknown|RollbackUnknown; step
+                           Running→Quarantined; run Running→Quarantined
+decide_cancel              run Accepted|Runnable|Running|Waiting→CancelRequested; step
+                           Pending|RetryScheduled→Cancelled, Claimed|Running|Waiting→
+                           CancelRequested; attempt Started→Cancelled
+decide_cancel_cleanup      run CancelRequested→Cancelled; step CancelRequested→Cancelled
+decide_resolve_wait        step Waiting→Pending; run Waiting→Runnable
+decide_wait_expired        step Waiting→Failed|Quarantined; run Waiting→TerminalFailed|Quarantined
+=========================  ==================================================================
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from runtime_svc.kernel.decisions import (
+    STEPS,
+    Admitted,
+    Advance,
+    CancelWon,
+    Claimed,
+    ClaimRequest,
+    Committed,
+    EnterWait,
+    FailRun,
+    FenceLost,
+    FinishRun,
+    LeaseExtended,
+    NextStep,
+    NoChange,
+    NotEligible,
+    Released,
+    RetryExhausted,
+    RetryScheduled,
+    Started,
+    StepFailure,
+    revalidate_fence,
+)
+from runtime_svc.kernel.model import (
+    AttemptRecord,
+    LeaseFence,
+    NewAttempt,
+    NewStep,
+    RunRecord,
+    StepRecord,
+    Transition,
+)
+from runtime_svc.kernel.patches import (
+    CAUSE_CANCELLED,
+    CAUSE_COMMIT_UNKNOWN,
+    CAUSE_DEPENDENCY_AMBIGUOUS,
+    CAUSE_DEPENDENCY_EXPIRED,
+    CAUSE_LEASE_EXPIRY_LIMIT,
+    CAUSE_RETRY_EXHAUSTED,
+    CAUSE_ROLLBACK_UNKNOWN,
+    CAUSE_STEP_FAILED,
+    CLAIMABLE,
+    LEASED,
+    NO_LEASE,
+    ms,
+    patch_attempt,
+    patch_root,
+    patch_step,
+    terminal_failure,
+)
+from runtime_svc.kernel.policy import RetryPolicy
+from runtime_svc.kernel.states import (
+    AttemptOutcome,
+    ExecutionOwner,
+    FailureClass,
+    RetryDecision,
+    RunState,
+    StepState,
+)
+from runtime_svc.kernel.tables import (
+    ATTEMPT_TRANSITIONS,
+    RUN_TRANSITIONS,
+    STEP_TRANSITIONS,
+    check_transition,
+    compatibility_status,
+)
+from runtime_svc.kernel.transitions_recovery import (
+    decide_cancel,
+    decide_cancel_cleanup,
+    decide_commit_unknown,
+    decide_recovery,
+    decide_resolve_wait,
+    decide_wait_expired,
+)
+
+__all__ = [
+    "ATTEMPT_TRANSITIONS",
+    "CAUSE_CANCELLED",
+    "CAUSE_COMMIT_UNKNOWN",
+    "CAUSE_DEPENDENCY_AMBIGUOUS",
+    "CAUSE_DEPENDENCY_EXPIRED",
+    "CAUSE_LEASE_EXPIRY_LIMIT",
+    "CAUSE_RETRY_EXHAUSTED",
+    "CAUSE_ROLLBACK_UNKNOWN",
+    "CAUSE_STEP_FAILED",
+    "RUN_TRANSITIONS",
+    "STEP_TRANSITIONS",
+    "RetryPolicy",
+    "check_transition",
+    "compatibility_status",
+    "decide_admit",
+    "decide_cancel",
+    "decide_cancel_cleanup",
+    "decide_claim",
+    "decide_commit",
+    "decide_commit_unknown",
+    "decide_heartbeat",
+    "decide_recovery",
+    "decide_release",
+    "decide_resolve_wait",
+    "decide_rollback_retry",
+    "decide_start_running",
+    "decide_wait_expired",
+]
+
+
+# --- admission and claim -----------------------------------------------------------------
+
+
+def decide_admit(root: RunRecord, step: StepRecord, now: datetime) -> Admitted | NoChange:
+    """Root ``Accepted -> Runnable``, publishing the first step's due time."""
+    if root.state is not RunState.ACCEPTED:
+        return NoChange("not_accepted")
+    if root.current_step_execution_id != step.step_execution_id:
+        return NoChange("not_current_step")
+    due = step.run_after or now
+    run = patch_root(
+        root, RunState.RUNNABLE, expect_current_step=step.step_execution_id, run_after=due
+    )
+    return Admitted(Transition(run=run))
+
+
+def decide_claim(
+    root: RunRecord, step: StepRecord, now: datetime, policy: RetryPolicy, request: ClaimRequest
+) -> Claimed | NotEligible:
+    """§12.1 steps 3-5: claim ``step`` for ``request`` if it is the root's due current step.
+
+    The new attempt's ``RecoveryBackoffFloor`` is the deterministic jittered backoff of
+    its attempt number, which is never below the ordinary retry floor of that attempt.
+    """
+    checks: list[tuple[bool, str]] = [
+        (root.execution_owner is not ExecutionOwner.FLOW_RUNTIME_V2, "not_v2_owned"),
+        (root.ownership_epoch != request.ownership_epoch, "epoch_mismatch"),
+        (root.is_deleted or root.delete_requested_at is not None, "deleted"),
+        (root.state is not RunState.RUNNABLE, "root_not_runnable"),
+        (root.current_step_execution_id != step.step_execution_id, "not_current_step"),
+        (step.flow_run_id != root.flow_run_id, "not_current_step"),
+        (
+            request.expected_root_version not in (None, root.state_version)
+            or request.expected_step_version not in (None, step.state_version),
+            "superseded",
+        ),
+        (step.state not in CLAIMABLE, "step_not_claimable"),
+        (step.ownership_epoch != request.ownership_epoch, "epoch_mismatch"),
+        (step.run_after is not None and step.run_after > now, "not_due"),
+        (step.attempt_count >= policy.max_attempts, "attempt_budget_spent"),
+    ]
+    reason = next((why for failed, why in checks if failed), None)
+    if reason is not None:
+        return NotEligible(reason)
+    number = step.attempt_count + 1
+    lease_until = now + ms(policy.lease_duration_ms)
+    floor = policy.backoff_ms(number, step.step_execution_id)
+    run = patch_root(
+        root,
+        RunState.RUNNING,
+        expect_current_step=step.step_execution_id,
+        run_after=None,
+        started_at=root.started_at or now,
+    )
+    step_patch = patch_step(
+        step,
+        StepState.CLAIMED,
+        lease_owner=request.lease_owner,
+        lease_token_digest=request.lease_token_digest,
+        lease_until=lease_until,
+        run_after=None,
+        attempt_count=number,
+        failure_class=None,
+    )
+    attempt = NewAttempt(
+        attempt_id=request.attempt_id,
+        step_execution_id=step.step_execution_id,
+        attempt_number=number,
+        lease_token_digest=request.lease_token_digest,
+        ownership_epoch=request.ownership_epoch,
+        root_state_version_at_claim=root.state_version + 1,
+        started_at=now,
+        retry_policy_digest=policy.digest(),
+        recovery_backoff_floor_ms=floor,
+        plan_digest=request.plan_digest,
+        lock_plan_digest=request.lock_plan_digest,
+        trace_id=request.trace_id,
+    )
+    return Claimed(
+        Transition(run=run, step=step_patch, new_attempt=attempt),
+        lease_until=lease_until,
+        root_state_version=root.state_version + 1,
+        step_state_version=step.state_version + 1,
+        attempt_number=number,
+        recovery_backoff_floor_ms=floor,
+    )
+
+
+def decide_start_running(
+    root: RunRecord, step: StepRecord, attempt: AttemptRecord, fence: LeaseFence, now: datetime
+) -> Started | FenceLost:
+    """§12.2 step 3: step ``Claimed -> Running`` while root and lease are still ours."""
+    lost = revalidate_fence(root, step, attempt, fence, step_states=frozenset({StepState.CLAIMED}))
+    if lost is not None:
+        return lost
+    if step.lease_until is None or step.lease_until <= now:
+        return FenceLost(
+            STEPS,
+            step.step_execution_id,
+            "lease_expired",
+            fence.step_state_version,
+            step.state_version,
+        )
+    patch = patch_step(step, StepState.RUNNING)
+    return Started(Transition(step=patch), step_state_version=step.state_version + 1)
+
+
+def decide_heartbeat(
+    root: RunRecord,
+    step: StepRecord,
+    attempt: AttemptRecord,
+    fence: LeaseFence,
+    now: datetime,
+    policy: RetryPolicy,
+) -> LeaseExtended | FenceLost:
+    """§12.3: extend a live lease without changing the commit fence (no version bump)."""
+    lost = revalidate_fence(root, step, attempt, fence, step_states=LEASED)
+    if lost is not None:
+        return lost
+    if step.lease_until is None or step.lease_until <= now:
+        return FenceLost(
+            STEPS,
+            step.step_execution_id,
+            "lease_expired",
+            fence.step_state_version,
+            step.state_version,
+        )
+    return LeaseExtended(now + ms(policy.lease_duration_ms))
+
+
+def decide_release(
+    root: RunRecord, step: StepRecord, attempt: AttemptRecord, fence: LeaseFence, now: datetime
+) -> Released | FenceLost:
+    """Lease released before work: step ``Claimed -> Pending``, attempt ``Abandoned``
+    (it provably never entered a business transaction), root back to ``Runnable``."""
+    lost = revalidate_fence(root, step, attempt, fence, step_states=frozenset({StepState.CLAIMED}))
+    if lost is not None:
+        return lost
+    return Released(
+        Transition(
+            run=patch_root(
+                root, RunState.RUNNABLE, expect_current_step=step.step_execution_id, run_after=now
+            ),
+            step=patch_step(step, StepState.PENDING, run_after=now, **NO_LEASE),
+            attempt=patch_attempt(
+                attempt, AttemptOutcome.ABANDONED, now, failure_class=None, retry=RetryDecision.NONE
+            ),
+        )
+    )
+
+
+# --- commit and rollback -----------------------------------------------------------------
+
+
+def decide_commit(
+    root: RunRecord,
+    step: StepRecord,
+    attempt: AttemptRecord,
+    fence: LeaseFence,
+    now: datetime,
+    advance: Advance,
+    output_checkpoint_id: str,
+) -> Committed | FenceLost:
+    """§12.2 steps 9-12: the final fenced transition, made in the business transaction."""
+    lost = revalidate_fence(root, step, attempt, fence, step_states=frozenset({StepState.RUNNING}))
+    if lost is None and step.input_checkpoint_id != fence.input_checkpoint_id:
+        lost = FenceLost(
+            STEPS,
+            step.step_execution_id,
+            "input_checkpoint",
+            fence.step_state_version,
+            step.state_version,
+        )
+    if lost is not None:
+        return lost
+    attempt_patch = patch_attempt(
+        attempt, AttemptOutcome.COMMITTED, now, failure_class=None, retry=RetryDecision.NONE
+    )
+    step_to = StepState.WAITING if isinstance(advance, EnterWait) else StepState.SUCCEEDED
+    step_patch = patch_step(
+        step,
+        step_to,
+        expect_input_checkpoint_id=fence.input_checkpoint_id,
+        output_checkpoint_id=output_checkpoint_id,
+        run_after=None,
+        failure_class=None,
+        **NO_LEASE,
+    )
+    common: dict[str, object] = {
+        "expect_current_step": step.step_execution_id,
+        "current_checkpoint_id": output_checkpoint_id,
+        "run_after": None,
+    }
+    new_step: NewStep | None = None
+    match advance:
+        case NextStep():
+            run = patch_root(
+                root,
+                RunState.RUNNABLE,
+                **{**common, "run_after": now},
+                current_step_execution_id=advance.step_execution_id,
+                current_element=advance.plan_step_key,
+            )
+            new_step = NewStep(
+                step_execution_id=advance.step_execution_id,
+                flow_run_id=root.flow_run_id,
+                plan_step_key=advance.plan_step_key,
+                invocation_ordinal=advance.invocation_ordinal,
+                step_kind=advance.step_kind,
+                input_checkpoint_id=output_checkpoint_id,
+                ownership_epoch=root.ownership_epoch,
+                run_after=now,
+                queue_class=advance.queue_class,
+            )
+        case FinishRun():
+            run = patch_root(root, RunState.SUCCEEDED, **common, completed_at=now)
+        case FailRun():
+            run = patch_root(
+                root,
+                RunState.TERMINAL_FAILED,
+                **common,
+                completed_at=now,
+                terminal_cause_code=advance.cause_code,
+            )
+        case EnterWait():
+            run = patch_root(root, RunState.WAITING, **common, paused_at=now)
+    transition = Transition(run=run, step=step_patch, attempt=attempt_patch, new_step=new_step)
+    return Committed(transition, run_state=run.to_state)
+
+
+def _retry_allowed(
+    step: StepRecord, attempt: AttemptRecord, now: datetime, policy: RetryPolicy, delay_ms: int
+) -> bool:
+    if attempt.attempt_number >= policy.max_attempts:
+        return False
+    if policy.max_retry_elapsed_ms:
+        due = now + ms(delay_ms)
+        return due - step.created_at <= ms(policy.max_retry_elapsed_ms)
+    return True
+
+
+def decide_rollback_retry(
+    root: RunRecord,
+    step: StepRecord,
+    attempt: AttemptRecord,
+    fence: LeaseFence,
+    now: datetime,
+    policy: RetryPolicy,
+    failure: StepFailure,
+) -> RetryScheduled | RetryExhausted | CancelWon | FenceLost:
+    """§12.2 "proven rollback": record the attempt's terminal outcome and either schedule
+    a durable retry no earlier than ``now + RecoveryBackoffFloor`` or end the step.
+
+    The delay is ``max(floor, min(failure.min_delay_ms, max_delay_ms))``: bounded by the
+    policy cap, never below the attempt's immutable floor.
+    """
+    if attempt.outcome is AttemptOutcome.CANCELLED and root.state in (
+        RunState.CANCEL_REQUESTED,
+        RunState.CANCELLED,
+    ):
+        return CancelWon()
+    lost = revalidate_fence(root, step, attempt, fence, step_states=frozenset({StepState.RUNNING}))
+    if lost is not None:
+        return lost
+    delay = max(attempt.recovery_backoff_floor_ms, min(failure.min_delay_ms, policy.max_delay_ms))
+    retryable = failure.failure_class is FailureClass.RETRYABLE
+    if retryable and _retry_allowed(step, attempt, now, policy, delay):
+        run_after = now + ms(delay)
+        return RetryScheduled(
+            Transition(
+                run=patch_root(
+                    root,
+                    RunState.RUNNABLE,
+                    expect_current_step=step.step_execution_id,
+                    run_after=run_after,
+                ),
+                step=patch_step(
+                    step,
+                    StepState.RETRY_SCHEDULED,
+                    run_after=run_after,
+                    failure_class=FailureClass.RETRYABLE,
+                    **NO_LEASE,
+                ),
+                attempt=patch_attempt(
+                    attempt,
+                    failure.outcome,
+                    now,
+                    failure_class=FailureClass.RETRYABLE,
+                    retry=RetryDecision.SCHEDULED,
+                    safe_error_code=failure.safe_error_code,
+                ),
+            ),
+            run_after=run_after,
+            delay_ms=delay,
+        )
+    cause = CAUSE_RETRY_EXHAUSTED if retryable else CAUSE_STEP_FAILED
+    return RetryExhausted(
+        terminal_failure(
+            root,
+            step,
+            attempt,
+            now,
+            failure.outcome,
+            failure.failure_class,
+            failure.safe_error_code,
+            cause,
+        ),
+        cause_code=cause,
+    )

@@ -1,0 +1,144 @@
+"""Claim protocol (§12.1) on SQLite and MariaDB: one winner among concurrent claimers,
+duplicate delivery, eligibility by due time, bounded and stable candidate batches."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from runtime_svc.kernel import (
+    CheckpointInput,
+    EnterWait,
+    FlowRunStateStore,
+    LeaseFence,
+    NotEligible,
+    RunState,
+    StepState,
+)
+from runtime_svc.schema import flow_runs, flow_step_attempts, flow_step_executions
+from tests.integration.kernel.conftest import TEST_POLICY, World
+from tests.integration.kernel.helpers import QUEUE, claim, count, rows, start
+
+
+def _barrier_clock(world: World, parties: int) -> object:
+    """On MariaDB, hold every claimer at the start of its transaction until all have
+    begun, so their ``FOR UPDATE`` reads truly race; SQLite serialises at ``BEGIN
+    IMMEDIATE``, where a barrier would only wait for the busy timeout."""
+    if not world.engine.dialect.name.startswith(("mysql", "mariadb")):
+        return world.clock
+    barrier = asyncio.Barrier(parties)
+
+    async def clock(conn: AsyncConnection) -> datetime:
+        now = await world.clock(conn)
+        with contextlib.suppress(TimeoutError, asyncio.BrokenBarrierError):
+            await asyncio.wait_for(barrier.wait(), timeout=2)
+        return now
+
+    return clock
+
+
+async def test_two_workers_claim_the_same_candidate_and_exactly_one_wins(world: World) -> None:
+    run_id = await start(world)
+    [candidate] = [c for c in await world.store.eligible_work(world.org, QUEUE)]
+    clock = _barrier_clock(world, 2)
+    workers = [
+        FlowRunStateStore(world.engine, policy=TEST_POLICY, clock=clock)  # type: ignore[arg-type]
+        for _ in range(2)
+    ]
+
+    results = await asyncio.gather(
+        *(w.claim(world.org, candidate, lease_owner=f"w{i}") for i, w in enumerate(workers))
+    )
+
+    winners = [r for r in results if isinstance(r, LeaseFence)]
+    losers = [r for r in results if isinstance(r, NotEligible)]
+    assert len(winners) == 1 and len(losers) == 1, results
+    assert losers[0].reason in {"root_not_runnable", "superseded", "lost_race"}
+    assert await count(world.engine, flow_step_attempts, org_id=world.org) == 1
+    [root] = await rows(world.engine, flow_runs, org_id=world.org, flow_run_id=run_id)
+    assert root["runtime_state"] == "Running" and root["state_version"] == 1
+    [step] = await rows(world.engine, flow_step_executions, org_id=world.org)
+    assert step["state"] == "Claimed" and step["lease_owner"] == winners[0].lease_owner
+    # Only the digest of the winner's token is stored, never the token itself.
+    assert step["lease_token"] == winners[0].token_digest != winners[0].lease_token
+
+
+async def test_duplicate_scheduler_delivery_claims_once(world: World) -> None:
+    await start(world)
+    [candidate] = await world.store.eligible_work(world.org, QUEUE)
+
+    first = await world.store.claim(world.org, candidate, lease_owner="w1")
+    again = await world.store.claim(world.org, candidate, lease_owner="w2")
+
+    assert isinstance(first, LeaseFence)
+    assert again == NotEligible("root_not_runnable")
+    assert await count(world.engine, flow_step_attempts, org_id=world.org) == 1
+    assert await world.store.eligible_work(world.org, QUEUE) == []
+
+
+async def test_claim_records_the_immutable_attempt_inputs(world: World) -> None:
+    run_id = await start(world)
+    fence = await claim(world, run_id)
+
+    [attempt] = await rows(world.engine, flow_step_attempts, org_id=world.org)
+    assert attempt["transaction_outcome"] == "Started"
+    assert attempt["attempt_number"] == 1 == fence.attempt_number
+    assert attempt["root_state_version_at_claim"] == 1 == fence.root_state_version
+    assert attempt["retry_policy_digest"] == TEST_POLICY.digest()
+    assert attempt["plan_digest"] == world.plan_digest
+    floor = attempt["recovery_backoff_floor_ms"]
+    assert floor == TEST_POLICY.backoff_ms(1, fence.step_execution_id)
+    assert floor >= TEST_POLICY.floor_ms(1)
+    assert attempt["lease_token_digest"] == fence.token_digest
+
+
+async def test_an_old_epoch_scheduler_neither_sees_nor_claims_v2_work(world: World) -> None:
+    await start(world)
+    [candidate] = await world.store.eligible_work(world.org, QUEUE)
+    old = world.other_store(ownership_epoch=2)
+
+    assert await old.eligible_work(world.org, QUEUE) == []
+    assert await old.claim(world.org, candidate, lease_owner="old") == NotEligible("epoch_mismatch")
+
+
+async def test_eligible_work_is_bounded_stably_ordered_and_skips_waiting_runs(
+    world: World,
+) -> None:
+    runs = [await start(world) for _ in range(5)]
+    # Two runs park in Waiting: they must never be part of a candidate batch.
+    for run_id in runs[:2]:
+        fence = await claim(world, run_id)
+        fence = await world.store.mark_running(world.org, fence)
+        await world.store.commit_step(
+            world.org, fence, output=CheckpointInput({"w": 1}), advance=EnterWait()
+        )
+
+    batch = await world.store.eligible_work(world.org, QUEUE, limit=2)
+    everything = await world.store.eligible_work(world.org, QUEUE, limit=50)
+
+    assert len(batch) == 2
+    assert batch == everything[:2]
+    assert {c.flow_run_id for c in everything} == set(runs[2:])
+    order = [(c.run_after, c.step_execution_id) for c in everything]
+    assert order == sorted(order)
+    for run_id in runs[:2]:
+        run = await world.store.get_run(world.org, run_id)
+        assert run.state is RunState.WAITING and run.interview_status == "Paused"
+
+
+async def test_eligible_work_ignores_other_queues_and_other_orgs(world: World) -> None:
+    await start(world)
+    assert await world.store.eligible_work(world.org, "effect_completion") == []
+    assert await world.store.eligible_work("org_elsewhere", QUEUE) == []
+
+
+async def test_claimed_step_projection_matches_root(world: World) -> None:
+    run_id = await start(world)
+    await claim(world, run_id)
+    view = await world.store.support_view(world.org, run_id)
+    assert view.run.state is RunState.RUNNING
+    assert view.current_step is not None and view.current_step.state is StepState.CLAIMED
+    assert view.run.interview_status == "Running"

@@ -1,0 +1,146 @@
+"""Checkpoint payload validation (§5.4.6, §17.3; §22.6 "checkpoint rejects credential
+material"): credential field names and value patterns at any depth, the size bound, and
+errors that name the JSON path but never echo the value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runtime_svc.kernel.checkpoint_guard import (
+    DEFAULT_MAX_CHECKPOINT_BYTES,
+    find_credential_material,
+    validate_checkpoint_payload,
+)
+from services.errors import InvalidArgumentError
+
+FIELD_NAMES = [
+    "password",
+    "Password",
+    "PASSWD",
+    "db_password",
+    "userPassword",
+    "secret",
+    "client_secret",
+    "clientSecret",
+    "token",
+    "access_token",
+    "refreshToken",
+    "github_token",
+    "x-auth-token",
+    "api_key",
+    "apiKey",
+    "APIKey",
+    "api-key",
+    "apikey",
+    "authorization",
+    "Authorization",
+    "private_key",
+    "privateKey",
+    "session_id",
+    "sessionId",
+    "cookie",
+    "session_cookie",
+    "Set-Cookie",
+    "passphrase",
+    "credentials",
+    "aws_secret_access_key",
+    "signing_key",
+]
+
+VALUES = {
+    "bearer_token": "Authorization: Bearer abcdefghijklmnopqrstuvwxyz012345",
+    "basic_credentials": "Basic dXNlcm5hbWU6cGFzc3dvcmQ=",
+    "workload_credential": "nfw1.eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl",
+    "jwt": "token was eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
+    "private_key": "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\n-----END RSA ...",
+    "aws_access_key": "key AKIAIOSFODNN7EXAMPLE in use",
+    "credential_parameter": "https://example.com/login?user=a&password=hunter2",
+    "url_credentials": "postgres://admin:s3cr3t@db.internal:5432/app",
+}
+
+
+@pytest.mark.parametrize("name", FIELD_NAMES)
+def test_credential_field_names_are_rejected_case_insensitively_and_nested(name: str) -> None:
+    payload = {"customer": {"profile": [{"ok": 1}, {name: "value-123"}]}}
+    with pytest.raises(InvalidArgumentError) as err:
+        validate_checkpoint_payload(payload)
+    assert err.value.reason == "checkpoint_credential_rejected"
+    assert "value-123" not in err.value.safe_message
+    assert "value-123" not in repr(err.value.attributes)
+    assert err.value.attributes["rules"] == "credential_field"
+    assert err.value.field_path.startswith("context_payload.customer.profile[1]")
+
+
+@pytest.mark.parametrize(("rule", "value"), sorted(VALUES.items()))
+def test_credential_value_patterns_are_rejected_without_echoing_them(rule: str, value: str) -> None:
+    payload = {"notes": ["fine", {"text": value}]}
+    with pytest.raises(InvalidArgumentError) as err:
+        validate_checkpoint_payload(payload)
+    assert err.value.field_path == "context_payload.notes[1].text"
+    assert err.value.attributes["rules"] == rule
+    for fragment in ("hunter2", "s3cr3t", "AKIAIOSFODNN7EXAMPLE", "abcdefghijklmnop", "MIIE"):
+        assert fragment not in err.value.safe_message
+        assert fragment not in repr(err.value.attributes)
+
+
+def test_a_key_that_is_itself_a_credential_is_redacted_in_the_path() -> None:
+    payload = {"index": {"Bearer abcdefghijklmnopqrstuv": 1}}
+    with pytest.raises(InvalidArgumentError) as err:
+        validate_checkpoint_payload(payload)
+    assert err.value.field_path == "context_payload.index[<redacted key>]"
+    assert "abcdefgh" not in err.value.safe_message
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"token_count": 12, "max_tokens": 4096, "primary_key": "id", "sort_key": "name"},
+        {"cookie_consent": True, "secretary": "Ann", "passport_no": "X1"},
+        {"has_password": True, "password": None, "api_key": "", "secret": {}},
+        {"description": "the bearer of this letter", "basis": "Basic idea"},
+        {"url": "https://example.com/path?page=2&sort=asc"},
+        ["eyJ is a prefix", "AKIA too short", 1, 2.5, None],
+    ],
+)
+def test_ordinary_business_data_is_accepted(payload: Any) -> None:
+    assert validate_checkpoint_payload(payload)
+    assert find_credential_material(payload) == []
+
+
+def test_every_offender_is_reported_up_to_a_bound() -> None:
+    payload = {"a": {"password": "x1"}, "b": [f"Bearer {'z' * 20}{i}" for i in range(20)]}
+    with pytest.raises(InvalidArgumentError) as err:
+        validate_checkpoint_payload(payload)
+    assert err.value.attributes["count"] == "21"
+    assert len(err.value.attributes["paths"].split(",")) == 10
+
+
+def test_size_bound_is_enforced_on_the_canonical_form() -> None:
+    small = {"blob": "x" * 100}
+    assert len(validate_checkpoint_payload(small, max_bytes=200)) <= 200
+    with pytest.raises(InvalidArgumentError) as err:
+        validate_checkpoint_payload({"blob": "x" * 300}, max_bytes=200)
+    assert err.value.reason == "checkpoint_too_large"
+    assert err.value.attributes["max_bytes"] == "200"
+    assert DEFAULT_MAX_CHECKPOINT_BYTES == 256 * 1024
+    with pytest.raises(InvalidArgumentError):
+        validate_checkpoint_payload({"blob": "x" * DEFAULT_MAX_CHECKPOINT_BYTES})
+
+
+def test_values_without_a_json_form_and_absurd_nesting_are_rejected() -> None:
+    with pytest.raises(InvalidArgumentError) as err:
+        validate_checkpoint_payload({"when": object()})
+    assert err.value.reason == "checkpoint_not_json"
+    deep: Any = "leaf"
+    for _ in range(100):
+        deep = [deep]
+    with pytest.raises(InvalidArgumentError):
+        validate_checkpoint_payload(deep)
+
+
+def test_the_field_name_prefixes_the_path() -> None:
+    with pytest.raises(InvalidArgumentError) as err:
+        validate_checkpoint_payload({"password": "x"}, field="plan_cursor")
+    assert err.value.field_path == "plan_cursor.password"
