@@ -34,8 +34,8 @@ proto: $(INSTALL_STAMP) ## Regenerate Python code from protos/ (grpcio-tools + m
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/gen_protos.py
 	@touch $(PROTO_STAMP)
 
-run: $(PROTO_STAMP) ## Start catalog, runtime and effect-owner on embedded SQLite under ./.data, with a demo Flow
-	$(PY) -m services.devstack
+run: $(PROTO_STAMP) ## Start catalog, runtime and effect-owner on embedded SQLite under ./.data, with the demo Flows
+	$(PY) -m flowctl.devstack
 
 test: $(PROTO_STAMP) ## Run every test: unit, integration (SQLite + MariaDB when FLOW_TEST_MYSQL_URL is set), e2e, crash
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,218 @@
+"""``make run``: the three services on embedded SQLite under ``./.data``, with the demo.
+
+Starts ``catalog_svc``, ``runtime_svc`` and ``effect_owner_svc`` as child processes,
+waits (bounded) until each reports SERVING on the standard health service, seeds the
+demo through the public APIs (:func:`flowctl.demo.seed`: a sealed catalog generation and
+two ACTIVE Flows), prints how to reach everything, and stops the children on Ctrl-C /
+SIGTERM. A child that dies, a start-up timeout or a failed seeding takes the stack down
+with a non-zero exit.
+
+This is a client of the services (it only uses their public gRPC APIs), so it lives in
+``flowctl`` rather than in the shared kernel ``services``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from flowctl.demo import SUMMARY_FILE, DemoSeedError, DemoSummary, local_target, seed
+from services.auth import WorkloadClaims, ensure_dev_keys, load_signing_key, mint_credential
+from services.config import ServiceConfig, ServiceName, load_config
+
+__all__ = ["banner", "main"]
+
+log = logging.getLogger("devstack")
+
+_MODULES = {
+    ServiceName.CATALOG: "catalog_svc",
+    ServiceName.RUNTIME: "runtime_svc",
+    ServiceName.EFFECT_OWNER: "effect_owner_svc",
+}
+DEMO_ORG = "org-demo"
+_READY_TIMEOUT_S = 90.0
+_STOP_TIMEOUT_S = 15.0
+_TOKEN_TTL_S = 12 * 3600
+_PLAN_SERVICE = "nexus.flow.runtime.v1.FlowDefinitionService"
+
+Configs = Mapping[ServiceName, ServiceConfig]
+
+
+def _serving(cfg: ServiceConfig) -> bool:
+    try:
+        with grpc.insecure_channel(local_target(cfg)) as channel:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=1.0
+            )
+        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+    except grpc.RpcError:
+        return False
+
+
+def _stop_all(children: Mapping[ServiceName, subprocess.Popen[bytes]]) -> None:
+    for proc in children.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + _STOP_TIMEOUT_S
+    for proc in children.values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _mint_dev_token(signing_key: Path, key_id: str, data_dir: Path) -> Path:
+    token = mint_credential(
+        load_signing_key(signing_key),
+        key_id,
+        WorkloadClaims(subject="devstack-operator", audiences=tuple(ServiceName), org_id=DEMO_ORG),
+        ttl_s=_TOKEN_TTL_S,
+    )
+    token_file = data_dir / "dev_token"
+    token_file.write_text(token + "\n", encoding="utf-8")
+    token_file.chmod(0o600)
+    return token_file
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s devstack: %(message)s")
+    env = dict(os.environ)
+    env.setdefault("FLOW_DATA_DIR", str(Path(".data").resolve()))
+    data_dir = Path(env["FLOW_DATA_DIR"])
+    data_dir.mkdir(parents=True, exist_ok=True)
+    configs = {svc: load_config(svc, env) for svc in _MODULES}
+    if any(cfg.port == 0 for cfg in configs.values()):
+        # The stack dials its children at their configured ports; it cannot learn a
+        # port a child picked itself.
+        log.error("the dev stack needs fixed ports: FLOW_*_PORT=0 is not supported here")
+        return 2
+    runtime_cfg = configs[ServiceName.RUNTIME]
+    keys = ensure_dev_keys(data_dir, env=runtime_cfg.env, key_id=runtime_cfg.auth_signing_key_id)
+
+    children: dict[ServiceName, subprocess.Popen[bytes]] = {}
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        del signum, frame
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        for svc, module in _MODULES.items():
+            with open(data_dir / f"{module}.log", "ab") as log_file:  # the child keeps its copy
+                children[svc] = subprocess.Popen(
+                    [sys.executable, "-m", module, "serve"],
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                )
+            log.info("%s started (pid %d)", module, children[svc].pid)
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        pending = set(children)
+        while pending and not stopping:
+            for svc in sorted(pending):
+                if children[svc].poll() is not None:
+                    log.error(
+                        "%s exited during start-up; see %s",
+                        svc.value,
+                        data_dir / f"{_MODULES[svc]}.log",
+                    )
+                    return 1
+                if _serving(configs[svc]):
+                    pending.discard(svc)
+            if time.monotonic() > deadline:
+                log.error(
+                    "timed out waiting for %s to report SERVING",
+                    ", ".join(s.value for s in pending),
+                )
+                return 1
+            time.sleep(0.2)
+        if stopping:
+            return 0
+
+        token_file = _mint_dev_token(keys.signing_key, runtime_cfg.auth_signing_key_id, data_dir)
+        try:
+            demo = seed(configs, data_dir)
+        except DemoSeedError as exc:
+            log.error("seeding the demo failed; stopping the stack\n%s", exc)
+            return 1
+        if stopping:
+            return 0
+        print(banner(configs, data_dir, token_file, demo), flush=True)
+
+        while not stopping:
+            for svc, proc in children.items():
+                if proc.poll() is not None:
+                    log.error("%s exited with %s; stopping the stack", svc.value, proc.returncode)
+                    return 1
+            time.sleep(0.5)
+        log.info("stopping")
+        return 0
+    finally:
+        _stop_all(children)
+
+
+def banner(configs: Configs, data_dir: Path, token_file: Path, demo: DemoSummary) -> str:
+    """The text printed once the stack is up and the demo is seeded."""
+    bin_dir = Path(sys.executable).parent
+    grpcurl, flowctl = shlex.quote(str(bin_dir / "grpcurl")), shlex.quote(str(bin_dir / "flowctl"))
+    rt = local_target(configs[ServiceName.RUNTIME])
+    cat = local_target(configs[ServiceName.CATALOG])
+    data = shlex.quote(str(data_dir))
+    lines = ["", f"Nexus Flow Runtime is up (embedded SQLite under {data_dir}):"]
+    lines += [f"  {svc.value:<13} {local_target(configs[svc])}" for svc in _MODULES]
+    lines += [
+        "",
+        f"Demo ({demo.org_id} / {demo.app_installation_id} / {demo.runtime_capability_id}):",
+        f"  work binding        {demo.binding_digest}",
+        f"  catalog generation  {demo.catalog_generation_id}"
+        f" ({'reused: catalog unchanged' if demo.generation_reused else 'sealed now'})",
+        f"  catalog digest      {demo.catalog_digest}",
+    ]
+    for f in demo.flows:
+        lines += [
+            f"  {f.flow_api_name}: {f.state}, {f.profile}",
+            f"      plan {f.plan_id}  {f.plan_digest}",
+        ]
+    lines += [
+        "",
+        "Try:",
+        f"  TOKEN=$(cat {shlex.quote(str(token_file))})",
+        f"  FLOW_DATA_DIR={data} {flowctl} flow inventory --target {rt} \\",
+        f"      --org {demo.org_id} --app-installation {demo.app_installation_id}"
+        f" --capability {demo.runtime_capability_id} \\",
+        f"      --binding-digest {demo.binding_digest} \\",
+        f"      --generation {demo.catalog_generation_id} --catalog-digest {demo.catalog_digest}",
+    ]
+    for f in demo.flows:
+        lines += [
+            f'  {grpcurl} -plaintext -H "authorization: Bearer $TOKEN" \\',
+            f'      -d \'{{"org_id": "{demo.org_id}", "plan_id": "{f.plan_id}"}}\' \\',
+            f"      {rt} {_PLAN_SERVICE}/GetPlan",
+        ]
+    lines += [
+        f"  {grpcurl} -plaintext {rt} list",
+        f"  {grpcurl} -plaintext {cat} grpc.health.v1.Health/Check",
+        "",
+        f"Summary: {data_dir / SUMMARY_FILE}    Logs: {data_dir}/*.log    Stop: Ctrl-C",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""`make run` (`python -m flowctl.devstack`) as a child: demo seeded, idempotent, clean stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from services.auth import WorkloadClaims, load_signing_key, mint_credential
+from services.config import ServiceName
+from services.proto import common_v1, runtime_v1
+from tests.support.procs import ROOT, free_port, wait_until
+
+pytestmark = pytest.mark.e2e
+
+BANNER = "Nexus Flow Runtime is up"
+EXPECTED_PROFILES = {
+    "NormalizeContactName": common_v1.ExecutionProfile.EXECUTION_PROFILE_EMBEDDED_BEFORE_SAVE,
+    "WelcomeContact": common_v1.ExecutionProfile.EXECUTION_PROFILE_DURABLE_ORCHESTRATION,
+}
+ACTIVE = runtime_v1.ActivationState.ACTIVATION_STATE_ACTIVE
+
+
+@dataclass
+class Stack:
+    """One ``flowctl.devstack`` child and where its output goes."""
+
+    proc: subprocess.Popen[bytes]
+    data_dir: Path
+    runtime_port: int
+    out: Path
+    err: Path
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace") + self.err.read_text(errors="replace")
+
+    def children(self) -> list[int]:
+        """PIDs whose parent is the dev stack (Linux ``/proc``)."""
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # the process went away while we looked
+            if int(fields[1]) == self.proc.pid:
+                pids.append(int(stat.parent.name))
+        return pids
+
+    def wait_banner(self, timeout: float = 45.0) -> str:
+        def up() -> str | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"devstack exited with {self.proc.returncode}:\n{self.output()[-4000:]}"
+                )
+            text = self.out.read_text(errors="replace")
+            # The banner is printed in one flushed write ending with the "Summary:" line.
+            return text if BANNER in text and "Summary:" in text else None
+
+        return wait_until(up, timeout=timeout, interval=0.2, what="the devstack banner")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+
+def _env(data_dir: Path, extra: Mapping[str, str] | None = None) -> tuple[dict[str, str], int]:
+    catalog, runtime, effect = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOW_")}
+    env.update(
+        {
+            "FLOW_ENV": "test",
+            "FLOW_DATA_DIR": str(data_dir),
+            "FLOW_CATALOG_PORT": str(catalog),
+            "FLOW_RUNTIME_PORT": str(runtime),
+            "FLOW_EFFECT_PORT": str(effect),
+            "FLOW_CATALOG_TARGET": f"127.0.0.1:{catalog}",
+            "FLOW_SHUTDOWN_GRACE_S": "2",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra or {})
+    return env, runtime
+
+
+@contextmanager
+def devstack(data_dir: Path, name: str, extra: Mapping[str, str] | None = None) -> Iterator[Stack]:
+    env, runtime_port = _env(data_dir, extra)
+    out, err = data_dir.parent / f"{name}.out", data_dir.parent / f"{name}.err"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flowctl.devstack"], cwd=ROOT, env=env, stdout=o, stderr=e
+        )
+    stack = Stack(proc, data_dir, runtime_port, out, err)
+    try:
+        yield stack
+    finally:
+        if proc.poll() is None:  # a failed assertion: do not leave the stack behind
+            proc.kill()
+            proc.wait(timeout=30)
+        for pid in stack.children():
+            os.kill(pid, signal.SIGKILL)
+
+
+def _gone(pids: list[int]) -> bool:
+    return not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+def _md(data_dir: Path, **scope: str) -> list[tuple[str, str]]:
+    key = load_signing_key(data_dir / "auth" / "dev_signing_key.pem")
+    claims = WorkloadClaims(
+        subject="e2e", audiences=(ServiceName.RUNTIME,), org_id="org-demo", **scope
+    )
+    return [("authorization", f"Bearer {mint_credential(key, 'dev', claims, ttl_s=300)}")]
+
+
+def _assert_demo_active(stack: Stack) -> dict[str, Any]:
+    """Both demo Flows ACTIVE with their expected profiles; returns ``demo.json``."""
+    demo: dict[str, Any] = json.loads((stack.data_dir / "demo.json").read_text())
+    by_name = {f["flow_api_name"]: f for f in demo["flows"]}
+    assert set(by_name) == set(EXPECTED_PROFILES)
+    scoped = _md(
+        stack.data_dir,
+        app_installation_id=demo["app_installation_id"],
+        runtime_capability_id=demo["runtime_capability_id"],
+        runtime_work_binding_digest=demo["binding_digest"],
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{stack.runtime_port}") as channel:
+        stub = runtime_v1.FlowDefinitionServiceStub(channel)
+        listed = stub.ListFlowVersions(
+            runtime_v1.ListFlowVersionsRequest(), metadata=_md(stack.data_dir), timeout=10
+        )
+        active = {a.flow_api_name: a for a in listed.activations if a.state == ACTIVE}
+        assert set(active) == set(EXPECTED_PROFILES)
+        for name, profile in EXPECTED_PROFILES.items():
+            assert active[name].plan_id == by_name[name]["plan_id"]
+            assert active[name].runtime_work_binding_digest == demo["binding_digest"]
+            plan = stub.GetPlan(
+                runtime_v1.GetPlanRequest(plan_id=active[name].plan_id),
+                metadata=_md(stack.data_dir),
+                timeout=10,
+            ).plan
+            assert plan.execution_profile == profile, name
+            assert plan.plan_digest == active[name].plan_digest == by_name[name]["plan_digest"]
+            assert plan.catalog_generation_id == demo["catalog_generation_id"]
+            assert plan.catalog_digest == demo["catalog_digest"]
+        inventory = stub.GetInventory(
+            runtime_v1.GetInventoryRequest(
+                scope=common_v1.TrustedRuntimeWorkScope(
+                    org_id="org-demo",
+                    app_installation_id=demo["app_installation_id"],
+                    runtime_capability_id=demo["runtime_capability_id"],
+                    runtime_work_binding_digest=demo["binding_digest"],
+                ),
+                catalog_generation_id=demo["catalog_generation_id"],
+                catalog_digest=demo["catalog_digest"],
+            ),
+            metadata=scoped,
+            timeout=30,
+        )
+        rows = {e.flow_api_name: e for e in inventory.entries}
+        assert {n: (r.compilable, r.selected_profile) for n, r in rows.items()} == {
+            n: (True, p) for n, p in EXPECTED_PROFILES.items()
+        }
+    return demo
+
+
+def _stop_cleanly(stack: Stack) -> None:
+    children = stack.children()
+    assert len(children) == 3, children
+    assert stack.stop() == 0, stack.output()[-4000:]
+    wait_until(lambda: _gone(children), timeout=10, what="the service processes to exit")
+
+
+def test_devstack_seeds_the_demo_idempotently_and_stops_cleanly(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with devstack(data_dir, "first") as stack:
+        text = stack.wait_banner()
+        for expected in (
+            "NormalizeContactName: active, embedded_before_save",
+            "WelcomeContact: active, durable_orchestration",
+            "flow inventory",
+            "FlowDefinitionService/GetPlan",
+            "(sealed now)",
+        ):
+            assert expected in text, text
+        first = _assert_demo_active(stack)
+        assert not first["generation_reused"]
+        _stop_cleanly(stack)
+
+    # Same data dir again: the unchanged catalog reuses the generation the plans pin, so
+    # compile and activation are no-ops and every identity is unchanged.
+    with devstack(data_dir, "second") as stack:
+        text = stack.wait_banner()
+        assert "(reused: catalog unchanged)" in text, text
+        second = _assert_demo_active(stack)
+        assert second["generation_reused"]
+        for key in ("binding_digest", "catalog_generation_id", "catalog_digest", "flows"):
+            assert second[key] == first[key], key
+        _stop_cleanly(stack)
+
+
+def test_devstack_seeding_failure_stops_the_stack(tmp_path: Path) -> None:
+    # The runtime cannot reach the catalog, so compiling the demo fails after the
+    # services report SERVING: the stack must say why, stop its children and exit 1.
+    dead = free_port()
+    data_dir = tmp_path / "data"
+    with devstack(data_dir, "broken", {"FLOW_CATALOG_TARGET": f"127.0.0.1:{dead}"}) as stack:
+        seen: list[int] = []
+
+        def exited() -> bool:
+            seen.extend(p for p in stack.children() if p not in seen)
+            return stack.proc.poll() is not None
+
+        wait_until(exited, timeout=60, interval=0.1, what="devstack to exit")
+        assert stack.proc.returncode == 1
+        err = stack.err.read_text(errors="replace")
+        assert "seeding the demo failed" in err and "compiling" in err, err
+        assert BANNER not in stack.out.read_text()
+        assert seen, "the services were never started"
+        assert _gone(seen), seen
