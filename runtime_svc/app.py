@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.api.definitions import build_definition_service
+from runtime_svc.api.records import build_record_service
+from runtime_svc.api.runs import build_run_service
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration, unimplemented_servicer
 from services.proto import runtime_v1
@@ -25,16 +27,8 @@ async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[Se
     """The runtime RPCs; those whose issue has not landed answer UNIMPLEMENTED."""
     return [
         await build_definition_service(cfg, engine),
-        ServiceRegistration(
-            SERVICE_NAMES[1],
-            runtime_v1.add_FlowRunServiceServicer_to_server,
-            unimplemented_servicer(runtime_v1.FlowRunServiceServicer),
-        ),
-        ServiceRegistration(
-            SERVICE_NAMES[2],
-            runtime_v1.add_RecordServiceServicer_to_server,
-            unimplemented_servicer(runtime_v1.RecordServiceServicer),
-        ),
+        await build_run_service(cfg, engine),
+        await build_record_service(cfg, engine),
         ServiceRegistration(
             SERVICE_NAMES[3],
             runtime_v1.add_WakeSignalServiceServicer_to_server,

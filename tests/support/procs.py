@@ -39,6 +39,10 @@ DB_VARS = {
 T = TypeVar("T")
 
 
+class ChildExitedError(AssertionError):
+    """A child process exited while a test waited for it."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -60,6 +64,8 @@ def wait_until(
             value = predicate()
             if value:
                 return value
+        except ChildExitedError:
+            raise  # the process is gone: polling longer cannot help
         except Exception as exc:
             last_exc = exc
         time.sleep(interval)
@@ -124,7 +130,7 @@ class ServiceProcess:
         def ready() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise AssertionError(
+                raise ChildExitedError(
                     f"{self.name} exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}"
                 )
             return health_status(self.port) == health_pb2.HealthCheckResponse.SERVING

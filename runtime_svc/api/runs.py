@@ -1,0 +1,143 @@
+"""``nexus.flow.runtime.v1.FlowRunService``: the gRPC face of :mod:`runtime_svc.runs`.
+
+Servicer methods are thin (decode → service → encode). The org and work scope always come
+from the verified credential (:func:`services.auth.current_identity`); the auth
+interceptor has already rejected a body ``org_id``/``scope`` that disagrees with it, so a
+body value is checked, never used. A run of another org answers ``NOT_FOUND`` exactly
+like a missing one.
+
+Wire it into the runtime process with :func:`build_run_service`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from runtime_svc.api.runs_proto import (
+    input_variables_from_request,
+    list_filters_from_request,
+    run_proto,
+    support_proto,
+    target_from_request,
+    wait_budget_seconds,
+)
+from runtime_svc.kernel import FlowRunStateStore
+from runtime_svc.runs import PageTokenCodec, RunService
+from services.auth import current_identity
+from services.config import ServiceConfig
+from services.errors import InvalidArgumentError
+from services.grpc_server import ServiceRegistration
+from services.proto import runtime_v1
+
+__all__ = ["SERVICE_NAME", "FlowRunServicer", "build_run_service", "page_token_secret"]
+
+SERVICE_NAME = "nexus.flow.runtime.v1.FlowRunService"
+
+Context = Any  # grpc.aio.ServicerContext
+
+
+def _require(request: Any, name: str) -> str:
+    value: str = getattr(request, name)
+    if not value:
+        raise InvalidArgumentError(f"{name} is required", field_path=name)
+    return value
+
+
+class FlowRunServicer(runtime_v1.FlowRunServiceServicer):
+    """Start, read, list, support-read, delete and cancel Flow runs (§10.1, §18, §19)."""
+
+    def __init__(self, service: RunService) -> None:
+        self._svc = service
+
+    async def StartRun(self, request: Any, context: Context) -> Any:
+        _require(request, "request_id")
+        scope = current_identity().require_work_scope()
+        outcome = await self._svc.start_run(
+            scope,
+            target_from_request(request),
+            input_variables_from_request(request),
+            idempotency_key=request.idempotency_key,
+            wait_budget_s=wait_budget_seconds(request),
+        )
+        return runtime_v1.StartRunResponse(
+            run=run_proto(outcome.view),
+            completed=outcome.completed,
+            existing_run=outcome.existing_run,
+        )
+
+    async def GetRun(self, request: Any, context: Context) -> Any:
+        run_id = _require(request, "flow_run_id")
+        view = await self._svc.get_run(current_identity().org_id, run_id)
+        return runtime_v1.GetRunResponse(run=run_proto(view))
+
+    async def GetRunSupport(self, request: Any, context: Context) -> Any:
+        run_id = _require(request, "flow_run_id")
+        support = await self._svc.support(current_identity().org_id, run_id)
+        return runtime_v1.GetRunSupportResponse(support=support_proto(support))
+
+    async def ListRuns(self, request: Any, context: Context) -> Any:
+        runs, token = await self._svc.list_runs(
+            current_identity().org_id,
+            list_filters_from_request(request),
+            request.page_size,
+            request.page_token,
+        )
+        return runtime_v1.ListRunsResponse(runs=[run_proto(v) for v in runs], next_page_token=token)
+
+    async def DeleteRun(self, request: Any, context: Context) -> Any:
+        _require(request, "request_id")
+        run_id = _require(request, "flow_run_id")
+        view = await self._svc.delete_run(
+            current_identity(), run_id, expected_state_version=request.expected_state_version
+        )
+        return runtime_v1.DeleteRunResponse(run=run_proto(view))
+
+    async def CancelRun(self, request: Any, context: Context) -> Any:
+        _require(request, "request_id")
+        run_id = _require(request, "flow_run_id")
+        view = await self._svc.cancel_run(
+            current_identity(), run_id, expected_state_version=request.expected_state_version
+        )
+        return runtime_v1.CancelRunResponse(run=run_proto(view))
+
+
+def page_token_secret(cfg: ServiceConfig) -> bytes:
+    """The ``ListRuns`` token key. Until ``ServiceConfig`` carries a dedicated secret,
+    it is derived from the runtime's signing-key file (shared by replicas of one
+    deployment); without one, tokens are still digest-bound to org and filters."""
+    try:
+        material = cfg.auth_signing_key.read_bytes()
+    except OSError:
+        material = b""
+    return hashlib.sha256(b"list-runs-page-token\x00" + material).digest()
+
+
+async def build_run_service(
+    cfg: ServiceConfig,
+    engine: AsyncEngine,
+    *,
+    store: FlowRunStateStore | None = None,
+    max_wait_s: float = 30.0,
+) -> ServiceRegistration:
+    """The FlowRunService registration for ``runtime_svc.app.build_services``.
+
+    Args:
+        cfg: the runtime's configuration.
+        engine: the runtime database.
+        store: the run state store the workers use (default: a new one on ``engine``).
+        max_wait_s: the API budget ``StartRun.wait_budget`` is clamped to (§18.3).
+    """
+    service = RunService(
+        engine,
+        store or FlowRunStateStore(engine),
+        PageTokenCodec(page_token_secret(cfg)),
+        max_wait_s=max_wait_s,
+    )
+    return ServiceRegistration(
+        SERVICE_NAME,
+        runtime_v1.add_FlowRunServiceServicer_to_server,
+        FlowRunServicer(service),
+    )
