@@ -8,7 +8,10 @@ MariaDB:
 * fenced compare-and-swap commits per second (one ``cas_update`` per transaction) and
   its ratio to the raw commit rate;
 * canonical-digest throughput (pure CPU);
-* compile time of a 200-element Flow and small plans compiled per second.
+* compile time of a 200-element Flow and small plans compiled per second;
+* durable steps committed per second (10-step Flow, one record mutation per step, 1 and 4
+  workers) against the raw commit rate, and claim latency with 1,000 vs 100,000 waiting runs
+  (``bench/durable_bench.py``).
 
 Nothing here is asserted; figures depend on the machine.
 """
@@ -26,7 +29,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench import compile_bench
+from bench import compile_bench, durable_bench
 from services import db
 from services.digest import versioned_digest
 
@@ -131,3 +134,4 @@ async def _main() -> None:
 
 if __name__ == "__main__":
     asyncio.run(_main())
+    durable_bench.run(_SECONDS)

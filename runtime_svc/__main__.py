@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import sys
 
-from runtime_svc.app import build_services
+from runtime_svc.app import build_services, start_runtime_background
 from services.config import ServiceName
 from services.service_main import run_service
 
 if __name__ == "__main__":
-    sys.exit(run_service(ServiceName.RUNTIME, "runtime_svc", build_services))
+    sys.exit(
+        run_service(
+            ServiceName.RUNTIME,
+            "runtime_svc",
+            build_services,
+            background=start_runtime_background,
+        )
+    )

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import grpc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.api.definitions import build_definition_service
-from runtime_svc.api.records import build_record_service
+from runtime_svc.api.records import CatalogRecordViews, build_record_service
 from runtime_svc.api.runs import build_run_service
+from runtime_svc.catalog_client import ScopedCredentials
+from runtime_svc.worker.background import start_background
+from runtime_svc.worker.settings import WorkerSettings
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration, unimplemented_servicer
 from services.proto import runtime_v1
+from services.service_main import Background
 
-__all__ = ["SERVICE_NAMES", "build_services"]
+__all__ = ["SERVICE_NAMES", "build_services", "start_runtime_background"]
 
 SERVICE_NAMES = (
     "nexus.flow.runtime.v1.FlowDefinitionService",
@@ -35,3 +40,24 @@ async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[Se
             unimplemented_servicer(runtime_v1.WakeSignalServiceServicer),
         ),
     ]
+
+
+async def start_runtime_background(cfg: ServiceConfig, engine: AsyncEngine) -> Background:
+    """The runtime's workers and sweeps (``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS``).
+
+    Mutation steps validate against the metadata view of the run's work scope, read from
+    the catalog (``FLOW_CATALOG_TARGET``) exactly as the record service reads it; only a
+    test/dev ``FLOW_RUNTIME_VIEW_FILE`` replaces it.
+    """
+    settings = WorkerSettings.from_env()
+    views = None
+    if not settings.view_file:
+        channel = grpc.aio.insecure_channel(
+            cfg.catalog_target,
+            options=[
+                ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
+                ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
+            ],
+        )
+        views = CatalogRecordViews(channel, ScopedCredentials.from_config(cfg))
+    return await start_background(cfg, engine, views=views, settings=settings)

@@ -7,7 +7,9 @@ appears in the README).
 
 A service builds one :class:`ServiceConfig` at start-up with
 :func:`load_config` and passes it down; nothing else reads ``os.environ``
-except the fault hooks, which must be readable before any config exists.
+except the fault hooks, which must be readable before any config exists, and
+the runtime's worker settings (``runtime_svc.worker.settings``, the
+``FLOW_RUNTIME_*`` rows of :data:`ENV_VARS`).
 """
 
 from __future__ import annotations
@@ -123,6 +125,21 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     "FLOW_CRASH_AT": (
         "",
         "fault hook: SIGKILL the process at the named point (tests only; refused in production)",
+    ),
+    "FLOW_RUNTIME_WORKERS": ("1", "runtime: step-worker tasks in this process (0 = off)"),
+    "FLOW_RUNTIME_SWEEPS": (
+        "true",
+        "runtime: run lease-recovery and cancellation-cleanup sweeps in this process",
+    ),
+    "FLOW_RUNTIME_LEASE_MS": ("60000", "runtime: claim lease duration"),
+    "FLOW_RUNTIME_RETRY_BASE_MS": ("1000", "runtime: retry backoff base (jittered exponential)"),
+    "FLOW_RUNTIME_RETRY_MAX_MS": ("300000", "runtime: retry backoff cap"),
+    "FLOW_RUNTIME_MAX_ATTEMPTS": ("5", "runtime: attempts per step before terminal failure"),
+    "FLOW_RUNTIME_IDLE_MS": ("500", "runtime: longest idle backoff of a worker with no work"),
+    "FLOW_RUNTIME_SWEEP_MS": ("1000", "runtime: sweep interval"),
+    "FLOW_RUNTIME_VIEW_FILE": (
+        "",
+        "tests/dev only: a metadata-view JSON used for every scope instead of the catalog",
     ),
     "FLOW_CRASH_MARKER_FILE": (
         "",

@@ -1,9 +1,10 @@
 """The one command-line entry point shared by the three services.
 
 ``python -m <service> [serve]`` starts the gRPC server (migrating the database
-first when ``FLOW_DB_AUTO_MIGRATE`` is true); ``python -m <service> db
-upgrade|verify|current`` manages the schema. Each service's ``__main__`` only
-names itself and supplies a factory for its servicers.
+first when ``FLOW_DB_AUTO_MIGRATE`` is true) and the service's background loops;
+``python -m <service> db upgrade|verify|current`` manages the schema. Each
+service's ``__main__`` only names itself and supplies factories for its
+servicers and (optionally) its background loops.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -21,24 +23,45 @@ from services.config import ConfigError, ServiceConfig, ServiceName, load_config
 from services.grpc_server import ServiceRegistration, serve_forever
 from services.logging import configure_logging
 
-__all__ = ["RegistrationFactory", "run_service"]
+__all__ = ["Background", "BackgroundFactory", "RegistrationFactory", "run_service"]
 
 #: Builds the servicers of one service from its configuration and database engine.
 RegistrationFactory = Callable[
     [ServiceConfig, AsyncEngine], Awaitable[Sequence[ServiceRegistration]]
 ]
 
+
+class Background(Protocol):
+    """Background loops of a process (workers, sweeps, dispatchers)."""
+
+    async def stop(self) -> None:
+        """Stop every loop (idempotent); awaited before the database engine is disposed."""
+
+
+#: Starts a service's background loops once its servicers exist.
+BackgroundFactory = Callable[[ServiceConfig, AsyncEngine], Awaitable[Background]]
+
 log = logging.getLogger(__name__)
 
 
-async def _serve(cfg: ServiceConfig, migrations_pkg: str, factory: RegistrationFactory) -> None:
+async def _serve(
+    cfg: ServiceConfig,
+    migrations_pkg: str,
+    factory: RegistrationFactory,
+    background: BackgroundFactory | None,
+) -> None:
     if cfg.db_auto_migrate:
         await migrate.upgrade(cfg.db_url, migrations_pkg)
     engine = db.create_engine(cfg.db_url, pool_size=cfg.db_pool_size)
+    loops: Background | None = None
     try:
         registrations = await factory(cfg, engine)
+        if background is not None:
+            loops = await background(cfg, engine)
         await serve_forever(cfg, registrations)
     finally:
+        if loops is not None:
+            await loops.stop()
         await engine.dispose()
 
 
@@ -47,6 +70,8 @@ def run_service(
     migrations_pkg: str,
     factory: RegistrationFactory,
     argv: Sequence[str] | None = None,
+    *,
+    background: BackgroundFactory | None = None,
 ) -> int:
     """Parse ``argv`` and serve or manage the schema of ``service``; returns the exit code."""
     parser = argparse.ArgumentParser(prog=f"python -m {migrations_pkg}")
@@ -74,7 +99,7 @@ def run_service(
         log.error("refusing to start: %s", exc)
         return 3
     try:
-        asyncio.run(_serve(cfg, migrations_pkg, factory))
+        asyncio.run(_serve(cfg, migrations_pkg, factory, background))
     except KeyboardInterrupt:
         return 0
     return 0

@@ -1,0 +1,192 @@
+"""Durable-step figures (issue 5 benchmark): wired into ``bench/__main__.py`` by the lead.
+
+Prints, on SQLite and (when ``FLOW_TEST_MYSQL_URL`` is set) MariaDB:
+
+* durable steps committed per second for a 10-step Flow with one record mutation per
+  step, executed by 1 and by 4 in-process ``StepWorker`` s (each step = claim, running,
+  one business transaction with record + history + event + audit + checkpoint + fenced
+  root/step/attempt advance);
+* the raw single-row commit rate of the same database and the ratio steps/s ÷ commits/s;
+* claim latency (eligible-work query + claim transaction) with 1,000 and with 100,000
+  waiting (non-eligible) runs in the table, and their ratio (should stay near 1).
+
+The waiting population is cloned from one real run's rows by bulk insert (bench fixture
+data only: seeding 100,000 runs through the store would dominate the bench's time).
+Nothing is asserted; figures depend on the machine. Bounded: every figure stops after
+``seconds`` (or when its work runs out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from runtime_svc.kernel import FlowRunStateStore, RetryPolicy, RunState, StepState
+from runtime_svc.schema import flow_runs, flow_step_executions
+from runtime_svc.worker import Outcome
+from services import db, migrate
+from tests.integration.worker.support import make_worker, seed, start_run
+
+__all__ = ["run"]
+
+_POLICY = RetryPolicy(lease_duration_ms=120_000)
+_META = sa.MetaData()
+_RAW = sa.Table(
+    "bench_durable_raw",
+    _META,
+    sa.Column("org_id", sa.String(64), primary_key=True),
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("payload", sa.Text, nullable=False),
+)
+
+
+async def _raw_rate(engine: AsyncEngine, seconds: float) -> float:
+    async with engine.begin() as conn:
+        await conn.run_sync(_META.create_all)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        async with db.transaction(engine) as conn:
+            await conn.execute(_RAW.insert().values(org_id="org-b", id=f"r{n}", payload="{}"))
+        n += 1
+    return n / (time.perf_counter() - start)
+
+
+async def _steps_rate(engine: AsyncEngine, workers: int, seconds: float) -> float:
+    store = FlowRunStateStore(engine, policy=_POLICY)
+    seeded = await seed(engine, mutations=10, pure_step=False)
+    for i in range(workers * 8):
+        await start_run(store, seeded, label=f"b{i}")
+    pool = [make_worker(engine, store, owner=f"b{i}", batch_size=2) for i in range(workers)]
+    committed = 0
+    start = time.perf_counter()
+
+    async def loop(i: int) -> None:
+        nonlocal committed
+        while time.perf_counter() - start < seconds:
+            done = await pool[i].run_batch(seeded.org)
+            committed += sum(1 for o in done if o is Outcome.COMMITTED)
+            if not done:
+                return
+
+    await asyncio.gather(*(loop(i) for i in range(workers)))
+    return committed / (time.perf_counter() - start)
+
+
+async def _clone_waiting(engine: AsyncEngine, org: str, template: str, total: int) -> None:
+    """Bulk-insert ``total`` Waiting copies of run ``template`` (root + current step)."""
+    r, s = flow_runs.c, flow_step_executions.c
+    async with db.transaction(engine, readonly=True) as conn:
+        root = dict(
+            (
+                await conn.execute(
+                    sa.select(flow_runs).where(r.org_id == org, r.flow_run_id == template)
+                )
+            )
+            .mappings()
+            .one()
+        )
+        step = dict(
+            (
+                await conn.execute(
+                    sa.select(flow_step_executions).where(
+                        s.org_id == org, s.flow_run_id == template
+                    )
+                )
+            )
+            .mappings()
+            .one()
+        )
+    root.update(runtime_state=RunState.WAITING.code, idempotency_key=None, run_after=None)
+    step.update(state=StepState.WAITING.code, run_after=None)
+    chunk = 2_000
+    for base in range(0, total, chunk):
+        roots: list[dict[str, Any]] = []
+        steps: list[dict[str, Any]] = []
+        for i in range(base, min(total, base + chunk)):
+            run_id, step_id = f"wr-{i:07d}-{uuid.uuid4().hex[:6]}", f"ws-{i:07d}"
+            roots.append({**root, "flow_run_id": run_id, "current_step_execution_id": step_id})
+            steps.append({**step, "flow_run_id": run_id, "step_execution_id": step_id})
+        async with db.transaction(engine) as conn:
+            await conn.execute(flow_runs.insert(), roots)
+            await conn.execute(flow_step_executions.insert(), steps)
+
+
+async def _claim_latency(engine: AsyncEngine, waiting: int, samples: int) -> float:
+    """Median ms of eligible_work + claim of one due run among ``waiting`` waiting runs."""
+    store = FlowRunStateStore(engine, policy=_POLICY)
+    seeded = await seed(engine, mutations=1, pure_step=False)
+    template = await start_run(store, seeded)
+    await _clone_waiting(engine, seeded.org, template.flow_run_id, waiting)
+    await store.request_cancel(seeded.org, template.flow_run_id)
+    times: list[float] = []
+    for i in range(samples):
+        run = await start_run(store, seeded, label=f"c{i}")
+        t0 = time.perf_counter()
+        [candidate] = await store.eligible_work(seeded.org, "durable_mutation", limit=1)
+        fence = await store.claim(seeded.org, candidate, lease_owner="bench")
+        times.append((time.perf_counter() - t0) * 1000)
+        assert not isinstance(fence, type(None))
+        await store.request_cancel(seeded.org, run.flow_run_id)
+    return statistics.median(times)
+
+
+async def _bench(label: str, url: str, seconds: float) -> None:
+    await migrate.upgrade(url, "runtime_svc")
+    engine = db.create_engine(url, pool_size=8)
+    try:
+        raw = await _raw_rate(engine, seconds)
+        print(f"{label:<8} raw single-row commits/s          {raw:9.0f}")
+        for workers in (1, 4):
+            rate = await _steps_rate(engine, workers, seconds)
+            print(
+                f"{label:<8} durable steps/s, {workers} worker(s)      {rate:9.1f}"
+                f"   ratio steps/commits {rate / raw:5.3f}"
+            )
+        small = await _claim_latency(engine, 1_000, 20)
+        large = await _claim_latency(engine, 100_000, 20)
+        print(
+            f"{label:<8} claim latency ms (1k / 100k waiting) {small:7.2f} / {large:7.2f}"
+            f"   ratio {large / small:5.2f}"
+        )
+    finally:
+        await engine.dispose()
+
+
+async def _main(seconds: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        await _bench("sqlite", f"sqlite+aiosqlite:///{Path(tmp) / 'durable.db'}", seconds)
+    mysql = os.environ.get("FLOW_TEST_MYSQL_URL")
+    if not mysql:
+        print("mariadb  skipped (set FLOW_TEST_MYSQL_URL=mysql+aiomysql://root:@127.0.0.1:3307)")
+        return
+    name = f"bench_durable_{uuid.uuid4().hex[:8]}"
+    admin = db.create_engine(mysql.rstrip("/") + "/", pool_size=1)
+    async with admin.connect() as conn:
+        await conn.execute(
+            sa.text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        )
+    try:
+        await _bench("mariadb", f"{mysql.rstrip('/')}/{name}?charset=utf8mb4", seconds)
+    finally:
+        async with admin.connect() as conn:
+            await conn.execute(sa.text(f"DROP DATABASE {name}"))
+        await admin.dispose()
+
+
+def run(seconds: float) -> None:
+    """Print the durable-step figures (each throughput figure runs ``seconds``)."""
+    print(f"Durable orchestration bench ({seconds:.0f}s per throughput figure)")
+    asyncio.run(_main(seconds))
+
+
+if __name__ == "__main__":
+    run(float(os.environ.get("BENCH_SECONDS", "3")))
