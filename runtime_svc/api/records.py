@@ -20,14 +20,24 @@ with the mutation's business event, so a retry of an applied request returns the
 record's *current* state without applying the mutation again, and a reuse of the id with
 another body fails ``INVALID_ARGUMENT`` (dedupe scope: trusted org, RPC, request id).
 
-**Triggers.** ``triggered_flow_run_ids`` is always empty for now: after-save trigger
-admission arrives with the Flow run work (issue 5, "Starting runs").
+**After-save triggers** (issue 5, "Starting runs"). The view source also returns the
+request-bound binding (:class:`~runtime_svc.definitions.RequestBoundView`). When that view
+subscribes an after-save Flow to the write's object and event, the servicer admits the
+plans *before* the record transaction
+(:func:`~runtime_svc.runs.select_after_save_plans`; a refusal fails the request before
+anything is written) and accepts their runs *inside* it, after the business rows
+(:func:`~runtime_svc.runs.admit_after_save_runs_txn` through
+``RecordEngine.mutate(on_applied=…)``). Run keys derive from the mutation, so a replayed
+request returns the runs its first attempt started. A write the view subscribes nothing
+to skips admission entirely: no query beyond the record transaction itself. Before-save
+timing is not handled here.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -36,15 +46,19 @@ import grpc.aio
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from runtime_svc.catalog_client import ScopedCredentials
+from runtime_svc.catalog_client import ScopedCredentials, binding_doc, metadata_view_doc
 from runtime_svc.compiler.inputs import (
     FieldView,
     MetadataViewInput,
     ObjectView,
     RelationshipView,
+    RuntimeWorkBindingRef,
 )
+from runtime_svc.definitions.admission import RequestBoundView, TriggerSelection
+from runtime_svc.definitions.inputs import pin_subscription_versions
+from runtime_svc.kernel import FlowRunStateStore
 from runtime_svc.records import (
     Actor,
     FieldRules,
@@ -52,6 +66,7 @@ from runtime_svc.records import (
     MutationResult,
     ParentRef,
     RecordEngine,
+    RecordMutation,
     RecordState,
     RecordView,
     RequestRef,
@@ -60,6 +75,7 @@ from runtime_svc.records import (
     prepare_update,
 )
 from runtime_svc.records.view import IMPLICIT_ID_FIELD
+from runtime_svc.runs.after_save import admit_after_save_runs_txn, select_after_save_plans
 from services.auth import TrustedRuntimeWorkScope, bearer_metadata, current_identity
 from services.config import ServiceConfig
 from services.digest import versioned_digest
@@ -121,6 +137,12 @@ _COMPILER_TYPES: Mapping[FieldType, str] = {
     FieldType.ID: "id",
 }
 _MASTER_DETAIL = catalog_v1.RelationshipKind.RELATIONSHIP_KIND_MASTER_DETAIL
+_AFTER_SAVE_TIMING = common_v1.TriggerTiming.TRIGGER_TIMING_AFTER_SAVE
+_EVENTS: Mapping[int, str] = {
+    common_v1.TriggerEvent.TRIGGER_EVENT_CREATE: "create",
+    common_v1.TriggerEvent.TRIGGER_EVENT_UPDATE: "update",
+    common_v1.TriggerEvent.TRIGGER_EVENT_DELETE: "delete",
+}
 
 
 # --- metadata views -----------------------------------------------------------------------
@@ -182,11 +204,67 @@ def record_view_from_proto(view: Any) -> RecordView:
     return RecordView.build(metadata, rules)
 
 
+@dataclass(frozen=True)
+class BoundRecordView:
+    """The metadata view a write is bound to, in the two shapes a write needs.
+
+    Attributes:
+        records: the record engine's view (fields, write rules, relationships).
+        request: the request-bound binding and admission view (trigger subscriptions);
+            its ``view`` is ``None`` when the catalog's view is not a usable admission
+            input, which fails admission closed for subscribed writes only.
+        after_save: ``(object, event)`` pairs the view subscribes an after-save Flow to.
+    """
+
+    records: RecordView
+    request: RequestBoundView
+    after_save: frozenset[tuple[str, str]]
+
+    def subscribes_after_save(self, object_name: str, event: str) -> bool:
+        """Whether a write of ``event`` on ``object_name`` needs after-save admission."""
+        return (object_name, event) in self.after_save
+
+
+def _binding_ref_from_proto(registered: Any, binding_digest: str) -> RuntimeWorkBindingRef:
+    """The :class:`RuntimeWorkBindingRef` of a ``common_v1.RuntimeWorkBinding`` (through
+    :func:`runtime_svc.catalog_client.binding_doc`, the definitions' mapping)."""
+    return RuntimeWorkBindingRef(**binding_doc(registered, binding_digest))
+
+
+def _admission_view_from_proto(view: Any) -> MetadataViewInput | None:
+    """The admission view of a ``catalog_v1.MetadataView``, as activation compiles it
+    (:func:`runtime_svc.catalog_client.metadata_view_doc`, version-less subscriptions
+    pinned to 0), or ``None`` when it is not a valid compiler input."""
+    try:
+        return MetadataViewInput.from_dict(pin_subscription_versions(metadata_view_doc(view), {}))
+    except ValueError:
+        return None
+
+
+def _after_save_pairs(view: Any) -> frozenset[tuple[str, str]]:
+    return frozenset(
+        (s.object_api_name, _EVENTS[e])
+        for s in view.trigger_subscriptions
+        if s.timing == _AFTER_SAVE_TIMING
+        for e in s.events
+        if e in _EVENTS
+    )
+
+
 class RecordViewSource(Protocol):
     """Where the record service gets the metadata view of a trusted work scope."""
 
     async def view_for(self, scope: TrustedRuntimeWorkScope) -> RecordView:
         """The view bound to ``scope``.
+
+        Raises:
+            FailedPreconditionError: the catalog has no binding or view for ``scope``.
+            UnavailableError: the catalog cannot be reached.
+        """
+        ...
+
+    async def bound_view_for(self, scope: TrustedRuntimeWorkScope) -> BoundRecordView:
+        """The view bound to ``scope`` with its binding and trigger subscriptions.
 
         Raises:
             FailedPreconditionError: the catalog has no binding or view for ``scope``.
@@ -247,8 +325,11 @@ class CatalogRecordViews:
         self._max = max_cached
         # Keys carry the full scope / org + installation, so no entry is ever served to
         # another tenant even if two tenants published byte-identical views.
-        self._view_digests: OrderedDict[TrustedRuntimeWorkScope, str] = OrderedDict()
-        self._views: OrderedDict[tuple[str, str, str], RecordView] = OrderedDict()
+        self._bindings: OrderedDict[TrustedRuntimeWorkScope, RuntimeWorkBindingRef] = OrderedDict()
+        self._views: OrderedDict[
+            tuple[str, str, str],
+            tuple[RecordView, MetadataViewInput | None, frozenset[tuple[str, str]]],
+        ] = OrderedDict()
 
     @property
     def cached_views(self) -> int:
@@ -262,9 +343,12 @@ class CatalogRecordViews:
             cache.popitem(last=False)
 
     async def view_for(self, scope: TrustedRuntimeWorkScope) -> RecordView:
+        return (await self.bound_view_for(scope)).records
+
+    async def bound_view_for(self, scope: TrustedRuntimeWorkScope) -> BoundRecordView:
         md = bearer_metadata(self._credentials(scope))
-        digest = self._view_digests.get(scope)
-        if digest is None:
+        binding = self._bindings.get(scope)
+        if binding is None:
             try:
                 resp = await self._stub.GetWorkBinding(
                     catalog_v1.GetWorkBindingRequest(scope=_scope_proto(scope)),
@@ -273,13 +357,18 @@ class CatalogRecordViews:
                 )
             except grpc.aio.AioRpcError as exc:
                 raise _catalog_failure(exc, "work binding") from exc
-            digest = str(resp.work_binding.binding.runtime_metadata_view_digest)
-            self._remember(self._view_digests, scope, digest)
+            # Keyed by the trusted scope's digest, as activation binds plans
+            # (runtime_svc.catalog_client.GrpcCatalogClient.load_snapshot).
+            binding = _binding_ref_from_proto(
+                resp.work_binding.binding, scope.runtime_work_binding_digest
+            )
+            self._remember(self._bindings, scope, binding)
+        digest = binding.metadata_view_digest
         key = (scope.org_id, scope.app_installation_id, digest)
-        view = self._views.get(key)
-        if view is not None:
+        cached = self._views.get(key)
+        if cached is not None:
             self._views.move_to_end(key)
-            return view
+            return BoundRecordView(cached[0], RequestBoundView(binding, cached[1]), cached[2])
         try:
             resp = await self._stub.GetMetadataView(
                 catalog_v1.GetMetadataViewRequest(
@@ -298,8 +387,10 @@ class CatalogRecordViews:
                 "the catalog returned a metadata view under another digest",
                 reason="metadata_view_digest_mismatch",
             )
-        self._remember(self._views, key, view)
-        return view
+        admission = _admission_view_from_proto(resp.view)
+        pairs = _after_save_pairs(resp.view)
+        self._remember(self._views, key, (view, admission, pairs))
+        return BoundRecordView(view, RequestBoundView(binding, admission), pairs)
 
 
 # --- proto mapping -----------------------------------------------------------------------------
@@ -366,29 +457,87 @@ def _require(value: str, field_path: str) -> str:
     return value
 
 
-class RecordServicer(runtime_v1.RecordServiceServicer):
-    """Create, update, soft-delete and read business records (issue 5, deliverable 1).
+@dataclass(frozen=True)
+class _WriteContext:
+    org: str
+    scope: TrustedRuntimeWorkScope
+    bound: BoundRecordView
+    actor: Actor
 
-    ``triggered_flow_run_ids`` of every write response is empty until after-save trigger
-    admission lands with the Flow run work.
+    @property
+    def view(self) -> RecordView:
+        return self.bound.records
+
+
+class RecordServicer(runtime_v1.RecordServiceServicer):
+    """Create, update, soft-delete and read business records (issue 5, deliverable 1),
+    starting the after-save Flow runs a write's request-bound view subscribes
+    (deliverable 7).
+
+    Args:
+        engine: the record engine.
+        views: the metadata-view source.
+        db: the runtime database (after-save admission reads activations from it).
+        runs: the one run-state store the servicer accepts after-save runs through.
     """
 
-    def __init__(self, engine: RecordEngine, views: RecordViewSource) -> None:
+    def __init__(
+        self,
+        engine: RecordEngine,
+        views: RecordViewSource,
+        db: AsyncEngine,
+        runs: FlowRunStateStore | None = None,
+    ) -> None:
         self._engine = engine
         self._views = views
+        self._db = db
+        self._runs = runs or FlowRunStateStore(db)
 
-    async def _context(self) -> tuple[str, RecordView, Actor]:
+    async def _context(self) -> _WriteContext:
         identity = current_identity()
         scope = identity.require_work_scope()
-        view = await self._views.view_for(scope)
-        return identity.org_id, view, Actor("workload", identity.subject)
+        bound = await self._views.bound_view_for(scope)
+        return _WriteContext(identity.org_id, scope, bound, Actor("workload", identity.subject))
+
+    async def _write(
+        self, ctx: _WriteContext, mutation: RecordMutation, ref: RequestRef
+    ) -> tuple[MutationResult, list[str]]:
+        """Admit after-save plans, then mutate (and accept their runs) in one transaction."""
+        event = mutation.kind.value
+        if not ctx.bound.subscribes_after_save(mutation.object_name, event):
+            # The no-Flow write path: nothing to admit, no query beyond the write itself.
+            result = await self._engine.mutate(
+                ctx.org, ctx.view, mutation, actor=ctx.actor, request=ref
+            )
+            return result, []
+        selection: TriggerSelection = await select_after_save_plans(
+            self._db, ctx.scope, mutation.object_name, event, ctx.bound.request
+        )
+        if not selection.plans:
+            result = await self._engine.mutate(
+                ctx.org, ctx.view, mutation, actor=ctx.actor, request=ref
+            )
+            return result, []
+        run_ids: list[str] = []
+
+        async def admit(conn: AsyncConnection, applied: MutationResult) -> None:
+            ids = await admit_after_save_runs_txn(
+                conn, self._runs, ctx.scope, selection, applied, event=event
+            )
+            # Replaced, not extended: a whole-transaction retry runs this again.
+            run_ids[:] = ids
+
+        result = await self._engine.mutate(
+            ctx.org, ctx.view, mutation, actor=ctx.actor, request=ref, on_applied=admit
+        )
+        return result, list(run_ids)
 
     async def CreateRecord(self, request: Any, context: Context) -> Any:
         """Validate against the scope's view and create the record at version 1."""
         ref = _request_ref("CreateRecord", request)
-        org, view, actor = await self._context()
+        ctx = await self._context()
         mutation = prepare_create(
-            view,
+            ctx.view,
             request.object_api_name,
             request.record_id,
             _fields(request),
@@ -397,32 +546,38 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
                 for p in request.parent_refs
             ],
         )
-        result = await self._engine.mutate(org, view, mutation, actor=actor, request=ref)
-        return runtime_v1.CreateRecordResponse(record=_record(result))
+        result, run_ids = await self._write(ctx, mutation, ref)
+        return runtime_v1.CreateRecordResponse(
+            record=_record(result), triggered_flow_run_ids=run_ids
+        )
 
     async def UpdateRecord(self, request: Any, context: Context) -> Any:
         """Compare-and-swap on ``expected_version``; a mismatch fails ``ABORTED``."""
         ref = _request_ref("UpdateRecord", request)
-        org, view, actor = await self._context()
+        ctx = await self._context()
         mutation = prepare_update(
-            view,
+            ctx.view,
             request.object_api_name,
             request.record_id,
             request.expected_version,
             _fields(request),
         )
-        result = await self._engine.mutate(org, view, mutation, actor=actor, request=ref)
-        return runtime_v1.UpdateRecordResponse(record=_record(result))
+        result, run_ids = await self._write(ctx, mutation, ref)
+        return runtime_v1.UpdateRecordResponse(
+            record=_record(result), triggered_flow_run_ids=run_ids
+        )
 
     async def DeleteRecord(self, request: Any, context: Context) -> Any:
         """Soft delete with compare-and-swap; the response carries ``is_deleted`` true."""
         ref = _request_ref("DeleteRecord", request)
-        org, view, actor = await self._context()
+        ctx = await self._context()
         mutation = prepare_delete(
-            view, request.object_api_name, request.record_id, request.expected_version
+            ctx.view, request.object_api_name, request.record_id, request.expected_version
         )
-        result = await self._engine.mutate(org, view, mutation, actor=actor, request=ref)
-        return runtime_v1.DeleteRecordResponse(record=_record(result))
+        result, run_ids = await self._write(ctx, mutation, ref)
+        return runtime_v1.DeleteRecordResponse(
+            record=_record(result), triggered_flow_run_ids=run_ids
+        )
 
     async def GetRecord(self, request: Any, context: Context) -> Any:
         """A live record of the caller's org; deleted or other-org records are NOT_FOUND."""
@@ -473,5 +628,5 @@ async def build_record_service(
     return ServiceRegistration(
         SERVICE_NAME,
         runtime_v1.add_RecordServiceServicer_to_server,
-        RecordServicer(RecordEngine(engine), catalog),
+        RecordServicer(RecordEngine(engine), catalog, engine),
     )

@@ -442,12 +442,21 @@ class RecordEngine:
         *,
         actor: Actor,
         request: RequestRef | None = None,
+        on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
     ) -> MutationResult:
         """Apply one validated mutation in its own transaction.
 
         The transaction: replay check (``request``) → plain read of the current row →
-        :func:`plan_mutation` → :func:`acquire_locks_txn` → :func:`apply_mutation_txn`.
-        A retry (deadlock, lock-wait timeout, re-plan) starts again from ``mutation``.
+        :func:`plan_mutation` → :func:`acquire_locks_txn` → :func:`apply_mutation_txn`
+        → ``on_applied``. A retry (deadlock, lock-wait timeout, re-plan) starts again from
+        ``mutation``.
+
+        Args:
+            on_applied: awaited inside the same transaction after the record, history,
+                event and audit rows (or, for a replayed ``request``, with the replayed
+                result), so rows it writes commit or roll back with the mutation (the
+                after-save trigger's run rows). It runs again on every whole-transaction
+                retry, so it must replace, never accumulate, anything it captures.
 
         Raises:
             NotFoundError, AlreadyExistsError, StaleVersionError, RecordValidationError:
@@ -460,6 +469,8 @@ class RecordEngine:
             if request is not None:
                 replay = await _replay_txn(conn, org_id, request)
                 if replay is not None:
+                    if on_applied is not None:
+                        await on_applied(conn, replay)
                     return replay
             current = None
             if mutation.kind is not MutationKind.CREATE:
@@ -472,9 +483,12 @@ class RecordEngine:
             locks = await acquire_locks_txn(
                 conn, org_id, view, plan, [mutation], on_locked=self._lock_hook
             )
-            return await apply_mutation_txn(
+            result = await apply_mutation_txn(
                 conn, org_id, view, mutation, locks, actor=actor, request=request
             )
+            if on_applied is not None:
+                await on_applied(conn, result)
+            return result
 
         for _ in range(self._max_replans):
             try:
