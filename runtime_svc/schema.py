@@ -274,6 +274,9 @@ flow_runs = Table(
     _code("terminal_cause_code", nullable=True),
     Column("is_deleted", Boolean, nullable=False, server_default=text("0")),
     _time("delete_requested_at", nullable=True),
+    # Audit/legal hold (§10.1 DeleteFlowInterview step 7): physical retention refuses
+    # the run while set. A retention fact, not a visibility field; revision 0006.
+    Column("legal_hold", Boolean, nullable=False, server_default=text("0")),
     _time("started_at", nullable=True),
     _time("completed_at", nullable=True),
     # StartRun dedupe: same key + same request digest -> same run; different digest ->
