@@ -137,6 +137,10 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     "FLOW_RUNTIME_MAX_ATTEMPTS": ("5", "runtime: attempts per step before terminal failure"),
     "FLOW_RUNTIME_IDLE_MS": ("500", "runtime: longest idle backoff of a worker with no work"),
     "FLOW_RUNTIME_SWEEP_MS": ("1000", "runtime: sweep interval"),
+    "FLOW_RUNTIME_RETENTION_DAYS": (
+        "30",
+        "runtime: terminal runs older than this are physically purged (Flow lineage only)",
+    ),
     "FLOW_RUNTIME_VIEW_FILE": (
         "",
         "tests/dev only: a metadata-view JSON used for every scope instead of the catalog",

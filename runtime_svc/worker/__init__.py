@@ -15,17 +15,21 @@ from runtime_svc.worker.executor import (
 )
 from runtime_svc.worker.loop import Outcome, PhaseHook, StepWorker, Sweeper, orgs_with_work
 from runtime_svc.worker.settings import WorkerSettings
+from runtime_svc.worker.snapshots import SNAPSHOT_CHANGED, ReadToken, SnapshotChangedError
 from runtime_svc.worker.views import FixedViews, RecordViewSource
 
 __all__ = [
     "RUN_OUTPUT_KEY",
+    "SNAPSHOT_CHANGED",
     "Background",
     "FixedViews",
     "IdleBackoff",
     "MutationIntent",
     "Outcome",
     "PhaseHook",
+    "ReadToken",
     "RecordViewSource",
+    "SnapshotChangedError",
     "StepFault",
     "StepOutcome",
     "StepWorker",

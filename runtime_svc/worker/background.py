@@ -16,10 +16,12 @@ import random
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.kernel import FlowRunStateStore
+from runtime_svc.kernel.store_retention import RetentionSweep
 from runtime_svc.records import RecordView
 from runtime_svc.worker.loop import Outcome, StepWorker, Sweeper
 from runtime_svc.worker.settings import WorkerSettings
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 _MIN_IDLE_S = 0.01
 _STOP_GRACE_S = 10.0
+#: Retention is a slow background duty: one bounded pass every five minutes.
+_RETENTION_INTERVAL_S = 300.0
 
 
 class IdleBackoff:
@@ -153,5 +157,12 @@ async def start_background(
             return False  # sweeps always wait their interval
 
         bg.spawn("flow-sweeps", sweep, s.sweep_ms / 1000)
+        retention = RetentionSweep(engine, retention=timedelta(days=s.retention_days))
+
+        async def purge() -> bool:
+            await retention.sweep_once()
+            return False
+
+        bg.spawn("flow-retention", purge, _RETENTION_INTERVAL_S)
     log.info("runtime background: %d worker(s), sweeps=%s", s.workers, s.sweeps)
     return bg

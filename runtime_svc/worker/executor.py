@@ -374,9 +374,13 @@ async def apply_intents_txn(
     actor: Actor,
     lineage: Lineage,
     on_locked: LockHook | None = None,
+    before_writes: Callable[[], Awaitable[None]] | None = None,
 ) -> list[MutationResult]:
     """Validate, lock (one canonical-order acquisition) and apply ``intents`` inside the
     caller's transaction, before the caller enters the Flow lifecycle at the root.
+
+    ``before_writes`` runs once all business locks are held and before the first write
+    (snapshot-token verification, §12.2 step 6); raising there rolls everything back.
 
     Raises:
         StepFault: a referenced record is missing, or a mutation is invalid.
@@ -402,6 +406,10 @@ async def apply_intents_txn(
                         view, intent.object_name, intent.record_id, current.version
                     )
         except NotFoundError as exc:
+            if before_writes is not None:
+                # A verified snapshot record that vanished is a changed snapshot, not
+                # bad data: let verification classify it (the step rolls back either way).
+                await before_writes()
             raise StepFault("record_not_found", str(exc)) from exc
         except RecordValidationError as exc:
             raise StepFault("record_invalid", str(exc)) from exc
@@ -410,6 +418,8 @@ async def apply_intents_txn(
         plan = one if plan is None else plan.union(one)
     assert plan is not None
     locks = await acquire_locks_txn(conn, org_id, view, plan, mutations, on_locked=on_locked)
+    if before_writes is not None:
+        await before_writes()
     return [
         await apply_mutation_txn(conn, org_id, view, m, locks, actor=actor, lineage=lineage)
         for m in mutations

@@ -3,11 +3,19 @@
 One step, end to end (:meth:`StepWorker.process`)::
 
     claim ─► crash_point(after_claim) ─► mark_running ─► crash_point(after_running)
-      ─► load plan, step, input checkpoint ─► interpret (PureCompute: no transaction)
+      ─► [heartbeat task: extend_lease every lease/3 (§12.3)]
+           load plan, step, input checkpoint (+ ReadVerificationSet)
+           ─► interpret (PureCompute: no transaction)
+         [heartbeat stopped; a heartbeat that lost the fence abandons the step here]
       ─► ONE business transaction: current reads → business locks (canonical order)
+           → snapshot-token verification under lock (§12.2 step 6, see ``snapshots``)
            → record writes + history/event/audit → commit_step_txn (root/step/attempt
-           fence, output checkpoint, root advance) → crash_point(before_step_commit)
+           fence, output checkpoint + ReadVerificationSet, root advance)
+           → crash_point(before_step_commit)
       ─► COMMIT ─► crash_point(after_step_commit, step_key) ─► acknowledged
+
+The heartbeat covers only the phases outside the business transaction: the mutation
+transaction never depends on it (§12.3), and the step budget is admitted below the lease.
 
 Failures (ARCHITECTURE §2, spec §13.4): a deadlock/lock-wait/late discovery is a proven
 rollback → :meth:`FlowRunStateStore.record_rollback` (durable jittered backoff from the
@@ -23,10 +31,11 @@ bounded ``eligible_work``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -34,7 +43,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from runtime_svc.compiler import ExecutionPlan, PlanStep
+from runtime_svc.compiler import ExecutionPlan, PlanStep, StepKind
 from runtime_svc.definitions.repository import get_plan_txn
 from runtime_svc.kernel import (
     AttemptOutcome,
@@ -61,7 +70,7 @@ from runtime_svc.records import Actor, Lineage, RecordView
 from runtime_svc.records.model import RecordState
 from runtime_svc.records.store import read_record_txn
 from runtime_svc.resources import LateResourceDiscoveryError
-from runtime_svc.schema import flow_runs, flow_step_executions
+from runtime_svc.schema import flow_checkpoints, flow_runs, flow_step_executions
 from runtime_svc.worker.executor import (
     RUN_OUTPUT_KEY,
     StepFault,
@@ -69,6 +78,14 @@ from runtime_svc.worker.executor import (
     apply_intents_txn,
     interpret,
     needs_transaction,
+)
+from runtime_svc.worker.snapshots import (
+    ReadToken,
+    merge_tokens,
+    parse_set,
+    refresh_tokens,
+    tokens_for,
+    verify_tokens_txn,
 )
 from runtime_svc.worker.views import RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
@@ -102,9 +119,11 @@ _ACTIVE_CODES = (
     RunState.CANCEL_REQUESTED.code,
 )
 
-#: Test seam: awaited at named phases (``"executed"`` after interpretation, before the
-#: business transaction; ``"in_txn"`` inside it, after the business writes and before the
-#: lifecycle commit). ``None`` in production.
+#: Test seam: awaited at named phases (``"compute"`` during pure compute, before the
+#: step's nodes are interpreted, while the heartbeat runs; ``"heartbeat"`` after each
+#: successful periodic lease extension, with the extended fence; ``"executed"`` after
+#: interpretation, before the business transaction; ``"in_txn"`` inside it, after the
+#: business writes and before the lifecycle commit). ``None`` in production.
 PhaseHook = Callable[[str, LeaseFence, AsyncConnection | None], Awaitable[None]]
 
 
@@ -155,6 +174,8 @@ class StepWorker:
         queue_classes: queue classes served.
         batch_size: candidates per ``eligible_work`` call.
         hook: test seam (:data:`PhaseHook`).
+        heartbeat: run the periodic lease heartbeat (§12.3); ``False`` is a test seam.
+        heartbeat_interval_s: heartbeat period; default one third of the policy lease.
     """
 
     def __init__(
@@ -167,6 +188,8 @@ class StepWorker:
         queue_classes: tuple[str, ...] = DEFAULT_QUEUE_CLASSES,
         batch_size: int = 20,
         hook: PhaseHook | None = None,
+        heartbeat: bool = True,
+        heartbeat_interval_s: float | None = None,
     ) -> None:
         self._engine = engine
         self.store = store
@@ -175,6 +198,12 @@ class StepWorker:
         self._queues = queue_classes
         self._batch = batch_size
         self._hook = hook
+        self._heartbeat = heartbeat
+        self._beat_s = (
+            heartbeat_interval_s
+            if heartbeat_interval_s is not None
+            else store.policy.lease_duration_ms / 3000
+        )
         self._plans: OrderedDict[tuple[str, str], tuple[TrustedRuntimeWorkScope, ExecutionPlan]]
         self._plans = OrderedDict()
 
@@ -214,57 +243,139 @@ class StepWorker:
 
     async def _execute(self, org_id: str, fence: LeaseFence) -> Outcome:
         try:
+            # Everything before the business transaction runs under the periodic
+            # heartbeat (§12.3); a heartbeat that loses the fence raises FenceLostError
+            # here and the step is abandoned without any commit.
+            prepared = await self._with_heartbeat(org_id, fence, self._prepare(org_id, fence))
+        except _Abort as abort:
+            if abort.retry:
+                return await self._retry(org_id, fence, abort.code)
+            return await self._fail(org_id, fence, abort.code)
+        if self._hook is not None:
+            await self._hook("executed", fence, None)
+        return await self._commit(org_id, fence, prepared)
+
+    async def _prepare(self, org_id: str, fence: LeaseFence) -> _Prepared:
+        """Load plan, step and input checkpoint; interpret a pure step (no transaction,
+        no connection held, §12.2 step 4).
+
+        Raises:
+            _Abort: a classified failure, recorded after the heartbeat stopped.
+        """
+        try:
             run = await self.store.get_run(org_id, fence.flow_run_id)
             step_row = await self._step_row(org_id, fence.step_execution_id)
             scope, plan = await self._plan(org_id, run.plan_id)
             step = plan.step(step_row.plan_step_key)
         except (NotFoundError, KeyError):
             # Deleted meanwhile (the fence will fail too) or a plan that lost its step.
-            return await self._fail(org_id, fence, "plan_step_missing")
+            raise _Abort("plan_step_missing") from None
         if fence.input_checkpoint_id is None:
-            return await self._fail(org_id, fence, "input_checkpoint_missing")
+            raise _Abort("input_checkpoint_missing")
         checkpoint = await self.store.get_checkpoint(
             org_id, fence.flow_run_id, fence.input_checkpoint_id
         )
+        snapshots = parse_set(
+            await self._read_verification_set(org_id, fence.flow_run_id, fence.input_checkpoint_id)
+        )
         context: dict[str, Any] = json.loads(checkpoint.context_json) or {}
-        in_txn = needs_transaction(step)
         outcome: StepOutcome | None = None
         view: RecordView | None = None
-        try:
-            if in_txn:
-                try:
-                    view = await self._views.view_for(scope)
-                except FlowError:
-                    log.warning("no record view for %s; retrying later", org_id, exc_info=True)
-                    return await self._retry(org_id, fence, "metadata_view_unavailable")
-            else:
-                # Pure compute: no transaction, no connection held (§12.2 step 4).
+        if needs_transaction(step):
+            try:
+                view = await self._views.view_for(scope)
+            except FlowError:
+                log.warning("no record view for %s; retrying later", org_id, exc_info=True)
+                raise _Abort("metadata_view_unavailable", retry=True) from None
+        else:
+            if self._hook is not None:
+                await self._hook("compute", fence, None)
+            try:
                 outcome = await interpret(plan, step, context)
-                fence = await self._heartbeat_if_due(org_id, fence)
-        except StepFault as fault:
-            return await self._fail(org_id, fence, fault.code)
-        if self._hook is not None:
-            await self._hook("executed", fence, None)
-        return await self._commit(org_id, fence, plan, step, context, outcome, view)
+            except StepFault as fault:
+                raise _Abort(fault.code) from None
+        return _Prepared(plan, step, context, snapshots, outcome, view)
 
-    async def _commit(
-        self,
-        org_id: str,
-        fence: LeaseFence,
-        plan: ExecutionPlan,
-        step: PlanStep,
-        context: dict[str, Any],
-        outcome: StepOutcome | None,
-        view: RecordView | None,
-    ) -> Outcome:
+    async def _with_heartbeat(
+        self, org_id: str, fence: LeaseFence, work: Coroutine[Any, Any, _Prepared]
+    ) -> _Prepared:
+        """Run ``work`` while a concurrent task extends the lease every heartbeat period.
+
+        The heartbeat is stopped (never cancelled mid-transaction) once ``work`` ends. A
+        transient heartbeat error is logged and retried next period (the commit does not
+        depend on it); a lost fence cancels ``work`` and raises.
+
+        Raises:
+            FenceLostError: the heartbeat found the lease expired or fenced.
+        """
+        if not self._heartbeat:
+            return await work
+        stop = asyncio.Event()
+        lost: list[FenceLostError] = []
+
+        async def beat() -> None:
+            current = fence
+            while True:
+                try:
+                    await asyncio.wait_for(stop.wait(), self._beat_s)
+                    return
+                except TimeoutError:
+                    pass
+                try:
+                    current = await self.store.extend_lease(org_id, current)
+                    if self._hook is not None:
+                        await self._hook("heartbeat", current, None)
+                except FenceLostError as exc:
+                    lost.append(exc)
+                    return
+                except Exception:
+                    log.warning("heartbeat of %s failed", fence.step_execution_id, exc_info=True)
+
+        task = asyncio.ensure_future(work)
+        beater = asyncio.ensure_future(beat())
+        try:
+            await asyncio.wait({task, beater}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.set()
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, beater, return_exceptions=True)
+        if lost:
+            log.info("heartbeat lost the fence of %s; abandoning", fence.step_execution_id)
+            raise lost[0]
+        return task.result()
+
+    async def _read_verification_set(
+        self, org_id: str, flow_run_id: str, checkpoint_id: str
+    ) -> Any:
+        c = flow_checkpoints.c
+        stmt = select(c.read_verification_set).where(
+            c.org_id == org_id, c.flow_run_id == flow_run_id, c.checkpoint_id == checkpoint_id
+        )
+        async with transaction(self._engine, readonly=True) as conn:
+            raw = (await conn.execute(stmt)).scalar_one_or_none()
+        if isinstance(raw, str | bytes):
+            return json.loads(raw)
+        return raw
+
+    async def _commit(self, org_id: str, fence: LeaseFence, prepared: _Prepared) -> Outcome:
+        plan, step, context = prepared.plan, prepared.step, prepared.context
+        outcome, view, snapshots = prepared.outcome, prepared.view, prepared.snapshots
         key = step.key
         try:
             async with transaction(self._engine) as conn:
+                read: list[ReadToken] = []
                 if outcome is None:
-                    outcome = await interpret(plan, step, context, reader=_reader(conn, org_id))
+                    outcome = await interpret(
+                        plan, step, context, reader=_reader(conn, org_id, read)
+                    )
+                verify = _verifier(conn, org_id, tokens_for(snapshots, step.verifies))
+                results = []
                 if outcome.intents:
                     assert view is not None
-                    await apply_intents_txn(
+                    # §12.2 steps 6-7: snapshot tokens are re-read under lock once the
+                    # declared business locks are held, before any write or lifecycle lock.
+                    results = await apply_intents_txn(
                         conn,
                         org_id,
                         view,
@@ -273,11 +384,26 @@ class StepWorker:
                         lineage=Lineage(
                             fence.flow_run_id, fence.step_execution_id, fence.attempt_id
                         ),
+                        before_writes=verify,
                     )
+                elif verify is not None:
+                    await verify()
+                if step.kind is StepKind.VERIFIED_SNAPSHOT_READ:
+                    verification = merge_tokens(snapshots, step.key, read)
+                else:
+                    written = {
+                        (r.record.object_name, r.record.record_id): r.record.version
+                        for r in results
+                    }
+                    verification = refresh_tokens(snapshots, written)
                 if self._hook is not None:
                     await self._hook("in_txn", fence, conn)
                 await self.store.commit_step_txn(
-                    conn, org_id, fence, output=_output(outcome), advance=outcome.advance
+                    conn,
+                    org_id,
+                    fence,
+                    output=_output(outcome, verification),
+                    advance=outcome.advance,
                 )
                 crash_point(CrashPoint.BEFORE_STEP_COMMIT, key)
             raise_connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, key)
@@ -345,15 +471,6 @@ class StepWorker:
 
     # --- helpers -------------------------------------------------------------------------
 
-    async def _heartbeat_if_due(self, org_id: str, fence: LeaseFence) -> LeaseFence:
-        """Extend the lease when less than half of it is left (long pure compute)."""
-        async with transaction(self._engine, readonly=True) as conn:
-            now = await self.store._clock(conn)  # the store's (shiftable) durable clock
-        remaining = (fence.lease_until - now).total_seconds() * 1000
-        if remaining < self.store.policy.lease_duration_ms / 2:
-            return await self.store.extend_lease(org_id, fence)
-        return fence
-
     async def _step_row(self, org_id: str, step_execution_id: str) -> _StepRow:
         s = flow_step_executions.c
         stmt = select(s.plan_step_key, s.step_kind).where(
@@ -384,16 +501,54 @@ class StepWorker:
         return value
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A step ready for its business transaction (``outcome`` set for pure steps)."""
+
+    plan: ExecutionPlan
+    step: PlanStep
+    context: dict[str, Any]
+    snapshots: Mapping[str, Sequence[ReadToken]]
+    outcome: StepOutcome | None
+    view: RecordView | None
+
+
+class _Abort(Exception):
+    """A classified failure found before the business transaction."""
+
+    def __init__(self, code: str, *, retry: bool = False) -> None:
+        super().__init__(code)
+        self.code = code
+        self.retry = retry
+
+
 def _reader(
-    conn: AsyncConnection, org_id: str
+    conn: AsyncConnection, org_id: str, tokens: list[ReadToken]
 ) -> Callable[[str, str], Awaitable[RecordState | None]]:
+    """A current read inside the step transaction that also records the version it
+    observed (kept as verification tokens only by a ``VerifiedSnapshotRead`` step)."""
+
     async def read(object_name: str, record_id: str) -> RecordState | None:
-        return await read_record_txn(conn, org_id, object_name, record_id)
+        state = await read_record_txn(conn, org_id, object_name, record_id)
+        tokens.append(ReadToken(object_name, record_id, None if state is None else state.version))
+        return state
 
     return read
 
 
-def _output(outcome: StepOutcome) -> CheckpointInput:
+def _verifier(
+    conn: AsyncConnection, org_id: str, tokens: Sequence[ReadToken]
+) -> Callable[[], Awaitable[None]] | None:
+    if not tokens:
+        return None
+
+    async def verify() -> None:
+        await verify_tokens_txn(conn, org_id, tokens)
+
+    return verify
+
+
+def _output(outcome: StepOutcome, verification: Any = None) -> CheckpointInput:
     context = dict(outcome.context)
     advance = outcome.advance
     cursor = {"next_step": advance.plan_step_key} if isinstance(advance, NextStep) else {}
@@ -402,7 +557,7 @@ def _output(outcome: StepOutcome) -> CheckpointInput:
         context[RUN_OUTPUT_KEY] = {
             k: v for k, v in outcome.context.items() if not k.startswith("$")
         }
-    return CheckpointInput(context=context, plan_cursor=cursor)
+    return CheckpointInput(context=context, plan_cursor=cursor, read_verification_set=verification)
 
 
 class Sweeper:

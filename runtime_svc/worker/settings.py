@@ -14,6 +14,8 @@ variable                           default    meaning
 ``FLOW_RUNTIME_MAX_ATTEMPTS``      ``5``      attempts per step
 ``FLOW_RUNTIME_IDLE_MS``           ``500``    max idle backoff of a worker with no work
 ``FLOW_RUNTIME_SWEEP_MS``          ``1000``   sweep interval
+``FLOW_RUNTIME_RETENTION_DAYS``    ``30``     terminal runs older than this are purged
+                                              (lineage rows only; records/audit stay)
 ``FLOW_RUNTIME_VIEW_FILE``         (none)     test/dev only: a MetadataViewInput JSON used
                                               as every scope's record view
 =================================  =========  ==============================================
@@ -68,6 +70,7 @@ class WorkerSettings:
     sweep_ms: int = 1_000
     batch_size: int = 20
     view_file: str | None = None
+    retention_days: int = 30
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -88,6 +91,7 @@ class WorkerSettings:
             idle_ms=_int(e, "FLOW_RUNTIME_IDLE_MS", 500, 1),
             sweep_ms=_int(e, "FLOW_RUNTIME_SWEEP_MS", 1_000, 1),
             view_file=e.get("FLOW_RUNTIME_VIEW_FILE") or None,
+            retention_days=_int(e, "FLOW_RUNTIME_RETENTION_DAYS", 30, 1),
         )
 
     def retry_policy(self) -> RetryPolicy:

@@ -143,7 +143,7 @@ class Seeded:
         return self.scope.org_id
 
 
-def _compile(org_id: str, mutations: int, pure_step: bool) -> ExecutionPlan:
+def _compile(org_id: str, source: dict[str, Any]) -> ExecutionPlan:
     doc = merge_patch(
         inputs_doc(),
         {
@@ -153,16 +153,23 @@ def _compile(org_id: str, mutations: int, pure_step: bool) -> ExecutionPlan:
             "policy": {"version": 9, "bounded_atomic": {"max_writes": 0}},
         },
     )
-    return compile_plan(flow_source(mutations, pure_step=pure_step), CompilerInputs.from_dict(doc))
+    return compile_plan(source, CompilerInputs.from_dict(doc))
 
 
 async def seed(
-    engine: AsyncEngine, org_id: str | None = None, *, mutations: int = 3, pure_step: bool = True
+    engine: AsyncEngine,
+    org_id: str | None = None,
+    *,
+    mutations: int = 3,
+    pure_step: bool = True,
+    source: dict[str, Any] | None = None,
 ) -> Seeded:
-    """Compile the worker Flow for a new org and store version + plan through the
-    definitions repository."""
+    """Compile the worker Flow (or ``source``) for a new org and store version + plan
+    through the definitions repository."""
     org = org_id or new_org()
-    plan = _compile(org, mutations, pure_step)
+    if source is None:
+        source = flow_source(mutations, pure_step=pure_step)
+    plan = _compile(org, source)
     b = plan.binding
     scope = TrustedRuntimeWorkScope(
         org_id=b.org_id,
@@ -180,7 +187,7 @@ async def seed(
                 flow_version_id=version_id,
                 flow_api_name=plan.flow.api_name,
                 version_number=1,
-                source_json=json.dumps(flow_source(mutations, pure_step=pure_step)),
+                source_json=json.dumps(source),
                 metadata_digest=plan.flow.metadata_digest,
                 label="worker",
                 created_at=now,
