@@ -1,14 +1,18 @@
 """Seeded, bounded soak of the WORKER (the kernel soak in
 ``tests/integration/kernel/test_kernel_soak.py`` drives the store directly; this one runs
 real ``StepWorker`` s and ``Sweeper`` s over compiled plans): N concurrent workers,
-injected lease expiries (clock jumps + recovery while a step is executing) and
-cancellations, then an invariant checker over the database."""
+injected lease expiries (clock jumps + recovery while a step is executing), worker kills
+(a worker dies mid-step, inside or before its business transaction, and never comes back
+to that step: only lease recovery can move it on) and cancellations, over hundreds of
+runs, then an invariant checker over the database. SIGKILLs of real processes are proven
+in ``tests/crash``."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections import Counter
+from collections.abc import Awaitable
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -22,9 +26,9 @@ from tests.integration.kernel.helpers import rows
 from tests.integration.worker.support import TERMINAL, make_worker, seed, start_run
 
 SEED = 20261129
-RUNS = 30
+RUNS = 200
 WORKERS = 4
-ROUNDS = 60
+ROUNDS = 200
 _TERMINAL_OUTCOMES = frozenset(
     {
         "Committed",
@@ -39,6 +43,11 @@ _TERMINAL_OUTCOMES = frozenset(
 )
 
 
+class SimulatedKill(BaseException):
+    """A worker dying mid-step: not an ``Exception``, so no handler in the worker sees it
+    (its open transaction rolls back the way a lost connection's would)."""
+
+
 async def _snapshot_terminal(
     engine: AsyncEngine, org: str, seen: dict[str, tuple[Any, ...]]
 ) -> None:
@@ -48,6 +57,14 @@ async def _snapshot_terminal(
             now = (a["transaction_outcome"], a["attempt_state_version"], a["finished_at"])
             before = seen.setdefault(a["attempt_id"], now)
             assert before == now, f"terminal attempt {a['attempt_id']} rewritten: {before} -> {now}"
+
+
+async def _survive(batch: Awaitable[list[Outcome]]) -> list[Outcome]:
+    """A killed worker's batch ends where it died; the worker is replaced next round."""
+    try:
+        return await batch
+    except SimulatedKill:
+        return []
 
 
 async def test_worker_soak_keeps_exactly_once_and_state_invariants(
@@ -62,9 +79,15 @@ async def test_worker_soak_keeps_exactly_once_and_state_invariants(
     injected = Counter[str]()
 
     async def chaos(at: str, fence: LeaseFence, conn: AsyncConnection | None) -> None:
+        if at == "in_txn" and rng.random() < 0.03:
+            injected["kill_in_txn"] += 1
+            raise SimulatedKill
         if at != "executed":
             return
         roll = rng.random()
+        if roll >= 0.97:
+            injected["kill_before_txn"] += 1
+            raise SimulatedKill
         if roll < 0.04:
             injected["lease_expiry"] += 1
             clock.advance(seconds=store.policy.lease_duration_ms / 1000 + 1)
@@ -80,7 +103,7 @@ async def test_worker_soak_keeps_exactly_once_and_state_invariants(
     seen: dict[str, tuple[Any, ...]] = {}
     totals = Counter[Outcome]()
     for _ in range(ROUNDS):
-        results = await asyncio.gather(*(w.run_batch(org) for w in workers))
+        results = await asyncio.gather(*(_survive(w.run_batch(org)) for w in workers))
         for r in results:
             totals.update(r)
         await sweeper.sweep_org(org)
@@ -98,6 +121,7 @@ async def test_worker_soak_keeps_exactly_once_and_state_invariants(
 
     assert totals[Outcome.COMMITTED] > RUNS * 3, totals
     assert injected["lease_expiry"] > 0 and injected["cancel"] > 0, injected
+    assert injected["kill_in_txn"] > 0 and injected["kill_before_txn"] > 0, injected
     assert totals[Outcome.FENCE_LOST] > 0, totals
     runs = {r["flow_run_id"]: r for r in await rows(engine, flow_runs, org_id=org)}
     steps = {
