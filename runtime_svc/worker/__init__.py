@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from runtime_svc.worker.background import Background, IdleBackoff, start_background
 from runtime_svc.worker.executor import (
+    RESOURCE_BOUND_EXCEEDED,
     RUN_OUTPUT_KEY,
     MutationIntent,
+    ResourceBoundExceeded,
     StepFault,
     StepOutcome,
     apply_intents_txn,
+    check_resource_bounds,
     interpret,
     needs_transaction,
 )
@@ -19,6 +22,7 @@ from runtime_svc.worker.snapshots import SNAPSHOT_CHANGED, ReadToken, SnapshotCh
 from runtime_svc.worker.views import FixedViews, RecordViewSource
 
 __all__ = [
+    "RESOURCE_BOUND_EXCEEDED",
     "RUN_OUTPUT_KEY",
     "SNAPSHOT_CHANGED",
     "Background",
@@ -29,6 +33,7 @@ __all__ = [
     "PhaseHook",
     "ReadToken",
     "RecordViewSource",
+    "ResourceBoundExceeded",
     "SnapshotChangedError",
     "StepFault",
     "StepOutcome",
@@ -36,6 +41,7 @@ __all__ = [
     "Sweeper",
     "WorkerSettings",
     "apply_intents_txn",
+    "check_resource_bounds",
     "interpret",
     "needs_transaction",
     "orgs_with_work",

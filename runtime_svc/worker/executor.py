@@ -11,9 +11,12 @@ writes:
 * :func:`apply_intents_txn` — turns the intents into validated record mutations, plans
   their locks as one union, takes them once in canonical order
   (:func:`runtime_svc.records.acquire_locks_txn`) and applies them through the record
-  engine's composable ``_txn`` functions. Late resource discovery raises and rolls the
-  whole step back (the worker records a retryable rollback: the retry starts again from the
-  same input checkpoint).
+  engine's composable ``_txn`` functions. Before the first lock the actual resource set is
+  checked against the plan step's declared resources (:func:`check_resource_bounds`): an
+  undeclared class/object or a count above its bound is a terminal
+  :class:`ResourceBoundExceeded`. Late resource discovery within the bound raises and rolls
+  the whole step back (the worker records a retryable rollback: the retry starts again
+  from the same input checkpoint with the expanded plan).
 
 Limitations (documented, fail closed): a ``GetRecords`` in the same step after a mutation
 does not see that mutation; ``GetRecords`` supports ``Id =`` filters only; external-effect
@@ -42,6 +45,7 @@ from runtime_svc.compiler import (
 )
 from runtime_svc.compiler.expressions import ExpressionError
 from runtime_svc.compiler.kinds import TerminalOutcome
+from runtime_svc.compiler.plan import ResourceDecl
 from runtime_svc.kernel.decisions import Advance, FailRun, FinishRun, NextStep
 from runtime_svc.records import (
     Actor,
@@ -61,20 +65,29 @@ from runtime_svc.records import (
 )
 from runtime_svc.records.engine import LockHook
 from runtime_svc.records.model import RecordState
-from runtime_svc.resources import LockPlan
+from runtime_svc.resources import (
+    LateResourceDiscoveryError,
+    LockPlan,
+    LockRole,
+    ResourceClass,
+    ResourceKey,
+)
 from services.errors import NotFoundError
 
 __all__ = [
     "LOOPS_KEY",
     "MAX_LOOP_ITERATIONS",
+    "RESOURCE_BOUND_EXCEEDED",
     "RUN_OUTPUT_KEY",
     "SUPPORTED_STEP_KINDS",
     "VISITS_KEY",
     "MutationIntent",
     "RecordReader",
+    "ResourceBoundExceeded",
     "StepFault",
     "StepOutcome",
     "apply_intents_txn",
+    "check_resource_bounds",
     "interpret",
     "needs_transaction",
     "to_json_value",
@@ -101,6 +114,9 @@ RUN_OUTPUT_KEY = "$output"
 LOOPS_KEY = "$loops"
 #: Context key of step invocation counters (plan step key -> invocations created).
 VISITS_KEY = "$visits"
+
+#: Safe code of a step whose actual resource set leaves its declared classes or bounds.
+RESOURCE_BOUND_EXCEEDED = "resource_bound_exceeded"
 
 #: ``GetRecords`` current read: ``(object, record id) -> record or None``.
 RecordReader = Callable[[str, str], Awaitable[RecordState | None]]
@@ -305,13 +321,21 @@ async def _run_element(
         ref = element.get("record")
         if not ref:
             raise StepFault("unsupported_element", f"{kind} without a record variable")
-        rid = _record_id(_eval(ref, env), str(ref))
+        target = _eval(ref, env)
+        if isinstance(target, list | tuple):
+            # A collection variable: one mutation per distinct record (the compiler
+            # declares the collection's ``max_items`` as the step's resource bound).
+            if len(target) > MAX_LOOP_ITERATIONS:
+                raise StepFault("loop_bound_exceeded", str(ref))
+            rids = list(dict.fromkeys(_record_id(item, str(ref)) for item in target))
+        else:
+            rids = [_record_id(target, str(ref))]
         obj = str(element["object"])
         if kind == "UpdateRecord":
             values = {k: to_json_value(_eval(v, env)) for k, v in element.get("fields", {}).items()}
-            intents.append(MutationIntent("update", obj, rid, values))
+            intents.extend(MutationIntent("update", obj, rid, values) for rid in rids)
         else:
-            intents.append(MutationIntent("delete", obj, rid))
+            intents.extend(MutationIntent("delete", obj, rid) for rid in rids)
         return "next", nxt
     if kind == "GetRecords":
         return await _get_records(element, env, reader), nxt
@@ -375,6 +399,7 @@ async def apply_intents_txn(
     lineage: Lineage,
     on_locked: LockHook | None = None,
     before_writes: Callable[[], Awaitable[None]] | None = None,
+    declared: Sequence[ResourceDecl] | None = None,
 ) -> list[MutationResult]:
     """Validate, lock (one canonical-order acquisition) and apply ``intents`` inside the
     caller's transaction, before the caller enters the Flow lifecycle at the root.
@@ -382,9 +407,16 @@ async def apply_intents_txn(
     ``before_writes`` runs once all business locks are held and before the first write
     (snapshot-token verification, §12.2 step 6); raising there rolls everything back.
 
+    ``declared`` (the plan step's resource declarations) bounds the actual resource set:
+    it is checked before the first business lock, and a late discovery is re-checked with
+    the discovered key added (§13.3).
+
     Raises:
         StepFault: a referenced record is missing, or a mutation is invalid.
-        LateResourceDiscoveryError: a resource outside the admitted lock plan.
+        ResourceBoundExceeded: the resource set (or its expansion by a late discovery)
+            leaves the declared classes or bounds (a terminal ``StepFault``).
+        LateResourceDiscoveryError: a resource outside the admitted lock plan, within
+            the declared bounds (retryable).
     """
     if not intents:
         return []
@@ -417,10 +449,71 @@ async def apply_intents_txn(
         one = plan_mutation(view, mutation, current)
         plan = one if plan is None else plan.union(one)
     assert plan is not None
-    locks = await acquire_locks_txn(conn, org_id, view, plan, mutations, on_locked=on_locked)
-    if before_writes is not None:
-        await before_writes()
-    return [
-        await apply_mutation_txn(conn, org_id, view, m, locks, actor=actor, lineage=lineage)
-        for m in mutations
-    ]
+    if declared is not None:
+        # §13.3: the step's actual resource set must stay within its declared classes
+        # and bounds *before* any business lock is taken.
+        check_resource_bounds(declared, plan)
+    try:
+        locks = await acquire_locks_txn(conn, org_id, view, plan, mutations, on_locked=on_locked)
+        if before_writes is not None:
+            await before_writes()
+        return [
+            await apply_mutation_txn(conn, org_id, view, m, locks, actor=actor, lineage=lineage)
+            for m in mutations
+        ]
+    except LateResourceDiscoveryError as exc:
+        if declared is not None:
+            # The retry's expanded plan must stay within the declared maximum; a
+            # discovery beyond it is terminal, never retried (§13.3).
+            role = exc.role or LockRole.RECORD
+            check_resource_bounds(declared, plan.union(LockPlan.of([(exc.resource_key, role)])))
+        raise
+
+
+#: Lock role -> declared resource class of the compiled plan (``ResourceDecl``).
+_DECLARED_CLASS = {LockRole.RECORD: "record", LockRole.PARENT: "parent_record"}
+
+
+class ResourceBoundExceeded(StepFault):
+    """A step's actual resources leave its declared classes or bounds (§13.3): the step
+    rolls back with nothing written and the run ends terminally (never retried)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(RESOURCE_BOUND_EXCEEDED, message)
+
+
+def check_resource_bounds(declared: Sequence[ResourceDecl], plan: LockPlan) -> None:
+    """Refuse a lock plan outside the plan step's declared resources (pure).
+
+    Business rows are counted per declared ``(resource class, object)``: a mutated record
+    as ``record`` of its object, a lock-relevant parent row as ``parent_record`` of the
+    parent object (a row with both roles counts under both). The limit of a pair is the sum
+    of the bounds of its declarations (``None``: unbounded). History-sequence rows are one
+    per mutated record, so the record bound already bounds them; they are not counted
+    separately (the compiler declares them only for history-tracked objects).
+
+    Raises:
+        ResourceBoundExceeded: an undeclared class/object, or a count above its bound.
+    """
+    limits: dict[tuple[str, str], int | None] = {}
+    for decl in declared:
+        pair = (decl.resource_class, decl.object)
+        if pair in limits:
+            prior = limits[pair]
+            limits[pair] = None if prior is None or decl.bound is None else prior + decl.bound
+        else:
+            limits[pair] = decl.bound
+    actual: dict[tuple[str, str], set[ResourceKey]] = {}
+    for key in plan.of_class(ResourceClass.BUSINESS_RECORD):
+        for role in plan.roles[key]:
+            cls = _DECLARED_CLASS.get(role)
+            if cls is not None:
+                actual.setdefault((cls, key.object_or_namespace), set()).add(key)
+    for (cls, obj), keys in sorted(actual.items()):
+        if (cls, obj) not in limits:
+            raise ResourceBoundExceeded(f"{cls} of {obj} is not declared by the plan step")
+        limit = limits[(cls, obj)]
+        if limit is not None and len(keys) > limit:
+            raise ResourceBoundExceeded(
+                f"{len(keys)} {cls} resources of {obj} exceed the declared bound {limit}"
+            )

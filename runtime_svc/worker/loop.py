@@ -22,7 +22,10 @@ rollback → :meth:`FlowRunStateStore.record_rollback` (durable jittered backoff
 database clock, never an in-process retry loop); a lost COMMIT →
 :meth:`FlowRunStateStore.quarantine_commit_unknown` (never retried); a lost fence →
 abandon silently (another owner — recovery, cancellation — won). A classified step fault
-(bad data, unsupported step kind) is a terminal rollback.
+(bad data, unsupported step kind) is a terminal rollback; so is a step whose actual
+resource set — or its expansion by a late discovery — leaves the plan step's declared
+classes or bounds (``resource_bound_exceeded``, §13.3: checked before any business lock,
+never retried).
 
 Work discovery keeps ``org_id`` leading: :func:`orgs_with_work` is one bounded query over
 the ``(org, runtime_state, …)`` claim index; each org is then served by the kernel's
@@ -385,6 +388,7 @@ class StepWorker:
                             fence.flow_run_id, fence.step_execution_id, fence.attempt_id
                         ),
                         before_writes=verify,
+                        declared=step.resources,
                     )
                 elif verify is not None:
                     await verify()
