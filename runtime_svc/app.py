@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.api.definitions import build_definition_service
 from runtime_svc.api.records import CatalogRecordViews, build_record_service
 from runtime_svc.api.runs import build_run_service
-from runtime_svc.catalog_client import ScopedCredentials
+from runtime_svc.catalog_client import ScopedCredentials, catalog_channel
 from runtime_svc.worker.background import start_background
 from runtime_svc.worker.settings import WorkerSettings
 from services.config import ServiceConfig
@@ -52,12 +51,5 @@ async def start_runtime_background(cfg: ServiceConfig, engine: AsyncEngine) -> B
     settings = WorkerSettings.from_env()
     views = None
     if not settings.view_file:
-        channel = grpc.aio.insecure_channel(
-            cfg.catalog_target,
-            options=[
-                ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
-                ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
-            ],
-        )
-        views = CatalogRecordViews(channel, ScopedCredentials.from_config(cfg))
+        views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
     return await start_background(cfg, engine, views=views, settings=settings)

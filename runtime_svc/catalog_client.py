@@ -35,7 +35,7 @@ from services.auth import (
     bearer_metadata,
     load_signing_key,
 )
-from services.config import ServiceConfig, ServiceName, load_config
+from services.config import ServiceConfig, ServiceName
 from services.digest import versioned_digest
 from services.errors import (
     FailedPreconditionError,
@@ -53,7 +53,7 @@ __all__ = [
     "GrpcCatalogClient",
     "ScopedCredentials",
     "binding_doc",
-    "catalog_target_from_config",
+    "catalog_channel",
     "descriptor_doc",
     "entry_doc",
     "generation_doc",
@@ -384,9 +384,16 @@ class ScopedCredentials:
         return source()
 
 
-def catalog_target_from_config() -> str:
-    """``host:port`` of the catalog service (``FLOW_CATALOG_TARGET``, see services.config)."""
-    return load_config(ServiceName.RUNTIME).catalog_target
+def catalog_channel(cfg: ServiceConfig, target: str | None = None) -> grpc.aio.Channel:
+    """The runtime's channel to the catalog: ``target`` or ``FLOW_CATALOG_TARGET``, with the
+    configured message-size limits (the one place every catalog caller gets it from)."""
+    return grpc.aio.insecure_channel(
+        target or cfg.catalog_target,
+        options=[
+            ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
+            ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
+        ],
+    )
 
 
 # --- the client ------------------------------------------------------------------------

@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-import grpc.aio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.api.definitions_proto import (
@@ -31,6 +29,7 @@ from runtime_svc.catalog_client import (
     CatalogPort,
     GrpcCatalogClient,
     ScopedCredentials,
+    catalog_channel,
 )
 from runtime_svc.definitions import DefinitionService
 from services.auth import TrustedRuntimeWorkScope, current_identity
@@ -163,13 +162,7 @@ async def build_definition_service(
             ``FLOW_AUTH_SIGNING_KEY``).
     """
     if catalog is None:
-        channel = grpc.aio.insecure_channel(
-            catalog_target or cfg.catalog_target,
-            options=[
-                ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
-                ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
-            ],
-        )
+        channel = catalog_channel(cfg, catalog_target)
         catalog = GrpcCatalogClient(channel, credentials or ScopedCredentials.from_config(cfg))
     service = DefinitionService(engine, catalog)
     return ServiceRegistration(

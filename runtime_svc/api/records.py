@@ -48,7 +48,12 @@ from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from runtime_svc.catalog_client import ScopedCredentials, binding_doc, metadata_view_doc
+from runtime_svc.catalog_client import (
+    ScopedCredentials,
+    binding_doc,
+    catalog_channel,
+    metadata_view_doc,
+)
 from runtime_svc.compiler.inputs import (
     FieldView,
     MetadataViewInput,
@@ -617,13 +622,7 @@ async def build_record_service(
     if catalog is None:
         if credentials is None:
             credentials = ScopedCredentials.from_config(cfg)
-        channel = grpc.aio.insecure_channel(
-            catalog_target or cfg.catalog_target,
-            options=[
-                ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
-                ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
-            ],
-        )
+        channel = catalog_channel(cfg, catalog_target)
         catalog = CatalogRecordViews(channel, credentials)
     return ServiceRegistration(
         SERVICE_NAME,
