@@ -75,6 +75,7 @@ from runtime_svc.kernel.store_create import (
     StartRunRequest,
     StartRunResult,
     create_run_txn,
+    run_by_idempotency_key_txn,
 )
 from runtime_svc.kernel.store_reads import (
     DEFAULT_PAGE_SIZE,
@@ -84,6 +85,7 @@ from runtime_svc.kernel.store_reads import (
     RunPage,
     SupportView,
     cancel_requested_runs_txn,
+    candidate_for_run_txn,
     eligible_work_txn,
     expired_leases_txn,
     get_checkpoint_txn,
@@ -231,6 +233,13 @@ class FlowRunStateStore:
             max_checkpoint_bytes=self.max_checkpoint_bytes,
             now=await self._clock(conn),
         )
+
+    async def run_by_key_txn(
+        self, conn: AsyncConnection, org_id: str, idempotency_key: str
+    ) -> RunRecord | None:
+        """The run accepted under ``idempotency_key`` in ``org_id`` (a replayed trigger
+        maps to the run its first application started), or ``None``."""
+        return await run_by_idempotency_key_txn(conn, org_id, idempotency_key)
 
     async def admit_run(self, org_id: str, flow_run_id: str) -> Admitted | NoChange:
         """Root ``Accepted -> Runnable``."""
@@ -600,6 +609,16 @@ class FlowRunStateStore:
         return await self._read(
             lambda conn: get_checkpoint_txn(conn, org_id, flow_run_id, checkpoint_id)
         )
+
+    async def candidate_for_run(self, org_id: str, flow_run_id: str) -> Candidate | None:
+        """The run's current step when it is due now (a synchronous executor claims its
+        own run through the same §12.1 claim as the workers), else ``None``."""
+
+        async def fn(conn: AsyncConnection) -> Candidate | None:
+            now = await self._clock(conn)
+            return await candidate_for_run_txn(conn, org_id, flow_run_id, now, self.ownership_epoch)
+
+        return await self._read(fn)
 
     async def eligible_work(
         self, org_id: str, queue_class: str, *, limit: int = 50

@@ -31,7 +31,13 @@ from services.db import insert_if_absent
 from services.digest import versioned_digest
 from services.errors import ConflictError, NotFoundError
 
-__all__ = ["FirstStep", "StartRunRequest", "StartRunResult", "create_run_txn"]
+__all__ = [
+    "FirstStep",
+    "StartRunRequest",
+    "StartRunResult",
+    "create_run_txn",
+    "run_by_idempotency_key_txn",
+]
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,13 @@ class StartRunResult:
 
     run: RunRecord
     created: bool
+
+
+async def run_by_idempotency_key_txn(
+    conn: AsyncConnection, org_id: str, key: str
+) -> RunRecord | None:
+    """The run of ``org_id`` accepted under ``key`` (soft-deleted included), or ``None``."""
+    return await _by_idempotency_key(conn, org_id, key)
 
 
 async def _by_idempotency_key(conn: AsyncConnection, org_id: str, key: str) -> RunRecord | None:

@@ -49,6 +49,7 @@ __all__ = [
     "RunPage",
     "SupportView",
     "cancel_requested_runs_txn",
+    "candidate_for_run_txn",
     "eligible_work_txn",
     "expired_leases_txn",
     "get_checkpoint_txn",
@@ -400,6 +401,56 @@ async def eligible_work_txn(
             )
     found.sort(key=lambda c: (c.run_after, c.step_execution_id))
     return found[:limit]
+
+
+async def candidate_for_run_txn(
+    conn: AsyncConnection, org_id: str, flow_run_id: str, now: datetime, ownership_epoch: int
+) -> Candidate | None:
+    """The run's current step as a claim candidate when it is due now (the conditions of
+    :func:`eligible_work_txn`, by primary key), else ``None``."""
+    s, r = flow_step_executions.c, flow_runs.c
+    stmt = (
+        select(
+            s.flow_run_id,
+            s.step_execution_id,
+            s.state_version,
+            s.run_after,
+            s.queue_class,
+            r.state_version.label("root_state_version"),
+        )
+        .select_from(
+            flow_runs.join(
+                flow_step_executions,
+                and_(
+                    s.org_id == r.org_id,
+                    s.step_execution_id == r.current_step_execution_id,
+                ),
+            )
+        )
+        .where(
+            r.org_id == org_id,
+            r.flow_run_id == flow_run_id,
+            s.state.in_(_CLAIMABLE_CODES),
+            s.run_after <= now,
+            r.runtime_state == RunState.RUNNABLE.code,
+            r.is_deleted == false(),
+            r.delete_requested_at.is_(None),
+            r.execution_owner == _V2,
+            r.ownership_epoch == ownership_epoch,
+        )
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    if row is None:
+        return None
+    return Candidate(
+        org_id=org_id,
+        flow_run_id=row["flow_run_id"],
+        step_execution_id=row["step_execution_id"],
+        root_state_version=row["root_state_version"],
+        step_state_version=row["state_version"],
+        run_after=row["run_after"],
+        queue_class=row["queue_class"],
+    )
 
 
 async def expired_leases_txn(

@@ -107,10 +107,17 @@ __all__ = [
     "LockHook",
     "RecordEngine",
     "StaleVersionError",
+    "Transform",
     "acquire_locks_txn",
     "apply_mutation_txn",
     "get_record_txn",
     "plan_mutation",
+]
+
+#: The before-save hook of :meth:`RecordEngine.mutate`: ``(conn, mutation, stored row or
+#: None) -> mutation to write``.
+Transform = Callable[
+    [AsyncConnection, RecordMutation, RecordState | None], Awaitable[RecordMutation]
 ]
 
 #: How often a public write re-plans after late resource discovery before giving up.
@@ -336,7 +343,7 @@ async def apply_mutation_txn(
             attempt_id=lineage.attempt_id,
         ),
     )
-    return MutationResult(after, sequence, event_id, audit_id, tuple(changed))
+    return MutationResult(after, sequence, event_id, audit_id, tuple(changed), prior=before)
 
 
 async def get_record_txn(
@@ -443,6 +450,7 @@ class RecordEngine:
         actor: Actor,
         request: RequestRef | None = None,
         on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
+        transform: Transform | None = None,
     ) -> MutationResult:
         """Apply one validated mutation in its own transaction.
 
@@ -457,6 +465,10 @@ class RecordEngine:
                 result), so rows it writes commit or roll back with the mutation (the
                 after-save trigger's run rows). It runs again on every whole-transaction
                 retry, so it must replace, never accumulate, anything it captures.
+            transform: awaited inside the same transaction after the stored row was read
+                (``None`` for a create) and before the lock plan is made: it returns the
+                mutation to write instead (the Embedded Before-Save Flows). Not called for
+                a replayed ``request``; raising rolls everything back.
 
         Raises:
             NotFoundError, AlreadyExistsError, StaleVersionError, RecordValidationError:
@@ -479,12 +491,15 @@ class RecordEngine:
                 )
                 if current is None:
                     raise _not_found(mutation.object_name, mutation.record_id)
-            plan = plan_mutation(view, mutation, current)
+            write = mutation
+            if transform is not None:
+                write = await transform(conn, mutation, current)
+            plan = plan_mutation(view, write, current)
             locks = await acquire_locks_txn(
-                conn, org_id, view, plan, [mutation], on_locked=self._lock_hook
+                conn, org_id, view, plan, [write], on_locked=self._lock_hook
             )
             result = await apply_mutation_txn(
-                conn, org_id, view, mutation, locks, actor=actor, request=request
+                conn, org_id, view, write, locks, actor=actor, request=request
             )
             if on_applied is not None:
                 await on_applied(conn, result)

@@ -154,6 +154,8 @@ class MutationResult:
         changed_fields: field names the mutation set or cleared, sorted.
         replayed: the request had been applied before; nothing was written now and
             ``record`` is the record's current state.
+        prior: the record before the mutation (``None`` for a create, and for a replay:
+            the prior state of the first application is not kept).
     """
 
     record: RecordState
@@ -162,3 +164,4 @@ class MutationResult:
     audit_record_id: str
     changed_fields: tuple[str, ...]
     replayed: bool = False
+    prior: RecordState | None = None

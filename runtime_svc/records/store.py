@@ -40,6 +40,7 @@ __all__ = [
     "insert_history_txn",
     "insert_record_txn",
     "lock_history_txn",
+    "query_children_txn",
     "read_record_txn",
     "update_record_txn",
 ]
@@ -90,6 +91,42 @@ async def read_record_txn(
         stmt = stmt.where(records.c.is_deleted == false())
     row = (await conn.execute(stmt)).one_or_none()
     return None if row is None else _state(row)
+
+
+async def query_children_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    object_name: str,
+    parent_object: str,
+    lookup_field: str,
+    parent_record_id: str,
+    limit: int,
+) -> list[RecordState]:
+    """Live ``object_name`` records whose ``lookup_field`` is ``parent_record_id``, at most
+    ``limit``, ordered by record id: one bounded range read of the parent index
+    ``(org, parent object, parent id)``. The caller guarantees that ``lookup_field``'s
+    relationship is the one the indexed parent columns hold (see
+    :func:`runtime_svc.records.view.RecordView.indexed_relationship`); the field value is
+    re-checked per row."""
+    c = records.c
+    stmt = (
+        select(records)
+        .where(
+            c.org_id == org_id,
+            c.parent_object_name == parent_object,
+            c.parent_record_id == parent_record_id,
+            c.object_name == object_name,
+            c.is_deleted == false(),
+        )
+        .order_by(c.record_id)
+        .limit(limit)
+    )
+    out = []
+    for row in await conn.execute(stmt):
+        state = _state(row)
+        if state.fields.get(lookup_field) == parent_record_id:
+            out.append(state)
+    return out
 
 
 def _parent_columns(refs: Sequence[ParentRef], lock_relevant: frozenset[str]) -> dict[str, Any]:

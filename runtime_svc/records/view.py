@@ -140,6 +140,14 @@ class RecordView:
         """The relationship ``name`` of child object ``object_name``, or ``None``."""
         return next((r for r in self.child_relationships(object_name) if r.name == name), None)
 
+    def indexed_relationship(self, object_name: str) -> RelationshipView | None:
+        """The relationship a record of ``object_name`` indexes its parent by whenever it
+        has a value for it: the first lock-relevant one by name, else — when the object
+        has no lock-relevant relationship — the first one (the rule of the record store's
+        parent columns)."""
+        rels = self.child_relationships(object_name)
+        return next((r for r in rels if r.lock_parent), rels[0] if rels else None)
+
     @classmethod
     def build(
         cls, metadata: MetadataViewInput, rules: Iterable[tuple[str, FieldRules]]

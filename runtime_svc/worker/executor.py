@@ -18,10 +18,26 @@ writes:
   the whole step back (the worker records a retryable rollback: the retry starts again
   from the same input checkpoint with the expanded plan).
 
+**Checkpoint context layout** (one layout for every producer — ``StartRun``, after-save
+admission, the worker): ``{"variables": {name: value, "$Record": …, "$Record__Prior": …},
+"trigger": {…}, "$loops": {…}, "$visits": {…}, "$output": {…}}``. The interpreter's
+environment is the ``variables`` map plus the ``$``-prefixed cursor keys
+(:func:`env_of`); :func:`context_of` writes it back (``trigger`` is carried unchanged).
+
+**Budgets.** Given a :class:`~runtime_svc.worker.budget.BudgetMeter` (the synchronous
+profiles pass one built from the step's compiled bounds), every element execution, record
+read, record write and loop-body entry is charged; exhausting a bound raises
+:class:`StepBudgetExceeded` (safe code ``budget_exceeded.<bound>``), never retried.
+
+**Actions.** An ``ActionCall`` of a built-in pure action
+(:mod:`runtime_svc.worker.actions`) runs inline; any other action fails closed
+(``unsupported_action``).
+
 Limitations (documented, fail closed): a ``GetRecords`` in the same step after a mutation
-does not see that mutation; ``GetRecords`` supports ``Id =`` filters only; external-effect
-steps, waits and non-pure actions are later issues and end the run with
-``unsupported_step_kind`` / ``unsupported_element``.
+does not see that mutation; ``GetRecords`` supports one ``=`` filter on ``Id`` or on the
+lookup field of the object's indexed parent relationship; external-effect steps, waits and
+non-pure actions are later issues and end the run with ``unsupported_step_kind`` /
+``unsupported_element`` / ``unsupported_action``.
 """
 
 from __future__ import annotations
@@ -44,7 +60,7 @@ from runtime_svc.compiler import (
     parse_expression,
 )
 from runtime_svc.compiler.expressions import ExpressionError
-from runtime_svc.compiler.kinds import TerminalOutcome
+from runtime_svc.compiler.kinds import ExecutionProfile, TerminalOutcome
 from runtime_svc.compiler.plan import ResourceDecl
 from runtime_svc.kernel.decisions import Advance, FailRun, FinishRun, NextStep
 from runtime_svc.records import (
@@ -65,6 +81,7 @@ from runtime_svc.records import (
 )
 from runtime_svc.records.engine import LockHook
 from runtime_svc.records.model import RecordState
+from runtime_svc.records.store import query_children_txn
 from runtime_svc.resources import (
     LateResourceDiscoveryError,
     LockPlan,
@@ -72,6 +89,8 @@ from runtime_svc.resources import (
     ResourceClass,
     ResourceKey,
 )
+from runtime_svc.worker.actions import PureActionError, run_pure_action
+from runtime_svc.worker.budget import BudgetExceeded, BudgetMeter
 from services.errors import NotFoundError
 
 __all__ = [
@@ -81,16 +100,27 @@ __all__ = [
     "RUN_OUTPUT_KEY",
     "SUPPORTED_STEP_KINDS",
     "VISITS_KEY",
+    "BudgetMeter",
     "MutationIntent",
+    "RecordQuery",
     "RecordReader",
     "ResourceBoundExceeded",
+    "StepBudgetExceeded",
     "StepFault",
     "StepOutcome",
     "apply_intents_txn",
     "check_resource_bounds",
+    "context_of",
+    "entry_condition_holds",
+    "env_of",
     "interpret",
+    "meter_for",
     "needs_transaction",
+    "record_query",
+    "run_nodes",
     "to_json_value",
+    "to_record_value",
+    "trigger_env",
 ]
 
 #: Step kinds this worker executes; any other kind fails closed (``unsupported_step_kind``).
@@ -120,6 +150,15 @@ RESOURCE_BOUND_EXCEEDED = "resource_bound_exceeded"
 
 #: ``GetRecords`` current read: ``(object, record id) -> record or None``.
 RecordReader = Callable[[str, str], Awaitable[RecordState | None]]
+#: ``GetRecords`` by a lookup field: ``(object, field, value, limit) -> records`` (at most
+#: ``limit``, ordered by record id).
+RecordQuery = Callable[[str, str, str, int], Awaitable[list[RecordState]]]
+#: Default row limit of a lookup query when no read budget applies.
+_DEFAULT_QUERY_LIMIT = 10_000
+#: The trigger record variable of a record-triggered Flow.
+TRIGGER = "$Record"
+#: Context keys that are interpreter cursors, not Flow variables.
+_INTERNAL_KEYS = ("$loops", "$visits", "$output")
 
 
 class StepFault(Exception):
@@ -129,6 +168,40 @@ class StepFault(Exception):
     def __init__(self, code: str, message: str = "") -> None:
         super().__init__(message or code)
         self.code = code
+
+
+class StepBudgetExceeded(StepFault):
+    """The step exhausted a compiled bound (§9.1/§9.2): terminal, never retried; the
+    code names the bound (``budget_exceeded.max_reads``)."""
+
+    def __init__(self, exc: BudgetExceeded) -> None:
+        super().__init__(f"budget_exceeded.{exc.bound}", str(exc))
+        self.bound = exc.bound
+        self.limit = exc.limit
+        self.attempted = exc.attempted
+
+
+def env_of(context: Mapping[str, Any]) -> dict[str, Any]:
+    """The interpreter environment of a checkpoint context (a deep copy)."""
+    variables = context.get("variables")
+    env: dict[str, Any] = copy.deepcopy(dict(variables)) if isinstance(variables, Mapping) else {}
+    for key in _INTERNAL_KEYS:
+        if key in context:
+            env[key] = copy.deepcopy(context[key])
+    return env
+
+
+def context_of(env: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The checkpoint context of ``env`` (``trigger`` carried over from ``base``)."""
+    ctx: dict[str, Any] = {
+        "variables": {k: to_json_value(v) for k, v in env.items() if k not in _INTERNAL_KEYS}
+    }
+    for key in _INTERNAL_KEYS:
+        if key in env:
+            ctx[key] = to_json_value(env[key])
+    if base is not None and "trigger" in base:
+        ctx["trigger"] = copy.deepcopy(base["trigger"])
+    return ctx
 
 
 @dataclass(frozen=True)
@@ -168,6 +241,51 @@ def to_json_value(value: Any) -> Any:
         return {str(k): to_json_value(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [to_json_value(v) for v in value]
+    return value
+
+
+def to_record_value(value: Any) -> Any:
+    """A record field value: exact decimals become ``int`` or ``float`` (record number
+    fields hold JSON numbers), containers recursively."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, Mapping):
+        return {str(k): to_record_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_record_value(v) for v in value]
+    return value
+
+
+def trigger_env(
+    record_id: str,
+    fields: Mapping[str, Any],
+    prior: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """``$Record`` / ``$Record__Prior`` of a record-triggered Flow (``Id`` included)."""
+    return {
+        "$Record": {**copy.deepcopy(dict(fields)), "Id": record_id},
+        "$Record__Prior": None
+        if prior is None
+        else {**copy.deepcopy(dict(prior)), "Id": record_id},
+    }
+
+
+def entry_condition_holds(plan: ExecutionPlan, env: Mapping[str, Any]) -> bool:
+    """Whether the plan's trigger entry condition holds for ``env`` (no condition: true).
+
+    Raises:
+        StepFault: ``expression_error`` (the condition cannot be evaluated) or
+            ``entry_condition_not_boolean``.
+    """
+    trigger = plan.trigger
+    condition = None if trigger is None else trigger.get("entry_condition")
+    if not condition:
+        return True
+    value = _eval(condition, env)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise StepFault("entry_condition_not_boolean", "the entry condition is not boolean")
     return value
 
 
@@ -233,46 +351,104 @@ async def interpret(
     context: Mapping[str, Any],
     *,
     reader: RecordReader | None = None,
+    query: RecordQuery | None = None,
+    meter: BudgetMeter | None = None,
 ) -> StepOutcome:
-    """Execute ``step``'s nodes over ``context`` (see the module docstring).
+    """Execute ``step``'s nodes over the checkpoint ``context`` (see the module docstring).
 
     Raises:
         StepFault: a classified, terminal failure of the step's logic, including
-            ``unsupported_step_kind`` and ``unsupported_element``.
+            ``unsupported_step_kind``, ``unsupported_element`` and
+            :class:`StepBudgetExceeded`.
     """
-    env: dict[str, Any] = copy.deepcopy(dict(context))
+    env = env_of(context)
     if step.kind not in SUPPORTED_STEP_KINDS:
         raise StepFault("unsupported_step_kind", f"{step.kind.value} is not executed yet")
     if step.kind is StepKind.TERMINAL:
         advance: Advance = (
             FailRun("flow_failed") if step.outcome is TerminalOutcome.FAILED else FinishRun()
         )
-        return StepOutcome(env, (), advance)
+        return StepOutcome(context_of(env, context), (), advance)
     if step.kind is StepKind.EXPLICIT_FAULT:
-        return StepOutcome(env, (), FailRun(step.fault_code or "explicit_fault"))
+        return StepOutcome(
+            context_of(env, context), (), FailRun(step.fault_code or "explicit_fault")
+        )
+    intents, advance = await run_nodes(plan, step, env, reader=reader, query=query, meter=meter)
+    return StepOutcome(context_of(env, context), tuple(intents), advance)
 
+
+async def run_nodes(
+    plan: ExecutionPlan,
+    step: PlanStep,
+    env: dict[str, Any],
+    *,
+    reader: RecordReader | None = None,
+    query: RecordQuery | None = None,
+    meter: BudgetMeter | None = None,
+    transform: bool = False,
+) -> tuple[list[MutationIntent], Advance]:
+    """Walk ``step``'s nodes from its entry, mutating ``env`` in place; returns the
+    mutation intents (node order) and where the run goes next.
+
+    Declared variables missing from ``env`` start as ``None`` (collections: ``[]``).
+    ``transform`` (Embedded Before-Save) turns an ``UpdateRecord`` of ``$Record`` into an
+    in-place change of ``env["$Record"]`` — the caller's row, not a write.
+
+    Raises:
+        StepFault: see :func:`interpret`.
+    """
+    for var in plan.variables:
+        env.setdefault(var.name, [] if var.type.startswith("list<") else None)
     nodes = {n.id: n for n in plan.nodes}
     intents: list[MutationIntent] = []
     node_id: str | None = step.entry
     executed = 0
-    while node_id is not None and node_id in step.nodes:
-        executed += 1
-        if executed > _MAX_NODE_EXECUTIONS:
-            raise StepFault("step_bound_exceeded")
-        node = nodes.get(node_id)
-        element = None if node is None else node.element
-        if element is None:
-            raise StepFault("plan_node_missing", node_id)
-        label, next_id = await _run_element(element, env, intents, reader)
-        if next_id is not None and next_id in step.nodes:
-            node_id = next_id
-            continue
-        target = _exit_target(step, node_id, label)
-        if target is None:
-            target = next_id
-        advance = _advance_to(plan, target, step.fault_code, env)
-        return StepOutcome(to_json_value(env), tuple(intents), advance)
+    try:
+        while node_id is not None and node_id in step.nodes:
+            executed += 1
+            if executed > _MAX_NODE_EXECUTIONS:
+                raise StepFault("step_bound_exceeded")
+            if meter is not None:
+                meter.step()
+            node = nodes.get(node_id)
+            element = None if node is None else node.element
+            if element is None:
+                raise StepFault("plan_node_missing", node_id)
+            label, next_id = await _run_element(
+                element, env, intents, reader, query, meter, transform
+            )
+            if next_id is not None and next_id in step.nodes:
+                node_id = next_id
+                continue
+            target = _exit_target(step, node_id, label)
+            if target is None:
+                target = next_id
+            return intents, _advance_to(plan, target, step.fault_code, env)
+    except BudgetExceeded as exc:
+        raise StepBudgetExceeded(exc) from None
     raise StepFault("plan_entry_missing", str(node_id))
+
+
+def _assign(env: dict[str, Any], target: str, value: Any) -> None:
+    """Set a variable, or one field of a record variable (``$Record.Discount``)."""
+    root, dot, path = target.partition(".")
+    if not dot:
+        env[target] = value
+        return
+    holder = env.get(root)
+    if holder is None:
+        holder = env[root] = {}
+    if not isinstance(holder, dict) or "." in path:
+        raise StepFault("assignment_target_invalid", f"cannot assign {target}")
+    holder[path] = value
+
+
+def _current(env: Mapping[str, Any], target: str) -> Any:
+    root, dot, path = target.partition(".")
+    holder = env.get(root)
+    if not dot:
+        return holder
+    return holder.get(path) if isinstance(holder, Mapping) else None
 
 
 async def _run_element(
@@ -280,6 +456,9 @@ async def _run_element(
     env: dict[str, Any],
     intents: list[MutationIntent],
     reader: RecordReader | None,
+    query: RecordQuery | None,
+    meter: BudgetMeter | None,
+    transform: bool,
 ) -> tuple[str | None, str | None]:
     """Run one element; returns ``(edge label, next element)``."""
     kind = element.get("type")
@@ -290,15 +469,16 @@ async def _run_element(
             op = a.get("op", "set")
             target = str(a["target"])
             if op == "set":
-                env[target] = value
+                _assign(env, target, value)
             elif op == "add":
-                current = env.get(target)
+                current = _current(env, target)
                 if isinstance(current, list):
-                    env[target] = [*current, value]
+                    _assign(env, target, [*current, value])
                 else:
-                    env[target] = _eval("a + b", {"a": current or 0, "b": value})
+                    _assign(env, target, _eval("a + b", {"a": current or 0, "b": value}))
             elif op == "subtract":
-                env[target] = _eval("a - b", {"a": env.get(target) or 0, "b": value})
+                current = _current(env, target)
+                _assign(env, target, _eval("a - b", {"a": current or 0, "b": value}))
             else:
                 raise StepFault("unsupported_element", f"assignment op {op!r}")
         return "next", nxt
@@ -308,14 +488,26 @@ async def _run_element(
                 return str(rule.get("name")), rule.get("next")
         return "default", nxt
     if kind == "Loop":
-        return _loop_step(element, env)
+        return _loop_step(element, env, meter)
+    if kind == "ActionCall":
+        return _action(element, env)
     if kind == "CreateRecord":
         rid = new_record_id()
-        values = {k: to_json_value(_eval(v, env)) for k, v in element.get("fields", {}).items()}
+        values = {k: to_record_value(_eval(v, env)) for k, v in element.get("fields", {}).items()}
+        if meter is not None:
+            meter.write(1)
         intents.append(MutationIntent("create", str(element["object"]), rid, values))
         out = element.get("output_variable")
         if out:
             env[str(out)] = {"Id": rid, **values}
+        return "next", nxt
+    if kind == "UpdateRecord" and transform and str(element.get("record", "")).strip() == TRIGGER:
+        # Embedded Before-Save: the trigger record's in-transaction transform, not a write.
+        holder = env.get(TRIGGER)
+        if not isinstance(holder, dict):
+            raise StepFault("trigger_record_missing", "no $Record to transform")
+        values = {k: to_record_value(_eval(v, env)) for k, v in element.get("fields", {}).items()}
+        holder.update(values)
         return "next", nxt
     if kind in ("UpdateRecord", "DeleteRecord"):
         ref = element.get("record")
@@ -327,18 +519,24 @@ async def _run_element(
             # declares the collection's ``max_items`` as the step's resource bound).
             if len(target) > MAX_LOOP_ITERATIONS:
                 raise StepFault("loop_bound_exceeded", str(ref))
+            if meter is not None:
+                meter.check_collection(len(target))
             rids = list(dict.fromkeys(_record_id(item, str(ref)) for item in target))
         else:
             rids = [_record_id(target, str(ref))]
         obj = str(element["object"])
+        if meter is not None:
+            meter.write(len(rids))
         if kind == "UpdateRecord":
-            values = {k: to_json_value(_eval(v, env)) for k, v in element.get("fields", {}).items()}
+            values = {
+                k: to_record_value(_eval(v, env)) for k, v in element.get("fields", {}).items()
+            }
             intents.extend(MutationIntent("update", obj, rid, values) for rid in rids)
         else:
             intents.extend(MutationIntent("delete", obj, rid) for rid in rids)
         return "next", nxt
     if kind == "GetRecords":
-        return await _get_records(element, env, reader), nxt
+        return await _get_records(element, env, reader, query, meter), nxt
     if kind in ("End", "end"):
         return "next", None
     if kind == "Fault":
@@ -346,7 +544,30 @@ async def _run_element(
     raise StepFault("unsupported_element", f"element type {kind!r}")
 
 
-def _loop_step(element: Mapping[str, Any], env: dict[str, Any]) -> tuple[str | None, str | None]:
+def _action(element: Mapping[str, Any], env: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A pure ``ActionCall``: evaluated inputs -> built-in handler -> output variable.
+    Bad input follows the element's ``fault`` connector when it has one."""
+    action_type = str(element.get("action_type") or "")
+    inputs = {str(k): _eval(v, env) for k, v in (element.get("inputs") or {}).items()}
+    try:
+        result = run_pure_action(action_type, inputs)
+    except KeyError:
+        raise StepFault(
+            "unsupported_action", f"action {action_type!r} has no inline handler"
+        ) from None
+    except PureActionError as exc:
+        if element.get("fault"):
+            return "fault", str(element["fault"])
+        raise StepFault("action_failed", f"{action_type}: {exc}") from exc
+    out = element.get("output_variable")
+    if out:
+        _assign(env, str(out), to_json_value(result))
+    return "next", element.get("next")
+
+
+def _loop_step(
+    element: Mapping[str, Any], env: dict[str, Any], meter: BudgetMeter | None
+) -> tuple[str | None, str | None]:
     """A ``Loop`` node: the body (``each``) returns to this node after every item. The
     remaining items live in the context under :data:`LOOPS_KEY` — a Durable Orchestration
     loop spans steps, so its cursor is part of the checkpoint (bounded by the collection,
@@ -364,6 +585,8 @@ def _loop_step(element: Mapping[str, Any], env: dict[str, Any]) -> tuple[str | N
         loops[node_id] = list(items)
     remaining = loops[node_id]
     if remaining and element.get("each"):
+        if meter is not None:
+            meter.fan_out(1)
         env[str(element["item_variable"])] = remaining.pop(0)
         return "each", str(element["each"])
     del loops[node_id]
@@ -373,20 +596,76 @@ def _loop_step(element: Mapping[str, Any], env: dict[str, Any]) -> tuple[str | N
 
 
 async def _get_records(
-    element: Mapping[str, Any], env: dict[str, Any], reader: RecordReader | None
+    element: Mapping[str, Any],
+    env: dict[str, Any],
+    reader: RecordReader | None,
+    query: RecordQuery | None,
+    meter: BudgetMeter | None,
 ) -> str:
     if reader is None:
         raise StepFault("unsupported_element", "GetRecords outside a read step")
     filters = element.get("filters") or []
-    if len(filters) != 1 or filters[0].get("field") != "Id" or filters[0].get("op") != "=":
-        raise StepFault("unsupported_element", "GetRecords supports one 'Id =' filter")
-    rid = _record_id(_eval(filters[0].get("value"), env), "GetRecords filter")
-    found = await reader(str(element["object"]), rid)
-    value = None if found is None else {"Id": found.record_id, **dict(found.fields)}
+    if len(filters) != 1 or filters[0].get("op") != "=":
+        raise StepFault("unsupported_element", "GetRecords supports one '=' filter")
+    obj, field_name = str(element["object"]), str(filters[0].get("field"))
+    first_only = bool(element.get("first_only", False))
+    found: list[RecordState]
+    if field_name == "Id":
+        rid = _record_id(_eval(filters[0].get("value"), env), "GetRecords filter")
+        one = await reader(obj, rid)
+        found = [] if one is None else [one]
+    else:
+        if query is None:
+            raise StepFault("unsupported_element", f"GetRecords by {field_name} here")
+        value = _eval(filters[0].get("value"), env)
+        if not isinstance(value, str) or not value:
+            found = []
+        else:
+            limit = _DEFAULT_QUERY_LIMIT
+            if meter is not None:
+                budget = meter.limit("max_reads")
+                if budget is not None:
+                    # One row past the remaining budget proves an overrun without
+                    # reading an unbounded result.
+                    limit = max(budget - meter.reads, 0) + 1
+            declared = element.get("limit")
+            if isinstance(declared, int) and declared > 0:
+                limit = min(limit, declared)
+            found = await query(obj, field_name, value, 1 if first_only else limit)
+    if meter is not None:
+        meter.read(len(found))
+    values = [{"Id": r.record_id, **dict(r.fields)} for r in found]
     out = element.get("output_variable")
     if out:
-        env[str(out)] = value if element.get("first_only", True) else ([value] if value else [])
+        env[str(out)] = (values[0] if values else None) if first_only else values
     return "next"
+
+
+def record_query(conn: AsyncConnection, org_id: str, view: RecordView) -> RecordQuery:
+    """The ``GetRecords``-by-lookup query of a step transaction: the lookup field must be
+    the object's indexed parent relationship, else the element fails closed."""
+
+    async def query(object_name: str, field_name: str, value: str, limit: int) -> list[RecordState]:
+        rel = view.indexed_relationship(object_name)
+        if rel is None or rel.field != field_name:
+            raise StepFault(
+                "unsupported_element",
+                f"GetRecords on {object_name} by {field_name}: only Id or the indexed "
+                "parent lookup can be queried",
+            )
+        return await query_children_txn(
+            conn, org_id, object_name, rel.parent_object, field_name, value, limit
+        )
+
+    return query
+
+
+def meter_for(plan: ExecutionPlan, step: PlanStep) -> BudgetMeter | None:
+    """The budget meter of a synchronous-profile step (``None``: Durable Orchestration,
+    whose steps are bounded by their resource declarations and the worker's caps)."""
+    if plan.profile in (ExecutionProfile.BOUNDED_ATOMIC, ExecutionProfile.EMBEDDED_BEFORE_SAVE):
+        return BudgetMeter(step.bounds)
+    return None
 
 
 async def apply_intents_txn(

@@ -80,7 +80,9 @@ from runtime_svc.worker.executor import (
     StepOutcome,
     apply_intents_txn,
     interpret,
+    meter_for,
     needs_transaction,
+    record_query,
 )
 from runtime_svc.worker.snapshots import (
     ReadToken,
@@ -114,7 +116,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Queue classes this worker serves (waits and effect completions are later issues).
-DEFAULT_QUEUE_CLASSES = ("durable_mutation",)
+DEFAULT_QUEUE_CLASSES = ("durable_mutation", "bounded_atomic_foreground")
 _MAX_CACHED_PLANS = 256
 _ACTIVE_CODES = (
     RunState.RUNNABLE.code,
@@ -294,7 +296,7 @@ class StepWorker:
             if self._hook is not None:
                 await self._hook("compute", fence, None)
             try:
-                outcome = await interpret(plan, step, context)
+                outcome = await interpret(plan, step, context, meter=meter_for(plan, step))
             except StepFault as fault:
                 raise _Abort(fault.code) from None
         return _Prepared(plan, step, context, snapshots, outcome, view)
@@ -370,7 +372,12 @@ class StepWorker:
                 read: list[ReadToken] = []
                 if outcome is None:
                     outcome = await interpret(
-                        plan, step, context, reader=_reader(conn, org_id, read)
+                        plan,
+                        step,
+                        context,
+                        reader=_reader(conn, org_id, read),
+                        query=None if view is None else record_query(conn, org_id, view),
+                        meter=meter_for(plan, step),
                     )
                 verify = _verifier(conn, org_id, tokens_for(snapshots, step.verifies))
                 results = []
@@ -557,10 +564,9 @@ def _output(outcome: StepOutcome, verification: Any = None) -> CheckpointInput:
     advance = outcome.advance
     cursor = {"next_step": advance.plan_step_key} if isinstance(advance, NextStep) else {}
     if not isinstance(advance, NextStep):
-        # The run's output is the final context, recorded once with the terminal commit.
-        context[RUN_OUTPUT_KEY] = {
-            k: v for k, v in outcome.context.items() if not k.startswith("$")
-        }
+        # The run's output is the final variables, recorded once with the terminal commit.
+        variables = context.get("variables") or {}
+        context[RUN_OUTPUT_KEY] = {k: v for k, v in variables.items() if not k.startswith("$")}
     return CheckpointInput(context=context, plan_cursor=cursor, read_verification_set=verification)
 
 

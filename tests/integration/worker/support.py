@@ -233,7 +233,7 @@ async def start_run(
         StartRunRequest(
             plan_id=seeded.plan_id,
             first_step=FirstStep(step.key, step.kind.value, "durable_mutation"),
-            input=CheckpointInput(context={"label": label, "n": n}),
+            input=CheckpointInput(context={"variables": {"label": label, "n": n}}),
         ),
     )
     return result.run

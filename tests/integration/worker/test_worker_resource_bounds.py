@@ -100,7 +100,7 @@ async def _start(store: FlowRunStateStore, seeded: Seeded, ids: list[str]) -> Ru
         StartRunRequest(
             plan_id=seeded.plan_id,
             first_step=FirstStep(step.key, step.kind.value, "durable_mutation"),
-            input=CheckpointInput(context={"accts": [{"Id": rid} for rid in ids]}),
+            input=CheckpointInput(context={"variables": {"accts": [{"Id": rid} for rid in ids]}}),
         ),
     )
     return result.run

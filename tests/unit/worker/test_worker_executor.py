@@ -25,6 +25,11 @@ from runtime_svc.worker.executor import LOOPS_KEY, to_json_value
 from tests.unit.compiler.compiler_corpus import FLOWS, inputs_doc, merge_patch, read_json
 
 
+def _ctx(**variables: Any) -> dict[str, Any]:
+    """A checkpoint context in the canonical layout."""
+    return {"variables": variables}
+
+
 def _plan(elements: list[dict[str, Any]], variables: list[dict[str, Any]]) -> ExecutionPlan:
     doc = merge_patch(inputs_doc(), {"policy": {"version": 9, "bounded_atomic": {"max_writes": 0}}})
     flow = {
@@ -81,9 +86,9 @@ ROUTED = _plan(
 
 
 async def test_decision_routes_to_the_rule_target_step() -> None:
-    out = await interpret(ROUTED, ROUTED.step("route"), {"n": 20})
+    out = await interpret(ROUTED, ROUTED.step("route"), _ctx(n=20))
     assert isinstance(out.advance, NextStep) and out.advance.plan_step_key == "make_big"
-    out = await interpret(ROUTED, ROUTED.step("route"), {"n": 2})
+    out = await interpret(ROUTED, ROUTED.step("route"), _ctx(n=2))
     assert isinstance(out.advance, NextStep) and out.advance.plan_step_key == "make_small"
     assert out.intents == ()
 
@@ -91,22 +96,22 @@ async def test_decision_routes_to_the_rule_target_step() -> None:
 async def test_create_record_is_an_intent_and_binds_the_output_variable() -> None:
     step = ROUTED.step("make_big")
     assert needs_transaction(step)
-    out = await interpret(ROUTED, step, {"n": 20})
+    out = await interpret(ROUTED, step, _ctx(n=20))
     [intent] = out.intents
     assert intent.kind == "create" and intent.object_name == "Account"
     assert intent.fields == {"Name": "big 20"}
-    assert out.context["acct"] == {"Id": intent.record_id, "Name": "big 20"}
+    assert out.context["variables"]["acct"] == {"Id": intent.record_id, "Name": "big 20"}
     assert isinstance(out.advance, NextStep) and out.advance.plan_step_key == "bump"
 
 
 async def test_update_record_targets_the_variable_record() -> None:
-    out = await interpret(ROUTED, ROUTED.step("bump"), {"n": 3, "acct": {"Id": "acc-1"}})
+    out = await interpret(ROUTED, ROUTED.step("bump"), _ctx(n=3, acct={"Id": "acc-1"}))
     assert out.intents == (MutationIntent("update", "Account", "acc-1", {"AnnualRevenue": 6}),)
 
 
 async def test_update_without_record_id_is_a_terminal_step_fault() -> None:
     with pytest.raises(StepFault) as err:
-        await interpret(ROUTED, ROUTED.step("bump"), {"n": 3, "acct": None})
+        await interpret(ROUTED, ROUTED.step("bump"), _ctx(n=3, acct=None))
     assert err.value.code == "missing_record_id"
 
 
@@ -134,7 +139,7 @@ async def test_effect_and_wait_steps_fail_closed_as_unsupported() -> None:
 
 async def test_expression_errors_are_step_faults() -> None:
     with pytest.raises(StepFault) as err:
-        await interpret(ROUTED, ROUTED.step("route"), {})
+        await interpret(ROUTED, ROUTED.step("route"), _ctx(n="not a number"))
     assert err.value.code == "expression_error"
 
 
@@ -170,7 +175,7 @@ async def test_assignment_and_loop_run_in_one_pure_step() -> None:
     )
     # Durable Orchestration: the loop and its body are separate steps, so the loop cursor
     # and the step invocation counters travel in the checkpoint context.
-    context: dict[str, Any] = {"items": [1, 2, 3], "total": 0}
+    context: dict[str, Any] = _ctx(items=[1, 2, 3], total=0)
     key, ordinals = plan.start_step, []
     for _ in range(10):
         out = await interpret(plan, plan.step(key), context)
@@ -180,7 +185,7 @@ async def test_assignment_and_loop_run_in_one_pure_step() -> None:
         ordinals.append((key, out.advance.invocation_ordinal))
         if key == "make":
             break
-    assert context["total"] == 6
+    assert context["variables"]["total"] == 6
     assert LOOPS_KEY not in context
     assert ordinals == [
         ("add", 0),

@@ -115,7 +115,7 @@ def _plan(max_items: int) -> ExecutionPlan:
 
 async def test_collection_update_and_delete_produce_one_intent_per_distinct_record() -> None:
     plan = _plan(2)
-    context = {"accts": [{"Id": "a1"}, {"Id": "a2"}, {"Id": "a1"}]}
+    context = {"variables": {"accts": [{"Id": "a1"}, {"Id": "a2"}, {"Id": "a1"}]}}
     upd = await interpret(plan, plan.step("upd"), context)
     assert upd.intents == (
         MutationIntent("update", "Account", "a1", {"Status": "bulk"}),
@@ -127,5 +127,7 @@ async def test_collection_update_and_delete_produce_one_intent_per_distinct_reco
         MutationIntent("delete", "Account", "a2"),
     )
     with pytest.raises(StepFault) as caught:
-        await interpret(plan, plan.step("upd"), {"accts": [{"Id": "a1"}, {"Name": "x"}]})
+        await interpret(
+            plan, plan.step("upd"), {"variables": {"accts": [{"Id": "a1"}, {"Name": "x"}]}}
+        )
     assert caught.value.code == "missing_record_id"
