@@ -29,14 +29,22 @@ anything is written) and accepts their runs *inside* it, after the business rows
 (:func:`~runtime_svc.runs.admit_after_save_runs_txn` through
 ``RecordEngine.mutate(on_applied=…)``). Run keys derive from the mutation, so a replayed
 request returns the runs its first attempt started. A write the view subscribes nothing
-to skips admission entirely: no query beyond the record transaction itself. Before-save
-timing is not handled here.
+to skips admission entirely: no query beyond the record transaction itself.
+
+**Before-save triggers** (issue 6). When the view subscribes a before-save Flow to the
+write's object and event, the record engine runs
+:meth:`~runtime_svc.embedded.BeforeSaveDispatcher.transform_txn` inside its one record
+transaction, after the stored row is read and before the row is written (plan selection,
+the transforms in dispatch order, re-validation — see :mod:`runtime_svc.embedded`). A
+failing or over-budget Flow fails the write ``FAILED_PRECONDITION``
+(``before_save.flow_failed`` / ``before_save.budget_exceeded``), nothing is written, and
+its audit row is appended after the rollback.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -63,6 +71,7 @@ from runtime_svc.compiler.inputs import (
 )
 from runtime_svc.definitions.admission import RequestBoundView, TriggerSelection
 from runtime_svc.definitions.inputs import pin_subscription_versions
+from runtime_svc.embedded import BeforeSaveDispatcher, BeforeSaveFailedError, record_failure
 from runtime_svc.kernel import FlowRunStateStore
 from runtime_svc.records import (
     Actor,
@@ -79,6 +88,7 @@ from runtime_svc.records import (
     prepare_delete,
     prepare_update,
 )
+from runtime_svc.records.engine import Transform
 from runtime_svc.records.view import IMPLICIT_ID_FIELD
 from runtime_svc.runs.after_save import admit_after_save_runs_txn, select_after_save_plans
 from services.auth import TrustedRuntimeWorkScope, bearer_metadata, current_identity
@@ -143,6 +153,7 @@ _COMPILER_TYPES: Mapping[FieldType, str] = {
 }
 _MASTER_DETAIL = catalog_v1.RelationshipKind.RELATIONSHIP_KIND_MASTER_DETAIL
 _AFTER_SAVE_TIMING = common_v1.TriggerTiming.TRIGGER_TIMING_AFTER_SAVE
+_BEFORE_SAVE_TIMING = common_v1.TriggerTiming.TRIGGER_TIMING_BEFORE_SAVE
 _EVENTS: Mapping[int, str] = {
     common_v1.TriggerEvent.TRIGGER_EVENT_CREATE: "create",
     common_v1.TriggerEvent.TRIGGER_EVENT_UPDATE: "update",
@@ -219,15 +230,21 @@ class BoundRecordView:
             its ``view`` is ``None`` when the catalog's view is not a usable admission
             input, which fails admission closed for subscribed writes only.
         after_save: ``(object, event)`` pairs the view subscribes an after-save Flow to.
+        before_save: ``(object, event)`` pairs the view subscribes a before-save Flow to.
     """
 
     records: RecordView
     request: RequestBoundView
     after_save: frozenset[tuple[str, str]]
+    before_save: frozenset[tuple[str, str]] = frozenset()
 
     def subscribes_after_save(self, object_name: str, event: str) -> bool:
         """Whether a write of ``event`` on ``object_name`` needs after-save admission."""
         return (object_name, event) in self.after_save
+
+    def subscribes_before_save(self, object_name: str, event: str) -> bool:
+        """Whether a write of ``event`` on ``object_name`` runs before-save Flows."""
+        return (object_name, event) in self.before_save
 
 
 def _binding_ref_from_proto(registered: Any, binding_digest: str) -> RuntimeWorkBindingRef:
@@ -246,11 +263,11 @@ def _admission_view_from_proto(view: Any) -> MetadataViewInput | None:
         return None
 
 
-def _after_save_pairs(view: Any) -> frozenset[tuple[str, str]]:
+def _timing_pairs(view: Any, timing: Any) -> frozenset[tuple[str, str]]:
     return frozenset(
         (s.object_api_name, _EVENTS[e])
         for s in view.trigger_subscriptions
-        if s.timing == _AFTER_SAVE_TIMING
+        if s.timing == timing
         for e in s.events
         if e in _EVENTS
     )
@@ -333,7 +350,12 @@ class CatalogRecordViews:
         self._bindings: OrderedDict[TrustedRuntimeWorkScope, RuntimeWorkBindingRef] = OrderedDict()
         self._views: OrderedDict[
             tuple[str, str, str],
-            tuple[RecordView, MetadataViewInput | None, frozenset[tuple[str, str]]],
+            tuple[
+                RecordView,
+                MetadataViewInput | None,
+                frozenset[tuple[str, str]],
+                frozenset[tuple[str, str]],
+            ],
         ] = OrderedDict()
 
     @property
@@ -373,7 +395,9 @@ class CatalogRecordViews:
         cached = self._views.get(key)
         if cached is not None:
             self._views.move_to_end(key)
-            return BoundRecordView(cached[0], RequestBoundView(binding, cached[1]), cached[2])
+            return BoundRecordView(
+                cached[0], RequestBoundView(binding, cached[1]), cached[2], cached[3]
+            )
         try:
             resp = await self._stub.GetMetadataView(
                 catalog_v1.GetMetadataViewRequest(
@@ -393,9 +417,10 @@ class CatalogRecordViews:
                 reason="metadata_view_digest_mismatch",
             )
         admission = _admission_view_from_proto(resp.view)
-        pairs = _after_save_pairs(resp.view)
-        self._remember(self._views, key, (view, admission, pairs))
-        return BoundRecordView(view, RequestBoundView(binding, admission), pairs)
+        after = _timing_pairs(resp.view, _AFTER_SAVE_TIMING)
+        before = _timing_pairs(resp.view, _BEFORE_SAVE_TIMING)
+        self._remember(self._views, key, (view, admission, after, before))
+        return BoundRecordView(view, RequestBoundView(binding, admission), after, before)
 
 
 # --- proto mapping -----------------------------------------------------------------------------
@@ -484,6 +509,7 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
         views: the metadata-view source.
         db: the runtime database (after-save admission reads activations from it).
         runs: the one run-state store the servicer accepts after-save runs through.
+        before_save: runs Embedded Before-Save Flows inside the record transaction.
     """
 
     def __init__(
@@ -492,11 +518,13 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
         views: RecordViewSource,
         db: AsyncEngine,
         runs: FlowRunStateStore | None = None,
+        before_save: BeforeSaveDispatcher | None = None,
     ) -> None:
         self._engine = engine
         self._views = views
         self._db = db
         self._runs = runs or FlowRunStateStore(db)
+        self._before = before_save or BeforeSaveDispatcher()
 
     async def _context(self) -> _WriteContext:
         identity = current_identity()
@@ -504,25 +532,56 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
         bound = await self._views.bound_view_for(scope)
         return _WriteContext(identity.org_id, scope, bound, Actor("workload", identity.subject))
 
+    def _before_save(self, ctx: _WriteContext, mutation: RecordMutation) -> Transform | None:
+        """The before-save hook of a write the view subscribes a before-save Flow to."""
+        if not ctx.bound.subscribes_before_save(mutation.object_name, mutation.kind.value):
+            return None
+        dispatcher, request_view, view = self._before, ctx.bound.request, ctx.view
+
+        async def transform(
+            conn: AsyncConnection, m: RecordMutation, current: RecordState | None
+        ) -> RecordMutation:
+            return await dispatcher.transform_txn(conn, ctx.org, request_view, view, m, current)
+
+        return transform
+
+    async def _mutate(
+        self,
+        ctx: _WriteContext,
+        mutation: RecordMutation,
+        ref: RequestRef,
+        on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
+    ) -> MutationResult:
+        """One record transaction: before-save Flows, the write, ``on_applied``."""
+        try:
+            return await self._engine.mutate(
+                ctx.org,
+                ctx.view,
+                mutation,
+                actor=ctx.actor,
+                request=ref,
+                on_applied=on_applied,
+                transform=self._before_save(ctx, mutation),
+            )
+        except BeforeSaveFailedError as exc:
+            # Rolled back: nothing was written. The evidence is the engine's audit row.
+            await record_failure(self._db, exc.evidence, ctx.actor)
+            raise
+
     async def _write(
         self, ctx: _WriteContext, mutation: RecordMutation, ref: RequestRef
     ) -> tuple[MutationResult, list[str]]:
-        """Admit after-save plans, then mutate (and accept their runs) in one transaction."""
+        """Admit after-save plans, then run before-save Flows, mutate and accept the
+        after-save runs, all in one transaction."""
         event = mutation.kind.value
         if not ctx.bound.subscribes_after_save(mutation.object_name, event):
-            # The no-Flow write path: nothing to admit, no query beyond the write itself.
-            result = await self._engine.mutate(
-                ctx.org, ctx.view, mutation, actor=ctx.actor, request=ref
-            )
-            return result, []
+            # Nothing to admit after save: no query beyond the record transaction.
+            return await self._mutate(ctx, mutation, ref), []
         selection: TriggerSelection = await select_after_save_plans(
             self._db, ctx.scope, mutation.object_name, event, ctx.bound.request
         )
         if not selection.plans:
-            result = await self._engine.mutate(
-                ctx.org, ctx.view, mutation, actor=ctx.actor, request=ref
-            )
-            return result, []
+            return await self._mutate(ctx, mutation, ref), []
         run_ids: list[str] = []
 
         async def admit(conn: AsyncConnection, applied: MutationResult) -> None:
@@ -532,9 +591,7 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
             # Replaced, not extended: a whole-transaction retry runs this again.
             run_ids[:] = ids
 
-        result = await self._engine.mutate(
-            ctx.org, ctx.view, mutation, actor=ctx.actor, request=ref, on_applied=admit
-        )
+        result = await self._mutate(ctx, mutation, ref, admit)
         return result, list(run_ids)
 
     async def CreateRecord(self, request: Any, context: Context) -> Any:

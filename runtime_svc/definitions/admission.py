@@ -18,11 +18,13 @@ the candidates (one read-only transaction) and applies it. Outcomes are values
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from enum import StrEnum
+from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.compiler import MetadataViewInput, RuntimeWorkBindingRef
 from runtime_svc.compiler.plan import trigger_binding_digest
@@ -35,11 +37,14 @@ __all__ = [
     "AdmissionError",
     "AdmissionErrorCode",
     "AdmittedPlan",
+    "ImmutableRowCache",
     "RequestBoundView",
     "TriggerSelection",
     "load_active_plan_bindings",
+    "load_active_plan_bindings_txn",
     "select_for_trigger",
     "select_plan_for_trigger",
+    "select_plan_for_trigger_txn",
 ]
 
 
@@ -209,6 +214,33 @@ def select_for_trigger(
     return TriggerSelection(tuple(admitted))
 
 
+async def select_plan_for_trigger_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    object_api_name: str,
+    timing: str,
+    event: str,
+    request_binding: RequestBoundView | None,
+    *,
+    cache: ImmutableRowCache | None = None,
+) -> TriggerSelection | AdmissionError:
+    """:func:`select_plan_for_trigger` inside the caller's transaction."""
+    if request_binding is None or request_binding.view is None:
+        return select_for_trigger(org_id, object_api_name, timing, event, request_binding, ())
+    b = request_binding.binding
+    names = sorted(
+        {
+            s.flow_api_name
+            for s in request_binding.view.trigger_subscriptions
+            if s.object == object_api_name and s.timing == timing and event in s.events
+        }
+    )
+    active = await load_active_plan_bindings_txn(
+        conn, org_id, b.app_installation_id, b.runtime_capability_id, names, cache=cache
+    )
+    return select_for_trigger(org_id, object_api_name, timing, event, request_binding, active)
+
+
 def _binding_of(plan: repo.PlanRow) -> RuntimeWorkBindingRef:
     return RuntimeWorkBindingRef(
         org_id=plan.scope.org_id,
@@ -234,33 +266,88 @@ async def load_active_plan_bindings(
     if not flow_api_names:
         return []
     async with transaction(engine, readonly=True) as conn:
-        acts = await repo.active_activations_txn(
-            conn,
-            org_id,
-            flow_api_names=flow_api_names,
-            app_installation_id=app_installation_id,
-            runtime_capability_id=runtime_capability_id,
+        return await load_active_plan_bindings_txn(
+            conn, org_id, app_installation_id, runtime_capability_id, flow_api_names
         )
-        versions = await repo.get_flow_versions_txn(conn, org_id, [a.flow_version_id for a in acts])
-        out = []
-        for a in acts:
-            plan = None if a.plan_id is None else await repo.get_plan_txn(conn, org_id, a.plan_id)
-            version = versions.get(a.flow_version_id)
-            if plan is None or version is None:
-                continue
-            out.append(
-                ActivePlanBinding(
-                    flow_api_name=a.flow_api_name,
-                    flow_version_id=a.flow_version_id,
-                    version_number=version.version_number,
-                    plan_id=plan.plan_id,
-                    plan_digest=plan.plan_digest,
-                    execution_profile=plan.execution_profile,
-                    binding=_binding_of(plan),
-                    trigger_binding_digest=plan.trigger_binding_digest,
-                )
+
+
+class ImmutableRowCache:
+    """A bounded per-process cache of immutable definition rows (plans and Flow versions
+    never change once written, so an entry can never go stale; activations are never
+    cached)."""
+
+    def __init__(self, max_entries: int = 512) -> None:
+        self._max = max_entries
+        self.plans: OrderedDict[tuple[str, str], repo.PlanRow] = OrderedDict()
+        self.versions: OrderedDict[tuple[str, str], repo.FlowVersionRow] = OrderedDict()
+
+    def remember(
+        self, cache: OrderedDict[tuple[str, str], Any], key: tuple[str, str], value: Any
+    ) -> None:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > self._max:
+            cache.popitem(last=False)
+
+
+async def load_active_plan_bindings_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    app_installation_id: str,
+    runtime_capability_id: str,
+    flow_api_names: Sequence[str],
+    *,
+    cache: ImmutableRowCache | None = None,
+) -> list[ActivePlanBinding]:
+    """:func:`load_active_plan_bindings` inside the caller's transaction (the before-save
+    path selects its plans inside the record transaction). With ``cache``, plan and Flow
+    version rows are read once per process; the activation query always runs."""
+    if not flow_api_names:
+        return []
+    acts = await repo.active_activations_txn(
+        conn,
+        org_id,
+        flow_api_names=flow_api_names,
+        app_installation_id=app_installation_id,
+        runtime_capability_id=runtime_capability_id,
+    )
+    version_ids = [a.flow_version_id for a in acts]
+    versions: dict[str, repo.FlowVersionRow] = {}
+    missing = [v for v in version_ids if cache is None or (org_id, v) not in cache.versions]
+    if missing:
+        versions.update(await repo.get_flow_versions_txn(conn, org_id, missing))
+    if cache is not None:
+        for vid in version_ids:
+            if vid in versions:
+                cache.remember(cache.versions, (org_id, vid), versions[vid])
+            elif (org_id, vid) in cache.versions:
+                versions[vid] = cache.versions[(org_id, vid)]
+    out = []
+    for a in acts:
+        plan = None
+        if a.plan_id is not None:
+            key = (org_id, a.plan_id)
+            plan = None if cache is None else cache.plans.get(key)
+            if plan is None:
+                plan = await repo.get_plan_txn(conn, org_id, a.plan_id)
+                if plan is not None and cache is not None:
+                    cache.remember(cache.plans, key, plan)
+        version = versions.get(a.flow_version_id)
+        if plan is None or version is None:
+            continue
+        out.append(
+            ActivePlanBinding(
+                flow_api_name=a.flow_api_name,
+                flow_version_id=a.flow_version_id,
+                version_number=version.version_number,
+                plan_id=plan.plan_id,
+                plan_digest=plan.plan_digest,
+                execution_profile=plan.execution_profile,
+                binding=_binding_of(plan),
+                trigger_binding_digest=plan.trigger_binding_digest,
             )
-        return out
+        )
+    return out
 
 
 async def select_plan_for_trigger(
@@ -276,17 +363,7 @@ async def select_plan_for_trigger(
     Only Flows the request-bound view subscribes to (object, timing, event) are loaded;
     the decision is :func:`select_for_trigger`. No business transaction is opened.
     """
-    if request_binding is None or request_binding.view is None:
-        return select_for_trigger(org_id, object_api_name, timing, event, request_binding, ())
-    b = request_binding.binding
-    names = sorted(
-        {
-            s.flow_api_name
-            for s in request_binding.view.trigger_subscriptions
-            if s.object == object_api_name and s.timing == timing and event in s.events
-        }
-    )
-    active = await load_active_plan_bindings(
-        engine, org_id, b.app_installation_id, b.runtime_capability_id, names
-    )
-    return select_for_trigger(org_id, object_api_name, timing, event, request_binding, active)
+    async with transaction(engine, readonly=True) as conn:
+        return await select_plan_for_trigger_txn(
+            conn, org_id, object_api_name, timing, event, request_binding
+        )

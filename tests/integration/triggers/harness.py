@@ -17,10 +17,11 @@ from typing import Any
 
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog_svc.app import build_services as build_catalog_services
 from runtime_svc.api.definitions import build_definition_service
-from runtime_svc.api.records import build_record_service
+from runtime_svc.api.records import CatalogRecordViews, build_record_service
 from runtime_svc.api.runs import build_run_service
 from runtime_svc.catalog_client import ScopedCredentials
 from services import db
@@ -51,6 +52,8 @@ class TriggerServers:
         self._catalog_verifier = CredentialVerifier(keys, ServiceName.CATALOG)
         self.runtime_port = 0
         self.catalog_port = 0
+        #: The runtime's engine (tests count its transactions; set once started).
+        self.runtime_engine: AsyncEngine | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -91,6 +94,7 @@ class TriggerServers:
         self._stop = asyncio.Event()
         catalog_engine = db.create_engine(self.catalog_db_url, pool_size=4)
         runtime_engine = db.create_engine(self.runtime_db_url, pool_size=8)
+        self.runtime_engine = runtime_engine
         try:
             catalog_cfg = self._cfg(ServiceName.CATALOG)
             catalog = await start_server(
@@ -108,7 +112,15 @@ class TriggerServers:
                     catalog_target=target,
                     credentials=ScopedCredentials(self.private_key, CATALOG_KEY_ID),
                 ),
-                await build_run_service(cfg, runtime_engine, max_wait_s=2.0),
+                await build_run_service(
+                    cfg,
+                    runtime_engine,
+                    max_wait_s=2.0,
+                    views=CatalogRecordViews(
+                        grpc.aio.insecure_channel(target),
+                        ScopedCredentials(self.private_key, CATALOG_KEY_ID),
+                    ),
+                ),
                 await build_record_service(
                     cfg,
                     runtime_engine,
