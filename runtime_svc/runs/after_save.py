@@ -10,9 +10,16 @@ The RecordService calls, per mutating request:
    rows in the §13.1 order); the returned ids are ``triggered_flow_run_ids``.
 
 Each run's idempotency key is derived from the mutation (org, object, record id, history
-sequence, Flow), and its request body only from the same values, so a replayed record
-request (``MutationResult.replayed``, same history sequence) maps to the run it already
-started instead of a second one.
+sequence, Flow), so a replayed record request (``MutationResult.replayed``, same history
+sequence) returns the runs its first application started — looked up by key, never
+created again (its entry conditions were decided then, against the prior record that a
+replay no longer has).
+
+A plan's trigger **entry condition** is evaluated here, inside the record transaction,
+over ``$Record`` (the record as written) and ``$Record__Prior`` (the stored record before
+the mutation, ``None`` on create); a plan whose condition is false starts no run. The run's
+input checkpoint carries both records as the variables ``$Record`` / ``$Record__Prior``
+plus the ``trigger`` reference (object, record id, history sequence, event).
 """
 
 from __future__ import annotations
@@ -30,8 +37,14 @@ from runtime_svc.kernel import CheckpointInput, FlowRunStateStore, StartRunReque
 from runtime_svc.records.model import MutationResult
 from runtime_svc.runs.keys import after_save_key
 from runtime_svc.runs.resolve import first_step_of
+from runtime_svc.worker.executor import (
+    StepFault,
+    entry_condition_holds,
+    to_json_value,
+    trigger_env,
+)
 from services.auth import TrustedRuntimeWorkScope
-from services.errors import NotFoundError
+from services.errors import FailedPreconditionError, NotFoundError
 
 __all__ = ["AFTER_SAVE", "admit_after_save_runs_txn", "select_after_save_plans"]
 
@@ -79,11 +92,41 @@ async def admit_after_save_runs_txn(
     """
     record = mutation.record
     run_ids: list[str] = []
-    for admitted in sorted(selection.plans, key=lambda p: p.dispatch_order):
+    ordered = sorted(selection.plans, key=lambda p: (p.dispatch_order, p.flow_api_name))
+    if mutation.replayed:
+        for admitted in ordered:
+            key = after_save_key(
+                scope.org_id,
+                record.object_name,
+                record.record_id,
+                mutation.history_sequence,
+                admitted.flow_api_name,
+            )
+            existing = await store.run_by_key_txn(conn, scope.org_id, key)
+            if existing is not None:
+                run_ids.append(existing.flow_run_id)
+        return run_ids
+    env = trigger_env(
+        record.record_id,
+        record.fields,
+        None if mutation.prior is None else mutation.prior.fields,
+    )
+    for admitted in ordered:
         row = await repo.get_plan_txn(conn, scope.org_id, admitted.plan_id)
         if row is None:
             raise NotFoundError("execution_plan", admitted.plan_id)
-        first = first_step_of(row.plan(), row.execution_profile)
+        plan = row.plan()
+        try:
+            if not entry_condition_holds(plan, env):
+                continue
+        except StepFault as fault:
+            raise FailedPreconditionError(
+                f"the entry condition of Flow {admitted.flow_api_name} cannot be evaluated "
+                f"({fault.code})",
+                reason="after_save.entry_condition_failed",
+                attributes={"flow_api_name": admitted.flow_api_name},
+            ) from None
+        first = first_step_of(plan, row.execution_profile)
         trigger = {
             "object": record.object_name,
             "record_id": record.record_id,
@@ -95,7 +138,10 @@ async def admit_after_save_runs_txn(
             plan_id=row.plan_id,
             first_step=first,
             input=CheckpointInput(
-                context={"variables": {}, "trigger": trigger},
+                context={
+                    "variables": {k: to_json_value(v) for k, v in env.items()},
+                    "trigger": trigger,
+                },
                 plan_cursor={"step": first.plan_step_key},
             ),
             idempotency_key=after_save_key(

@@ -9,6 +9,8 @@ through the definitions API, runs read through the FlowRunService API.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from typing import Any
 
@@ -16,10 +18,12 @@ import grpc
 import pymysql
 import pytest
 from google.protobuf.struct_pb2 import Struct
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records import Actor, MutationResult, RecordEngine, RecordView, prepare_create
 from runtime_svc.records.model import RequestRef
+from runtime_svc.schema import flow_checkpoints
 from services import db
 from services.proto import catalog_v1, runtime_v1
 from tests.integration.catalog.harness import Client as CatalogClient
@@ -30,14 +34,17 @@ from tests.integration.records.support import record_view
 from tests.integration.runs.harness import RunClient
 
 
-def _welcome() -> dict[str, Any]:
+def _welcome(entry_condition: str | None = None) -> dict[str, Any]:
     """Record-triggered on the demo view's ``Welcome`` subscription (Contact, after-save,
     create); sends an e-mail."""
+    trigger: dict[str, Any] = {"object": "Contact", "timing": "after_save", "events": ["create"]}
+    if entry_condition:
+        trigger["entry_condition"] = entry_condition
     return {
         "api_name": "Welcome",
         "version": 1,
         "process_type": "record_triggered",
-        "trigger": {"object": "Contact", "timing": "after_save", "events": ["create"]},
+        "trigger": trigger,
         "variables": [{"name": "msgId", "type": "string"}],
         "start": "mail",
         "elements": [
@@ -54,7 +61,13 @@ def _welcome() -> dict[str, Any]:
     }
 
 
-def _tenant(catalog: CatalogClient, client: RunClient, *, activate: bool = True) -> Published:
+def _tenant(
+    catalog: CatalogClient,
+    client: RunClient,
+    *,
+    activate: bool = True,
+    entry_condition: str | None = None,
+) -> Published:
     """A sealed catalog generation of a fresh org; ``Welcome`` compiled and activated."""
     org = new_org()
     scope: Scope = catalog.tenant(org)
@@ -73,7 +86,7 @@ def _tenant(catalog: CatalogClient, client: RunClient, *, activate: bool = True)
         generation.catalog_digest,
     )
     if activate:
-        fv = client.register(org, _welcome())
+        fv = client.register(org, _welcome(entry_condition))
         compiled = client.compile(pub, fv.flow_version_id)
         assert compiled.compiled, [d.message for d in compiled.diagnostics]
         client.activate(pub, fv.flow_version_id, compiled.plan)
@@ -181,6 +194,47 @@ def test_unsubscribed_update_and_delete_start_no_run(
     )
     assert list(account.triggered_flow_run_ids) == []
     assert _run_ids(client, pub) == [run_id]
+
+
+def test_entry_condition_decides_inside_the_transaction_and_the_run_carries_the_record(
+    client: RunClient, catalog: CatalogClient, module_db_url: str
+) -> None:
+    """The plan's entry condition is evaluated over ``$Record`` / ``$Record__Prior`` in
+    the record transaction; a started run's input checkpoint carries both records."""
+    pub = _tenant(catalog, client, entry_condition="$Record.Email != 'skip@example.com'")
+    skipped = _create(client, pub, Email="skip@example.com")
+    assert list(skipped.triggered_flow_run_ids) == []
+    request_id = new_request_id()
+    started = _create(client, pub, request_id=request_id, Email="ada@example.com")
+    (run_id,) = started.triggered_flow_run_ids
+    assert _run_ids(client, pub) == [run_id]
+    # A replay returns the run its first application started (looked up, not re-decided).
+    replay = _create(client, pub, request_id=request_id, Email="ada@example.com")
+    assert list(replay.triggered_flow_run_ids) == [run_id]
+    assert _run_ids(client, pub) == [run_id]
+
+    async def context() -> dict[str, Any]:
+        engine = db.create_engine(module_db_url, pool_size=1)
+        try:
+            async with db.transaction(engine, readonly=True) as conn:
+                c = flow_checkpoints.c
+                raw = (
+                    await conn.execute(
+                        select(c.context_payload).where(
+                            c.org_id == pub.scope[0], c.flow_run_id == run_id
+                        )
+                    )
+                ).scalar_one()
+            return dict(json.loads(raw))
+        finally:
+            await engine.dispose()
+
+    ctx = asyncio.run(context())
+    record = ctx["variables"]["$Record"]
+    assert record == {"Id": started.record.record_id, "Email": "ada@example.com"}
+    assert ctx["variables"]["$Record__Prior"] is None
+    assert ctx["trigger"]["record_id"] == started.record.record_id
+    assert ctx["trigger"]["event"] == "create"
 
 
 def test_a_failed_record_transaction_starts_no_run(
