@@ -12,10 +12,14 @@ Wire it into the runtime process with :func:`build_run_service`.
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
+import uuid
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from runtime_svc.api.records import CatalogRecordViews
 from runtime_svc.api.runs_proto import (
     input_variables_from_request,
     list_filters_from_request,
@@ -24,8 +28,12 @@ from runtime_svc.api.runs_proto import (
     target_from_request,
     wait_budget_seconds,
 )
+from runtime_svc.atomic import AtomicRunner
+from runtime_svc.catalog_client import ScopedCredentials, catalog_channel
 from runtime_svc.kernel import FlowRunStateStore
 from runtime_svc.runs import PageTokenCodec, RunService
+from runtime_svc.worker.settings import WorkerSettings
+from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import current_identity
 from services.config import ServiceConfig
 from services.errors import InvalidArgumentError
@@ -121,20 +129,36 @@ async def build_run_service(
     *,
     store: FlowRunStateStore | None = None,
     max_wait_s: float = 30.0,
+    views: RecordViewSource | None = None,
+    synchronous_atomic: bool = True,
 ) -> ServiceRegistration:
     """The FlowRunService registration for ``runtime_svc.app.build_services``.
 
     Args:
         cfg: the runtime's configuration.
         engine: the runtime database.
-        store: the run state store the workers use (default: a new one on ``engine``).
+        store: the run state store the workers use (default: a new one on ``engine``
+            with the workers' retry policy).
         max_wait_s: the API budget ``StartRun.wait_budget`` is clamped to (§18.3).
+        views: record views for synchronous Bounded Atomic runs (default: the
+            ``FLOW_RUNTIME_VIEW_FILE`` view when set, else the catalog's views).
+        synchronous_atomic: execute Bounded Atomic runs inside ``StartRun`` (§18.3);
+            ``False`` leaves them to the workers (tests of the accept path only).
     """
+    settings = WorkerSettings.from_env()
+    store = store or FlowRunStateStore(engine, policy=settings.retry_policy())
+    if views is None and synchronous_atomic:
+        if settings.view_file:
+            views = FixedViews.from_file(settings.view_file)
+        else:
+            views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
+    owner = f"{socket.gethostname()}:{os.getpid()}/atomic/{uuid.uuid4().hex[:8]}"
     service = RunService(
         engine,
-        store or FlowRunStateStore(engine),
+        store,
         PageTokenCodec(page_token_secret(cfg)),
         max_wait_s=max_wait_s,
+        atomic=AtomicRunner(engine, store, views, owner=owner) if views is not None else None,
     )
     return ServiceRegistration(
         SERVICE_NAME,

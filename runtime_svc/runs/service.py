@@ -18,6 +18,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from runtime_svc.atomic import AtomicRunner
+from runtime_svc.compiler.kinds import ExecutionProfile
 from runtime_svc.compiler.plan import ExecutionPlan
 from runtime_svc.definitions import repository as repo
 from runtime_svc.kernel import (
@@ -132,6 +134,10 @@ class RunService:
         page_tokens: the ``ListRuns`` token codec (one secret across replicas).
         max_wait_s: the API budget ``wait_budget`` is clamped to (§18.3).
         poll_interval_s: pause between state reads while waiting.
+        atomic: executes Bounded Atomic runs synchronously (``None``: the workers do).
+        atomic_budget_s: how long ``StartRun`` of a Bounded Atomic Flow executes it
+            synchronously when the request asks for a shorter (or no) wait; clamped to
+            ``max_wait_s``.
     """
 
     def __init__(
@@ -142,12 +148,16 @@ class RunService:
         *,
         max_wait_s: float = 30.0,
         poll_interval_s: float = 0.05,
+        atomic: AtomicRunner | None = None,
+        atomic_budget_s: float = 5.0,
     ) -> None:
         self._engine = engine
         self.store = store
         self._tokens = page_tokens
         self._max_wait_s = max_wait_s
         self._poll_s = poll_interval_s
+        self._atomic = atomic
+        self._atomic_budget_s = atomic_budget_s
 
     # --- start -------------------------------------------------------------------------
 
@@ -192,6 +202,16 @@ class RunService:
         result = await self._create(scope, request)
         run = result.run
         completed = run.state in TERMINAL_RUN_STATES
+        if (
+            not completed
+            and self._atomic is not None
+            and resolved.row.execution_profile == (ExecutionProfile.BOUNDED_ATOMIC.value)
+        ):
+            # §18.3: the one logical mutation step runs now; the terminal result returns
+            # when it completes within the API budget, the run identity otherwise.
+            budget = min(max(wait_budget_s, self._atomic_budget_s), self._max_wait_s)
+            run = await self._atomic.run(scope.org_id, run.flow_run_id, budget)
+            completed = run.state in TERMINAL_RUN_STATES
         if not completed and wait_budget_s > 0:
             run = await self._wait(scope.org_id, run, min(wait_budget_s, self._max_wait_s))
             completed = run.state in TERMINAL_RUN_STATES

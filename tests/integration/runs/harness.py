@@ -65,7 +65,9 @@ class RunServers(Servers):
                 catalog_target=f"127.0.0.1:{catalog.port}",
                 credentials=ScopedCredentials(self.private_key, KEY_ID),
             ),
-            await build_run_service(cfg, engine, max_wait_s=2.0),
+            # These tests cover the accept/read/cancel API: runs stay where StartRun put
+            # them (Bounded Atomic execution has its own tests).
+            await build_run_service(cfg, engine, max_wait_s=2.0, synchronous_atomic=False),
         ]
         try:
             runtime = await start_server(cfg, registrations, verifier=self._runtime_verifier)

@@ -1,0 +1,90 @@
+"""Bounded Atomic execution (§9.2, §18.3): the whole Flow is one logical mutation step.
+
+The compiler proved the plan's single ``BoundedMutation`` step (``$atomic``) needs one
+short owned transaction with a known, bounded read/write/lock set. A run is executed as:
+
+1. **Root first.** ``StartRun`` (or after-save admission) persists the root, its first
+   step and the immutable input checkpoint, bound to the plan, *before* any mutation
+   (:meth:`~runtime_svc.kernel.FlowRunStateStore.create_run`).
+2. **Claim.** :class:`AtomicRunner` claims the run's step through the same fenced §12.1
+   claim the workers use (lifecycle-only transactions that start at the root).
+3. **One transaction.** The step worker's business transaction
+   (:meth:`runtime_svc.worker.StepWorker.process`): current reads, the declared business /
+   parent / history locks in canonical order, every record write with its history, event
+   and audit rows, then — entering Flow state at the root — the final checkpoint and the
+   terminal state, committed together. The step's compiled bounds are enforced while it
+   runs (:func:`runtime_svc.worker.executor.meter_for`); its actual resources are checked
+   against the declared ones before the first lock.
+4. **Outcomes.** A deadlock victim or lock-wait timeout is a proven rollback: the kernel
+   schedules a durable, jittered retry of the *whole step* from the same input checkpoint
+   (§13.4 — never a tight in-process loop), and this runner claims it again when it is
+   due, within the caller's budget. A lost COMMIT response quarantines the step
+   (``CommitUnknown``; never retried). A budget or resource-bound overrun ends the run
+   terminally with the bound named in its cause code.
+
+``StartRun`` waits at most its API budget: it returns the terminal run when the step
+committed (or failed) in time, and the accepted run identity otherwise — the background
+workers (which also serve the ``bounded_atomic_foreground`` lane) finish it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from runtime_svc.kernel import FlowRunStateStore, RunRecord
+from runtime_svc.kernel.states import TERMINAL_RUN_STATES
+from runtime_svc.worker.loop import Outcome, PhaseHook, StepWorker
+from runtime_svc.worker.views import RecordViewSource
+
+__all__ = ["ATOMIC_QUEUE", "AtomicRunner"]
+
+#: The queue class of a Bounded Atomic step (§16.1 lane).
+ATOMIC_QUEUE = "bounded_atomic_foreground"
+#: Pause between looks at a run whose retry is not due yet (or that another owner holds).
+_POLL_S = 0.02
+
+
+class AtomicRunner:
+    """Executes Bounded Atomic runs synchronously for their caller.
+
+    Args:
+        engine: the runtime database.
+        store: the kernel store (its policy is the lease/retry policy).
+        views: record views by work scope.
+        owner: lease-owner name of this process's synchronous executor.
+        hook: test seam passed to the step worker.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        store: FlowRunStateStore,
+        views: RecordViewSource,
+        *,
+        owner: str = "atomic",
+        hook: PhaseHook | None = None,
+    ) -> None:
+        self.store = store
+        self._worker = StepWorker(
+            engine, store, views, owner=owner, queue_classes=(ATOMIC_QUEUE,), hook=hook
+        )
+        #: Outcomes of every processed attempt, in order (test and metrics evidence).
+        self.outcomes: list[Outcome] = []
+
+    async def run(self, org_id: str, flow_run_id: str, budget_s: float) -> RunRecord:
+        """Drive the run until it is terminal or ``budget_s`` is spent; returns its
+        current state either way (bounded: one attempt or one short pause per turn)."""
+        deadline = time.monotonic() + max(budget_s, 0.0)
+        while True:
+            run = await self.store.get_run(org_id, flow_run_id, include_deleted=True)
+            if run.state in TERMINAL_RUN_STATES or time.monotonic() >= deadline:
+                return run
+            candidate = await self.store.candidate_for_run(org_id, flow_run_id)
+            if candidate is not None and candidate.queue_class == ATOMIC_QUEUE:
+                self.outcomes.append(await self._worker.process(org_id, candidate))
+                continue
+            # A retry not yet due, or another owner (a worker) holds the step.
+            await asyncio.sleep(min(_POLL_S, max(deadline - time.monotonic(), 0.0)))
