@@ -439,9 +439,7 @@ flow_dependencies = Table(
         ["flow_step_executions.org_id", "flow_step_executions.step_execution_id"],
     ),
     Index("ix_flow_dependencies_step", "org_id", "step_execution_id"),
-    Index(
-        "ix_flow_dependencies_producer", *WORK_SCOPE, "producer_kind", "producer_key", "state"
-    ),
+    Index("ix_flow_dependencies_producer", *WORK_SCOPE, "producer_kind", "producer_key", "state"),
     Index("ix_flow_dependencies_deadline", "org_id", "state", "deadline"),
     Index("ix_flow_dependencies_probe", "org_id", "state", "next_probe_at"),
     **TABLE_OPTIONS,
