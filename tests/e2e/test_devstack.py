@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.struct_pb2 import Struct
 
 from services.auth import WorkloadClaims, load_signing_key, mint_credential
 from services.config import ServiceName
@@ -174,6 +176,38 @@ def _assert_demo_active(stack: Stack) -> dict[str, Any]:
     return demo
 
 
+def _assert_before_save_transforms(stack: Stack, demo: dict[str, Any]) -> None:
+    """A Contact write runs the demo's Embedded Before-Save Flow inside its transaction
+    (names trimmed, a blank first name stored as null) and starts the after-save run."""
+    scope = common_v1.TrustedRuntimeWorkScope(
+        org_id="org-demo",
+        app_installation_id=demo["app_installation_id"],
+        runtime_capability_id=demo["runtime_capability_id"],
+        runtime_work_binding_digest=demo["binding_digest"],
+    )
+    md = _md(
+        stack.data_dir,
+        app_installation_id=demo["app_installation_id"],
+        runtime_capability_id=demo["runtime_capability_id"],
+        runtime_work_binding_digest=demo["binding_digest"],
+    )
+    fields = Struct()
+    fields.update({"FirstName": "   ", "LastName": "  Lovelace  ", "Email": "ada@example.com"})
+    with grpc.insecure_channel(f"127.0.0.1:{stack.runtime_port}") as channel:
+        created = runtime_v1.RecordServiceStub(channel).CreateRecord(
+            runtime_v1.CreateRecordRequest(
+                request_id=f"req-{uuid.uuid4().hex}",
+                scope=scope,
+                object_api_name="Contact",
+                fields=fields,
+            ),
+            metadata=md,
+            timeout=30,
+        )
+    assert dict(created.record.fields) == {"LastName": "Lovelace", "Email": "ada@example.com"}
+    assert len(created.triggered_flow_run_ids) == 1  # WelcomeContact (after-save)
+
+
 def _stop_cleanly(stack: Stack) -> None:
     children = stack.children()
     assert len(children) == 3, children
@@ -195,6 +229,7 @@ def test_devstack_seeds_the_demo_idempotently_and_stops_cleanly(tmp_path: Path) 
             assert expected in text, text
         first = _assert_demo_active(stack)
         assert not first["generation_reused"]
+        _assert_before_save_transforms(stack, first)
         _stop_cleanly(stack)
 
     # Same data dir again: the unchanged catalog reuses the generation the plans pin, so
