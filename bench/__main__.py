@@ -11,7 +11,10 @@ MariaDB:
 * compile time of a 200-element Flow and small plans compiled per second;
 * durable steps committed per second (10-step Flow, one record mutation per step, 1 and 4
   workers) against the raw commit rate, and claim latency with 1,000 vs 100,000 waiting runs
-  (``bench/durable_bench.py``).
+  (``bench/durable_bench.py``);
+* record mutations per second with no Flow, with one 5-element Embedded Before-Save Flow
+  and as Bounded Atomic runs, their ratios and the before-save overhead (target < 15%)
+  (``bench/sync_bench.py``).
 
 Nothing here is asserted; figures depend on the machine.
 """
@@ -29,7 +32,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench import compile_bench, durable_bench
+from bench import compile_bench, durable_bench, sync_bench
 from services import db
 from services.digest import versioned_digest
 
@@ -135,3 +138,4 @@ async def _main() -> None:
 if __name__ == "__main__":
     asyncio.run(_main())
     durable_bench.run(_SECONDS)
+    sync_bench.run(_SECONDS)

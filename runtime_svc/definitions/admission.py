@@ -238,7 +238,24 @@ async def select_plan_for_trigger_txn(
     active = await load_active_plan_bindings_txn(
         conn, org_id, b.app_installation_id, b.runtime_capability_id, names, cache=cache
     )
-    return select_for_trigger(org_id, object_api_name, timing, event, request_binding, active)
+    if cache is None:
+        return select_for_trigger(org_id, object_api_name, timing, event, request_binding, active)
+    key = (
+        org_id,
+        object_api_name,
+        timing,
+        event,
+        b,
+        request_binding.view.digest,
+        tuple(active),
+    )
+    decision = cache.decisions.get(key)
+    if decision is None:
+        decision = select_for_trigger(
+            org_id, object_api_name, timing, event, request_binding, active
+        )
+        cache.remember(cache.decisions, key, decision)
+    return decision
 
 
 def _binding_of(plan: repo.PlanRow) -> RuntimeWorkBindingRef:
@@ -280,10 +297,12 @@ class ImmutableRowCache:
         self._max = max_entries
         self.plans: OrderedDict[tuple[str, str], repo.PlanRow] = OrderedDict()
         self.versions: OrderedDict[tuple[str, str], repo.FlowVersionRow] = OrderedDict()
+        #: Memoized :func:`select_for_trigger` decisions (a pure function of its inputs,
+        #: which the key holds completely: the view by its content digest).
+        self.decisions: OrderedDict[Any, TriggerSelection | AdmissionError] = OrderedDict()
 
-    def remember(
-        self, cache: OrderedDict[tuple[str, str], Any], key: tuple[str, str], value: Any
-    ) -> None:
+    def remember(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+        """Insert ``key`` (most recent) and evict the oldest entries beyond the bound."""
         cache[key] = value
         cache.move_to_end(key)
         while len(cache) > self._max:
@@ -304,14 +323,10 @@ async def load_active_plan_bindings_txn(
     version rows are read once per process; the activation query always runs."""
     if not flow_api_names:
         return []
-    acts = await repo.active_activations_txn(
-        conn,
-        org_id,
-        flow_api_names=flow_api_names,
-        app_installation_id=app_installation_id,
-        runtime_capability_id=runtime_capability_id,
+    acts = await repo.active_plan_ids_txn(
+        conn, org_id, app_installation_id, runtime_capability_id, flow_api_names
     )
-    version_ids = [a.flow_version_id for a in acts]
+    version_ids = [version_id for _, version_id, _ in acts]
     versions: dict[str, repo.FlowVersionRow] = {}
     missing = [v for v in version_ids if cache is None or (org_id, v) not in cache.versions]
     if missing:
@@ -323,22 +338,22 @@ async def load_active_plan_bindings_txn(
             elif (org_id, vid) in cache.versions:
                 versions[vid] = cache.versions[(org_id, vid)]
     out = []
-    for a in acts:
+    for flow_api_name, flow_version_id, plan_id in acts:
         plan = None
-        if a.plan_id is not None:
-            key = (org_id, a.plan_id)
+        if plan_id is not None:
+            key = (org_id, plan_id)
             plan = None if cache is None else cache.plans.get(key)
             if plan is None:
-                plan = await repo.get_plan_txn(conn, org_id, a.plan_id)
+                plan = await repo.get_plan_txn(conn, org_id, plan_id)
                 if plan is not None and cache is not None:
                     cache.remember(cache.plans, key, plan)
-        version = versions.get(a.flow_version_id)
+        version = versions.get(flow_version_id)
         if plan is None or version is None:
             continue
         out.append(
             ActivePlanBinding(
-                flow_api_name=a.flow_api_name,
-                flow_version_id=a.flow_version_id,
+                flow_api_name=flow_api_name,
+                flow_version_id=flow_version_id,
                 version_number=version.version_number,
                 plan_id=plan.plan_id,
                 plan_digest=plan.plan_digest,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, bindparam, func, or_, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -46,6 +46,7 @@ __all__ = [
     "PlanRow",
     "active_activation_txn",
     "active_activations_txn",
+    "active_plan_ids_txn",
     "end_activation_txn",
     "get_activation_txn",
     "get_flow_version_by_number_txn",
@@ -503,6 +504,50 @@ async def active_activations_txn(
         q = q.where(a.runtime_capability_id == runtime_capability_id)
     q = q.order_by(a.flow_api_name, a.app_installation_id, a.runtime_capability_id)
     return [ActivationRow.from_row(r) for r in (await conn.execute(q)).mappings()]
+
+
+#: The hot-path activation read of trigger admission: three columns of the ACTIVE
+#: activations of named Flows, by the ``(org, installation, capability, flow, slot)``
+#: unique key; built once so SQLAlchemy reuses its compiled form.
+_ACTIVE_PLAN_IDS = (
+    select(
+        plan_activations.c.flow_api_name,
+        plan_activations.c.flow_version_id,
+        plan_activations.c.plan_id,
+    )
+    .where(
+        plan_activations.c.org_id == bindparam("org_id"),
+        plan_activations.c.app_installation_id == bindparam("inst"),
+        plan_activations.c.runtime_capability_id == bindparam("cap"),
+        plan_activations.c.flow_api_name.in_(bindparam("names", expanding=True)),
+        plan_activations.c.active_slot == 1,
+    )
+    .order_by(plan_activations.c.flow_api_name)
+)
+
+
+async def active_plan_ids_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    app_installation_id: str,
+    runtime_capability_id: str,
+    flow_api_names: Sequence[str],
+) -> list[tuple[str, str, str | None]]:
+    """``(flow API name, flow version id, plan id)`` of the ACTIVE activations of the
+    named Flows in one installation/capability, by Flow name (a lean read for the
+    per-write trigger admission; plan and version rows are immutable and cached)."""
+    if not flow_api_names:
+        return []
+    result = await conn.execute(
+        _ACTIVE_PLAN_IDS,
+        {
+            "org_id": org_id,
+            "inst": app_installation_id,
+            "cap": runtime_capability_id,
+            "names": sorted(set(flow_api_names)),
+        },
+    )
+    return [(str(r[0]), str(r[1]), None if r[2] is None else str(r[2])) for r in result]
 
 
 async def get_activation_txn(

@@ -43,6 +43,7 @@ non-pure actions are later issues and end the run with ``unsupported_step_kind``
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -59,7 +60,7 @@ from runtime_svc.compiler import (
     evaluate,
     parse_expression,
 )
-from runtime_svc.compiler.expressions import ExpressionError
+from runtime_svc.compiler.expressions import Expr, ExpressionError
 from runtime_svc.compiler.kinds import ExecutionProfile, TerminalOutcome
 from runtime_svc.compiler.plan import ResourceDecl
 from runtime_svc.kernel.decisions import Advance, FailRun, FinishRun, NextStep
@@ -261,12 +262,14 @@ def trigger_env(
     fields: Mapping[str, Any],
     prior: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    """``$Record`` / ``$Record__Prior`` of a record-triggered Flow (``Id`` included)."""
+    """``$Record`` / ``$Record__Prior`` of a record-triggered Flow (``Id`` included).
+
+    The record maps are fresh (shallow) copies: the interpreter replaces field values,
+    never mutates a value in place (``add`` builds a new list).
+    """
     return {
-        "$Record": {**copy.deepcopy(dict(fields)), "Id": record_id},
-        "$Record__Prior": None
-        if prior is None
-        else {**copy.deepcopy(dict(prior)), "Id": record_id},
+        "$Record": {**fields, "Id": record_id},
+        "$Record__Prior": None if prior is None else {**prior, "Id": record_id},
     }
 
 
@@ -289,11 +292,18 @@ def entry_condition_holds(plan: ExecutionPlan, env: Mapping[str, Any]) -> bool:
     return value
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> Expr:
+    """The AST of an expression text (plans are immutable, so a text always parses to the
+    same tree; parse errors are not cached)."""
+    return parse_expression(text)
+
+
 def _eval(text: Any, env: Mapping[str, Any]) -> Any:
     if not isinstance(text, str):
         return text
     try:
-        return evaluate(parse_expression(text), env)
+        return evaluate(_parsed(text), env)
     except (ExpressionError, ExpressionEvalError) as exc:
         raise StepFault("expression_error", str(exc)) from exc
 

@@ -1,0 +1,464 @@
+"""Synchronous-profile figures (issue 6 benchmark): record mutations per second with and
+without a Flow on the write path.
+
+Prints, on SQLite and (when ``FLOW_TEST_MYSQL_URL`` is set) MariaDB, for the same
+operation (create one ``Opportunity`` with ``Name``, ``Amount``, ``StageName``):
+
+* (a) bare record mutations per second: ``RecordEngine.mutate`` (record + history +
+  business event + audit rows, one transaction);
+* (b) the same writes with one 5-element Embedded Before-Save Flow subscribed
+  (Decision → Assignment → pure ``format_text`` ActionCall → Assignment → End, every
+  element executed): ``RecordEngine.mutate(transform=BeforeSaveDispatcher…)``, i.e.
+  plan selection through the request-bound view and an ACTIVE activation, the transform
+  and re-validation inside the record transaction; its ratio b/a and the before-save
+  overhead over the bare write (``a/b - 1``, target < 15%);
+* (c) Bounded Atomic runs per second of a one-``CreateRecord`` Flow: kernel
+  ``create_run`` (root, step, checkpoint rows) then ``AtomicRunner.run`` (claim, attempt,
+  the record write, checkpoint, terminal advance); one run counts as one record mutation
+  for the ratio c/a.
+
+The variants run interleaved in rounds on one database so drift (database growth, cache
+warm-up) hits all three alike. Before timing, one write of each variant is checked (the
+before-save Flow set ``Priority``/``Discount``/``Description``; the atomic run succeeded
+and created its record). Nothing is asserted about speed; figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from runtime_svc.atomic import AtomicRunner
+from runtime_svc.compiler import (
+    CompilerInputs,
+    ExecutionPlan,
+    MetadataViewInput,
+    compile_plan,
+)
+from runtime_svc.compiler.kinds import ExecutionProfile
+from runtime_svc.definitions import repository as repo
+from runtime_svc.definitions.admission import RequestBoundView
+from runtime_svc.embedded import BeforeSaveDispatcher
+from runtime_svc.kernel import (
+    CheckpointInput,
+    FlowRunStateStore,
+    RetryPolicy,
+    RunState,
+    StartRunRequest,
+)
+from runtime_svc.records import (
+    Actor,
+    RecordEngine,
+    RecordMutation,
+    RecordState,
+    RecordView,
+    prepare_create,
+)
+from runtime_svc.runs.resolve import first_step_of
+from runtime_svc.schema import records
+from runtime_svc.worker import FixedViews
+from services import db, migrate
+from services.auth import TrustedRuntimeWorkScope
+from tests.unit.compiler.compiler_corpus import inputs_doc, merge_patch
+
+__all__ = ["run"]
+
+_OBJECT = "Opportunity"
+_AMOUNT = 150_000
+_ROUNDS = 3
+_WARMUP = 10
+_ACTOR = Actor("workload", "bench")
+_POLICY = RetryPolicy(lease_duration_ms=120_000)
+
+#: (b): five elements, all executed for the bench's writes (Amount ≥ 100,000).
+BEFORE_SAVE_FLOW: dict[str, Any] = {
+    "api_name": "bench_before_save_5",
+    "version": 1,
+    "description": "bench: 5-element Embedded Before-Save transform of Opportunity",
+    "process_type": "record_triggered",
+    "trigger": {
+        "object": _OBJECT,
+        "timing": "before_save",
+        "events": ["create", "update"],
+        "entry_condition": "$Record.Amount > 0",
+    },
+    "variables": [{"name": "label", "type": "string"}],
+    "start": "classify",
+    "elements": [
+        {
+            "api_name": "classify",
+            "type": "Decision",
+            "rules": [{"name": "large", "condition": "$Record.Amount >= 100000", "next": "price"}],
+            "next": "price",
+        },
+        {
+            "api_name": "price",
+            "type": "Assignment",
+            "assignments": [
+                {"target": "$Record.Discount", "value": "MIN(15, $Record.Amount / 10000)"},
+                {"target": "$Record.Priority", "value": "'High'"},
+            ],
+            "next": "make_label",
+        },
+        {
+            "api_name": "make_label",
+            "type": "ActionCall",
+            "action_type": "format_text",
+            "inputs": {
+                "text": "CONCAT($Record.Name, ' / ', $Record.Priority)",
+                "style": "'upper'",
+            },
+            "output_variable": "label",
+            "next": "set_description",
+        },
+        {
+            "api_name": "set_description",
+            "type": "Assignment",
+            "assignments": [{"target": "$Record.Description", "value": "label"}],
+            "next": "done",
+        },
+        {"api_name": "done", "type": "End"},
+    ],
+}
+
+#: (c): one CreateRecord of the same Opportunity, compiled to Bounded Atomic.
+ATOMIC_FLOW: dict[str, Any] = {
+    "api_name": "bench_atomic_create",
+    "version": 1,
+    "description": "bench: one Opportunity create, Bounded Atomic",
+    "process_type": "autolaunched",
+    "run_atomically": True,
+    "variables": [
+        {"name": "name", "type": "string", "input": True},
+        {"name": "amount", "type": "number", "input": True},
+        {"name": "opp", "type": "string"},
+    ],
+    "start": "create",
+    "elements": [
+        {
+            "api_name": "create",
+            "type": "CreateRecord",
+            "object": _OBJECT,
+            "fields": {"Name": "name", "Amount": "amount", "StageName": "'Prospecting'"},
+            "output_variable": "opp",
+            "next": "done",
+        },
+        {"api_name": "done", "type": "End"},
+    ],
+}
+
+#: The bench view subscribes only the bench's before-save Flow (the shared test view also
+#: subscribes rejected golden Flows, which admission would refuse: no active plan).
+_SUBSCRIPTION = {
+    "flow_api_name": BEFORE_SAVE_FLOW["api_name"],
+    "flow_version": 1,
+    "object": _OBJECT,
+    "timing": "before_save",
+    "events": ["create", "update"],
+    "dispatch_order": 10,
+}
+
+
+@dataclass(frozen=True)
+class _Stored:
+    scope: TrustedRuntimeWorkScope
+    plan_id: str
+    plan: ExecutionPlan
+
+
+@dataclass(frozen=True)
+class _Setup:
+    org: str
+    view: RecordView
+    request: RequestBoundView
+    atomic: _Stored
+
+
+def _inputs(org: str) -> dict[str, Any]:
+    doc: dict[str, Any] = merge_patch(
+        inputs_doc(),
+        {
+            "binding": {"org_id": org},
+            "catalog": {"generation": {"org_id": org}},
+            "metadata_view": {"trigger_subscriptions": [_SUBSCRIPTION]},
+        },
+    )
+    return doc
+
+
+async def _store(
+    engine: AsyncEngine, source: dict[str, Any], inputs: CompilerInputs, *, activate: bool
+) -> _Stored:
+    """Store a Flow version and its compiled plan (and, with ``activate``, an ACTIVE
+    activation of it) through the definitions repository."""
+    plan = compile_plan(source, inputs)
+    b = plan.binding
+    org = b.org_id
+    scope = TrustedRuntimeWorkScope(
+        org_id=org,
+        app_installation_id=b.app_installation_id,
+        runtime_capability_id=b.runtime_capability_id,
+        runtime_work_binding_digest=b.binding_digest,
+    )
+    version_id, plan_id = f"fv-{uuid.uuid4().hex[:12]}", f"plan-{uuid.uuid4().hex[:12]}"
+    async with db.transaction(engine) as conn:
+        now: datetime = await db.db_now(conn)
+        await repo.insert_flow_version_txn(
+            conn,
+            repo.FlowVersionRow(
+                org_id=org,
+                flow_version_id=version_id,
+                flow_api_name=plan.flow.api_name,
+                version_number=int(source["version"]),
+                source_json=json.dumps(source),
+                metadata_digest=plan.flow.metadata_digest,
+                label="bench",
+                created_at=now,
+            ),
+        )
+        await repo.insert_plan_txn(
+            conn,
+            {
+                "org_id": org,
+                "app_installation_id": b.app_installation_id,
+                "runtime_capability_id": b.runtime_capability_id,
+                "runtime_work_binding_digest": b.binding_digest,
+                "plan_id": plan_id,
+                "flow_version_id": version_id,
+                "metadata_digest": plan.flow.metadata_digest,
+                "compiler_version": plan.compiler_version,
+                "catalog_generation_id": plan.catalog.generation_id,
+                "catalog_digest": plan.catalog.catalog_digest,
+                "catalog_revision": b.catalog_revision,
+                "schema_generation": b.schema_generation,
+                "engine_generation": b.engine_generation,
+                "catalog_snapshot_digest": b.catalog_snapshot_digest,
+                "runtime_metadata_view_digest": b.metadata_view_digest,
+                "trigger_binding_digest": plan.trigger_binding_digest,
+                "policy_version": plan.policy_version,
+                "execution_profile": plan.profile.value,
+                "plan_digest": plan.plan_digest,
+                "plan_payload": repo.to_json(plan.to_dict()),
+                "bound_summary": repo.to_json(plan.bounds.to_dict()),
+                "diagnostic_summary": "[]",
+                "created_at": now,
+            },
+        )
+        if activate:
+            await repo.insert_activation_txn(
+                conn,
+                {
+                    "org_id": org,
+                    "app_installation_id": b.app_installation_id,
+                    "runtime_capability_id": b.runtime_capability_id,
+                    "runtime_work_binding_digest": b.binding_digest,
+                    "activation_id": f"act-{uuid.uuid4().hex[:12]}",
+                    "flow_version_id": version_id,
+                    "flow_api_name": plan.flow.api_name,
+                    "trigger_binding_digest": plan.trigger_binding_digest,
+                    "plan_id": plan_id,
+                    "state": repo.ACTIVE,
+                    "active_slot": 1,
+                    "attempt_diagnostics": None,
+                    "state_version": 0,
+                    "created_at": now,
+                    "activated_at": now,
+                    "superseded_at": None,
+                },
+            )
+    return _Stored(scope, plan_id, plan)
+
+
+async def _setup(engine: AsyncEngine) -> _Setup:
+    org = f"org-{uuid.uuid4().hex[:12]}"
+    doc = _inputs(org)
+    inputs = CompilerInputs.from_dict(doc)
+    before = await _store(engine, BEFORE_SAVE_FLOW, inputs, activate=True)
+    atomic = await _store(engine, ATOMIC_FLOW, inputs, activate=True)
+    assert before.plan.profile is ExecutionProfile.EMBEDDED_BEFORE_SAVE, before.plan.profile
+    assert atomic.plan.profile is ExecutionProfile.BOUNDED_ATOMIC, atomic.plan.profile
+    view_input = MetadataViewInput.from_dict(doc["metadata_view"])
+    return _Setup(
+        org=org,
+        view=RecordView.from_metadata_view(view_input),
+        request=RequestBoundView(before.plan.binding, view_input),
+        atomic=atomic,
+    )
+
+
+class _Variants:
+    """The three ways of making one Opportunity record (see the module docstring)."""
+
+    def __init__(self, engine: AsyncEngine, setup: _Setup) -> None:
+        self._setup = setup
+        self._records = RecordEngine(engine)
+        self._dispatcher = BeforeSaveDispatcher()
+        self._store = FlowRunStateStore(engine, policy=_POLICY)
+        self._atomic = AtomicRunner(engine, self._store, FixedViews(setup.view))
+        self.last_record: RecordState | None = None
+
+    def _create(self, i: int) -> RecordMutation:
+        fields = {"Name": f"Deal {i}", "Amount": _AMOUNT, "StageName": "Prospecting"}
+        return prepare_create(self._setup.view, _OBJECT, "", fields)
+
+    async def bare(self, i: int) -> None:
+        s = self._setup
+        result = await self._records.mutate(s.org, s.view, self._create(i), actor=_ACTOR)
+        self.last_record = result.record
+
+    async def before_save(self, i: int) -> None:
+        s, dispatcher = self._setup, self._dispatcher
+
+        async def transform(
+            conn: AsyncConnection, m: RecordMutation, current: RecordState | None
+        ) -> RecordMutation:
+            return await dispatcher.transform_txn(conn, s.org, s.request, s.view, m, current)
+
+        result = await self._records.mutate(
+            s.org, s.view, self._create(i), actor=_ACTOR, transform=transform
+        )
+        self.last_record = result.record
+
+    async def atomic(self, i: int) -> None:
+        stored = self._setup.atomic
+        first = first_step_of(stored.plan, stored.plan.profile.value)
+        created = await self._store.create_run(
+            stored.scope,
+            StartRunRequest(
+                plan_id=stored.plan_id,
+                first_step=first,
+                input=CheckpointInput(
+                    context={"variables": {"name": f"Deal {i}", "amount": _AMOUNT}},
+                    plan_cursor={"step": first.plan_step_key},
+                ),
+            ),
+        )
+        run = await self._atomic.run(self._setup.org, created.run.flow_run_id, 10.0)
+        if run.state is not RunState.SUCCEEDED:
+            raise RuntimeError(f"bench atomic run ended {run.state}")
+
+
+async def _opportunities(engine: AsyncEngine, org: str) -> int:
+    r = records.c
+    async with db.transaction(engine, readonly=True) as conn:
+        count = (
+            await conn.execute(
+                sa.select(sa.func.count())
+                .select_from(records)
+                .where(r.org_id == org, r.object_name == _OBJECT)
+            )
+        ).scalar_one()
+    return int(count)
+
+
+async def _check(engine: AsyncEngine, setup: _Setup, v: _Variants) -> None:
+    """One write per variant, verified, before anything is timed (a bench of a Flow that
+    silently did not run would measure the bare write twice)."""
+    await v.bare(-1)
+    assert v.last_record is not None and "Priority" not in v.last_record.fields
+    await v.before_save(-2)
+    rec = v.last_record
+    assert rec is not None, "before-save write returned no record"
+    expected = {"Priority": "High", "Description": "DEAL -2 / HIGH"}
+    got = {k: rec.fields.get(k) for k in expected}
+    assert got == expected and rec.fields.get("Discount") is not None, (
+        f"the before-save Flow did not transform the record: {dict(rec.fields)}"
+    )
+    before = await _opportunities(engine, setup.org)
+    await v.atomic(-3)
+    assert await _opportunities(engine, setup.org) == before + 1, "atomic run wrote no record"
+
+
+async def _rates(variants: list[Callable[[int], Awaitable[None]]], seconds: float) -> list[float]:
+    """Mutations per second of each variant: ``_ROUNDS`` interleaved rounds of
+    ``seconds / _ROUNDS`` each (after ``_WARMUP`` untimed calls per variant)."""
+    counts = [0] * len(variants)
+    spent = [0.0] * len(variants)
+    serial = 0
+    for fn in variants:
+        for _ in range(_WARMUP):
+            await fn(serial)
+            serial += 1
+    for _ in range(_ROUNDS):
+        for k, fn in enumerate(variants):
+            start = time.perf_counter()
+            while time.perf_counter() - start < seconds / _ROUNDS:
+                await fn(serial)
+                serial += 1
+                counts[k] += 1
+            spent[k] += time.perf_counter() - start
+    return [n / t for n, t in zip(counts, spent, strict=True)]
+
+
+async def _bench(label: str, url: str, seconds: float) -> None:
+    await migrate.upgrade(url, "runtime_svc")
+    engine = db.create_engine(url, pool_size=4)
+    try:
+        setup = await _setup(engine)
+        v = _Variants(engine, setup)
+        await _check(engine, setup, v)
+        bare, before, atomic = await _rates([v.bare, v.before_save, v.atomic], seconds)
+        overhead = (bare / before - 1) * 100
+        verdict = "met" if overhead < 15 else "MISSED"
+        print(f"{label:<8} (a) bare record mutations/s           {bare:9.1f}")
+        print(
+            f"{label:<8} (b) + 5-element before-save Flow/s   {before:9.1f}"
+            f"   ratio b/a {before / bare:5.3f}   overhead {overhead:5.1f}%"
+            f" (target < 15%: {verdict})"
+        )
+        print(
+            f"{label:<8} (c) Bounded Atomic runs/s            {atomic:9.1f}"
+            f"   ratio c/a {atomic / bare:5.3f}"
+        )
+    finally:
+        await engine.dispose()
+
+
+async def _main(seconds: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        await _bench("sqlite", f"sqlite+aiosqlite:///{Path(tmp) / 'sync.db'}", seconds)
+    mysql = os.environ.get("FLOW_TEST_MYSQL_URL")
+    if not mysql:
+        print("mariadb  skipped (set FLOW_TEST_MYSQL_URL=mysql+aiomysql://root:@127.0.0.1:3307)")
+        return
+    name = f"bench_sync_{uuid.uuid4().hex[:8]}"
+    admin = db.create_engine(mysql.rstrip("/") + "/", pool_size=1)
+    async with admin.connect() as conn:
+        await conn.execute(
+            sa.text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        )
+    try:
+        await _bench("mariadb", f"{mysql.rstrip('/')}/{name}?charset=utf8mb4", seconds)
+    finally:
+        async with admin.connect() as conn:
+            await conn.execute(sa.text(f"DROP DATABASE {name}"))
+        await admin.dispose()
+
+
+def run(seconds: float) -> None:
+    """Print the synchronous-profile figures (each variant runs ``seconds`` in total)."""
+    print(
+        f"Synchronous Flow bench ({seconds:.0f}s per variant, {_ROUNDS} interleaved rounds;"
+        " op = create one Opportunity)"
+    )
+    print(
+        "         (c) one run = kernel create_run + AtomicRunner: root, step, attempt and"
+        " checkpoint rows besides the record"
+    )
+    asyncio.run(_main(seconds))
+
+
+if __name__ == "__main__":
+    run(float(os.environ.get("BENCH_SECONDS", "3")))
