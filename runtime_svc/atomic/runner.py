@@ -43,6 +43,9 @@ __all__ = ["ATOMIC_QUEUE", "AtomicRunner"]
 
 #: The queue class of a Bounded Atomic step (§16.1 lane).
 ATOMIC_QUEUE = "bounded_atomic_foreground"
+#: Outcomes after which the run is terminal (the single step committed its terminal
+#: advance, failed terminally, or was quarantined).
+_SETTLED = frozenset({Outcome.COMMITTED, Outcome.FAILED, Outcome.QUARANTINED})
 #: Pause between looks at a run whose retry is not due yet (or that another owner holds).
 _POLL_S = 0.02
 
@@ -79,12 +82,18 @@ class AtomicRunner:
         current state either way (bounded: one attempt or one short pause per turn)."""
         deadline = time.monotonic() + max(budget_s, 0.0)
         while True:
-            run = await self.store.get_run(org_id, flow_run_id, include_deleted=True)
-            if run.state in TERMINAL_RUN_STATES or time.monotonic() >= deadline:
-                return run
             candidate = await self.store.candidate_for_run(org_id, flow_run_id)
             if candidate is not None and candidate.queue_class == ATOMIC_QUEUE:
-                self.outcomes.append(await self._worker.process(org_id, candidate))
+                outcome = await self._worker.process(org_id, candidate)
+                self.outcomes.append(outcome)
+                if outcome in _SETTLED or time.monotonic() >= deadline:
+                    return await self._state(org_id, flow_run_id)
                 continue
+            run = await self._state(org_id, flow_run_id)
+            if run.state in TERMINAL_RUN_STATES or time.monotonic() >= deadline:
+                return run
             # A retry not yet due, or another owner (a worker) holds the step.
             await asyncio.sleep(min(_POLL_S, max(deadline - time.monotonic(), 0.0)))
+
+    async def _state(self, org_id: str, flow_run_id: str) -> RunRecord:
+        return await self.store.get_run(org_id, flow_run_id, include_deleted=True)
