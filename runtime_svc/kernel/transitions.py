@@ -438,7 +438,10 @@ def decide_rollback_retry(
             run_after=run_after,
             delay_ms=delay,
         )
-    cause = CAUSE_RETRY_EXHAUSTED if retryable else CAUSE_STEP_FAILED
+    # A terminal (non-retryable) failure names its own safe code as the run's cause (the
+    # caller of a synchronous run sees e.g. ``budget_exceeded.max_reads``); exhausted
+    # retries are one cause whatever the last attempt's code.
+    cause = CAUSE_RETRY_EXHAUSTED if retryable else (failure.safe_error_code or CAUSE_STEP_FAILED)
     return RetryExhausted(
         terminal_failure(
             root,

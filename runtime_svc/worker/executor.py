@@ -689,12 +689,16 @@ async def apply_intents_txn(
     on_locked: LockHook | None = None,
     before_writes: Callable[[], Awaitable[None]] | None = None,
     declared: Sequence[ResourceDecl] | None = None,
+    observed: Mapping[tuple[str, str], int] | None = None,
 ) -> list[MutationResult]:
     """Validate, lock (one canonical-order acquisition) and apply ``intents`` inside the
     caller's transaction, before the caller enters the Flow lifecycle at the root.
 
     ``before_writes`` runs once all business locks are held and before the first write
     (snapshot-token verification, §12.2 step 6); raising there rolls everything back.
+
+    ``observed`` maps ``(object, record id)`` to the version the step's own reads saw; an
+    update/delete of such a record is compare-and-swapped against it.
 
     ``declared`` (the plan step's resource declarations) bounds the actual resource set:
     it is checked before the first business lock, and a late discovery is re-checked with
@@ -718,14 +722,17 @@ async def apply_intents_txn(
                 mutation = prepare_create(view, intent.object_name, intent.record_id, intent.fields)
             else:
                 current = await get_record_txn(conn, org_id, intent.object_name, intent.record_id)
+                # The version this step read is the one its values derive from: a write
+                # committed since then is a conflict (the whole step retries from its
+                # input checkpoint), never a lost update. A record the step did not read
+                # is written at the version found under its lock.
+                expected = (observed or {}).get((intent.object_name, intent.record_id))
                 if intent.kind == "update":
                     mutation = prepare_update(
-                        view, intent.object_name, intent.record_id, current.version, intent.fields
+                        view, intent.object_name, intent.record_id, expected, intent.fields
                     )
                 else:
-                    mutation = prepare_delete(
-                        view, intent.object_name, intent.record_id, current.version
-                    )
+                    mutation = prepare_delete(view, intent.object_name, intent.record_id, expected)
         except NotFoundError as exc:
             if before_writes is not None:
                 # A verified snapshot record that vanished is a changed snapshot, not

@@ -76,6 +76,7 @@ from runtime_svc.resources import LateResourceDiscoveryError
 from runtime_svc.schema import flow_checkpoints, flow_runs, flow_step_executions
 from runtime_svc.worker.executor import (
     RUN_OUTPUT_KEY,
+    RecordQuery,
     StepFault,
     StepOutcome,
     apply_intents_txn,
@@ -376,7 +377,7 @@ class StepWorker:
                         step,
                         context,
                         reader=_reader(conn, org_id, read),
-                        query=None if view is None else record_query(conn, org_id, view),
+                        query=None if view is None else _query(conn, org_id, view, read),
                         meter=meter_for(plan, step),
                     )
                 verify = _verifier(conn, org_id, tokens_for(snapshots, step.verifies))
@@ -396,6 +397,7 @@ class StepWorker:
                         ),
                         before_writes=verify,
                         declared=step.resources,
+                        observed=_first_versions(read),
                     )
                 elif verify is not None:
                     await verify()
@@ -545,6 +547,30 @@ def _reader(
         return state
 
     return read
+
+
+def _first_versions(tokens: Sequence[ReadToken]) -> dict[tuple[str, str], int]:
+    """The first version the step saw of each record it read (a later read of the same
+    row in READ COMMITTED may see a newer one; the earliest is what values derive from)."""
+    out: dict[tuple[str, str], int] = {}
+    for t in tokens:
+        if t.version is not None:
+            out.setdefault((t.object_name, t.record_id), t.version)
+    return out
+
+
+def _query(
+    conn: AsyncConnection, org_id: str, view: RecordView, tokens: list[ReadToken]
+) -> RecordQuery:
+    """The step's lookup query, recording the versions it observed (like :func:`_reader`)."""
+    inner = record_query(conn, org_id, view)
+
+    async def query(object_name: str, field: str, value: str, limit: int) -> list[RecordState]:
+        found = await inner(object_name, field, value, limit)
+        tokens.extend(ReadToken(r.object_name, r.record_id, r.version) for r in found)
+        return found
+
+    return query
 
 
 def _verifier(

@@ -118,7 +118,7 @@ async def test_retry_budget_exhaustion_and_terminal_failures_end_the_run(world: 
     decision = await world.store.record_rollback(
         world.org, await running(world, other), StepFailure(FailureClass.TERMINAL, "bad_input")
     )
-    assert isinstance(decision, RetryExhausted) and decision.cause_code == "step_failed"
+    assert isinstance(decision, RetryExhausted) and decision.cause_code == "bad_input"
 
 
 async def test_lease_expires_before_execution(world: World) -> None:

@@ -127,7 +127,7 @@ async def _assert_terminal_nothing_written(
     engine: AsyncEngine, seeded: Seeded, run: RunRecord, ids: list[str]
 ) -> None:
     assert run.state is RunState.TERMINAL_FAILED
-    assert run.terminal_cause_code == "step_failed"  # the kernel's run-level cause
+    assert run.terminal_cause_code == RESOURCE_BOUND_EXCEEDED  # the step's safe code
     assert await _statuses(engine, seeded.org) == {rid: ("s0", 1) for rid in ids}
     counts = await step_counts(engine, seeded.org, run.flow_run_id, "upd")
     assert (counts.step_rows, counts.committed_attempts) == (1, 0)

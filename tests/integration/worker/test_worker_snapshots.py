@@ -160,7 +160,7 @@ async def test_changed_snapshot_rolls_the_mutation_back_and_fails_the_run(
     final = await drive(worker, seeded.org, run.flow_run_id)
     assert changed == [change]
     assert final.state is RunState.TERMINAL_FAILED
-    assert final.terminal_cause_code == "step_failed"  # the kernel's run-level cause
+    assert final.terminal_cause_code == SNAPSHOT_CHANGED  # the step's safe code
     [account] = await run_records(engine, seeded.org)
     assert account["record_version"] == 2  # only the external change
     assert json.loads(account["fields"])["Status"] == "s1"  # the mutation wrote nothing

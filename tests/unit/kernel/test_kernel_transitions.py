@@ -373,7 +373,7 @@ def test_rollback_terminal_class_and_pre_transaction_failure() -> None:
         POLICY,
         StepFailure(FailureClass.TERMINAL, "bad", outcome=AttemptOutcome.PRE_TRANSACTION_FAILED),
     )
-    assert isinstance(decision, RetryExhausted) and decision.cause_code == "step_failed"
+    assert isinstance(decision, RetryExhausted) and decision.cause_code == "bad"  # the step's own safe code
     m.apply(decision.transition)
     assert (m.root.state, m.steps["step_1"].state) == (RunState.TERMINAL_FAILED, StepState.FAILED)
     assert m.attempts["att_1"].outcome is AttemptOutcome.PRE_TRANSACTION_FAILED
