@@ -373,7 +373,8 @@ def test_rollback_terminal_class_and_pre_transaction_failure() -> None:
         POLICY,
         StepFailure(FailureClass.TERMINAL, "bad", outcome=AttemptOutcome.PRE_TRANSACTION_FAILED),
     )
-    assert isinstance(decision, RetryExhausted) and decision.cause_code == "bad"  # the step's own safe code
+    # A terminal failure names its own safe code as the run's cause.
+    assert isinstance(decision, RetryExhausted) and decision.cause_code == "bad"
     m.apply(decision.transition)
     assert (m.root.state, m.steps["step_1"].state) == (RunState.TERMINAL_FAILED, StepState.FAILED)
     assert m.attempts["att_1"].outcome is AttemptOutcome.PRE_TRANSACTION_FAILED
