@@ -227,35 +227,53 @@ async def select_plan_for_trigger_txn(
     """:func:`select_plan_for_trigger` inside the caller's transaction."""
     if request_binding is None or request_binding.view is None:
         return select_for_trigger(org_id, object_api_name, timing, event, request_binding, ())
-    b = request_binding.binding
-    names = sorted(
-        {
-            s.flow_api_name
-            for s in request_binding.view.trigger_subscriptions
-            if s.object == object_api_name and s.timing == timing and event in s.events
-        }
-    )
-    active = await load_active_plan_bindings_txn(
-        conn, org_id, b.app_installation_id, b.runtime_capability_id, names, cache=cache
-    )
+    b, view = request_binding.binding, request_binding.view
     if cache is None:
+        active = await load_active_plan_bindings_txn(
+            conn,
+            org_id,
+            b.app_installation_id,
+            b.runtime_capability_id,
+            _subscribed(view, object_api_name, timing, event),
+        )
         return select_for_trigger(org_id, object_api_name, timing, event, request_binding, active)
-    key = (
-        org_id,
-        object_api_name,
-        timing,
-        event,
-        b,
-        request_binding.view.digest,
-        tuple(active),
+    # The per-write path: one lean activation read; the decision is a pure function of
+    # the request binding, the view (by content digest) and the ACTIVE (Flow, version,
+    # plan) triples — all immutable rows — so it is memoized on exactly those.
+    names_key = (view.digest, object_api_name, timing, event)
+    cached = cache.names.get(names_key)
+    if cached is None:
+        cached = _subscribed(view, object_api_name, timing, event)
+        cache.remember(cache.names, names_key, cached)
+    names = cached
+    if not names:
+        return select_for_trigger(org_id, object_api_name, timing, event, request_binding, ())
+    acts = await repo.active_plan_ids_txn(
+        conn, org_id, b.app_installation_id, b.runtime_capability_id, names
     )
+    key = (org_id, names_key, b, tuple(acts))
     decision = cache.decisions.get(key)
     if decision is None:
+        active = await _bindings_of(conn, org_id, acts, cache)
         decision = select_for_trigger(
             org_id, object_api_name, timing, event, request_binding, active
         )
         cache.remember(cache.decisions, key, decision)
     return decision
+
+
+def _subscribed(
+    view: MetadataViewInput, object_api_name: str, timing: str, event: str
+) -> tuple[str, ...]:
+    return tuple(
+        sorted(
+            {
+                s.flow_api_name
+                for s in view.trigger_subscriptions
+                if s.object == object_api_name and s.timing == timing and event in s.events
+            }
+        )
+    )
 
 
 def _binding_of(plan: repo.PlanRow) -> RuntimeWorkBindingRef:
@@ -300,6 +318,8 @@ class ImmutableRowCache:
         #: Memoized :func:`select_for_trigger` decisions (a pure function of its inputs,
         #: which the key holds completely: the view by its content digest).
         self.decisions: OrderedDict[Any, TriggerSelection | AdmissionError] = OrderedDict()
+        #: Flows a view subscribes per (view digest, object, timing, event).
+        self.names: OrderedDict[Any, tuple[str, ...]] = OrderedDict()
 
     def remember(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
         """Insert ``key`` (most recent) and evict the oldest entries beyond the bound."""
@@ -326,6 +346,17 @@ async def load_active_plan_bindings_txn(
     acts = await repo.active_plan_ids_txn(
         conn, org_id, app_installation_id, runtime_capability_id, flow_api_names
     )
+    return await _bindings_of(conn, org_id, acts, cache)
+
+
+async def _bindings_of(
+    conn: AsyncConnection,
+    org_id: str,
+    acts: Sequence[tuple[str, str, str | None]],
+    cache: ImmutableRowCache | None,
+) -> list[ActivePlanBinding]:
+    """The complete bindings of ACTIVE ``(Flow, version, plan)`` triples (plan and version
+    rows read once per process with ``cache``)."""
     version_ids = [version_id for _, version_id, _ in acts]
     versions: dict[str, repo.FlowVersionRow] = {}
     missing = [v for v in version_ids if cache is None or (org_id, v) not in cache.versions]

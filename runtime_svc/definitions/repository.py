@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -506,24 +506,29 @@ async def active_activations_txn(
     return [ActivationRow.from_row(r) for r in (await conn.execute(q)).mappings()]
 
 
-#: The hot-path activation read of trigger admission: three columns of the ACTIVE
-#: activations of named Flows, by the ``(org, installation, capability, flow, slot)``
-#: unique key; built once so SQLAlchemy reuses its compiled form.
-_ACTIVE_PLAN_IDS = (
-    select(
-        plan_activations.c.flow_api_name,
-        plan_activations.c.flow_version_id,
-        plan_activations.c.plan_id,
-    )
-    .where(
-        plan_activations.c.org_id == bindparam("org_id"),
-        plan_activations.c.app_installation_id == bindparam("inst"),
-        plan_activations.c.runtime_capability_id == bindparam("cap"),
-        plan_activations.c.flow_api_name.in_(bindparam("names", expanding=True)),
-        plan_activations.c.active_slot == 1,
-    )
-    .order_by(plan_activations.c.flow_api_name)
-)
+#: The hot-path activation read of trigger admission, as driver SQL per paramstyle and
+#: name count: it runs once per record write with a before-save subscription, where
+#: SQLAlchemy's statement compilation and cache-key work would be a measurable share
+#: of the write. Same predicate as :func:`active_activations_txn` (the unique key
+#: ``(org, installation, capability, flow, active_slot)``).
+_ACTIVE_PLAN_IDS_SQL: dict[tuple[str, int], str] = {}
+
+
+def _active_plan_ids_sql(paramstyle: str, count: int) -> str:
+    key = (paramstyle, count)
+    sql = _ACTIVE_PLAN_IDS_SQL.get(key)
+    if sql is None:
+        mark = "?" if paramstyle == "qmark" else "%s"
+        names = ", ".join([mark] * count)
+        # Only placeholders are interpolated (the values are bound parameters).
+        sql = (
+            "SELECT flow_api_name, flow_version_id, plan_id FROM plan_activations"  # noqa: S608
+            f" WHERE org_id = {mark} AND app_installation_id = {mark}"
+            f" AND runtime_capability_id = {mark} AND flow_api_name IN ({names})"
+            " AND active_slot = 1 ORDER BY flow_api_name"
+        )
+        _ACTIVE_PLAN_IDS_SQL[key] = sql
+    return sql
 
 
 async def active_plan_ids_txn(
@@ -536,18 +541,21 @@ async def active_plan_ids_txn(
     """``(flow API name, flow version id, plan id)`` of the ACTIVE activations of the
     named Flows in one installation/capability, by Flow name (a lean read for the
     per-write trigger admission; plan and version rows are immutable and cached)."""
-    if not flow_api_names:
+    names = sorted(set(flow_api_names))
+    if not names:
         return []
-    result = await conn.execute(
-        _ACTIVE_PLAN_IDS,
-        {
-            "org_id": org_id,
-            "inst": app_installation_id,
-            "cap": runtime_capability_id,
-            "names": sorted(set(flow_api_names)),
-        },
+    paramstyle = conn.dialect.paramstyle
+    if paramstyle not in ("qmark", "format"):
+        raise ValueError(f"unsupported driver paramstyle {paramstyle!r}")
+    result = await conn.exec_driver_sql(
+        _active_plan_ids_sql(paramstyle, len(names)),
+        (org_id, app_installation_id, runtime_capability_id, *names),
     )
-    return [(str(r[0]), str(r[1]), None if r[2] is None else str(r[2])) for r in result]
+    out: list[tuple[str, str, str | None]] = []
+    for row in result:
+        name, version_id, plan_id = tuple(row)
+        out.append((str(name), str(version_id), None if plan_id is None else str(plan_id)))
+    return out
 
 
 async def get_activation_txn(

@@ -128,7 +128,9 @@ def _flows() -> list[dict[str, Any]]:
     return [zeta, alpha, guard]
 
 
-def _tenant(catalog: CatalogClient, client: RunClient) -> Published:
+def _tenant(
+    catalog: CatalogClient, client: RunClient, versions: dict[str, str] | None = None
+) -> Published:
     org = new_org()
     inst, cap = "inst-1", "cap-flow"
     view = catalog.publish_view(org, inst, _view())
@@ -151,6 +153,8 @@ def _tenant(catalog: CatalogClient, client: RunClient) -> Published:
             common_v1.ExecutionProfile.EXECUTION_PROFILE_EMBEDDED_BEFORE_SAVE
         )
         client.activate(pub, fv.flow_version_id, compiled.plan)
+        if versions is not None:
+            versions[source["api_name"]] = fv.flow_version_id
     return pub
 
 
@@ -291,4 +295,28 @@ def test_output_breaking_the_write_rules_fails_the_mutation(
     detail = error_detail(err.value)
     assert detail.code == "before_save.flow_failed"
     assert detail.attributes["code"] == "invalid_output"
+    assert _rows(servers, records, pub.scope[0]) == 0
+
+
+def test_deactivation_takes_effect_on_the_next_write(
+    client: RunClient, catalog: CatalogClient, servers: TriggerServers
+) -> None:
+    """The activation state is read inside every record transaction (plans and admission
+    decisions are cached, activations never): a deactivated Flow stops running at once."""
+    versions: dict[str, str] = {}
+    pub = _tenant(catalog, client, versions)
+    with pytest.raises(grpc.RpcError) as err:
+        _create(client, pub, LastName="FAIL")
+    assert error_detail(err.value).attributes["flow_api_name"] == "Guard"
+    client.deactivate(pub, versions["Guard"])
+    with pytest.raises(grpc.RpcError) as err:
+        _create(client, pub, LastName="FAIL")
+    # The view still subscribes Guard, so admission now refuses the write (fail closed:
+    # a declared subscription without an active plan never silently skips its Flow).
+    assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert error_detail(err.value).code == "admission.no_active_plan"
+    client.deactivate(pub, versions["Zeta"])
+    with pytest.raises(grpc.RpcError) as err:
+        _create(client, pub, LastName="x")
+    assert error_detail(err.value).attributes["flow_api_name"] in ("Guard", "Zeta")
     assert _rows(servers, records, pub.scope[0]) == 0
