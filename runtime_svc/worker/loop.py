@@ -68,7 +68,7 @@ from runtime_svc.kernel.decisions import (
     RetryExhausted,
     RetryScheduled,
 )
-from runtime_svc.kernel.store_reads import expired_leases_txn
+from runtime_svc.kernel.store_reads import expired_leases_txn, get_run_txn
 from runtime_svc.records import Actor, Lineage, RecordView
 from runtime_svc.records.model import RecordState
 from runtime_svc.records.store import read_record_txn
@@ -268,23 +268,24 @@ class StepWorker:
         Raises:
             _Abort: a classified failure, recorded after the heartbeat stopped.
         """
+        if fence.input_checkpoint_id is None:
+            raise _Abort("input_checkpoint_missing")
         try:
-            run = await self.store.get_run(org_id, fence.flow_run_id)
-            step_row = await self._step_row(org_id, fence.step_execution_id)
+            # One read-only transaction for the run, the step row and the input checkpoint
+            # (payload and verification set); the immutable plan is cached per worker.
+            async with transaction(self._engine, readonly=True) as conn:
+                run = await get_run_txn(conn, org_id, fence.flow_run_id)
+                step_row = await _step_row_txn(conn, org_id, fence.step_execution_id)
+                payload, verification = await _checkpoint_txn(
+                    conn, org_id, fence.flow_run_id, fence.input_checkpoint_id
+                )
             scope, plan = await self._plan(org_id, run.plan_id)
             step = plan.step(step_row.plan_step_key)
         except (NotFoundError, KeyError):
             # Deleted meanwhile (the fence will fail too) or a plan that lost its step.
             raise _Abort("plan_step_missing") from None
-        if fence.input_checkpoint_id is None:
-            raise _Abort("input_checkpoint_missing")
-        checkpoint = await self.store.get_checkpoint(
-            org_id, fence.flow_run_id, fence.input_checkpoint_id
-        )
-        snapshots = parse_set(
-            await self._read_verification_set(org_id, fence.flow_run_id, fence.input_checkpoint_id)
-        )
-        context: dict[str, Any] = json.loads(checkpoint.context_json) or {}
+        snapshots = parse_set(verification)
+        context: dict[str, Any] = json.loads(payload) or {}
         outcome: StepOutcome | None = None
         view: RecordView | None = None
         if needs_transaction(step):
@@ -350,19 +351,6 @@ class StepWorker:
             log.info("heartbeat lost the fence of %s; abandoning", fence.step_execution_id)
             raise lost[0]
         return task.result()
-
-    async def _read_verification_set(
-        self, org_id: str, flow_run_id: str, checkpoint_id: str
-    ) -> Any:
-        c = flow_checkpoints.c
-        stmt = select(c.read_verification_set).where(
-            c.org_id == org_id, c.flow_run_id == flow_run_id, c.checkpoint_id == checkpoint_id
-        )
-        async with transaction(self._engine, readonly=True) as conn:
-            raw = (await conn.execute(stmt)).scalar_one_or_none()
-        if isinstance(raw, str | bytes):
-            return json.loads(raw)
-        return raw
 
     async def _commit(self, org_id: str, fence: LeaseFence, prepared: _Prepared) -> Outcome:
         plan, step, context = prepared.plan, prepared.step, prepared.context
@@ -484,17 +472,6 @@ class StepWorker:
 
     # --- helpers -------------------------------------------------------------------------
 
-    async def _step_row(self, org_id: str, step_execution_id: str) -> _StepRow:
-        s = flow_step_executions.c
-        stmt = select(s.plan_step_key, s.step_kind).where(
-            s.org_id == org_id, s.step_execution_id == step_execution_id
-        )
-        async with transaction(self._engine, readonly=True) as conn:
-            row = (await conn.execute(stmt)).first()
-        if row is None:
-            raise NotFoundError("flow_step_execution", step_execution_id)
-        return _StepRow(str(row[0]), str(row[1]))
-
     async def _plan(
         self, org_id: str, plan_id: str
     ) -> tuple[TrustedRuntimeWorkScope, ExecutionPlan]:
@@ -524,6 +501,33 @@ class _Prepared:
     snapshots: Mapping[str, Sequence[ReadToken]]
     outcome: StepOutcome | None
     view: RecordView | None
+
+
+async def _step_row_txn(conn: AsyncConnection, org_id: str, step_execution_id: str) -> _StepRow:
+    s = flow_step_executions.c
+    stmt = select(s.plan_step_key, s.step_kind).where(
+        s.org_id == org_id, s.step_execution_id == step_execution_id
+    )
+    row = (await conn.execute(stmt)).first()
+    if row is None:
+        raise NotFoundError("flow_step_execution", step_execution_id)
+    return _StepRow(str(row[0]), str(row[1]))
+
+
+async def _checkpoint_txn(
+    conn: AsyncConnection, org_id: str, flow_run_id: str, checkpoint_id: str
+) -> tuple[str, Any]:
+    """The input checkpoint's context payload and its ReadVerificationSet (decoded)."""
+    c = flow_checkpoints.c
+    stmt = select(c.context_payload, c.read_verification_set).where(
+        c.org_id == org_id, c.flow_run_id == flow_run_id, c.checkpoint_id == checkpoint_id
+    )
+    row = (await conn.execute(stmt)).first()
+    if row is None:
+        raise NotFoundError("flow_checkpoint", checkpoint_id)
+    raw = row[1]
+    verification = json.loads(raw) if isinstance(raw, str | bytes) else raw
+    return str(row[0]), verification
 
 
 class _Abort(Exception):
