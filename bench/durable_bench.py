@@ -21,15 +21,14 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench.databases import on_each_database
 from runtime_svc.kernel import FlowRunStateStore, RetryPolicy, RunState, StepState
 from runtime_svc.schema import flow_runs, flow_step_executions
 from runtime_svc.worker import Outcome
@@ -162,24 +161,10 @@ async def _bench(label: str, url: str, seconds: float) -> None:
 
 
 async def _main(seconds: float) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        await _bench("sqlite", f"sqlite+aiosqlite:///{Path(tmp) / 'durable.db'}", seconds)
-    mysql = os.environ.get("FLOW_TEST_MYSQL_URL")
-    if not mysql:
-        print("mariadb  skipped (set FLOW_TEST_MYSQL_URL=mysql+aiomysql://root:@127.0.0.1:3307)")
-        return
-    name = f"bench_durable_{uuid.uuid4().hex[:8]}"
-    admin = db.create_engine(mysql.rstrip("/") + "/", pool_size=1)
-    async with admin.connect() as conn:
-        await conn.execute(
-            sa.text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        )
-    try:
-        await _bench("mariadb", f"{mysql.rstrip('/')}/{name}?charset=utf8mb4", seconds)
-    finally:
-        async with admin.connect() as conn:
-            await conn.execute(sa.text(f"DROP DATABASE {name}"))
-        await admin.dispose()
+    async def one(label: str, url: str) -> None:
+        await _bench(label, url, seconds)
+
+    await on_each_database("durable", one)
 
 
 def run(seconds: float) -> None:

@@ -28,20 +28,17 @@ and created its record). Nothing is asserted about speed; figures depend on the 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from bench.databases import on_each_database
 from runtime_svc.atomic import AtomicRunner
 from runtime_svc.compiler import (
     CompilerInputs,
@@ -50,7 +47,6 @@ from runtime_svc.compiler import (
     compile_plan,
 )
 from runtime_svc.compiler.kinds import ExecutionProfile
-from runtime_svc.definitions import repository as repo
 from runtime_svc.definitions.admission import RequestBoundView
 from runtime_svc.embedded import BeforeSaveDispatcher
 from runtime_svc.kernel import (
@@ -75,6 +71,7 @@ from runtime_svc.worker import FixedViews
 from services import db, migrate
 from services.auth import TrustedRuntimeWorkScope
 from services.digest import versioned_digest
+from tests.support.plans import store_plan
 from tests.unit.compiler.compiler_corpus import inputs_doc, merge_patch
 
 __all__ = ["run"]
@@ -207,81 +204,8 @@ async def _store(
     """Store a Flow version and its compiled plan (and, with ``activate``, an ACTIVE
     activation of it) through the definitions repository."""
     plan = compile_plan(source, inputs)
-    b = plan.binding
-    org = b.org_id
-    scope = TrustedRuntimeWorkScope(
-        org_id=org,
-        app_installation_id=b.app_installation_id,
-        runtime_capability_id=b.runtime_capability_id,
-        runtime_work_binding_digest=b.binding_digest,
-    )
-    version_id, plan_id = f"fv-{uuid.uuid4().hex[:12]}", f"plan-{uuid.uuid4().hex[:12]}"
-    async with db.transaction(engine) as conn:
-        now: datetime = await db.db_now(conn)
-        await repo.insert_flow_version_txn(
-            conn,
-            repo.FlowVersionRow(
-                org_id=org,
-                flow_version_id=version_id,
-                flow_api_name=plan.flow.api_name,
-                version_number=int(source["version"]),
-                source_json=json.dumps(source),
-                metadata_digest=plan.flow.metadata_digest,
-                label="bench",
-                created_at=now,
-            ),
-        )
-        await repo.insert_plan_txn(
-            conn,
-            {
-                "org_id": org,
-                "app_installation_id": b.app_installation_id,
-                "runtime_capability_id": b.runtime_capability_id,
-                "runtime_work_binding_digest": b.binding_digest,
-                "plan_id": plan_id,
-                "flow_version_id": version_id,
-                "metadata_digest": plan.flow.metadata_digest,
-                "compiler_version": plan.compiler_version,
-                "catalog_generation_id": plan.catalog.generation_id,
-                "catalog_digest": plan.catalog.catalog_digest,
-                "catalog_revision": b.catalog_revision,
-                "schema_generation": b.schema_generation,
-                "engine_generation": b.engine_generation,
-                "catalog_snapshot_digest": b.catalog_snapshot_digest,
-                "runtime_metadata_view_digest": b.metadata_view_digest,
-                "trigger_binding_digest": plan.trigger_binding_digest,
-                "policy_version": plan.policy_version,
-                "execution_profile": plan.profile.value,
-                "plan_digest": plan.plan_digest,
-                "plan_payload": repo.to_json(plan.to_dict()),
-                "bound_summary": repo.to_json(plan.bounds.to_dict()),
-                "diagnostic_summary": "[]",
-                "created_at": now,
-            },
-        )
-        if activate:
-            await repo.insert_activation_txn(
-                conn,
-                {
-                    "org_id": org,
-                    "app_installation_id": b.app_installation_id,
-                    "runtime_capability_id": b.runtime_capability_id,
-                    "runtime_work_binding_digest": b.binding_digest,
-                    "activation_id": f"act-{uuid.uuid4().hex[:12]}",
-                    "flow_version_id": version_id,
-                    "flow_api_name": plan.flow.api_name,
-                    "trigger_binding_digest": plan.trigger_binding_digest,
-                    "plan_id": plan_id,
-                    "state": repo.ACTIVE,
-                    "active_slot": 1,
-                    "attempt_diagnostics": None,
-                    "state_version": 0,
-                    "created_at": now,
-                    "activated_at": now,
-                    "superseded_at": None,
-                },
-            )
-    return _Stored(scope, plan_id, plan)
+    stored = await store_plan(engine, source, plan, activate=activate, label="bench")
+    return _Stored(stored.scope, stored.plan_id, plan)
 
 
 async def _setup(engine: AsyncEngine) -> _Setup:
@@ -448,24 +372,10 @@ async def _bench(label: str, url: str, seconds: float) -> None:
 
 
 async def _main(seconds: float) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        await _bench("sqlite", f"sqlite+aiosqlite:///{Path(tmp) / 'sync.db'}", seconds)
-    mysql = os.environ.get("FLOW_TEST_MYSQL_URL")
-    if not mysql:
-        print("mariadb  skipped (set FLOW_TEST_MYSQL_URL=mysql+aiomysql://root:@127.0.0.1:3307)")
-        return
-    name = f"bench_sync_{uuid.uuid4().hex[:8]}"
-    admin = db.create_engine(mysql.rstrip("/") + "/", pool_size=1)
-    async with admin.connect() as conn:
-        await conn.execute(
-            sa.text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        )
-    try:
-        await _bench("mariadb", f"{mysql.rstrip('/')}/{name}?charset=utf8mb4", seconds)
-    finally:
-        async with admin.connect() as conn:
-            await conn.execute(sa.text(f"DROP DATABASE {name}"))
-        await admin.dispose()
+    async def one(label: str, url: str) -> None:
+        await _bench(label, url, seconds)
+
+    await on_each_database("sync", one)
 
 
 def run(seconds: float) -> None:

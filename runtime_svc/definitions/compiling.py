@@ -138,40 +138,20 @@ class PlanCompiler(Db):
     def _plan_values(
         self, flow: repo.FlowVersionRow, plan: ExecutionPlan, now: Any
     ) -> dict[str, Any]:
-        payload = repo.to_json(plan.to_dict())
-        if len(payload.encode()) > MAX_PLAN_PAYLOAD_BYTES:
+        if len(repo.to_json(plan.to_dict()).encode()) > MAX_PLAN_PAYLOAD_BYTES:
             raise FailedPreconditionError(
                 f"the compiled plan exceeds {MAX_PLAN_PAYLOAD_BYTES} bytes",
                 reason="plan_too_large",
             )
-        b = plan.binding
-        return {
-            "org_id": b.org_id,
-            "app_installation_id": b.app_installation_id,
-            "runtime_capability_id": b.runtime_capability_id,
-            "runtime_work_binding_digest": b.binding_digest,
-            "plan_id": new_id("plan"),
-            "flow_version_id": flow.flow_version_id,
-            "metadata_digest": plan.flow.metadata_digest,
-            "compiler_version": plan.compiler_version,
-            "catalog_generation_id": plan.catalog.generation_id,
-            "catalog_digest": plan.catalog.catalog_digest,
-            "catalog_revision": b.catalog_revision,
-            "schema_generation": b.schema_generation,
-            "engine_generation": b.engine_generation,
-            "catalog_snapshot_digest": b.catalog_snapshot_digest,
-            "runtime_metadata_view_digest": b.metadata_view_digest,
-            "trigger_binding_digest": plan.trigger_binding_digest,
-            "policy_version": plan.policy_version,
-            "execution_profile": plan.profile.value,
-            "plan_digest": plan.plan_digest,
-            "plan_payload": payload,
-            "bound_summary": repo.to_json(plan.bounds.to_dict()),
-            "diagnostic_summary": bounded_json(
+        return repo.plan_row_values(
+            plan,
+            plan_id=new_id("plan"),
+            flow_version_id=flow.flow_version_id,
+            created_at=now,
+            diagnostic_summary=bounded_json(
                 [d.to_dict() for d in plan.diagnostics], MAX_SUMMARY_BYTES
             ),
-            "created_at": now,
-        }
+        )
 
     async def store(self, flow: repo.FlowVersionRow, plan: ExecutionPlan) -> repo.PlanRow:
         """Insert-if-absent on the plan identity tuple; an identical compile reuses the row."""

@@ -64,6 +64,7 @@ __all__ = [
     "latest_flow_versions_txn",
     "latest_policy_txn",
     "list_flow_versions_txn",
+    "plan_row_values",
     "to_json",
 ]
 
@@ -376,6 +377,44 @@ async def insert_policy_txn(
 
 
 # --- plans -------------------------------------------------------------------------------------
+
+
+def plan_row_values(
+    plan: ExecutionPlan,
+    *,
+    plan_id: str,
+    flow_version_id: str,
+    created_at: Any,
+    diagnostic_summary: str = "[]",
+) -> dict[str, Any]:
+    """The ``execution_plans`` row of a compiled plan: its work scope, identity tuple,
+    digests and canonical payload (the one mapping every writer of plan rows uses)."""
+    b = plan.binding
+    return {
+        "org_id": b.org_id,
+        "app_installation_id": b.app_installation_id,
+        "runtime_capability_id": b.runtime_capability_id,
+        "runtime_work_binding_digest": b.binding_digest,
+        "plan_id": plan_id,
+        "flow_version_id": flow_version_id,
+        "metadata_digest": plan.flow.metadata_digest,
+        "compiler_version": plan.compiler_version,
+        "catalog_generation_id": plan.catalog.generation_id,
+        "catalog_digest": plan.catalog.catalog_digest,
+        "catalog_revision": b.catalog_revision,
+        "schema_generation": b.schema_generation,
+        "engine_generation": b.engine_generation,
+        "catalog_snapshot_digest": b.catalog_snapshot_digest,
+        "runtime_metadata_view_digest": b.metadata_view_digest,
+        "trigger_binding_digest": plan.trigger_binding_digest,
+        "policy_version": plan.policy_version,
+        "execution_profile": plan.profile.value,
+        "plan_digest": plan.plan_digest,
+        "plan_payload": to_json(plan.to_dict()),
+        "bound_summary": to_json(plan.bounds.to_dict()),
+        "diagnostic_summary": diagnostic_summary,
+        "created_at": created_at,
+    }
 
 
 async def insert_plan_txn(conn: AsyncConnection, values: Mapping[str, Any]) -> bool:

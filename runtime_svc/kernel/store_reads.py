@@ -16,8 +16,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import and_, false, select
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.model import AttemptRecord, CheckpointMeta, RunRecord, StepRecord
@@ -340,6 +342,31 @@ async def get_checkpoint_txn(
 _CLAIMABLE_CODES: Sequence[str] = (StepState.PENDING.code, StepState.RETRY_SCHEDULED.code)
 
 
+def _candidate_columns() -> tuple[Any, ...]:
+    """The columns a claim candidate is built from (step joined to its root)."""
+    s, r = flow_step_executions.c, flow_runs.c
+    return (
+        s.flow_run_id,
+        s.step_execution_id,
+        s.state_version,
+        s.run_after,
+        s.queue_class,
+        r.state_version.label("root_state_version"),
+    )
+
+
+def _candidate(org_id: str, row: RowMapping) -> Candidate:
+    return Candidate(
+        org_id=org_id,
+        flow_run_id=row["flow_run_id"],
+        step_execution_id=row["step_execution_id"],
+        root_state_version=row["root_state_version"],
+        step_state_version=row["state_version"],
+        run_after=row["run_after"],
+        queue_class=row["queue_class"],
+    )
+
+
 async def eligible_work_txn(
     conn: AsyncConnection,
     org_id: str,
@@ -359,14 +386,7 @@ async def eligible_work_txn(
     found: list[Candidate] = []
     for state in _CLAIMABLE_CODES:
         stmt = (
-            select(
-                s.flow_run_id,
-                s.step_execution_id,
-                s.state_version,
-                s.run_after,
-                s.queue_class,
-                r.state_version.label("root_state_version"),
-            )
+            select(*_candidate_columns())
             .select_from(
                 flow_step_executions.join(
                     flow_runs, and_(r.org_id == s.org_id, r.flow_run_id == s.flow_run_id)
@@ -387,18 +407,7 @@ async def eligible_work_txn(
             .order_by(s.run_after, s.step_execution_id)
             .limit(limit)
         )
-        for row in (await conn.execute(stmt)).mappings():
-            found.append(
-                Candidate(
-                    org_id=org_id,
-                    flow_run_id=row["flow_run_id"],
-                    step_execution_id=row["step_execution_id"],
-                    root_state_version=row["root_state_version"],
-                    step_state_version=row["state_version"],
-                    run_after=row["run_after"],
-                    queue_class=row["queue_class"],
-                )
-            )
+        found.extend(_candidate(org_id, row) for row in (await conn.execute(stmt)).mappings())
     found.sort(key=lambda c: (c.run_after, c.step_execution_id))
     return found[:limit]
 
@@ -410,14 +419,7 @@ async def candidate_for_run_txn(
     :func:`eligible_work_txn`, by primary key), else ``None``."""
     s, r = flow_step_executions.c, flow_runs.c
     stmt = (
-        select(
-            s.flow_run_id,
-            s.step_execution_id,
-            s.state_version,
-            s.run_after,
-            s.queue_class,
-            r.state_version.label("root_state_version"),
-        )
+        select(*_candidate_columns())
         .select_from(
             flow_runs.join(
                 flow_step_executions,
@@ -440,17 +442,7 @@ async def candidate_for_run_txn(
         )
     )
     row = (await conn.execute(stmt)).mappings().first()
-    if row is None:
-        return None
-    return Candidate(
-        org_id=org_id,
-        flow_run_id=row["flow_run_id"],
-        step_execution_id=row["step_execution_id"],
-        root_state_version=row["root_state_version"],
-        step_state_version=row["state_version"],
-        run_after=row["run_after"],
-        queue_class=row["queue_class"],
-    )
+    return None if row is None else _candidate(org_id, row)
 
 
 async def expired_leases_txn(

@@ -6,9 +6,7 @@ definitions repository, business records seeded through the ordinary record engi
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -17,7 +15,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from runtime_svc.atomic import AtomicRunner
 from runtime_svc.compiler import CompilerInputs, ExecutionPlan, compile_plan
 from runtime_svc.compiler.kinds import ExecutionProfile
-from runtime_svc.definitions import repository as repo
 from runtime_svc.kernel import FlowRunStateStore, RetryPolicy
 from runtime_svc.records import Actor, RecordEngine, RecordView, prepare_create
 from runtime_svc.runs import RunService
@@ -34,6 +31,7 @@ from runtime_svc.worker import FixedViews, PhaseHook
 from services import db
 from services.auth import TrustedRuntimeWorkScope
 from tests.integration.worker.support import new_org, record_view
+from tests.support.plans import store_plan
 from tests.unit.compiler.compiler_corpus import inputs_doc, merge_patch
 
 __all__ = [
@@ -182,80 +180,8 @@ async def seed_atomic(
     org = org_id or new_org()
     source = source or touch_flow()
     plan = compile_atomic(org, source, patch)
-    b = plan.binding
-    scope = TrustedRuntimeWorkScope(
-        org_id=b.org_id,
-        app_installation_id=b.app_installation_id,
-        runtime_capability_id=b.runtime_capability_id,
-        runtime_work_binding_digest=b.binding_digest,
-    )
-    suffix = uuid.uuid4().hex[:12]
-    version_id, plan_id = f"fv-{suffix}", f"plan-{suffix}"
-    async with db.transaction(engine) as conn:
-        now: datetime = await db.db_now(conn)
-        await repo.insert_flow_version_txn(
-            conn,
-            repo.FlowVersionRow(
-                org_id=org,
-                flow_version_id=version_id,
-                flow_api_name=plan.flow.api_name,
-                version_number=1,
-                source_json=json.dumps(source),
-                metadata_digest=plan.flow.metadata_digest,
-                label="atomic",
-                created_at=now,
-            ),
-        )
-        await repo.insert_plan_txn(
-            conn,
-            {
-                "org_id": org,
-                "app_installation_id": b.app_installation_id,
-                "runtime_capability_id": b.runtime_capability_id,
-                "runtime_work_binding_digest": b.binding_digest,
-                "plan_id": plan_id,
-                "flow_version_id": version_id,
-                "metadata_digest": plan.flow.metadata_digest,
-                "compiler_version": plan.compiler_version,
-                "catalog_generation_id": plan.catalog.generation_id,
-                "catalog_digest": plan.catalog.catalog_digest,
-                "catalog_revision": b.catalog_revision,
-                "schema_generation": b.schema_generation,
-                "engine_generation": b.engine_generation,
-                "catalog_snapshot_digest": b.catalog_snapshot_digest,
-                "runtime_metadata_view_digest": b.metadata_view_digest,
-                "trigger_binding_digest": plan.trigger_binding_digest,
-                "policy_version": plan.policy_version,
-                "execution_profile": plan.profile.value,
-                "plan_digest": plan.plan_digest,
-                "plan_payload": repo.to_json(plan.to_dict()),
-                "bound_summary": repo.to_json(plan.bounds.to_dict()),
-                "diagnostic_summary": "[]",
-                "created_at": now,
-            },
-        )
-        assert await repo.insert_activation_txn(
-            conn,
-            {
-                "org_id": org,
-                "app_installation_id": scope.app_installation_id,
-                "runtime_capability_id": scope.runtime_capability_id,
-                "runtime_work_binding_digest": scope.runtime_work_binding_digest,
-                "activation_id": f"act-{suffix}",
-                "flow_version_id": version_id,
-                "flow_api_name": plan.flow.api_name,
-                "trigger_binding_digest": plan.trigger_binding_digest,
-                "plan_id": plan_id,
-                "state": repo.ACTIVE,
-                "active_slot": 1,
-                "attempt_diagnostics": None,
-                "state_version": 0,
-                "created_at": now,
-                "activated_at": now,
-                "superseded_at": None,
-            },
-        )
-    return AtomicSeeded(scope, plan_id, plan)
+    stored = await store_plan(engine, source, plan, activate=True, label="atomic")
+    return AtomicSeeded(stored.scope, stored.plan_id, plan)
 
 
 def make_runner(

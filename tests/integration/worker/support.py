@@ -9,7 +9,6 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.compiler import CompilerInputs, ExecutionPlan, MetadataViewInput, compile_plan
-from runtime_svc.definitions import repository as repo
 from runtime_svc.kernel import (
     CheckpointInput,
     FirstStep,
@@ -38,6 +36,7 @@ from runtime_svc.schema import (
 from runtime_svc.worker import FixedViews, StepWorker, Sweeper
 from services import db
 from services.auth import TrustedRuntimeWorkScope
+from tests.support.plans import store_plan
 from tests.unit.compiler.compiler_corpus import INPUTS, inputs_doc, merge_patch, read_json
 
 __all__ = [
@@ -170,58 +169,8 @@ async def seed(
     if source is None:
         source = flow_source(mutations, pure_step=pure_step)
     plan = _compile(org, source)
-    b = plan.binding
-    scope = TrustedRuntimeWorkScope(
-        org_id=b.org_id,
-        app_installation_id=b.app_installation_id,
-        runtime_capability_id=b.runtime_capability_id,
-        runtime_work_binding_digest=b.binding_digest,
-    )
-    version_id, plan_id = f"fv-{uuid.uuid4().hex[:12]}", f"plan-{uuid.uuid4().hex[:12]}"
-    async with db.transaction(engine) as conn:
-        now: datetime = await db.db_now(conn)
-        await repo.insert_flow_version_txn(
-            conn,
-            repo.FlowVersionRow(
-                org_id=org,
-                flow_version_id=version_id,
-                flow_api_name=plan.flow.api_name,
-                version_number=1,
-                source_json=json.dumps(source),
-                metadata_digest=plan.flow.metadata_digest,
-                label="worker",
-                created_at=now,
-            ),
-        )
-        await repo.insert_plan_txn(
-            conn,
-            {
-                "org_id": org,
-                "app_installation_id": b.app_installation_id,
-                "runtime_capability_id": b.runtime_capability_id,
-                "runtime_work_binding_digest": b.binding_digest,
-                "plan_id": plan_id,
-                "flow_version_id": version_id,
-                "metadata_digest": plan.flow.metadata_digest,
-                "compiler_version": plan.compiler_version,
-                "catalog_generation_id": plan.catalog.generation_id,
-                "catalog_digest": plan.catalog.catalog_digest,
-                "catalog_revision": b.catalog_revision,
-                "schema_generation": b.schema_generation,
-                "engine_generation": b.engine_generation,
-                "catalog_snapshot_digest": b.catalog_snapshot_digest,
-                "runtime_metadata_view_digest": b.metadata_view_digest,
-                "trigger_binding_digest": plan.trigger_binding_digest,
-                "policy_version": plan.policy_version,
-                "execution_profile": plan.profile.value,
-                "plan_digest": plan.plan_digest,
-                "plan_payload": repo.to_json(plan.to_dict()),
-                "bound_summary": repo.to_json(plan.bounds.to_dict()),
-                "diagnostic_summary": "[]",
-                "created_at": now,
-            },
-        )
-    return Seeded(scope, plan_id, plan)
+    stored = await store_plan(engine, source, plan, label="worker")
+    return Seeded(stored.scope, stored.plan_id, plan)
 
 
 async def start_run(
