@@ -28,12 +28,16 @@ from services import db
 from services.auth import CredentialVerifier, generate_keypair
 from services.config import ServiceName, load_config
 from services.grpc_server import start_server
+from services.proto import catalog_v1
 from tests.integration.catalog.harness import KEY_ID as CATALOG_KEY_ID
 from tests.integration.catalog.harness import Client as CatalogClient
+from tests.integration.catalog.harness import Scope, demo_entries
+from tests.integration.definitions.fake_catalog import Published
 from tests.integration.definitions.harness import KEY_ID as DEFINITIONS_KEY_ID
+from tests.integration.definitions.harness import new_org
 from tests.integration.runs.harness import RunClient
 
-__all__ = ["TriggerServers"]
+__all__ = ["TriggerServers", "sealed_tenant"]
 
 _START_TIMEOUT_S = 60.0
 
@@ -150,3 +154,22 @@ class TriggerServers:
         return CatalogClient(
             grpc.insecure_channel(f"127.0.0.1:{self.catalog_port}"), self.private_key
         )
+
+
+def sealed_tenant(catalog: CatalogClient, view: catalog_v1.MetadataView | None = None) -> Published:
+    """A fresh org with a published view (default: the demo view), a registered binding
+    and a sealed generation of the demo entries; what a runtime request is bound to."""
+    org = new_org()
+    inst, cap = "inst-1", "cap-flow"
+    published = catalog.publish_view(org, inst, view)
+    registered = catalog.register_binding(org, inst, cap, published.runtime_metadata_view_digest)
+    scope = Scope(org, inst, cap, registered.runtime_work_binding_digest)
+    generation = catalog.build(scope, demo_entries())
+    assert generation.state == catalog_v1.GenerationState.GENERATION_STATE_SEALED
+    return Published(
+        (org, inst, cap, scope.runtime_work_binding_digest),
+        generation.runtime_work_binding,
+        generation.runtime_work_binding.runtime_metadata_view_digest,
+        generation.catalog_generation_id,
+        generation.catalog_digest,
+    )

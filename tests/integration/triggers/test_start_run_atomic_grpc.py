@@ -14,12 +14,11 @@ import pytest
 from google.protobuf import json_format
 
 from runtime_svc.schema import records
-from services.proto import catalog_v1, common_v1, runtime_v1
+from services.proto import common_v1, runtime_v1
 from tests.integration.catalog.harness import Client as CatalogClient
-from tests.integration.catalog.harness import Scope, demo_entries
-from tests.integration.definitions.fake_catalog import Published
-from tests.integration.definitions.harness import error_detail, new_org, rows
+from tests.integration.definitions.harness import error_detail, rows
 from tests.integration.runs.harness import RunClient
+from tests.integration.triggers.harness import sealed_tenant
 
 SUCCEEDED = common_v1.RunState.RUN_STATE_SUCCEEDED
 BOUNDED_ATOMIC = common_v1.ExecutionProfile.EXECUTION_PROFILE_BOUNDED_ATOMIC
@@ -85,29 +84,10 @@ def _unsafe() -> dict[str, Any]:
     }
 
 
-def _tenant(catalog: CatalogClient) -> Published:
-    org = new_org()
-    scope: Scope = catalog.tenant(org)
-    generation = catalog.build(scope, demo_entries())
-    assert generation.state == catalog_v1.GenerationState.GENERATION_STATE_SEALED
-    return Published(
-        (
-            scope.org_id,
-            scope.app_installation_id,
-            scope.runtime_capability_id,
-            scope.runtime_work_binding_digest,
-        ),
-        generation.runtime_work_binding,
-        generation.runtime_work_binding.runtime_metadata_view_digest,
-        generation.catalog_generation_id,
-        generation.catalog_digest,
-    )
-
-
 def test_safe_run_atomically_flow_returns_its_terminal_result_synchronously(
     client: RunClient, catalog: CatalogClient
 ) -> None:
-    pub = _tenant(catalog)
+    pub = sealed_tenant(catalog)
     fv = client.register(pub.scope[0], _open_account())
     compiled = client.compile(pub, fv.flow_version_id)
     assert compiled.compiled, [d.message for d in compiled.diagnostics]
@@ -146,7 +126,7 @@ def test_a_failing_atomic_flow_writes_nothing(
 ) -> None:
     """Account.Name is required: the run's one transaction fails validation, the run ends
     failed, and neither record of the Flow exists."""
-    pub = _tenant(catalog)
+    pub = sealed_tenant(catalog)
     fv = client.register(pub.scope[0], _open_account())
     compiled = client.compile(pub, fv.flow_version_id)
     client.activate(pub, fv.flow_version_id, compiled.plan)
@@ -162,7 +142,7 @@ def test_a_failing_atomic_flow_writes_nothing(
 def test_unsafe_run_atomically_flow_never_reaches_the_runtime(
     client: RunClient, catalog: CatalogClient
 ) -> None:
-    pub = _tenant(catalog)
+    pub = sealed_tenant(catalog)
     fv = client.register(pub.scope[0], _unsafe())
     compiled = client.compile(pub, fv.flow_version_id)
     assert not compiled.compiled

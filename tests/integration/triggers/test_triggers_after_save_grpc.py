@@ -25,13 +25,13 @@ from runtime_svc.records import Actor, MutationResult, RecordEngine, RecordView,
 from runtime_svc.records.model import RequestRef
 from runtime_svc.schema import flow_checkpoints
 from services import db
-from services.proto import catalog_v1, runtime_v1
+from services.proto import runtime_v1
 from tests.integration.catalog.harness import Client as CatalogClient
-from tests.integration.catalog.harness import Scope, demo_entries
 from tests.integration.definitions.fake_catalog import Published
-from tests.integration.definitions.harness import error_detail, new_org, new_request_id
+from tests.integration.definitions.harness import error_detail, new_request_id
 from tests.integration.records.support import record_view
 from tests.integration.runs.harness import RunClient
+from tests.integration.triggers.harness import sealed_tenant
 
 
 def _welcome(entry_condition: str | None = None) -> dict[str, Any]:
@@ -69,22 +69,8 @@ def _tenant(
     entry_condition: str | None = None,
 ) -> Published:
     """A sealed catalog generation of a fresh org; ``Welcome`` compiled and activated."""
-    org = new_org()
-    scope: Scope = catalog.tenant(org)
-    generation = catalog.build(scope, demo_entries())
-    assert generation.state == catalog_v1.GenerationState.GENERATION_STATE_SEALED
-    pub = Published(
-        (
-            scope.org_id,
-            scope.app_installation_id,
-            scope.runtime_capability_id,
-            scope.runtime_work_binding_digest,
-        ),
-        generation.runtime_work_binding,
-        generation.runtime_work_binding.runtime_metadata_view_digest,
-        generation.catalog_generation_id,
-        generation.catalog_digest,
-    )
+    pub = sealed_tenant(catalog)
+    org = pub.scope[0]
     if activate:
         fv = client.register(org, _welcome(entry_condition))
         compiled = client.compile(pub, fv.flow_version_id)

@@ -29,11 +29,11 @@ from runtime_svc.schema import audit_records, flow_runs, records
 from services import db
 from services.proto import catalog_v1, common_v1, runtime_v1
 from tests.integration.catalog.harness import Client as CatalogClient
-from tests.integration.catalog.harness import Scope, demo_entries, demo_view
+from tests.integration.catalog.harness import demo_view
 from tests.integration.definitions.fake_catalog import Published
-from tests.integration.definitions.harness import error_detail, new_org, new_request_id
+from tests.integration.definitions.harness import error_detail, new_request_id
 from tests.integration.runs.harness import RunClient
-from tests.integration.triggers.harness import TriggerServers
+from tests.integration.triggers.harness import TriggerServers, sealed_tenant
 
 F = catalog_v1.FieldType
 T = common_v1.TriggerEvent
@@ -131,20 +131,8 @@ def _flows() -> list[dict[str, Any]]:
 def _tenant(
     catalog: CatalogClient, client: RunClient, versions: dict[str, str] | None = None
 ) -> Published:
-    org = new_org()
-    inst, cap = "inst-1", "cap-flow"
-    view = catalog.publish_view(org, inst, _view())
-    registered = catalog.register_binding(org, inst, cap, view.runtime_metadata_view_digest)
-    scope = Scope(org, inst, cap, registered.runtime_work_binding_digest)
-    generation = catalog.build(scope, demo_entries())
-    assert generation.state == catalog_v1.GenerationState.GENERATION_STATE_SEALED
-    pub = Published(
-        (org, inst, cap, scope.runtime_work_binding_digest),
-        generation.runtime_work_binding,
-        generation.runtime_work_binding.runtime_metadata_view_digest,
-        generation.catalog_generation_id,
-        generation.catalog_digest,
-    )
+    pub = sealed_tenant(catalog, _view())
+    org = pub.scope[0]
     for source in _flows():
         fv = client.register(org, source)
         compiled = client.compile(pub, fv.flow_version_id)
