@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import enum
 import logging
 import random
@@ -451,6 +452,10 @@ async def transaction(
             await conn.commit()
         except Exception as exc:
             if classify_db_error(exc) is DbErrorClass.OUTCOME_UNKNOWN:
+                # A connection whose COMMIT outcome is unknown is never reused: its
+                # session may still hold the transaction (or be gone).
+                with contextlib.suppress(Exception):
+                    await conn.invalidate()
                 raise CommitOutcomeUnknownError("connection lost during commit") from exc
             await _rollback_quietly(conn)
             raise

@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Table,
     UniqueConstraint,
+    event,
     func,
     insert,
     select,
@@ -492,3 +493,31 @@ async def test_mariadb_lock_wait_timeout_is_classified(mariadb_url: str) -> None
         assert db.classify_db_error(caught.value) is db.DbErrorClass.LOCK_WAIT_TIMEOUT
     finally:
         await engine.dispose()
+
+
+async def test_a_commit_with_unknown_outcome_never_returns_its_connection_to_the_pool(
+    engine: AsyncEngine,
+) -> None:
+    """The driver reports a lost connection during COMMIT without flagging a disconnect:
+    the transaction raises CommitOutcomeUnknownError and the connection is invalidated,
+    so the next transaction gets a clean one (a reused connection could still hold the
+    unknown transaction)."""
+    fired: list[bool] = []
+
+    def on_commit(sync_conn: Any) -> None:
+        if not fired:
+            fired.append(True)
+            raise pymysql.err.OperationalError(2013, "Lost connection during COMMIT")
+
+    event.listen(engine.sync_engine, "commit", on_commit)
+    try:
+        with pytest.raises(CommitOutcomeUnknownError):
+            async with db.transaction(engine) as conn:
+                await conn.execute(items.insert().values(**_row("lost-commit")))
+    finally:
+        event.remove(engine.sync_engine, "commit", on_commit)
+    assert engine.pool.checkedout() == 0
+    # Every pooled connection is usable: a write transaction on each succeeds.
+    for i in range(3):
+        await _insert(engine, _row(f"after-{i}"))
+    assert (await _get(engine, "after-2")) is not None
