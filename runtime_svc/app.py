@@ -28,11 +28,16 @@ SERVICE_NAMES = (
 
 
 async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[ServiceRegistration]:
-    """The runtime RPCs; those whose issue has not landed answer UNIMPLEMENTED."""
+    """The runtime RPCs; those whose issue has not landed answer UNIMPLEMENTED.
+
+    The record service and the synchronous Bounded Atomic executor share one catalog
+    view source (one channel, one cache of immutable views)."""
+    views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
+    run_views = None if WorkerSettings.from_env().view_file else views
     return [
         await build_definition_service(cfg, engine),
-        await build_run_service(cfg, engine),
-        await build_record_service(cfg, engine),
+        await build_run_service(cfg, engine, views=run_views),
+        await build_record_service(cfg, engine, views),
         ServiceRegistration(
             SERVICE_NAMES[3],
             runtime_v1.add_WakeSignalServiceServicer_to_server,
