@@ -323,7 +323,7 @@ def metadata_view_doc(view: Any) -> dict[str, Any]:
             "object": s.object_api_name,
             "timing": _TIMING.get(s.timing, "unspecified"),
             "events": sorted(_EVENT[e] for e in s.events if e in _EVENT),
-            "dispatch_order": 0,
+            "dispatch_order": int(s.dispatch_order),
         }
         for s in view.trigger_subscriptions
     ]

@@ -130,6 +130,7 @@ def view_from_proto(msg: catalog_v1.MetadataView, prefix: str = "view") -> Runti
                 for j, ev in enumerate(s.events)
             ),
             entry_condition=s.entry_condition or None,
+            dispatch_order=s.dispatch_order,
         )
         for i, s in enumerate(msg.trigger_subscriptions)
     )
@@ -206,6 +207,7 @@ def view_to_proto(
                 timing=common_v1.TriggerTiming.ValueType(s.timing),
                 events=[common_v1.TriggerEvent.ValueType(e) for e in s.events],
                 entry_condition=s.entry_condition or "",
+                dispatch_order=s.dispatch_order,
             )
             for s in v.trigger_subscriptions
         ],

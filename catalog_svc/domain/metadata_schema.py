@@ -122,7 +122,9 @@ class TriggerSubscription:
 
     ``(flow_api_name, object_api_name, timing)`` is unique within a view.
     ``entry_condition`` is kept verbatim (its language belongs to the Flow metadata);
-    ``None`` means "always".
+    ``None`` means "always". ``dispatch_order`` orders the Flows of one object and timing
+    (ascending, ties by Flow API name); 0 is the default and is left out of the
+    canonical form, so views without an order keep their digest.
     """
 
     flow_api_name: str
@@ -130,6 +132,7 @@ class TriggerSubscription:
     timing: TriggerTiming
     events: tuple[TriggerEvent, ...]
     entry_condition: str | None = None
+    dispatch_order: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +177,7 @@ _FIELD_KEYS = frozenset(
 )
 _REL_KEYS = frozenset({"child_object_api_name", "child_field_api_name", "parent_object_api_name"})
 _TRIGGER_KEYS = frozenset(
-    {"flow_api_name", "object_api_name", "timing", "events", "entry_condition"}
+    {"flow_api_name", "object_api_name", "timing", "events", "entry_condition", "dispatch_order"}
 )
 _ACTION_KEYS = frozenset({"action_type", "label", "description", "inputs", "outputs"})
 _PARAM_KEYS = frozenset({"name", "type", "required", "is_collection"})
@@ -263,9 +266,10 @@ def read_trigger(
         if ev is not None:
             events.append(ev)
     cond = p.get_str(m, "entry_condition", path, issues, required=False)
+    order = p.get_int(m, "dispatch_order", path, issues, required=False)
     if flow is None or obj is None or timing is None:
         return None
-    return TriggerSubscription(flow, obj, timing, tuple(events), cond)
+    return TriggerSubscription(flow, obj, timing, tuple(events), cond, order or 0)
 
 
 def _read_parameter(

@@ -70,6 +70,7 @@ _MAX_DECIMAL_PRECISION = 38
 _MAX_LABEL = 255
 _MAX_DESCRIPTION = 4000
 _MAX_CONDITION = 10_000
+_MAX_DISPATCH_ORDER = 1_000_000
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _NAME_MAX = 128
 
@@ -354,6 +355,23 @@ class RuntimeMetadataView:
                     )
                 else:
                     check_text(cond, cond_path, _MAX_CONDITION, issues)
+            order = trig.dispatch_order
+            if isinstance(order, bool) or not isinstance(order, int):
+                issues.append(
+                    Diagnostic(
+                        p.at(path, "dispatch_order"),
+                        DiagnosticCode.INVALID_TYPE,
+                        "dispatch_order must be an integer",
+                    )
+                )
+            elif not 0 <= order <= _MAX_DISPATCH_ORDER:
+                issues.append(
+                    Diagnostic(
+                        p.at(path, "dispatch_order"),
+                        DiagnosticCode.OUT_OF_RANGE,
+                        f"dispatch_order must be within 0..{_MAX_DISPATCH_ORDER}",
+                    )
+                )
             keys.append((path, (trig.flow_api_name, trig.object_api_name, trig.timing)))
         check_unique(keys, "trigger subscription (flow, object, timing)", issues, fold=False)
 
@@ -463,6 +481,7 @@ class RuntimeMetadataView:
                     "timing": p.enum_to_json(t.timing),
                     "events": [p.enum_to_json(e) for e in t.events],
                     "entry_condition": t.entry_condition,
+                    **({"dispatch_order": t.dispatch_order} if t.dispatch_order else {}),
                 }
                 for t in v.trigger_subscriptions
             ],

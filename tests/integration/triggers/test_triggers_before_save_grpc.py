@@ -41,8 +41,8 @@ T = common_v1.TriggerEvent
 
 def _view() -> catalog_v1.MetadataView:
     """The demo view with name/title fields on Contact and three before-save
-    subscriptions on it, published in reverse name order (the catalog carries no dispatch
-    order, so Flows run by API name: ``Alpha``, ``Guard``, ``Zeta``)."""
+    subscriptions on it, ordered by ``dispatch_order`` against their names: ``Zeta`` (10)
+    runs before ``Alpha`` (20), ``Guard`` (30) last."""
     view = demo_view()
     contact = next(o for o in view.objects if o.api_name == "Contact")
     contact.fields.extend(
@@ -52,10 +52,10 @@ def _view() -> catalog_v1.MetadataView:
         ]
     )
     del view.trigger_subscriptions[:]
-    for name, events in (
-        ("Zeta", [T.TRIGGER_EVENT_CREATE, T.TRIGGER_EVENT_UPDATE]),
-        ("Guard", [T.TRIGGER_EVENT_CREATE]),
-        ("Alpha", [T.TRIGGER_EVENT_CREATE, T.TRIGGER_EVENT_UPDATE]),
+    for name, order, events in (
+        ("Guard", 30, [T.TRIGGER_EVENT_CREATE]),
+        ("Alpha", 20, [T.TRIGGER_EVENT_CREATE, T.TRIGGER_EVENT_UPDATE]),
+        ("Zeta", 10, [T.TRIGGER_EVENT_CREATE, T.TRIGGER_EVENT_UPDATE]),
     ):
         view.trigger_subscriptions.append(
             catalog_v1.TriggerSubscription(
@@ -63,6 +63,7 @@ def _view() -> catalog_v1.MetadataView:
                 object_api_name="Contact",
                 timing=common_v1.TriggerTiming.TRIGGER_TIMING_BEFORE_SAVE,
                 events=events,
+                dispatch_order=order,
             )
         )
     return view
@@ -81,7 +82,7 @@ def _flow(name: str, events: list[str], elements: list[dict[str, Any]]) -> dict[
 
 
 def _flows() -> list[dict[str, Any]]:
-    """Alpha appends "A" to the title, Zeta trims the last name and appends "Z" (so the
+    """Zeta trims the last name and appends "Z" to the title, Alpha appends "A" (so the
     title records the execution order); Guard faults on last name ``FAIL``."""
     zeta = _flow(
         "Zeta",
@@ -94,7 +95,7 @@ def _flows() -> list[dict[str, Any]]:
                     {"target": "$Record.LastName", "value": "TRIM($Record.LastName)"},
                     {
                         "target": "$Record.Title",
-                        "value": "CONCAT($Record.Title, 'Z')",
+                        "value": "CONCAT(IF(ISBLANK($Record.Title), '', $Record.Title), 'Z')",
                     },
                 ],
             }
@@ -211,8 +212,8 @@ def test_flows_transform_the_record_in_dispatch_order_on_create_and_update(
 ) -> None:
     pub = _tenant(catalog, client)
     created = _create(client, pub, LastName="  Lovelace  ")
-    # Alpha ran before Zeta although the view lists Zeta first: the documented order.
-    assert _fields(created.record) == {"LastName": "Lovelace", "Title": "AZ"}
+    # Zeta (dispatch 10) ran before Alpha (dispatch 20) although "Alpha" sorts first.
+    assert _fields(created.record) == {"LastName": "Lovelace", "Title": "ZA"}
     assert created.record.version == 1
     assert list(created.triggered_flow_run_ids) == []
 
@@ -228,7 +229,7 @@ def test_flows_transform_the_record_in_dispatch_order_on_create_and_update(
         metadata=client.creds(pub),
         timeout=30,
     )
-    assert _fields(updated.record) == {"LastName": "Byron", "Title": "AZAZ"}
+    assert _fields(updated.record) == {"LastName": "Byron", "Title": "ZAZA"}
     assert updated.record.version == 2
     # Before-save never creates a Flow root.
     assert _rows(servers, flow_runs, pub.scope[0]) == 0
@@ -241,7 +242,7 @@ def test_one_transaction_per_mutation_and_no_flow_root(
     _create(client, pub, LastName="warm-up")  # view and plan caches
     with _transactions(servers) as began:
         created = _create(client, pub, LastName="Hopper")
-    assert _fields(created.record)["Title"] == "AZ"
+    assert _fields(created.record)["Title"] == "ZA"
     assert began[0] == 1
     assert _rows(servers, flow_runs, pub.scope[0]) == 0
 
@@ -267,7 +268,7 @@ def test_a_failing_flow_writes_nothing_and_leaves_audit_evidence(
     )
     # The same request with corrected input is a new mutation and succeeds.
     ok = _create(client, pub, request_id=new_request_id(), LastName="Fine")
-    assert _fields(ok.record) == {"LastName": "Fine", "Title": "AZ"}
+    assert _fields(ok.record) == {"LastName": "Fine", "Title": "ZA"}
     assert _rows(servers, records, org) == 1
 
 

@@ -104,6 +104,7 @@ def _mutate(path: list[Any], value: Any) -> dict[str, Any]:
         (["trigger_subscriptions", 0, "entry_condition"], "ISCHANGED(Name)"),
         (["trigger_subscriptions", 0, "timing"], "before_save"),
         (["trigger_subscriptions", 1, "flow_api_name"], "Normalize2"),
+        (["trigger_subscriptions", 1, "dispatch_order"], 20),
         (["relationships"], []),
         (["actions", 0, "inputs", 0, "required"], False),
         (["actions", 0, "outputs"], []),
@@ -285,3 +286,33 @@ def test_proto_numbers_are_accepted_for_enums() -> None:
     raw = _mutate(["objects", 0, "fields", 0, "type"], int(FieldType.STRING))
     raw["trigger_subscriptions"][0]["events"] = [2, 1]
     assert RuntimeMetadataView.from_dict(raw).digest() == make_view().digest()
+
+
+def test_dispatch_order_zero_is_the_default_and_keeps_the_digest() -> None:
+    """Views published before ``dispatch_order`` existed keep their digest: 0 is left out
+    of the canonical form; a set order is content and round-trips."""
+    assert (
+        RuntimeMetadataView.from_dict(
+            _mutate(["trigger_subscriptions", 1, "dispatch_order"], 0)
+        ).digest()
+        == make_view().digest()
+    )
+    ordered = RuntimeMetadataView.from_dict(
+        _mutate(["trigger_subscriptions", 1, "dispatch_order"], 20)
+    )
+    normalize = next(
+        t for t in ordered.to_dict()["trigger_subscriptions"] if t["flow_api_name"] == "Normalize"
+    )  # type: ignore[index,union-attr]
+    assert normalize["dispatch_order"] == 20
+    assert RuntimeMetadataView.from_dict(ordered.to_dict()).digest() == ordered.digest()
+
+
+@pytest.mark.parametrize("value", [-1, 1_000_001])
+def test_dispatch_order_out_of_range_is_refused(value: int) -> None:
+    issues = _issues(_mutate(["trigger_subscriptions", 1, "dispatch_order"], value))
+    assert ("trigger_subscriptions[1].dispatch_order", DiagnosticCode.OUT_OF_RANGE) in issues
+
+
+def test_dispatch_order_must_be_an_integer() -> None:
+    issues = _issues(_mutate(["trigger_subscriptions", 1, "dispatch_order"], "first"))
+    assert ("trigger_subscriptions[1].dispatch_order", DiagnosticCode.INVALID_TYPE) in issues
