@@ -206,10 +206,9 @@ class BeforeSaveDispatcher:
         prior: dict[str, Any] | None = None if current is None else dict(current.fields)
         start: dict[str, Any] = {**(prior or {}), **dict(mutation.fields)}
         fields = dict(start)
-        reader_conn = conn
 
         async def reader(object_name: str, record_id: str) -> RecordState | None:
-            return await read_record_txn(reader_conn, org_id, object_name, record_id)
+            return await read_record_txn(conn, org_id, object_name, record_id)
 
         query = record_query(conn, org_id, view)
         for admitted in selection.plans:
