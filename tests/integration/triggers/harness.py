@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from google.protobuf.struct_pb2 import Struct
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog_svc.app import build_services as build_catalog_services
@@ -28,7 +29,7 @@ from services import db
 from services.auth import CredentialVerifier, generate_keypair
 from services.config import ServiceName, load_config
 from services.grpc_server import start_server
-from services.proto import catalog_v1
+from services.proto import catalog_v1, runtime_v1
 from tests.integration.catalog.harness import KEY_ID as CATALOG_KEY_ID
 from tests.integration.catalog.harness import Client as CatalogClient
 from tests.integration.catalog.harness import Scope, demo_entries
@@ -37,7 +38,7 @@ from tests.integration.definitions.harness import KEY_ID as DEFINITIONS_KEY_ID
 from tests.integration.definitions.harness import new_org
 from tests.integration.runs.harness import RunClient
 
-__all__ = ["TriggerServers", "sealed_tenant"]
+__all__ = ["TriggerServers", "record_stub", "sealed_tenant", "struct"]
 
 _START_TIMEOUT_S = 60.0
 
@@ -173,3 +174,15 @@ def sealed_tenant(catalog: CatalogClient, view: catalog_v1.MetadataView | None =
         generation.catalog_generation_id,
         generation.catalog_digest,
     )
+
+
+def struct(**values: Any) -> Struct:
+    """A ``google.protobuf.Struct`` of ``values`` (record fields of a request)."""
+    s = Struct()
+    s.update(values)
+    return s
+
+
+def record_stub(channel: grpc.Channel) -> Any:
+    """The RecordService stub on ``channel``."""
+    return runtime_v1.RecordServiceStub(channel)

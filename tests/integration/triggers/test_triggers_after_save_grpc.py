@@ -17,7 +17,6 @@ from typing import Any
 import grpc
 import pymysql
 import pytest
-from google.protobuf.struct_pb2 import Struct
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -31,7 +30,7 @@ from tests.integration.definitions.fake_catalog import Published
 from tests.integration.definitions.harness import error_detail, new_request_id
 from tests.integration.records.support import record_view
 from tests.integration.runs.harness import RunClient
-from tests.integration.triggers.harness import sealed_tenant
+from tests.integration.triggers.harness import record_stub, sealed_tenant, struct
 
 
 def _welcome(entry_condition: str | None = None) -> dict[str, Any]:
@@ -79,25 +78,15 @@ def _tenant(
     return pub
 
 
-def _struct(**values: Any) -> Struct:
-    s = Struct()
-    s.update(values)
-    return s
-
-
-def _records(client: RunClient) -> Any:
-    return runtime_v1.RecordServiceStub(client.channel)
-
-
 def _create(
     client: RunClient, pub: Published, *, request_id: str | None = None, **fields: Any
 ) -> Any:
-    return _records(client).CreateRecord(
+    return record_stub(client.channel).CreateRecord(
         runtime_v1.CreateRecordRequest(
             request_id=request_id or new_request_id(),
             scope=pub.scope_proto(),
             object_api_name="Contact",
-            fields=_struct(**fields),
+            fields=struct(**fields),
         ),
         metadata=client.creds(pub),
         timeout=30,
@@ -140,7 +129,7 @@ def test_unsubscribed_update_and_delete_start_no_run(
     pub = _tenant(catalog, client)
     created = _create(client, pub, Email="ada@example.com")
     (run_id,) = created.triggered_flow_run_ids
-    records = _records(client)
+    records = record_stub(client.channel)
     rid = created.record.record_id
     updated = records.UpdateRecord(
         runtime_v1.UpdateRecordRequest(
@@ -149,7 +138,7 @@ def test_unsubscribed_update_and_delete_start_no_run(
             object_api_name="Contact",
             record_id=rid,
             expected_version=1,
-            fields=_struct(Email="ada@lovelace.example"),
+            fields=struct(Email="ada@lovelace.example"),
         ),
         metadata=client.creds(pub),
         timeout=30,
@@ -173,7 +162,7 @@ def test_unsubscribed_update_and_delete_start_no_run(
             request_id=new_request_id(),
             scope=pub.scope_proto(),
             object_api_name="Account",
-            fields=_struct(Name="Acme"),
+            fields=struct(Name="Acme"),
         ),
         metadata=client.creds(pub),
         timeout=30,
@@ -256,13 +245,13 @@ def test_subscribed_flow_without_active_plan_fails_admission_before_writing(
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_detail(err.value).code == "admission.no_active_plan"
     # Nothing was written: an unsubscribed object still writes normally.
-    records = _records(client)
+    records = record_stub(client.channel)
     account = records.CreateRecord(
         runtime_v1.CreateRecordRequest(
             request_id=new_request_id(),
             scope=pub.scope_proto(),
             object_api_name="Account",
-            fields=_struct(Name="Acme"),
+            fields=struct(Name="Acme"),
         ),
         metadata=client.creds(pub),
         timeout=30,

@@ -21,7 +21,6 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import json_format
-from google.protobuf.struct_pb2 import Struct
 from sqlalchemy import event, func, select
 
 from runtime_svc.embedded import BEFORE_SAVE_FAILED_ACTION
@@ -33,7 +32,12 @@ from tests.integration.catalog.harness import demo_view
 from tests.integration.definitions.fake_catalog import Published
 from tests.integration.definitions.harness import error_detail, new_request_id
 from tests.integration.runs.harness import RunClient
-from tests.integration.triggers.harness import TriggerServers, sealed_tenant
+from tests.integration.triggers.harness import (
+    TriggerServers,
+    record_stub,
+    sealed_tenant,
+    struct,
+)
 
 F = catalog_v1.FieldType
 T = common_v1.TriggerEvent
@@ -147,23 +151,13 @@ def _tenant(
     return pub
 
 
-def _struct(**values: Any) -> Struct:
-    s = Struct()
-    s.update(values)
-    return s
-
-
-def _stub(client: RunClient) -> Any:
-    return runtime_v1.RecordServiceStub(client.channel)
-
-
 def _create(client: RunClient, pub: Published, request_id: str = "", **fields: Any) -> Any:
-    return _stub(client).CreateRecord(
+    return record_stub(client.channel).CreateRecord(
         runtime_v1.CreateRecordRequest(
             request_id=request_id or new_request_id(),
             scope=pub.scope_proto(),
             object_api_name="Contact",
-            fields=_struct(**fields),
+            fields=struct(**fields),
         ),
         metadata=client.creds(pub),
         timeout=30,
@@ -217,14 +211,14 @@ def test_flows_transform_the_record_in_dispatch_order_on_create_and_update(
     assert created.record.version == 1
     assert list(created.triggered_flow_run_ids) == []
 
-    updated = _stub(client).UpdateRecord(
+    updated = record_stub(client.channel).UpdateRecord(
         runtime_v1.UpdateRecordRequest(
             request_id=new_request_id(),
             scope=pub.scope_proto(),
             object_api_name="Contact",
             record_id=created.record.record_id,
             expected_version=1,
-            fields=_struct(LastName=" Byron "),
+            fields=struct(LastName=" Byron "),
         ),
         metadata=client.creds(pub),
         timeout=30,
