@@ -18,7 +18,7 @@ from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services import db, faults, migrate
+from services import db, db_cluster, faults, migrate
 from services.config import ConfigError, ServiceConfig, ServiceName, load_config
 from services.grpc_server import ServiceRegistration, serve_forever
 from services.logging import configure_logging
@@ -50,11 +50,14 @@ async def _serve(
     factory: RegistrationFactory,
     background: BackgroundFactory | None,
 ) -> None:
-    if cfg.db_auto_migrate:
-        await migrate.upgrade(cfg.db_url, migrations_pkg)
     engine = db.create_engine(cfg.db_url, pool_size=cfg.db_pool_size)
     loops: Background | None = None
     try:
+        # A cluster node whose settings would break fencing is refused before anything
+        # (migrations included) touches it.
+        await db_cluster.check_cluster(engine)
+        if cfg.db_auto_migrate:
+            await migrate.upgrade(cfg.db_url, migrations_pkg)
         registrations = await factory(cfg, engine)
         if background is not None:
             loops = await background(cfg, engine)
@@ -102,4 +105,7 @@ def run_service(
         asyncio.run(_serve(cfg, migrations_pkg, factory, background))
     except KeyboardInterrupt:
         return 0
+    except db_cluster.ClusterSettingsError as exc:
+        log.error("refusing to start: %s", exc)
+        return 4
     return 0
