@@ -12,7 +12,7 @@ built around (``../shared/TOOLING.md``): node 1 bootstraps the cluster
 rsync); the rsync daemon of an SST runs as ``nobody``, so every data dir must be
 world-writable (``UMASK``/``UMASK_DIR`` make the server create its files that way, and a
 ``chmod`` before every start covers the rest). A node killed with SIGKILL rejoins with
-another SST (a crashed node does not know its position). Timeouts that detect a dead node
+another SST into an emptied data dir (a crashed node does not know its position). Timeouts that detect a dead node
 are shortened (``evs.*``) so node-loss tests do not wait 15 s for an eviction.
 
 Every port (SQL, group communication, IST, SST) is a free loopback port picked at start.
@@ -270,6 +270,11 @@ class GaleraCluster:
         if not peers:
             raise RuntimeError("no live node to rejoin through")
         deadline = time.monotonic() + timeout_s
+        # A crashed node does not know its position (grastate seqno -1) and gets a full
+        # state transfer anyway; an empty data dir also spares the rsync daemon (nobody)
+        # from re-owning root's directories, which it may not (chgrp: EPERM).
+        shutil.rmtree(node.datadir, ignore_errors=True)
+        node.datadir.mkdir(parents=True)
         self._spawn(node, f"gcomm://{peers}")
         self._wait_synced(node, deadline)
         self._wait_size(sum(1 for n in self.nodes if n.alive()), deadline)
@@ -309,6 +314,7 @@ class GaleraCluster:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=self._env,
+            umask=0,  # with UMASK/UMASK_DIR: every file the server creates is world-writable
             start_new_session=True,  # a Ctrl-C of the test run must not kill the nodes first
         )
 
