@@ -149,9 +149,12 @@ class ClusterDb:
         return [self.url(i) for i in range(self.cluster.size)]
 
 
-@pytest.fixture
-def cluster_db(galera: Cluster) -> Iterator[ClusterDb]:
-    """A new database, migrated to the runtime schema through node 0, dropped after."""
+@contextlib.contextmanager
+def new_database(
+    galera: Cluster, service_pkg: str, *, migrate_through: int = 0
+) -> Iterator[ClusterDb]:
+    """A new database on the cluster, migrated for ``service_pkg`` through node
+    ``migrate_through`` (DDL replicates in total order), dropped afterwards."""
     name = f"flow_cl_{uuid.uuid4().hex[:16]}"
     admin = galera.admin()
     try:
@@ -160,8 +163,8 @@ def cluster_db(galera: Cluster) -> Iterator[ClusterDb]:
     finally:
         admin.close()
     database = ClusterDb(galera, name)
-    asyncio.run(migrate.upgrade(database.url(0), "runtime_svc"))
     try:
+        asyncio.run(migrate.upgrade(database.url(migrate_through), service_pkg))
         yield database
     finally:
         with contextlib.suppress(Exception):
@@ -171,6 +174,13 @@ def cluster_db(galera: Cluster) -> Iterator[ClusterDb]:
                     cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
             finally:
                 admin.close()
+
+
+@pytest.fixture
+def cluster_db(galera: Cluster) -> Iterator[ClusterDb]:
+    """A new runtime database (migrated through node 0), dropped after the test."""
+    with new_database(galera, "runtime_svc") as database:
+        yield database
 
 
 @pytest.fixture

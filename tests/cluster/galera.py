@@ -10,10 +10,11 @@ runnable by hand to try things out or to feed ``make bench``::
 built around (``../shared/TOOLING.md``): node 1 bootstraps the cluster
 (``--wsrep-new-cluster``), the others join it and receive a full state transfer (SST,
 rsync); the rsync daemon of an SST runs as ``nobody``, so every data dir must be
-world-writable (``UMASK``/``UMASK_DIR`` make the server create its files that way, and a
-``chmod`` before every start covers the rest). A node killed with SIGKILL rejoins with
-another SST into an emptied data dir (a crashed node does not know its position). Timeouts that detect a dead node
-are shortened (``evs.*``) so node-loss tests do not wait 15 s for an eviction.
+world-writable (``UMASK``/``UMASK_DIR`` and a zero process umask make the server create
+its files that way, and a ``chmod`` before every start covers the rest). A node killed
+with SIGKILL rejoins with another SST into an emptied data dir (a crashed node does not
+know its position). Timeouts that detect a dead node are shortened (``evs.*``) so
+node-loss tests do not wait 15 s for an eviction.
 
 Every port (SQL, group communication, IST, SST) is a free loopback port picked at start.
 """

@@ -19,7 +19,16 @@ from runtime_svc.kernel import FlowRunStateStore, RetryPolicy
 from services import db
 from tests.integration.kernel.conftest import ShiftedClock
 
-__all__ = ["CLUSTER_POLICY", "CommitErrors", "CommitGate", "Node", "commit_errors", "nodes"]
+__all__ = [
+    "CLUSTER_POLICY",
+    "CommitErrors",
+    "CommitGate",
+    "Node",
+    "commit_errors",
+    "count",
+    "count_sync",
+    "nodes",
+]
 
 #: Minutes-long delays reached by shifting the clock (never by sleeping), as in the
 #: worker tests.
@@ -121,3 +130,29 @@ async def count(engine: AsyncEngine, sql: str, **params: object) -> int:
 
     async with db.transaction(engine, readonly=True) as conn:
         return int((await conn.execute(text(sql), params)).scalar_one())
+
+
+def count_sync(url: str, sql: str, *params: object) -> int:
+    """One ``COUNT`` through a plain pymysql connection to the node of ``url`` (for
+    synchronous tests; the query is a causal read like every service connection's)."""
+    import pymysql
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    conn = pymysql.connect(
+        host=parsed.host or "127.0.0.1",
+        port=parsed.port or 3306,
+        user=parsed.username or "root",
+        password=parsed.password or "",
+        database=parsed.database,
+        charset="utf8mb4",
+        autocommit=True,
+    )
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SET SESSION wsrep_sync_wait = 1")
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+            return int(row[0]) if row else 0
+    finally:
+        conn.close()
