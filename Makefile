@@ -51,7 +51,7 @@ lint: $(PROTO_STAMP) $(BUF) ## ruff, mypy --strict, and buf lint on the protos
 	$(VENV)/bin/mypy
 	BUF_CACHE_DIR=$(CURDIR)/$(TOOLS)/buf-cache $(BUF) lint
 
-bench: $(PROTO_STAMP) ## Benchmarks: print figures and ratios (SQLite; MariaDB too when FLOW_TEST_MYSQL_URL is set)
+bench: $(PROTO_STAMP) ## Benchmarks: print figures and ratios (SQLite; MariaDB with FLOW_TEST_MYSQL_URL; a cluster with FLOW_BENCH_CLUSTER_URLS)
 	$(PY) -m bench
 
 db-upgrade: $(PROTO_STAMP) ## Migrate the three embedded databases to head
