@@ -13,8 +13,10 @@ rsync); the rsync daemon of an SST runs as ``nobody``, so every data dir must be
 world-writable (``UMASK``/``UMASK_DIR`` and a zero process umask make the server create
 its files that way, and a ``chmod`` before every start covers the rest). A node killed
 with SIGKILL rejoins with another SST into an emptied data dir (a crashed node does not
-know its position). Timeouts that detect a dead node are shortened (``evs.*``) so
-node-loss tests do not wait 15 s for an eviction.
+know its position). Failure detection keeps Galera's default timeouts: a SIGKILLed node's
+connections close at once, so it is evicted within seconds anyway, and shorter
+``evs.*`` timeouts make healthy nodes suspect each other on a loaded machine (a node
+starved of CPU misses keepalives, the others lose their quorum).
 
 Every port (SQL, group communication, IST, SST) is a free loopback port picked at start.
 """
@@ -118,8 +120,6 @@ class GaleraNode:
                 f"gmcast.listen_addr=tcp://{self.group_address}",
                 f"ist.recv_addr=127.0.0.1:{self.ist_port}",
                 "gcache.size=64M",
-                "evs.suspect_timeout=PT3S",
-                "evs.inactive_timeout=PT6S",
             )
         )
         return [
@@ -271,6 +271,10 @@ class GaleraCluster:
         if not peers:
             raise RuntimeError("no live node to rejoin through")
         deadline = time.monotonic() + timeout_s
+        # Let the survivors evict the dead incarnation first: a joiner that arrives while
+        # it is still a member makes a four-member component, and losing one more node
+        # then leaves no majority.
+        self._wait_size(sum(1 for n in self.nodes if n.alive()), deadline)
         # A crashed node does not know its position (grastate seqno -1) and gets a full
         # state transfer anyway; an empty data dir also spares the rsync daemon (nobody)
         # from re-owning root's directories, which it may not (chgrp: EPERM).
@@ -308,6 +312,12 @@ class GaleraCluster:
 
     # --- internals -----------------------------------------------------------------------
 
+    def _tails(self, skip: GaleraNode | None = None) -> str:
+        """The last error-log lines of every node but ``skip`` (for failure messages)."""
+        return "\n".join(
+            f"--- {n.name}\n{self.log_tail(n.index, 15)}" for n in self.nodes if n is not skip
+        )
+
     def _spawn(self, node: GaleraNode, cluster_address: str, *extra: str) -> None:
         _chmod_world_writable(self.base)
         node.proc = subprocess.Popen(
@@ -325,6 +335,7 @@ class GaleraCluster:
             if not node.alive():
                 raise RuntimeError(
                     f"{node.name} exited while starting:\n{self.log_tail(node.index)}"
+                    f"\n{self._tails(node)}"
                 )
             try:
                 status = node.status()
@@ -339,6 +350,7 @@ class GaleraCluster:
             time.sleep(0.1)
         raise RuntimeError(
             f"{node.name} not Synced in time (last: {last!r}):\n{self.log_tail(node.index)}"
+            f"\n{self._tails(node)}"
         )
 
     def _wait_size(self, size: int, deadline: float) -> None:
@@ -356,7 +368,9 @@ class GaleraCluster:
             except pymysql.err.MySQLError as exc:
                 last = exc
             time.sleep(0.1)
-        raise RuntimeError(f"cluster did not settle at {size} nodes (last: {last!r})")
+        raise RuntimeError(
+            f"cluster did not settle at {size} nodes (last: {last!r})\n{self._tails()}"
+        )
 
 
 @contextlib.contextmanager
