@@ -45,6 +45,21 @@ def _fail_or_skip(message: str) -> None:
     pytest.skip(message)
 
 
+def connect(url: str) -> pymysql.connections.Connection:  # type: ignore[type-arg]
+    """An autocommit pymysql connection to the server (and database, if any) of ``url``."""
+    parsed = make_url(url)
+    return pymysql.connect(
+        host=parsed.host or "127.0.0.1",
+        port=parsed.port or 3306,
+        user=parsed.username or "root",
+        password=parsed.password or "",
+        database=parsed.database,
+        charset="utf8mb4",
+        autocommit=True,
+        connect_timeout=5,
+    )
+
+
 @dataclass
 class Cluster:
     """The cluster under test: server URLs (no database) and, when this session started
@@ -81,17 +96,8 @@ class Cluster:
         for i in indices:
             if self.harness is not None and not self.harness.nodes[i].alive():
                 continue
-            url = make_url(self.server_urls[i])
             try:
-                return pymysql.connect(
-                    host=url.host or "127.0.0.1",
-                    port=url.port or 3306,
-                    user=url.username or "root",
-                    password=url.password or "",
-                    charset="utf8mb4",
-                    autocommit=True,
-                    connect_timeout=5,
-                )
+                return connect(self.server_urls[i])
             except pymysql.err.MySQLError as exc:
                 last = exc
         raise RuntimeError(f"no cluster node answers: {last!r}")

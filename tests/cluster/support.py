@@ -15,9 +15,10 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import await_only
 
-from runtime_svc.kernel import FlowRunStateStore, RetryPolicy
+from runtime_svc.kernel import FlowRunStateStore
 from services import db
 from tests.integration.kernel.conftest import ShiftedClock
+from tests.integration.worker.conftest import WORKER_POLICY
 
 __all__ = [
     "CLUSTER_POLICY",
@@ -32,14 +33,7 @@ __all__ = [
 
 #: Minutes-long delays reached by shifting the clock (never by sleeping), as in the
 #: worker tests.
-CLUSTER_POLICY = RetryPolicy(
-    max_attempts=4,
-    base_delay_ms=60_000,
-    max_delay_ms=3_600_000,
-    jitter_ratio=0.25,
-    lease_duration_ms=300_000,
-    max_lease_expiries=3,
-)
+CLUSTER_POLICY = WORKER_POLICY
 
 
 _GATE_TIMEOUT_S = 60.0
@@ -135,19 +129,9 @@ async def count(engine: AsyncEngine, sql: str, **params: object) -> int:
 def count_sync(url: str, sql: str, *params: object) -> int:
     """One ``COUNT`` through a plain pymysql connection to the node of ``url`` (for
     synchronous tests; the query is a causal read like every service connection's)."""
-    import pymysql
-    from sqlalchemy.engine import make_url
+    from tests.cluster.conftest import connect
 
-    parsed = make_url(url)
-    conn = pymysql.connect(
-        host=parsed.host or "127.0.0.1",
-        port=parsed.port or 3306,
-        user=parsed.username or "root",
-        password=parsed.password or "",
-        database=parsed.database,
-        charset="utf8mb4",
-        autocommit=True,
-    )
+    conn = connect(url)
     try:
         with conn.cursor() as cursor:
             cursor.execute("SET SESSION wsrep_sync_wait = 1")
