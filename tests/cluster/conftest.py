@@ -37,6 +37,9 @@ from tests.cluster.galera import GaleraCluster, missing_requirements
 
 CLUSTER_URLS_ENV = "FLOW_TEST_CLUSTER_URLS"
 KEEP_DIR_ENV = "FLOW_TEST_CLUSTER_KEEP"
+_CLUSTER_TEST_TIMEOUT_S = 300
+#: Starting three nodes is retried once (e.g. a free port taken between pick and bind).
+_START_ATTEMPTS = 2
 
 
 def _fail_or_skip(message: str) -> None:
@@ -114,10 +117,18 @@ def galera() -> Iterator[Cluster]:
         _fail_or_skip(f"no Galera cluster for the cluster tests: {reason}")
     # Not pytest's tmp_path: its parents are private to root, and the rsync state
     # transfer daemon (running as nobody) must reach the data dirs.
-    base = Path(tempfile.mkdtemp(prefix="nfr-galera-"))
-    harness = GaleraCluster(base)
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        base = Path(tempfile.mkdtemp(prefix="nfr-galera-"))
+        harness = GaleraCluster(base)
+        try:
+            harness.start()
+            break
+        except Exception:
+            harness.stop()
+            if attempt == _START_ATTEMPTS:
+                raise
+            shutil.rmtree(base, ignore_errors=True)
     try:
-        harness.start()
         yield Cluster(harness.server_urls(), harness)
     finally:
         harness.stop()
@@ -207,3 +218,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.cluster)
+            if item.get_closest_marker("timeout") is None:
+                # The first test also pays for starting the cluster, and node restarts
+                # are full state transfers: more than the suite's default per-test bound.
+                item.add_marker(pytest.mark.timeout(_CLUSTER_TEST_TIMEOUT_S))

@@ -188,6 +188,9 @@ async def test_a_certification_failure_at_commit_is_retried_whole_by_run_in_tran
     )
     await asyncio.wait_for(locked.wait(), 30)
     async with db.transaction(engines[1]) as conn:  # node 2's row lock is its own
+        # Read first, like every service transaction: the causal read waits until node 2
+        # applied what node 1 committed (the table included); a write alone would not.
+        await conn.execute(text("SELECT v FROM counter WHERE id = 1 FOR UPDATE"))
         await conn.execute(text("UPDATE counter SET v = v + 10 WHERE id = 1"))
     release.set()
     assert await first == 11  # the retry started over from the committed 10
