@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,6 +171,14 @@ class GaleraNode:
             conn.close()
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the thread that forked it ends (Linux)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _chmod_world_writable(path: Path) -> None:
     """What the rsync SST daemon (running as ``nobody``) needs on a joiner's data dir."""
     for root, dirs, files in os.walk(path):
@@ -190,12 +200,17 @@ class GaleraCluster:
         size: number of nodes (3 for the tests).
     """
 
-    def __init__(self, base: Path, size: int = 3) -> None:
+    def __init__(self, base: Path, size: int = 3, *, tie_to_parent: bool = True) -> None:
         if size < 1:
             raise ValueError("a cluster has at least one node")
         self.base = base
         self.nodes = [GaleraNode(i, base) for i in range(size)]
         self._env = {**os.environ, "UMASK": "0666", "UMASK_DIR": "0777"}
+        # Every node is started from this one thread, which lives until stop(): with
+        # tie_to_parent a node gets SIGKILL when that thread (i.e. the test process)
+        # dies, so a killed test run leaves no server behind.
+        self._tie = tie_to_parent
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="galera-spawn")
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -253,6 +268,7 @@ class GaleraCluster:
                 except subprocess.TimeoutExpired:
                     node.proc.kill()
                     node.proc.wait(timeout=30)
+        self._spawner.shutdown(wait=True)
 
     def kill(self, index: int) -> None:
         """SIGKILL node ``index`` (a crash: no shutdown, no goodbye to the group)."""
@@ -320,13 +336,18 @@ class GaleraCluster:
 
     def _spawn(self, node: GaleraNode, cluster_address: str, *extra: str) -> None:
         _chmod_world_writable(self.base)
-        node.proc = subprocess.Popen(
-            node.command(cluster_address, *extra),
+        command = node.command(cluster_address, *extra)
+        node.proc = self._spawner.submit(self._popen, command).result()
+
+    def _popen(self, command: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=self._env,
             umask=0,  # with UMASK/UMASK_DIR: every file the server creates is world-writable
             start_new_session=True,  # a Ctrl-C of the test run must not kill the nodes first
+            preexec_fn=_die_with_parent if self._tie else None,
         )
 
     def _wait_synced(self, node: GaleraNode, deadline: float) -> None:
@@ -398,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     state = args.dir / "cluster.json"
     if args.action == "up":
-        cluster = GaleraCluster(args.dir, args.size)
+        cluster = GaleraCluster(args.dir, args.size, tie_to_parent=False)
         cluster.start()
         info = cluster.describe()
         state.write_text(json.dumps(info, indent=2), encoding="utf-8")
