@@ -37,15 +37,9 @@ from services.auth import (
 )
 from services.config import ServiceConfig, ServiceName
 from services.digest import versioned_digest
-from services.errors import (
-    FailedPreconditionError,
-    FlowError,
-    InvalidArgumentError,
-    NotFoundError,
-    PermissionDeniedError,
-    UnavailableError,
-)
+from services.errors import FailedPreconditionError, FlowError, NotFoundError
 from services.proto import catalog_v1, common_v1
+from services.remote_errors import remote_error
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT_S",
@@ -400,24 +394,7 @@ def catalog_channel(cfg: ServiceConfig, target: str | None = None) -> grpc.aio.C
 
 
 def _catalog_error(exc: grpc.aio.AioRpcError, what: str, key: str) -> FlowError:
-    code = exc.code()
-    detail = exc.details() or ""
-    if code == grpc.StatusCode.NOT_FOUND:
-        return NotFoundError(what, key)
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return FailedPreconditionError(f"catalog: {what} {key}: {detail}", reason="catalog_state")
-    if code == grpc.StatusCode.PERMISSION_DENIED:
-        return PermissionDeniedError(f"catalog refused access to {what} {key}")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidArgumentError(f"catalog rejected the {what} request: {detail}")
-    if code in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-    ):
-        return UnavailableError(f"catalog service unavailable ({code.name})")
-    return FlowError(f"catalog call for {what} failed", reason="catalog_error")
+    return remote_error(exc, service="catalog", what=what, key=key)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ __all__ = [
     "UnavailableError",
     "UnimplementedError",
     "call_unary",
+    "decode_error_detail",
     "encode_error_detail",
     "iterate_responses",
     "status_for",
@@ -313,6 +314,19 @@ def encode_error_detail(exc: BaseException, *, correlation_id: str | None = None
         detail = detail_cls(code="internal", message=message, retryable=False, attributes=attrs)
     data: bytes = detail.SerializeToString()
     return data
+
+
+def decode_error_detail(data: bytes) -> tuple[str, str, dict[str, str]] | None:
+    """``(code, message, attributes)`` of a serialized ``ErrorDetail`` (a remote's
+    :data:`ERROR_DETAIL_METADATA_KEY` trailer), or None when it does not parse."""
+    detail_cls = _error_detail_class()
+    if detail_cls is None:
+        return None
+    try:
+        detail = detail_cls.FromString(data)
+    except Exception:  # a malformed trailer is ignored, never fatal
+        return None
+    return str(detail.code), str(detail.message), dict(detail.attributes)
 
 
 # --- handler wrapping (shared with services.auth) ------------------------------------

@@ -94,15 +94,10 @@ from runtime_svc.runs.after_save import admit_after_save_runs_txn, select_after_
 from services.auth import TrustedRuntimeWorkScope, bearer_metadata, current_identity
 from services.config import ServiceConfig
 from services.digest import versioned_digest
-from services.errors import (
-    FailedPreconditionError,
-    FlowError,
-    InvalidArgumentError,
-    PermissionDeniedError,
-    UnavailableError,
-)
+from services.errors import FailedPreconditionError, FlowError, InvalidArgumentError
 from services.grpc_server import ServiceRegistration
 from services.proto import catalog_v1, common_v1, runtime_v1
+from services.remote_errors import remote_error
 
 __all__ = [
     "SERVICE_NAME",
@@ -296,21 +291,12 @@ class RecordViewSource(Protocol):
 
 
 def _catalog_failure(exc: grpc.aio.AioRpcError, what: str) -> FlowError:
-    code = exc.code()
-    if code == grpc.StatusCode.NOT_FOUND:
+    def missing() -> FlowError:
         return FailedPreconditionError(
             f"the catalog has no {what} for this work scope", reason="metadata_view_missing"
         )
-    if code == grpc.StatusCode.PERMISSION_DENIED:
-        return PermissionDeniedError(f"the catalog refused access to the {what}")
-    if code in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-    ):
-        return UnavailableError(f"catalog service unavailable ({code.name})")
-    return FlowError(f"catalog call for the {what} failed", reason="catalog_error")
+
+    return remote_error(exc, service="catalog", what=what, not_found=missing)
 
 
 def _scope_proto(scope: TrustedRuntimeWorkScope) -> Any:
