@@ -35,6 +35,7 @@ from services.auth import (
     bearer_metadata,
     load_signing_key,
 )
+from services.channels import client_channel
 from services.config import ServiceConfig, ServiceName
 from services.digest import versioned_digest
 from services.errors import FailedPreconditionError, FlowError, NotFoundError
@@ -379,15 +380,10 @@ class ScopedCredentials:
 
 
 def catalog_channel(cfg: ServiceConfig, target: str | None = None) -> grpc.aio.Channel:
-    """The runtime's channel to the catalog: ``target`` or ``FLOW_CATALOG_TARGET``, with the
-    configured message-size limits (the one place every catalog caller gets it from)."""
-    return grpc.aio.insecure_channel(
-        target or cfg.catalog_target,
-        options=[
-            ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
-            ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
-        ],
-    )
+    """The runtime's channel to the catalog: ``target`` or ``FLOW_CATALOG_TARGET``, through
+    the one inter-service channel factory (client TLS/mTLS, message limits). Credentials
+    are per call (one per trusted work scope, :class:`ScopedCredentials`)."""
+    return client_channel(target or cfg.catalog_target, cfg, audience=ServiceName.CATALOG)
 
 
 # --- the client ------------------------------------------------------------------------

@@ -114,6 +114,25 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "",
         "CA bundle PEM; when set the server requires client certificates (mTLS)",
     ),
+    "FLOW_CLIENT_TLS": (
+        "false",
+        "dial other services over TLS (implied by FLOW_CLIENT_TLS_CA or FLOW_CLIENT_TLS_CERT); "
+        "system roots when no CA is given",
+    ),
+    "FLOW_CLIENT_TLS_CA": (
+        "",
+        "CA bundle PEM that verifies the servers this process dials (turns client TLS on)",
+    ),
+    "FLOW_CLIENT_TLS_CERT": (
+        "",
+        "client certificate PEM presented to servers that require mTLS (with FLOW_CLIENT_TLS_KEY)",
+    ),
+    "FLOW_CLIENT_TLS_KEY": ("", "client private key PEM for mTLS"),
+    "FLOW_CLIENT_TLS_SERVER_NAME": (
+        "",
+        "expected server name in the dialled servers' certificates when it differs from the "
+        "target host (e.g. dialling by IP)",
+    ),
     "FLOW_GRPC_MAX_MESSAGE_BYTES": ("4194304", "maximum inbound/outbound gRPC message size"),
     "FLOW_SHUTDOWN_GRACE_S": ("10", "seconds in-flight RPCs get to finish after SIGTERM"),
     "FLOW_OTEL_ENABLED": (
@@ -209,6 +228,11 @@ class ServiceConfig:
     otel_console_export: bool
     log_level: str
     catalog_target: str = field(default="127.0.0.1:50061")
+    client_tls: bool = field(default=False)
+    client_tls_ca: Path | None = field(default=None)
+    client_tls_cert: Path | None = field(default=None)
+    client_tls_key: Path | None = field(default=None)
+    client_tls_server_name: str = field(default="")
     crash_at: str = field(default="")
 
     @property
@@ -243,6 +267,18 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
     if tls_client_ca is not None and tls_cert is None:
         raise ConfigError("FLOW_TLS_CLIENT_CA (mTLS) needs FLOW_TLS_CERT and FLOW_TLS_KEY")
 
+    client_ca = _opt_path("FLOW_CLIENT_TLS_CA")
+    client_cert, client_key = _opt_path("FLOW_CLIENT_TLS_CERT"), _opt_path("FLOW_CLIENT_TLS_KEY")
+    if (client_cert is None) != (client_key is None):
+        raise ConfigError("FLOW_CLIENT_TLS_CERT and FLOW_CLIENT_TLS_KEY must be set together")
+    client_tls = _bool(e, "FLOW_CLIENT_TLS")
+    if client_ca is not None or client_cert is not None:
+        if not client_tls and e.get("FLOW_CLIENT_TLS", "").strip():
+            raise ConfigError(
+                "FLOW_CLIENT_TLS=false contradicts FLOW_CLIENT_TLS_CA/FLOW_CLIENT_TLS_CERT"
+            )
+        client_tls = True
+
     port_var = _PORT_VARS[service]
     port = _int(e, port_var)
     if port > 65535:
@@ -272,4 +308,9 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         catalog_target=_get(e, "FLOW_CATALOG_TARGET")
         or f"127.0.0.1:{_int(e, 'FLOW_CATALOG_PORT')}",
         crash_at=_get(e, "FLOW_CRASH_AT"),
+        client_tls=client_tls,
+        client_tls_ca=client_ca,
+        client_tls_cert=client_cert,
+        client_tls_key=client_key,
+        client_tls_server_name=_get(e, "FLOW_CLIENT_TLS_SERVER_NAME"),
     )

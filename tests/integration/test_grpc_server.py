@@ -7,22 +7,17 @@ generated protos, so this test depends on no service's contract.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import ipaddress
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -40,6 +35,7 @@ from services.config import ServiceConfig, ServiceName, load_config
 from services.errors import ERROR_DETAIL_METADATA_KEY, NotFoundError
 from services.faults import FaultHookError
 from services.grpc_server import RunningServer, ServiceRegistration, serve_forever, start_server
+from tests.support.pki import issue_pki
 
 SERVICE = "nexus.test.v1.EchoService"
 MAX_BYTES = 64 * 1024
@@ -288,61 +284,9 @@ async def test_serve_forever_logs_and_returns_after_stop(
 # --- mTLS ---------------------------------------------------------------------------
 
 
-def _write_pem(path: Path, data: bytes) -> Path:
-    path.write_bytes(data)
-    return path
-
-
-def _issue(
-    name: str,
-    issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
-    usage: Any,
-    san: list[Any],
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    issuer_name, issuer_key = issuer if issuer else (subject, key)
-    now = dt.datetime.now(dt.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-    )
-    if usage is not None:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    if san:
-        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256()), key
-
-
 @pytest.fixture
-def pki(tmp_path: Path) -> Iterator[dict[str, Path]]:
-    ca_cert, ca_key = _issue("nexus-test-ca", None, None, [])
-    ca = (ca_cert.subject, ca_key)
-    server_san = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    server_cert, server_key = _issue("localhost", ca, ExtendedKeyUsageOID.SERVER_AUTH, server_san)
-    client_cert, client_key = _issue("runtime-worker", ca, ExtendedKeyUsageOID.CLIENT_AUTH, [])
-
-    def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-
-    pem = serialization.Encoding.PEM
-    yield {
-        "ca": _write_pem(tmp_path / "ca.pem", ca_cert.public_bytes(pem)),
-        "server_cert": _write_pem(tmp_path / "server.pem", server_cert.public_bytes(pem)),
-        "server_key": _write_pem(tmp_path / "server.key", key_pem(server_key)),
-        "client_cert": _write_pem(tmp_path / "client.pem", client_cert.public_bytes(pem)),
-        "client_key": _write_pem(tmp_path / "client.key", key_pem(client_key)),
-    }
+def pki(tmp_path: Path) -> dict[str, Path]:
+    return issue_pki(tmp_path)
 
 
 async def test_mtls_requires_a_client_certificate(
