@@ -29,7 +29,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from flowctl.demo import SUMMARY_FILE, DemoSeedError, DemoSummary, local_target, seed
-from services.auth import WorkloadClaims, ensure_dev_keys, load_signing_key, mint_credential
+from services.auth import (
+    OPERATOR_ROLES,
+    WorkloadClaims,
+    ensure_dev_keys,
+    load_signing_key,
+    mint_credential,
+)
 from services.config import ServiceConfig, ServiceName, load_config
 
 __all__ = ["banner", "main"]
@@ -74,11 +80,22 @@ def _stop_all(children: Mapping[ServiceName, subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
-def _mint_dev_token(signing_key: Path, key_id: str, data_dir: Path) -> Path:
+def _mint_dev_token(signing_key: Path, key_id: str, data_dir: Path, demo: DemoSummary) -> Path:
+    """The banner's operator token: the demo's complete work scope, every audience and
+    the operator roles (may cancel and delete runs), so it works for every RPC of the
+    demo. Written ``0600`` to ``<data dir>/dev_token``."""
     token = mint_credential(
         load_signing_key(signing_key),
         key_id,
-        WorkloadClaims(subject="devstack-operator", audiences=tuple(ServiceName), org_id=DEMO_ORG),
+        WorkloadClaims(
+            subject="devstack-operator",
+            audiences=tuple(ServiceName),
+            org_id=demo.org_id,
+            app_installation_id=demo.app_installation_id,
+            runtime_capability_id=demo.runtime_capability_id,
+            runtime_work_binding_digest=demo.binding_digest,
+            roles=OPERATOR_ROLES,
+        ),
         ttl_s=_TOKEN_TTL_S,
     )
     token_file = data_dir / "dev_token"
@@ -145,7 +162,6 @@ def main() -> int:
         if stopping:
             return 0
 
-        token_file = _mint_dev_token(keys.signing_key, runtime_cfg.auth_signing_key_id, data_dir)
         try:
             demo = seed(configs, data_dir)
         except DemoSeedError as exc:
@@ -153,6 +169,9 @@ def main() -> int:
             return 1
         if stopping:
             return 0
+        token_file = _mint_dev_token(
+            keys.signing_key, runtime_cfg.auth_signing_key_id, data_dir, demo
+        )
         print(banner(configs, data_dir, token_file, demo), flush=True)
 
         while not stopping:
@@ -192,7 +211,10 @@ def banner(configs: Configs, data_dir: Path, token_file: Path, demo: DemoSummary
     lines += [
         "",
         "Try:",
-        f"  TOKEN=$(cat {shlex.quote(str(token_file))})",
+        f"  TOKEN=$(cat {shlex.quote(str(token_file))})"
+        "   # demo work scope, may cancel/delete runs",
+        f"  FLOW_DATA_DIR={data} {flowctl} auth mint --role flow.runs.cancel"
+        "   # another token (demo scope by default)",
         f"  FLOW_DATA_DIR={data} {flowctl} flow inventory --target {rt} \\",
         f"      --org {demo.org_id} --app-installation {demo.app_installation_id}"
         f" --capability {demo.runtime_capability_id} \\",

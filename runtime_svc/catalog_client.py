@@ -36,9 +36,9 @@ from services.auth import (
     load_signing_key,
 )
 from services.channels import client_channel
-from services.config import ServiceConfig, ServiceName
+from services.config import ConfigError, ServiceConfig, ServiceName
 from services.digest import versioned_digest
-from services.errors import FailedPreconditionError, FlowError, NotFoundError
+from services.errors import FailedPreconditionError, FlowError, NotFoundError, UnavailableError
 from services.proto import catalog_v1, common_v1
 from services.remote_errors import remote_error
 
@@ -343,9 +343,11 @@ class ScopedCredentials:
     """Mints (and reuses until near expiry) one credential per trusted work scope.
 
     The runtime calls the catalog *for* a request's complete trusted scope, so each
-    scope gets its own credential (audience ``catalog``, subject ``runtime``). The
-    signing key may be given as a path; it is then read on first use (a development
-    server creates its keys only when it starts serving).
+    scope gets its own credential (audience ``catalog``, subject ``runtime``), signed
+    with the runtime's own service key (``FLOW_AUTH_SERVICE_KEY``), whose trusted-keys
+    entry limits it to the audiences the runtime calls and no roles. The signing key may
+    be given as a path; it is then read on first use (a development server creates its
+    keys only when it starts serving).
     """
 
     def __init__(self, private_key: Any | Path, key_id: str, *, subject: str = "runtime") -> None:
@@ -354,12 +356,20 @@ class ScopedCredentials:
 
     @classmethod
     def from_config(cls, cfg: ServiceConfig) -> ScopedCredentials:
-        """Sign with ``cfg.auth_signing_key`` under ``cfg.auth_signing_key_id``."""
-        return cls(cfg.auth_signing_key, cfg.auth_signing_key_id)
+        """Sign with ``cfg.auth_service_key`` under ``cfg.auth_service_key_id``."""
+        return cls(cfg.auth_service_key, cfg.auth_service_key_id)
 
     def __call__(self, scope: TrustedRuntimeWorkScope) -> str:
         if isinstance(self._key, Path):
-            self._key = load_signing_key(self._key)
+            try:
+                self._key = load_signing_key(self._key)
+            except ConfigError as exc:
+                # A deployment fault, not the caller's: the dependency is unusable.
+                _log.error("cannot read the runtime's service key: %s", exc)
+                raise UnavailableError(
+                    "this service cannot sign its calls to the catalog",
+                    reason="service_key_unreadable",
+                ) from exc
         source = self._sources.get(scope)
         if source is None:
             claims = WorkloadClaims(

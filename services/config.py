@@ -97,13 +97,23 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     "FLOW_DB_POOL_SIZE": ("10", "connection pool size (MySQL/MariaDB/TiDB)"),
     "FLOW_AUTH_TRUSTED_KEYS": (
         "$FLOW_DATA_DIR/auth/trusted_keys.json",
-        "JSON file `{key_id: public-key PEM}` of workload-credential issuers the server trusts",
+        "JSON file of the workload-credential issuer keys the server trusts and the orgs, "
+        "audiences and roles each may sign (format: README, Authentication)",
     ),
     "FLOW_AUTH_SIGNING_KEY": (
         "$FLOW_DATA_DIR/auth/dev_signing_key.pem",
         "Ed25519 private key PEM used by clients (flowctl, tests) to mint credentials",
     ),
     "FLOW_AUTH_SIGNING_KEY_ID": ("dev", "key id written into minted credentials"),
+    "FLOW_AUTH_SERVICE_KEY": (
+        "$FLOW_DATA_DIR/auth/<service>_service_key.pem",
+        "Ed25519 private key PEM this service signs its own calls to other services with "
+        "(runtime -> catalog); its trusted-keys entry limits it to what the service needs",
+    ),
+    "FLOW_AUTH_SERVICE_KEY_ID": (
+        "<service>-service",
+        "key id written into the credentials signed with FLOW_AUTH_SERVICE_KEY",
+    ),
     "FLOW_AUTH_CLOCK_SKEW_S": (
         "30",
         "tolerated clock skew when checking credential expiry, seconds",
@@ -233,6 +243,8 @@ class ServiceConfig:
     client_tls_cert: Path | None = field(default=None)
     client_tls_key: Path | None = field(default=None)
     client_tls_server_name: str = field(default="")
+    auth_service_key: Path = field(default=Path("auth/service_key.pem"))
+    auth_service_key_id: str = field(default="service")
     crash_at: str = field(default="")
 
     @property
@@ -313,4 +325,8 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         client_tls_cert=client_cert,
         client_tls_key=client_key,
         client_tls_server_name=_get(e, "FLOW_CLIENT_TLS_SERVER_NAME"),
+        auth_service_key=Path(
+            _expand(_get(e, "FLOW_AUTH_SERVICE_KEY"), data_dir).replace("<service>", service.value)
+        ),
+        auth_service_key_id=_get(e, "FLOW_AUTH_SERVICE_KEY_ID").replace("<service>", service.value),
     )

@@ -19,7 +19,7 @@ Shutdown (:meth:`RunningServer.stop`, SIGTERM/SIGINT via
 stop routing, then stops accepting RPCs and gives in-flight ones ``grace`` seconds.
 
 Outside production, when the trusted-keys file is the default one under
-``FLOW_DATA_DIR`` and does not exist yet, development keys are generated
+``FLOW_DATA_DIR``, development keys are generated or completed
 (``services.auth.ensure_dev_keys``) so that ``make run`` needs no set-up.
 """
 
@@ -135,7 +135,9 @@ def _tracer_provider(cfg: ServiceConfig) -> TracerProvider:
 
 def _verifier(cfg: ServiceConfig) -> CredentialVerifier:
     default = cfg.data_dir / "auth" / TRUSTED_KEYS_FILE
-    if not cfg.is_production and cfg.auth_trusted_keys == default and not default.exists():
+    if not cfg.is_production and cfg.auth_trusted_keys == default:
+        # Creates the development keys on first start and migrates a trusted-keys file an
+        # earlier version wrote (services.auth.trust); idempotent.
         ensure_dev_keys(cfg.data_dir, env=cfg.env, key_id=cfg.auth_signing_key_id)
     return CredentialVerifier.from_config(cfg)
 

@@ -2,10 +2,10 @@
 
 The package: :mod:`~services.auth.identity` (trusted values, the current identity),
 :mod:`~services.auth.keys` (key pairs, the trusted-keys file, development keys),
+:mod:`~services.auth.trust` (what each trusted key may sign: orgs, audiences, roles),
 :mod:`~services.auth.credentials` (minting, verification),
 :mod:`~services.auth.interceptor` (server side), :mod:`~services.auth.client` (client
 side) and :mod:`~services.auth.tls`. Import from ``services.auth``.
-
 
 A caller authenticates as a *workload* with a signed, expiring credential sent as
 gRPC metadata ``authorization: Bearer <credential>``::
@@ -25,8 +25,10 @@ The signature covers the ASCII text ``nfw1.<header>.<claims>``; JSON is canonica
 
 Server side, :class:`AuthInterceptor` verifies the credential with a
 :class:`CredentialVerifier` (its failures are :class:`UnauthenticatedError` with
-distinct :class:`AuthFailure` reasons), then inspects every deserialized request
-message before the servicer sees it (:func:`check_request_scope`). The rule is:
+distinct :class:`AuthFailure` reasons; a credential claiming an org, audience or role
+its signing key may not sign is one of them, see :mod:`services.auth.trust`), then
+inspects every deserialized request message before the servicer sees it
+(:func:`check_request_scope`). The rule is:
 
 * a top-level non-repeated ``string org_id`` that is non-empty must equal the trusted org;
 * a set top-level message field ``scope``: each of its non-empty string components
@@ -70,6 +72,7 @@ from .identity import (
 )
 from .interceptor import EXEMPT_METHOD_PREFIXES, AuthInterceptor, check_request_scope
 from .keys import (
+    DEV_OPERATOR_CONSTRAINTS,
     DEV_SIGNING_KEY_FILE,
     TRUSTED_KEYS_FILE,
     DevKeyFiles,
@@ -77,21 +80,40 @@ from .keys import (
     generate_keypair,
     load_signing_key,
     load_trusted_keys,
+    service_key_file,
+    service_key_id,
 )
 from .tls import channel_credentials, server_credentials
+from .trust import (
+    CANCEL_ROLE,
+    DELETE_ROLE,
+    OPERATOR_ROLES,
+    UNCONSTRAINED,
+    KeyConstraints,
+    TrustedKey,
+    parse_trusted_keys,
+    trusted_keys_document,
+)
 
 __all__ = [
+    "CANCEL_ROLE",
     "CREDENTIAL_PREFIX",
+    "DELETE_ROLE",
+    "DEV_OPERATOR_CONSTRAINTS",
     "DEV_SIGNING_KEY_FILE",
     "EXEMPT_METHOD_PREFIXES",
+    "OPERATOR_ROLES",
     "TRUSTED_KEYS_FILE",
+    "UNCONSTRAINED",
     "AuthFailure",
     "AuthInterceptor",
     "CredentialCallCredentials",
     "CredentialSource",
     "CredentialVerifier",
     "DevKeyFiles",
+    "KeyConstraints",
     "TrustedIdentity",
+    "TrustedKey",
     "TrustedOrgContext",
     "TrustedRuntimeWorkScope",
     "WorkloadClaims",
@@ -106,5 +128,9 @@ __all__ = [
     "load_signing_key",
     "load_trusted_keys",
     "mint_credential",
+    "parse_trusted_keys",
     "server_credentials",
+    "service_key_file",
+    "service_key_id",
+    "trusted_keys_document",
 ]

@@ -25,6 +25,7 @@ from services.digest import canonical_json
 
 from .identity import AuthFailure, TrustedIdentity, WorkloadClaims, opt_str, refuse, scope_from
 from .keys import load_trusted_keys
+from .trust import TrustedKey
 
 __all__ = ["CREDENTIAL_PREFIX", "CredentialVerifier", "mint_credential"]
 
@@ -82,22 +83,27 @@ class CredentialVerifier:
 
     def __init__(
         self,
-        trusted_keys: Mapping[str, Ed25519PublicKey],
+        trusted_keys: Mapping[str, TrustedKey | Ed25519PublicKey],
         audience: ServiceName | str,
         *,
         clock_skew_s: float = 30.0,
         now: Callable[[], float] = time.time,
     ) -> None:
-        self._keys = dict(trusted_keys)
+        # A bare public key (tests, the deprecated file form) is unconstrained.
+        self._keys = {
+            kid: key if isinstance(key, TrustedKey) else TrustedKey(key)
+            for kid, key in trusted_keys.items()
+        }
         self._audience = audience.value if isinstance(audience, ServiceName) else audience
         self._skew = clock_skew_s
         self._now = now
 
     @classmethod
     def from_config(cls, cfg: ServiceConfig) -> CredentialVerifier:
-        """Trust ``cfg.auth_trusted_keys`` for audience ``cfg.service``."""
+        """Trust ``cfg.auth_trusted_keys`` for audience ``cfg.service`` (the deprecated
+        unconstrained file form only outside production)."""
         return cls(
-            load_trusted_keys(cfg.auth_trusted_keys),
+            load_trusted_keys(cfg.auth_trusted_keys, allow_unconstrained=not cfg.is_production),
             cfg.service,
             clock_skew_s=cfg.auth_clock_skew_s,
         )
@@ -125,11 +131,13 @@ class CredentialVerifier:
         kid = header.get("kid")
         if not isinstance(kid, str) or not kid:
             raise refuse(AuthFailure.MALFORMED)
-        key = self._keys.get(kid)
-        if key is None:
+        trusted = self._keys.get(kid)
+        if trusted is None:
             raise refuse(AuthFailure.UNKNOWN_KEY)
         try:
-            key.verify(signature, f"{parts[0]}.{parts[1]}.{parts[2]}".encode("ascii"))
+            trusted.public_key.verify(
+                signature, f"{parts[0]}.{parts[1]}.{parts[2]}".encode("ascii")
+            )
         except InvalidSignature:
             raise refuse(AuthFailure.BAD_SIGNATURE) from None
         try:
@@ -143,6 +151,13 @@ class CredentialVerifier:
             raise refuse(AuthFailure.NOT_YET_VALID)
         if self._audience not in identity.audiences:
             raise refuse(AuthFailure.WRONG_AUDIENCE)
+        exceeded = trusted.constraints.exceeded_by(
+            identity.org_id, identity.audiences, identity.roles
+        )
+        if exceeded:
+            error = refuse(AuthFailure.KEY_CONSTRAINTS)
+            error.attributes["claim"] = exceeded
+            raise error
         return identity
 
 

@@ -43,6 +43,7 @@ class AuthFailure(StrEnum):
     EXPIRED = "credential_expired"
     NOT_YET_VALID = "credential_not_yet_valid"
     WRONG_AUDIENCE = "credential_wrong_audience"
+    KEY_CONSTRAINTS = "credential_exceeds_key_constraints"
 
 
 _FAILURE_MESSAGES: Mapping[AuthFailure, str] = {
@@ -53,6 +54,7 @@ _FAILURE_MESSAGES: Mapping[AuthFailure, str] = {
     AuthFailure.EXPIRED: "workload credential expired",
     AuthFailure.NOT_YET_VALID: "workload credential not yet valid",
     AuthFailure.WRONG_AUDIENCE: "workload credential not issued for this service",
+    AuthFailure.KEY_CONSTRAINTS: "workload credential claims more than its signing key may sign",
 }
 
 
