@@ -282,10 +282,10 @@ def _params(params: Any) -> list[dict[str, Any]]:
 def metadata_view_doc(view: Any) -> dict[str, Any]:
     """``MetadataViewInput`` document of a ``catalog_v1.MetadataView``.
 
-    Facts the catalog contract does not carry get their fail-closed value: no
-    ``max_children`` (fan-out over a relationship is unknown), no ``history_tracked``,
-    subscription ``flow_version`` left ``None`` (pinned per compile) and dispatch order 0.
-    Every object gets the implicit record identity field ``Id`` when it does not list it.
+    A relationship's ``max_children`` 0 (undeclared) maps to ``None``: fan-out over it is
+    unknown and fails closed; objects carry ``history_tracked``. Subscription
+    ``flow_version`` is left ``None`` (pinned per compile). Every object gets the implicit
+    record identity field ``Id`` when it does not list it.
     """
     objects = []
     for o in view.objects:
@@ -299,14 +299,16 @@ def metadata_view_doc(view: Any) -> dict[str, Any]:
         ]
         if not any(f["name"] == "Id" for f in fields):
             fields.insert(0, {"name": "Id", "type": "id", "reference_to": None})
-        objects.append({"api_name": o.api_name, "fields": fields, "history_tracked": False})
+        objects.append(
+            {"api_name": o.api_name, "fields": fields, "history_tracked": o.history_tracked}
+        )
     relationships = [
         {
             "name": r.name,
             "parent_object": r.parent_object_api_name,
             "child_object": r.child_object_api_name,
             "field": r.child_field_api_name,
-            "max_children": None,
+            "max_children": r.max_children if r.max_children > 0 else None,
             "lock_parent": bool(r.lock_relevant or r.kind == _MASTER_DETAIL),
         }
         for r in view.relationships

@@ -196,13 +196,14 @@ def record_view_from_proto(view: Any) -> RecordView:
         if not any(f.name == IMPLICIT_ID_FIELD for f in fields):
             fields.insert(0, FieldView(IMPLICIT_ID_FIELD, "id"))
             rules.append((o.api_name, FieldRules(IMPLICIT_ID_FIELD, FieldType.ID, read_only=True)))
-        objects.append(ObjectView(o.api_name, tuple(fields)))
+        objects.append(ObjectView(o.api_name, tuple(fields), o.history_tracked))
     relationships = tuple(
         RelationshipView(
             name=r.name,
             parent_object=r.parent_object_api_name,
             child_object=r.child_object_api_name,
             field=r.child_field_api_name,
+            max_children=r.max_children if r.max_children > 0 else None,
             lock_parent=bool(r.lock_relevant or r.kind == _MASTER_DETAIL),
         )
         for r in view.relationships
