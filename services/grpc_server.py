@@ -3,8 +3,11 @@
 :func:`start_server` builds a ``grpc.aio`` server with, outermost first::
 
     OpenTelemetry (when cfg.otel_enabled)  one span per RPC, sees the final status
-    ErrorMappingInterceptor                FlowError / anything else -> status (+ detail)
+    ErrorMappingInterceptor                FlowError / anything else -> status (+ detail);
+                                           malformed request -> INVALID_ARGUMENT, response
+                                           over the message limit -> OUT_OF_RANGE
     AuthInterceptor                        credential -> identity, request-scope check
+    RequestLimitsInterceptor               documented lengths, enums, times, nesting
 
 so every ``FlowError`` — from a servicer or from authentication — is mapped by the one
 function in ``services.errors``, and the span records the status the client sees.
@@ -54,6 +57,7 @@ from services.auth import (
 )
 from services.config import ServiceConfig
 from services.errors import ErrorMappingInterceptor, UnimplementedError
+from services.request_limits import RequestLimitsInterceptor
 
 __all__ = [
     "RunningServer",
@@ -176,7 +180,11 @@ async def start_server(
     if cfg.otel_enabled:
         provider = _tracer_provider(cfg)
         interceptors.append(aio_server_interceptor(tracer_provider=provider))  # type: ignore[no-untyped-call]
-    interceptors += [ErrorMappingInterceptor(), AuthInterceptor(verifier or _verifier(cfg))]
+    interceptors += [
+        ErrorMappingInterceptor(max_response_bytes=cfg.grpc_max_message_bytes),
+        AuthInterceptor(verifier or _verifier(cfg)),
+        RequestLimitsInterceptor(),
+    ]
 
     server = grpc.aio.server(
         interceptors=interceptors,

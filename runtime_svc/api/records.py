@@ -132,8 +132,7 @@ _FIELD_TYPES: Mapping[int, FieldType] = {
     _F.FIELD_TYPE_REFERENCE: FieldType.REFERENCE,
     _F.FIELD_TYPE_EMAIL: FieldType.EMAIL,
     _F.FIELD_TYPE_CURRENCY: FieldType.CURRENCY,
-    # The catalog's record-identity type; its number is not (yet) in the proto enum.
-    13: FieldType.ID,
+    _F.FIELD_TYPE_ID: FieldType.ID,
 }
 #: Record field types → the compiler's value types (``FieldView.type``).
 _COMPILER_TYPES: Mapping[FieldType, str] = {

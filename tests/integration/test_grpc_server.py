@@ -18,6 +18,7 @@ import grpc.aio
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from google.protobuf.struct_pb2 import Struct
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -32,7 +33,12 @@ from services.auth import (
     load_signing_key,
 )
 from services.config import ServiceConfig, ServiceName, load_config
-from services.errors import ERROR_DETAIL_METADATA_KEY, NotFoundError
+from services.errors import (
+    ERROR_DETAIL_METADATA_KEY,
+    MAX_DETAIL_BYTES,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from services.faults import FaultHookError
 from services.grpc_server import RunningServer, ServiceRegistration, serve_forever, start_server
 from tests.support.pki import issue_pki
@@ -69,6 +75,20 @@ class EchoServicer:
         for i in range(request["n"]):
             yield {"i": i}
 
+    async def Huge(self, request: Any, _ctx: Any) -> Any:
+        """An error built from unbounded client input (what a careless servicer does)."""
+        text = request["text"]
+        raise InvalidArgumentError(
+            f"bad {text}",
+            field_path=f"fields.{text}",
+            attributes={f"fields.{text}{i}": text for i in range(request["n"])},
+        )
+
+    async def BigStruct(self, request: Struct, _ctx: Any) -> Struct:
+        out = Struct()
+        out.update({"blob": "x" * int(request.fields["size"].number_value)})
+        return out
+
 
 def add_echo(servicer: EchoServicer, server: grpc.aio.Server) -> None:
     unary = grpc.unary_unary_rpc_method_handler
@@ -77,6 +97,8 @@ def add_echo(servicer: EchoServicer, server: grpc.aio.Server) -> None:
         for name in ("Echo", "Big", "Fail", "Missing")
     }
     handlers["Count"] = grpc.unary_stream_rpc_method_handler(servicer.Count, _des, _ser)
+    handlers["Huge"] = unary(servicer.Huge, _des, _ser)
+    handlers["BigStruct"] = unary(servicer.BigStruct, Struct.FromString, Struct.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 
@@ -221,6 +243,64 @@ async def test_message_size_limit(running: RunningServer, signing_key: Ed25519Pr
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await method(channel, "Big")({"size": MAX_BYTES + 1}, timeout=10)
         assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def _detail(err: grpc.aio.AioRpcError) -> Any:
+    from services.proto import common_v1
+
+    for key, value in err.trailing_metadata() or ():
+        if key == ERROR_DETAIL_METADATA_KEY:
+            return common_v1.ErrorDetail.FromString(value)
+    return None
+
+
+async def test_a_malformed_request_is_invalid_argument_with_detail(
+    running: RunningServer, signing_key: Ed25519PrivateKey
+) -> None:
+    async with authed_channel(running.port, signing_key) as channel:
+        raw = channel.unary_unary(
+            f"/{SERVICE}/Echo", request_serializer=lambda b: b, response_deserializer=_des
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await raw(b"\xff not json", timeout=10)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert _detail(info.value).code == "malformed_request"
+
+
+async def test_error_answers_stay_within_default_client_metadata_limits(
+    running: RunningServer, signing_key: Ed25519PrivateKey
+) -> None:
+    """A refusal that would echo 16 KB of client input two thousand times still reaches a
+    client with gRPC's default 8 KiB metadata limit as the real status and detail."""
+    text = "é" * 8_000  # two bytes each, tripled by percent-encoding
+    async with authed_channel(running.port, signing_key) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await method(channel, "Huge")({"text": text, "n": 2_000}, timeout=10)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert len((info.value.details() or "").encode()) <= 512
+    detail = _detail(info.value)
+    assert detail is not None and detail.code == "invalid_argument"
+    assert detail.ByteSize() <= MAX_DETAIL_BYTES
+    assert "truncated" in detail.attributes
+
+
+async def test_a_response_over_the_message_limit_is_out_of_range(
+    running: RunningServer, signing_key: Ed25519PrivateKey
+) -> None:
+    async with authed_channel(running.port, signing_key) as channel:
+        call = channel.unary_unary(
+            f"/{SERVICE}/BigStruct",
+            request_serializer=Struct.SerializeToString,
+            response_deserializer=Struct.FromString,
+        )
+        request = Struct()
+        request.update({"size": 1_000})
+        assert len((await call(request, timeout=10)).fields["blob"].string_value) == 1_000
+        request.update({"size": MAX_BYTES + 1})
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call(request, timeout=10)
+    assert info.value.code() is grpc.StatusCode.OUT_OF_RANGE
+    assert _detail(info.value).code == "response_too_large"
 
 
 async def test_stop_reports_not_serving_then_stops(

@@ -43,6 +43,7 @@ def _proto() -> dict[str, set[str]]:
 def _docs() -> dict[str, set[str]]:
     text = (ROOT / "docs/api-contract.md").read_text(encoding="utf-8")
     section = text[text.index("## Legacy compatibility projection") :]
+    section = section[: section.find("\n## ", 3) if "\n## " in section[3:] else None]
     out: dict[str, set[str]] = {}
     for canonical, legacy in re.findall(r"^\| ([A-Za-z, ]+) \| (\w+) \|$", section, re.M):
         if canonical.strip() == "Canonical V2 state":
