@@ -22,7 +22,7 @@ and after each RPC every server still reports SERVING. Malformed wire payloads (
 message, invalid UTF-8, nesting beyond the parser's limit) must be refused
 ``INVALID_ARGUMENT`` the same way.
 
-Seeded (``derandomize``) and bounded: ``FLOW_FUZZ_EXAMPLES`` examples per RPC (default
+Seeded (``derandomize``) and bounded: ``FLOW_TEST_FUZZ_EXAMPLES`` examples per RPC (default
 25 on SQLite, 10 on MariaDB).
 """
 
@@ -90,7 +90,7 @@ RPCS = sorted(_rpcs(), key=lambda r: (r[1], r[2].name))
 
 def _examples(env: FuzzEnv) -> int:
     default = 25 if env.stack.db_urls[ServiceName.RUNTIME].startswith("sqlite") else 10
-    return int(os.environ.get("FLOW_FUZZ_EXAMPLES", default))
+    return int(os.environ.get("FLOW_TEST_FUZZ_EXAMPLES", default))
 
 
 def _error_detail(err: grpc.RpcError) -> Any:
