@@ -102,4 +102,7 @@ def run_service(
         asyncio.run(_serve(cfg, migrations_pkg, factory, background))
     except KeyboardInterrupt:
         return 0
+    except ConfigError as exc:  # e.g. key or TLS material a factory could not read
+        log.error("configuration error: %s", exc)
+        return 2
     return 0

@@ -231,3 +231,20 @@ def test_dev_keys_migrate_the_deprecated_file_of_an_earlier_make_run(tmp_path: P
     migrated = files.trusted_keys.read_bytes()
     ensure_dev_keys(tmp_path, env="test")
     assert files.trusted_keys.read_bytes() == migrated  # idempotent
+
+
+async def test_a_production_runtime_without_its_service_key_does_not_start(
+    tmp_path: Path,
+) -> None:
+    from runtime_svc.app import build_services
+
+    cfg = load_config(
+        ServiceName.RUNTIME,
+        {
+            "FLOW_ENV": "production",
+            "FLOW_DATA_DIR": str(tmp_path),
+            "FLOW_AUTH_SERVICE_KEY": str(tmp_path / "missing.pem"),
+        },
+    )
+    with pytest.raises(ConfigError, match="signing key"):
+        await build_services(cfg, None)  # type: ignore[arg-type]
