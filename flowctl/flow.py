@@ -45,6 +45,7 @@ from flowctl.common import (
     channel_for,
     load_document,
     print_message,
+    work_scope,
 )
 from runtime_svc.compiler import (
     CompilerInputs,
@@ -144,14 +145,7 @@ def _plan_cmd(args: argparse.Namespace) -> int:
 
 
 def _scope(args: argparse.Namespace) -> Any:
-    if not (args.app_installation and args.capability and args.binding_digest):
-        raise CliError("this command needs --app-installation, --capability and --binding-digest")
-    return common_v1.TrustedRuntimeWorkScope(
-        org_id=args.org,
-        app_installation_id=args.app_installation,
-        runtime_capability_id=args.capability,
-        runtime_work_binding_digest=args.binding_digest,
-    )
+    return work_scope(args, f"flow {args.command}")
 
 
 def _stub(channel: grpc.Channel) -> Any:
