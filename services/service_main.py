@@ -51,6 +51,12 @@ BackgroundFactory = Callable[[ServiceConfig, AsyncEngine], Awaitable[Background]
 
 log = logging.getLogger(__name__)
 
+_PORT_VARS = {
+    ServiceName.CATALOG: "FLOW_CATALOG_PORT",
+    ServiceName.RUNTIME: "FLOW_RUNTIME_PORT",
+    ServiceName.EFFECT_OWNER: "FLOW_EFFECT_PORT",
+}
+
 
 async def _no_servicers(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[ServiceRegistration]:
     """The registrations of a worker-only process: none (health and reflection only)."""
@@ -127,5 +133,17 @@ def run_service(
         return 0
     except db_profiles.UnsafeDatabaseSettingsError as exc:
         log.error("refusing to start: %s", exc)
+        return 3
+    except RuntimeError as exc:
+        if "bind" not in str(exc).lower():
+            raise
+        # grpc's own message only says "Failed to bind"; name the setting to change.
+        log.error(
+            "refusing to start: cannot listen on %s:%d (%s): the port is in use by another "
+            "process or the address is not on this host",
+            cfg.listen_host,
+            cfg.port,
+            _PORT_VARS[service],
+        )
         return 3
     return 0
