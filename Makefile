@@ -31,7 +31,9 @@ help: ## List the targets
 $(INSTALL_STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	@# setuptools warns that a flat-layout editable install resolves imports from the
+	@# working tree: that is what we want (generated code lands there after install).
+	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -c constraints.txt -e '.[dev]'
 	@touch $@
 
 $(PROTO_STAMP): $(INSTALL_STAMP) $(PROTO_SRC) scripts/gen_protos.py
@@ -43,6 +45,7 @@ proto: $(INSTALL_STAMP) ## Regenerate Python code from protos/ (grpcio-tools + m
 	@touch $(PROTO_STAMP)
 
 run: $(PROTO_STAMP) ## Start catalog, runtime and effect-owner on embedded SQLite under ./.data, with the demo Flows
+	@echo "make run: service logs go to $${FLOW_DATA_DIR:-./.data}/<service>.log"
 	$(PY) -m flowctl.devstack
 
 test: $(PROTO_STAMP) ## Run every test: unit, integration (SQLite + MariaDB when FLOW_TEST_MYSQL_URL is set), e2e, crash
