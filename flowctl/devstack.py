@@ -29,6 +29,8 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from flowctl.common import CliError
+from flowctl.cookbook_setup import COOKBOOK_FILE, write_cookbook
 from flowctl.demo import SUMMARY_FILE, DemoSeedError, DemoSummary, local_target, seed
 from services.auth import WorkloadClaims, ensure_dev_keys, load_signing_key, mint_credential
 from services.config import ServiceConfig, ServiceName, load_config
@@ -221,6 +223,13 @@ def main() -> int:
         except DemoSeedError as exc:
             log.error("seeding the demo failed; stopping the stack\n%s", exc)
             return 1
+        try:
+            cookbook = write_cookbook(configs, data_dir, demo)
+        except (grpc.RpcError, OSError, RuntimeError, CliError, ValueError) as exc:
+            # The demo is up; only the pre-filled cookbook is missing.
+            log.warning("could not prepare the grpcurl cookbook (docs/grpcurl.md): %s", exc)
+        else:
+            log.info("grpcurl cookbook with this stack's ids: %s", cookbook)
         if stopping:
             return 0
         print(banner(configs, data_dir, token_file, demo), flush=True)
@@ -278,6 +287,8 @@ def banner(configs: Configs, data_dir: Path, token_file: Path, demo: DemoSummary
     lines += [
         f"  {grpcurl} -plaintext {rt} list",
         f"  {grpcurl} -plaintext {cat} grpc.health.v1.Health/Check",
+        "",
+        f"  grpcurl for every RPC, with this stack's ids: {data_dir / COOKBOOK_FILE}",
         "",
         f"Summary: {data_dir / SUMMARY_FILE}    Logs: {data_dir}/*.log    Stop: Ctrl-C",
     ]
