@@ -252,6 +252,36 @@ def test_cancel_then_delete_a_run_no_worker_has_picked_up(
     assert run_id not in cli("run", "list", "--flow", "FlowctlHold")
 
 
+def test_flow_compile_of_the_demo_flows_against_the_running_catalog_gives_the_active_plans(
+    cli: Cli, stack: DemoStack
+) -> None:
+    examples = ROOT / "examples" / "flows"
+    for flow in stack.demo["flows"]:
+        path = examples / (
+            "welcome_contact.json"
+            if flow["flow_api_name"] == "WelcomeContact"
+            else "normalize_contact_name.json"
+        )
+        text = cli("flow", "compile", str(path))  # the demo generation from demo.json
+        assert f"Plan digest: {flow['plan_digest']}" in text, text
+    mermaid = cli("flow", "plan", str(examples / "welcome_contact.json"))
+    assert mermaid.startswith("flowchart TD")
+    assert "together" in cli(
+        "flow", "compile", str(examples / "welcome_contact.json"), "--generation", "g", rc=2
+    )
+    missing = cli(
+        "flow",
+        "compile",
+        str(examples / "welcome_contact.json"),
+        "--generation",
+        "gen-unknown",
+        "--catalog-digest",
+        stack.demo["catalog_digest"],
+        rc=1,
+    )
+    assert "gen-unknown" in missing and "Traceback" not in missing
+
+
 # --- with the worker-only replica ---------------------------------------------------------
 
 
