@@ -4,7 +4,7 @@ The page (``./.data/grpcurl.md``, the filled-in twin of ``docs/grpcurl.md``) is 
 each ``# expect:`` block is run with bash in page order, after the page's own set-up block
 (PATH and the two credentials). ``OK`` means grpcurl exited 0; any other value is the gRPC
 status grpcurl must report. When an RPC lands, flip its ``expect`` in
-``flowctl/cookbook.py`` and regenerate ``docs/grpcurl.md``.
+``flowctl/cookbook_calls.py`` and regenerate ``docs/grpcurl.md``.
 """
 
 from __future__ import annotations
