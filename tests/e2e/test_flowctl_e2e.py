@@ -9,6 +9,7 @@ put (cancel, delete) run before any test asks for the worker.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -147,6 +148,12 @@ def _activate(cli: Cli, tmp_path: Path, flow: dict[str, Any], stack: DemoStack) 
     )
 
 
+def _clean_env(**flow: str) -> dict[str, str]:
+    """This process's environment without any FLOW_* variable, plus ``flow``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOW_")}
+    return {**env, **flow}
+
+
 def _flowctl(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "flowctl", *argv],
@@ -163,7 +170,7 @@ def _flowctl(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
 
 
 def test_bad_flags_exit_2_with_a_message_naming_the_flag_or_variable(tmp_path: Path) -> None:
-    env = {"PATH": "/usr/bin:/bin", "FLOW_DATA_DIR": str(tmp_path), "FLOW_RUNTIME_PORT": "1"}
+    env = _clean_env(FLOW_DATA_DIR=str(tmp_path), FLOW_RUNTIME_PORT="1")
     cases = [
         (("run", "start"), "needs a FLOW api name or --plan-id"),
         (("run", "start", "Foo"), "missing --app-installation, --capability, --binding-digest"),
@@ -186,7 +193,7 @@ def test_an_unreachable_server_is_one_line_not_a_traceback(tmp_path: Path) -> No
     from services.auth import ensure_dev_keys
 
     ensure_dev_keys(tmp_path, env="development", key_id="dev")
-    env = {"PATH": "/usr/bin:/bin", "FLOW_DATA_DIR": str(tmp_path)}
+    env = _clean_env(FLOW_DATA_DIR=str(tmp_path))
     dead = f"127.0.0.1:{free_port()}"
     for argv in (("run", "get", "run_x"), ("record", "get", "Contact", "r1"), ("run", "list")):
         result = _flowctl(*argv, "--target", dead, env=env)
