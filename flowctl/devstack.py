@@ -18,6 +18,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +29,8 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from flowctl.common import CliError
+from flowctl.cookbook_setup import COOKBOOK_FILE, write_cookbook
 from flowctl.demo import SUMMARY_FILE, DemoSeedError, DemoSummary, local_target, seed
 from services.auth import (
     OPERATOR_ROLES,
@@ -104,6 +107,59 @@ def _mint_dev_token(signing_key: Path, key_id: str, data_dir: Path, demo: DemoSu
     return token_file
 
 
+_PORT_VARS = {
+    ServiceName.CATALOG: "FLOW_CATALOG_PORT",
+    ServiceName.RUNTIME: "FLOW_RUNTIME_PORT",
+    ServiceName.EFFECT_OWNER: "FLOW_EFFECT_PORT",
+}
+_LOG_TAIL_LINES = 20
+
+
+def _listener_pid(port: int) -> str | None:
+    """``pid (command line)`` of the process listening on TCP ``port`` (Linux), if visible."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            for fd in fd_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:[") and target[8:-1] in inodes:
+                        pid = fd_dir.parent.name
+                        cmd = (fd_dir.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+                        return f"pid {pid} ({cmd.decode(errors='replace').strip()})"
+    return None
+
+
+def _ports_in_use(configs: Configs) -> list[str]:
+    """One line per configured port another process already holds."""
+    problems = []
+    for svc, cfg in configs.items():
+        with socket.socket(socket.AF_INET6 if ":" in cfg.listen_host else socket.AF_INET) as s:
+            try:
+                s.bind((cfg.listen_host, cfg.port))
+            except OSError as exc:
+                holder = _listener_pid(cfg.port) or "another process"
+                problems.append(
+                    f"{svc.value}: {cfg.listen_host}:{cfg.port} ({_PORT_VARS[svc]}) is not "
+                    f"free: {exc.strerror}; held by {holder}"
+                )
+    return problems
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join("    " + line for line in lines[-_LOG_TAIL_LINES:])
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s devstack: %(message)s")
     env = dict(os.environ)
@@ -115,6 +171,14 @@ def main() -> int:
         # The stack dials its children at their configured ports; it cannot learn a
         # port a child picked itself.
         log.error("the dev stack needs fixed ports: FLOW_*_PORT=0 is not supported here")
+        return 2
+    busy = _ports_in_use(configs)
+    if busy:
+        log.error(
+            "cannot start: %s\nIs another `make run` running? Stop it, or pick other ports "
+            "(FLOW_CATALOG_PORT, FLOW_RUNTIME_PORT, FLOW_EFFECT_PORT).",
+            "; ".join(busy),
+        )
         return 2
     runtime_cfg = configs[ServiceName.RUNTIME]
     keys = ensure_dev_keys(data_dir, env=runtime_cfg.env, key_id=runtime_cfg.auth_signing_key_id)
@@ -138,16 +202,24 @@ def main() -> int:
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                 )
-            log.info("%s started (pid %d)", module, children[svc].pid)
+            log.info(
+                "%s started (pid %d), log: %s",
+                module,
+                children[svc].pid,
+                data_dir / f"{module}.log",
+            )
         deadline = time.monotonic() + _READY_TIMEOUT_S
         pending = set(children)
         while pending and not stopping:
             for svc in sorted(pending):
                 if children[svc].poll() is not None:
+                    log_path = data_dir / f"{_MODULES[svc]}.log"
                     log.error(
-                        "%s exited during start-up; see %s",
+                        "%s exited during start-up (exit %s); the end of %s:\n%s",
                         svc.value,
-                        data_dir / f"{_MODULES[svc]}.log",
+                        children[svc].returncode,
+                        log_path,
+                        _log_tail(log_path),
                     )
                     return 1
                 if _serving(configs[svc]):
@@ -167,6 +239,13 @@ def main() -> int:
         except DemoSeedError as exc:
             log.error("seeding the demo failed; stopping the stack\n%s", exc)
             return 1
+        try:
+            cookbook = write_cookbook(configs, data_dir, demo)
+        except (grpc.RpcError, OSError, RuntimeError, CliError, ValueError) as exc:
+            # The demo is up; only the pre-filled cookbook is missing.
+            log.warning("could not prepare the grpcurl cookbook (docs/grpcurl.md): %s", exc)
+        else:
+            log.info("grpcurl cookbook with this stack's ids: %s", cookbook)
         if stopping:
             return 0
         token_file = _mint_dev_token(
@@ -230,6 +309,8 @@ def banner(configs: Configs, data_dir: Path, token_file: Path, demo: DemoSummary
     lines += [
         f"  {grpcurl} -plaintext {rt} list",
         f"  {grpcurl} -plaintext {cat} grpc.health.v1.Health/Check",
+        "",
+        f"  grpcurl for every RPC, with this stack's ids: {data_dir / COOKBOOK_FILE}",
         "",
         f"Summary: {data_dir / SUMMARY_FILE}    Logs: {data_dir}/*.log    Stop: Ctrl-C",
     ]
