@@ -36,6 +36,7 @@ from services.auth import TrustedRuntimeWorkScope, current_identity
 from services.config import ServiceConfig
 from services.errors import InvalidArgumentError
 from services.grpc_server import ServiceRegistration
+from services.paging import DEFAULT_CLIENT_MAX_BYTES, fit_page, response_budget
 from services.proto import runtime_v1
 
 __all__ = ["SERVICE_NAME", "FlowDefinitionServicer", "build_definition_service"]
@@ -59,8 +60,11 @@ def _work_scope() -> TrustedRuntimeWorkScope:
 class FlowDefinitionServicer(runtime_v1.FlowDefinitionServiceServicer):
     """Flow versions, compiled plans, activation bindings and inventory (§7, §20.4)."""
 
-    def __init__(self, service: DefinitionService) -> None:
+    def __init__(
+        self, service: DefinitionService, *, max_response_bytes: int = DEFAULT_CLIENT_MAX_BYTES
+    ) -> None:
         self._svc = service
+        self._max_response = max_response_bytes
 
     async def RegisterFlowVersion(self, request: Any, context: Context) -> Any:
         _require_request_id(request)
@@ -119,26 +123,48 @@ class FlowDefinitionServicer(runtime_v1.FlowDefinitionServiceServicer):
         )
 
     async def ListFlowVersions(self, request: Any, context: Context) -> Any:
-        rows, activations, token = await self._svc.list_flow_versions(
-            current_identity().org_id, request.flow_api_name, request.page_size, request.page_token
-        )
-        return runtime_v1.ListFlowVersionsResponse(
-            flow_versions=[flow_version_proto(r, self._svc.source_info(r)) for r in rows],
-            activations=[activation_proto(a) for a in activations],
-            next_page_token=token,
+        org = current_identity().org_id
+
+        async def fetch(size: int) -> Any:
+            rows, activations, token = await self._svc.list_flow_versions(
+                org, request.flow_api_name, size, request.page_token
+            )
+            return runtime_v1.ListFlowVersionsResponse(
+                flow_versions=[flow_version_proto(r, self._svc.source_info(r)) for r in rows],
+                activations=[activation_proto(a) for a in activations],
+                next_page_token=token,
+            )
+
+        return await fit_page(
+            fetch,
+            lambda r: r.flow_versions,
+            page_size=request.page_size,
+            budget=self._max_response,
+            what="flow version",
         )
 
     async def GetInventory(self, request: Any, context: Context) -> Any:
-        rows, token = await self._svc.inventory(
-            _work_scope(),
-            request.catalog_generation_id,
-            request.catalog_digest,
-            list(request.flow_api_names),
-            request.page_size,
-            request.page_token,
-        )
-        return runtime_v1.GetInventoryResponse(
-            entries=[inventory_entry_proto(r) for r in rows], next_page_token=token
+        scope = _work_scope()
+
+        async def fetch(size: int) -> Any:
+            rows, token = await self._svc.inventory(
+                scope,
+                request.catalog_generation_id,
+                request.catalog_digest,
+                list(request.flow_api_names),
+                size,
+                request.page_token,
+            )
+            return runtime_v1.GetInventoryResponse(
+                entries=[inventory_entry_proto(r) for r in rows], next_page_token=token
+            )
+
+        return await fit_page(
+            fetch,
+            lambda r: r.entries,
+            page_size=request.page_size,
+            budget=self._max_response,
+            what="inventory entry",
         )
 
 
@@ -168,5 +194,5 @@ async def build_definition_service(
     return ServiceRegistration(
         SERVICE_NAME,
         runtime_v1.add_FlowDefinitionServiceServicer_to_server,
-        FlowDefinitionServicer(service),
+        FlowDefinitionServicer(service, max_response_bytes=response_budget(cfg)),
     )

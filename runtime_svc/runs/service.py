@@ -43,7 +43,7 @@ from runtime_svc.runs.resolve import (
 )
 from runtime_svc.runs.tokens import PageTokenCodec
 from runtime_svc.schema import execution_plans
-from services.auth import TrustedIdentity, TrustedRuntimeWorkScope
+from services.auth import CANCEL_ROLE, DELETE_ROLE, TrustedIdentity, TrustedRuntimeWorkScope
 from services.db import transaction
 from services.errors import (
     AlreadyExistsError,
@@ -64,10 +64,9 @@ __all__ = [
     "StartOutcome",
 ]
 
-#: Role a credential needs for the public delete (§10.1 step 1).
-DELETE_ROLE = "flow.runs.delete"
-#: Role a credential needs to cancel a run.
-CANCEL_ROLE = "flow.runs.cancel"
+# DELETE_ROLE: a credential needs it for the public delete (§10.1 step 1); CANCEL_ROLE: to
+# cancel a run. Defined with the trusted-key constraints (services.auth.trust), which name
+# the roles a key may sign.
 
 
 @dataclass(frozen=True)

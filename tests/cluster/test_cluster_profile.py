@@ -93,7 +93,7 @@ def test_a_service_refuses_to_start_on_a_node_that_does_not_replicate(
         with admin.cursor() as cursor:
             cursor.execute("SET GLOBAL wsrep_on = ON")
         admin.close()
-    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert proc.returncode == 3, proc.stderr[-3000:]
     assert "refusing to start" in proc.stderr
     assert "wsrep_on" in proc.stderr
 
