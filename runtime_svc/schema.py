@@ -430,6 +430,10 @@ flow_dependencies = Table(
     Column("resolution_receipt", JsonText(MAX_SUMMARY_BYTES), nullable=True),
     _time("created_at"),
     _time("updated_at"),
+    # Bounded reconciliation probes made so far (§14.4; revision 0008).
+    Column("reconciliation_attempts", Integer, nullable=False, server_default=text("0")),
+    # The signal the resolution consumed (NULL: none, e.g. a timer; revision 0008).
+    _id("wake_signal_id", nullable=True),
     PrimaryKeyConstraint("org_id", "dependency_id"),
     UniqueConstraint(
         *WORK_SCOPE, "step_execution_id", "active_slot", name="uq_flow_dependencies_active"
@@ -463,6 +467,13 @@ flow_wake_signals = Table(
     _code("resolution_state"),  # Unmatched | Consumed | Expired
     _id("dependency_id", nullable=True),
     _bigint("state_version"),
+    # Revision 0008: the safe producer evidence (canonical JSON object, immutable), the
+    # producer-side match still owed (set at insert, cleared once a match attempt ran:
+    # a crash between signal commit and match leaves it for the repair sweep), and the
+    # consume time.
+    Column("evidence_json", JsonText(MAX_SUMMARY_BYTES), nullable=True),
+    _time("next_match_at", nullable=True),
+    _time("consumed_at", nullable=True),
     PrimaryKeyConstraint(*WORK_SCOPE, "wake_signal_id"),
     UniqueConstraint(
         *WORK_SCOPE,
@@ -472,6 +483,7 @@ flow_wake_signals = Table(
         name="uq_flow_wake_signals_token",
     ),
     Index("ix_flow_wake_signals_expiry", "org_id", "resolution_state", "expires_at"),
+    Index("ix_flow_wake_signals_match", "org_id", "next_match_at"),
     **TABLE_OPTIONS,
 )
 
