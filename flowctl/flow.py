@@ -56,6 +56,8 @@ from runtime_svc.compiler import (
     load_flow_text,
     to_mermaid,
 )
+from runtime_svc.waits.registry import ProducerRegistry
+from runtime_svc.worker.settings import signal_kinds_from_env
 from services.config import ServiceName
 from services.proto import common_v1, runtime_v1
 
@@ -115,15 +117,18 @@ def format_issues(exc: PlanCompileError) -> str:
 
 
 def _compile_cmd(args: argparse.Namespace) -> int:
+    inputs = load_inputs(args.inputs)
     try:
-        plan = compile_file(args.file, args.inputs)
+        plan = compile_plan(_load_flow(args.file), inputs)
     except PlanCompileError as exc:
         sys.stdout.write(format_issues(exc))
         return 1
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, sort_keys=True, ensure_ascii=False))
     else:
-        sys.stdout.write(explain(plan))
+        # Each dependency with its producer contract and the policy's wait bounds.
+        notes = ProducerRegistry(signal_kinds_from_env()).explainer(inputs.policy)
+        sys.stdout.write(explain(plan, notes))
     return 0
 
 
