@@ -74,6 +74,7 @@ __all__ = [
     "flow_checkpoints",
     "flow_dependencies",
     "flow_effect_links",
+    "flow_record_watches",
     "flow_runs",
     "flow_step_attempts",
     "flow_step_executions",
@@ -301,6 +302,8 @@ flow_runs = Table(
     Index("ix_flow_runs_migration", "org_id", "ownership_epoch", "runtime_state"),
     Index("ix_flow_runs_plan", "org_id", "plan_id"),
     Index("ix_flow_runs_history", "org_id", "flow_version_id", "created_at", "flow_run_id"),
+    # The wait repair sweep's bounded cursor over Waiting roots (revision 0008).
+    Index("ix_flow_runs_state_id", "org_id", "runtime_state", "flow_run_id"),
     **TABLE_OPTIONS,
 )
 
@@ -484,6 +487,31 @@ flow_wake_signals = Table(
     ),
     Index("ix_flow_wake_signals_expiry", "org_id", "resolution_state", "expires_at"),
     Index("ix_flow_wake_signals_match", "org_id", "next_match_at"),
+    **TABLE_OPTIONS,
+)
+
+#: Record-change producer registration (§14.1, revision 0008): the objects some plan of a
+#: work scope waits on with a record-condition wait. The record engine writes a wake
+#: signal for a record change only when its object is listed here (read through a
+#: per-process memo, so a write of an unwatched object costs no query). A wait commit
+#: refreshes its row; a maintenance sweep deletes rows idle past a window with no pending
+#: dependency.
+flow_record_watches = Table(
+    "flow_record_watches",
+    metadata,
+    _id("org_id"),
+    _id("object_name"),
+    _id("app_installation_id"),
+    _id("runtime_capability_id"),
+    _digest("runtime_work_binding_digest"),
+    _time("refreshed_at"),
+    PrimaryKeyConstraint(
+        "org_id",
+        "object_name",
+        "app_installation_id",
+        "runtime_capability_id",
+        "runtime_work_binding_digest",
+    ),
     **TABLE_OPTIONS,
 )
 

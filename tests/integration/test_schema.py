@@ -41,6 +41,7 @@ EXPECTED_TABLES = {
         "flow_checkpoints",
         "flow_dependencies",
         "flow_wake_signals",
+        "flow_record_watches",
         "flow_effect_links",
         "runtime_outbox",
         "records",
