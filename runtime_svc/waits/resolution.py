@@ -66,6 +66,7 @@ from runtime_svc.waits.registry import ProducerFamily, ProducerRegistry
 from runtime_svc.worker.executor import env_of
 from services.db import transaction
 from services.errors import NotFoundError
+from services.faults import CrashPoint, crash_point
 
 __all__ = ["Clock", "Matcher", "WaitContext", "evaluate_condition", "split_record_key"]
 
@@ -364,6 +365,10 @@ class _Action:
                 wake_version=version,
                 expected_version=dep.state_version,
             )
-            if isinstance(result, WaitTransition) or result.reason not in _NEXT_CANDIDATE:
+            if isinstance(result, WaitTransition):
+                # Resolved and committed; the scheduler has not claimed the step yet.
+                crash_point(CrashPoint.AFTER_RESOLUTION_COMMIT, dep.producer_kind)
+                return result
+            if result.reason not in _NEXT_CANDIDATE:
                 return result
         return result
