@@ -147,9 +147,7 @@ def record_flow(**kw: Any) -> dict[str, Any]:
     return wait_flow("wait_record", wait, **kw)
 
 
-def approval(
-    key: str, token: str, status: str = "approved", version: int = 0
-) -> SignalSubmission:
+def approval(key: str, token: str, status: str = "approved", version: int = 0) -> SignalSubmission:
     """An ``external.signal`` submission for the signal Flow's key ``approval:<key>``."""
     evidence = {"status": status}
     return SignalSubmission(
@@ -361,9 +359,7 @@ async def task_subjects(engine: AsyncEngine, org: str) -> list[str]:
     r = records.c
     async with db.transaction(engine, readonly=True) as conn:
         rows = (
-            await conn.execute(
-                select(r.fields).where(r.org_id == org, r.object_name == "Task")
-            )
+            await conn.execute(select(r.fields).where(r.org_id == org, r.object_name == "Task"))
         ).scalars()
         out = []
         for raw in rows:

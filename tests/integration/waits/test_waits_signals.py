@@ -220,9 +220,7 @@ async def test_deadline_and_notification_racing_from_two_connections_exactly_one
             assert final.state is DependencyState.EXPIRED
             assert root.state is RunState.TERMINAL_FAILED
     consumed = [s for s in await signals(world.engine, world.org) if s.dependency_id]
-    resolved = [
-        r for r in runs if (await world.dependency(r)).state is DependencyState.RESOLVED
-    ]
+    resolved = [r for r in runs if (await world.dependency(r)).state is DependencyState.RESOLVED]
     assert len(consumed) == len(resolved)
 
 
