@@ -14,7 +14,11 @@ MariaDB:
   (``bench/durable_bench.py``);
 * record mutations per second with no Flow, with one 5-element Embedded Before-Save Flow
   and as Bounded Atomic runs, their ratios and the before-save overhead (target < 15%)
-  (``bench/sync_bench.py``).
+  (``bench/sync_bench.py``);
+* durable-wait wake latency (signal accepted → step Running) p50/p99 with 1,000 and
+  100,000 waiting runs and their ratio, the transactions and statements of one wake, and
+  the periodic reconciler's cost per sweep as the waiting population grows
+  (``bench/wait_bench.py``).
 
 Nothing here is asserted; figures depend on the machine.
 """
@@ -32,7 +36,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench import compile_bench, durable_bench, sync_bench
+from bench import compile_bench, durable_bench, sync_bench, wait_bench
 from services import db
 from services.digest import versioned_digest
 
@@ -139,3 +143,4 @@ if __name__ == "__main__":
     asyncio.run(_main())
     durable_bench.run(_SECONDS)
     sync_bench.run(_SECONDS)
+    wait_bench.run(_SECONDS)

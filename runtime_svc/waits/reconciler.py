@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, delete, exists, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from runtime_svc.compiler.inputs import WaitPolicy
 from runtime_svc.compiler.kinds import RECORD_CHANGE_PRODUCER
 from runtime_svc.kernel.states import RunState
 from runtime_svc.kernel.store_waits import FaultStep
@@ -165,32 +166,24 @@ class WaitSweeper:
             due = await queries.due_probes_txn(conn, org_id, now, self._batch)
         for dep in due:
             stats.probes += 1
-            result = await self.matcher.match_dependency(dep)
+            result, bounds = await self.matcher.probe(dep)
             if isinstance(result, WaitTransition):
                 stats.resolved += result.outcome == "resolved"
                 stats.expired += result.outcome != "resolved"
                 continue
-            if result.reason in _RACED:
-                continue
-            spec = self.matcher.registry.spec(dep.producer_kind)
-            if spec is not None and spec.family is ProducerFamily.TIMER:
-                continue  # a timer is resolved when due, never re-probed
-            if await self._reschedule(dep, now):
+            if result.reason in _RACED or bounds is None:
+                continue  # raced (re-read next pass), a timer, or a vanished run
+            if await self._reschedule(dep, now, bounds.policy):
                 stats.rescheduled += 1
 
-    async def _reschedule(self, dep: DependencyRecord, now: datetime) -> bool:
-        try:
-            async with transaction(self._engine) as conn:
-                ctx = await self.matcher.context_txn(conn, dep)
-                policy = ctx.bounds.policy
-                attempt = dep.reconciliation_attempts + 1
-                nxt: datetime | None = None
-                if attempt < policy.max_reconciliation_attempts:
-                    delay = policy.probe_delay_seconds(attempt + 1)
-                    nxt = now + timedelta(seconds=delay * (0.5 + self._rng.random() / 2))
-                return await queries.reschedule_probe_txn(conn, dep, nxt)
-        except NotFoundError:
-            return False
+    async def _reschedule(self, dep: DependencyRecord, now: datetime, policy: WaitPolicy) -> bool:
+        attempt = dep.reconciliation_attempts + 1
+        nxt: datetime | None = None
+        if attempt < policy.max_reconciliation_attempts:
+            delay = policy.probe_delay_seconds(attempt + 1)
+            nxt = now + timedelta(seconds=delay * (0.5 + self._rng.random() / 2))
+        async with transaction(self._engine) as conn:
+            return await queries.reschedule_probe_txn(conn, dep, nxt)
 
     async def _owed(self, org_id: str, stats: SweepStats) -> None:
         now = await self._now()

@@ -197,28 +197,33 @@ class Matcher:
         return await self.match_dependency(dep)
 
     async def match_signal(self, scope: WorkScopeKey, signal_id: str) -> WaitTransition | NoChange:
-        """Producer side (§14.2 step 2): try the signal's pending dependencies, in creation
-        order, in fresh transactions; then the owed match is settled (cleared)."""
+        """Producer side (§14.2 step 2): read the signal, its key's pending dependencies
+        (creation order) and their evidence in one fresh read-only transaction, then try
+        the resolutions in that order; the owed match is settled (a consumed signal's
+        mark is cleared by the consume itself)."""
         async with transaction(self._engine, readonly=True) as conn:
             signal = await queries.signal_by_id_txn(conn, scope, signal_id)
-            deps = (
-                []
-                if signal is None
-                else await queries.pending_for_key_txn(
-                    conn, scope, signal.producer_kind, signal.producer_key, _CANDIDATES
-                )
+            if signal is None:
+                return NoChange("missing")
+            deps = await queries.pending_for_key_txn(
+                conn, scope, signal.producer_kind, signal.producer_key, _CANDIDATES
             )
-        if signal is None:
-            return NoChange("missing")
+            planned = [(dep, await self._evidence(conn, dep)) for dep in deps]
         result: WaitTransition | NoChange = NoChange("no_dependency")
-        for dep in deps:
-            result = await self.match_dependency(dep)
+        for dep, (action, _bounds) in planned:
+            result = await action.run(self.waits, dep)
             if isinstance(result, WaitTransition) and (
                 result.signal is None or result.signal.wake_signal_id == signal.wake_signal_id
             ):
                 break
-        async with transaction(self._engine) as conn:
-            await queries.clear_signal_match_txn(conn, signal)
+        consumed = (
+            isinstance(result, WaitTransition)
+            and result.signal is not None
+            and result.signal.wake_signal_id == signal.wake_signal_id
+        )
+        if signal.next_match_at is not None and not consumed:
+            async with transaction(self._engine) as conn:
+                await queries.clear_signal_match_txn(conn, signal)
         return result
 
     async def match_dependency(self, dep: DependencyRecord) -> WaitTransition | NoChange:
@@ -227,29 +232,39 @@ class Matcher:
 
         Evidence is read in one read-only transaction that is closed before the
         root-first resolution transaction opens (no transaction waits on another)."""
+        result, _ = await self.probe(dep)
+        return result
+
+    async def probe(
+        self, dep: DependencyRecord
+    ) -> tuple[WaitTransition | NoChange, WaitBounds | None]:
+        """:meth:`match_dependency`, also returning the dependency's wait bounds (the
+        reconciler reschedules an unsuccessful probe with them)."""
         if dep.state is not DependencyState.PENDING:
-            return NoChange(f"dependency_{dep.state.code.lower()}")
+            return NoChange(f"dependency_{dep.state.code.lower()}"), None
+        async with transaction(self._engine, readonly=True) as conn:
+            action, bounds = await self._evidence(conn, dep)
+        return await action.run(self.waits, dep), bounds
+
+    async def _evidence(
+        self, conn: AsyncConnection, dep: DependencyRecord
+    ) -> tuple[_Action, WaitBounds | None]:
+        """What the producer's evidence says about ``dep`` (read, never written)."""
         spec = self.registry.spec(dep.producer_kind)
         if spec is None:
             log.warning(
                 "dependency %s: producer %s is not registered", dep.dependency_id, dep.producer_kind
             )
-            return await self.waits.expire(
-                dep.org_id, dep.dependency_id, cause=CAUSE_PRODUCER_MISSING, quarantine=True
-            )
+            return _Action(expire=CAUSE_PRODUCER_MISSING, quarantine=True), None
+        if spec.family is ProducerFamily.TIMER:
+            return await self._timer(conn, dep), None
         try:
-            async with transaction(self._engine, readonly=True) as conn:
-                if spec.family is ProducerFamily.TIMER:
-                    action = await self._timer(conn, dep)
-                else:
-                    ctx = await self.context_txn(conn, dep)
-                    if spec.family is ProducerFamily.RECORD_CHANGE:
-                        action = await self._record(conn, dep, ctx)
-                    else:
-                        action = await self._signals(conn, dep, ctx, spec.family)
+            ctx = await self.context_txn(conn, dep)
         except NotFoundError:
-            return NoChange("run_missing")
-        return await action.run(self.waits, dep)
+            return _Action(NoChange("run_missing")), None
+        if spec.family is ProducerFamily.RECORD_CHANGE:
+            return await self._record(conn, dep, ctx), ctx.bounds
+        return await self._signals(conn, dep, ctx, spec.family), ctx.bounds
 
     # --- families (evidence reads; the transitions run after the read closed) ----------
 
@@ -344,6 +359,7 @@ class _Action:
     resolve: list[tuple[str | None, dict[str, Any], int | None]] | None = None
     expire: str | None = None
     fault: FaultStep | None = None
+    quarantine: bool = False
 
     async def run(self, waits: WaitStore, dep: DependencyRecord) -> WaitTransition | NoChange:
         if self.expire is not None:
@@ -353,7 +369,11 @@ class _Action:
                 return fault
 
             return await waits.expire(
-                dep.org_id, dep.dependency_id, cause=self.expire, fault_lookup=lookup
+                dep.org_id,
+                dep.dependency_id,
+                cause=self.expire,
+                fault_lookup=lookup,
+                quarantine=self.quarantine,
             )
         result: WaitTransition | NoChange = self.outcome or NoChange("nothing")
         for signal_id, receipt, version in self.resolve or ():

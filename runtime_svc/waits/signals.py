@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel.store_waits import insert_signal_txn
-from runtime_svc.kernel.wait_model import NewSignal, SignalRecord, WorkScopeKey
+from runtime_svc.kernel.transitions_waits import WaitTransition
+from runtime_svc.kernel.wait_model import NewSignal, SignalRecord, SignalState, WorkScopeKey
 from runtime_svc.waits import queries
 from runtime_svc.waits.evidence import SignalSubmission, validate_submission
 from runtime_svc.waits.record_producer import MATCH_GRACE, SIGNAL_RETENTION
@@ -51,6 +52,30 @@ class SubmitOutcome:
     signal: SignalRecord
     duplicate: bool = False
     stale: bool = False
+
+
+def _inserted(
+    scope: WorkScopeKey, new: NewSignal, now: datetime, expires_at: datetime
+) -> SignalRecord:
+    """The row :func:`insert_signal_txn` just wrote (no read-back needed)."""
+    return SignalRecord(
+        scope=scope,
+        wake_signal_id=new.wake_signal_id,
+        producer_kind=new.producer_kind,
+        producer_key=new.producer_key,
+        wake_token=new.wake_token,
+        wake_version=new.wake_version,
+        evidence_digest=new.evidence_digest,
+        evidence_reference=new.evidence_reference,
+        evidence_json=new.evidence_json,
+        received_at=now,
+        expires_at=expires_at,
+        state=SignalState.UNMATCHED,
+        dependency_id=None,
+        state_version=0,
+        next_match_at=now + MATCH_GRACE,
+        consumed_at=None,
+    )
 
 
 def _same_body(stored: SignalRecord, new: NewSignal) -> bool:
@@ -118,9 +143,7 @@ class SignalService:
                     match_at=now + MATCH_GRACE,
                 )
                 if inserted:
-                    stored = await queries.signal_by_id_txn(conn, scope, new.wake_signal_id)
-                    assert stored is not None  # inserted by this very transaction
-                    return SubmitOutcome(stored), True
+                    return SubmitOutcome(_inserted(scope, new, now, now + self._retention)), True
                 # A concurrent submit of the same token won the insert: read it back.
                 existing = await queries.signal_by_token_txn(
                     conn, scope, new.producer_kind, new.producer_key, new.wake_token
@@ -141,13 +164,25 @@ class SignalService:
             return outcome
         crash_point(CrashPoint.AFTER_SIGNAL_COMMIT, new.producer_kind)
         try:
-            await self._matcher.match_signal(scope, new.wake_signal_id)
+            result = await self._matcher.match_signal(scope, new.wake_signal_id)
         except Exception:
             # Acknowledged already: the owed match is the repair sweep's now.
             log.warning("signal %s: match deferred to the sweep", new.wake_signal_id, exc_info=True)
             return outcome
-        current = await self.get(scope, wake_signal_id=new.wake_signal_id)
-        return SubmitOutcome(current)
+        patch = result.signal if isinstance(result, WaitTransition) else None
+        if patch is None or patch.wake_signal_id != new.wake_signal_id:
+            return SubmitOutcome(replace(outcome.signal, next_match_at=None))
+        # Consumed by the resolution that just committed: what that transaction wrote.
+        return SubmitOutcome(
+            replace(
+                outcome.signal,
+                state=patch.to_state,
+                dependency_id=patch.values["dependency_id"],
+                consumed_at=patch.values["consumed_at"],
+                next_match_at=None,
+                state_version=outcome.signal.state_version + 1,
+            )
+        )
 
     async def get(
         self,
