@@ -249,11 +249,15 @@ def _assert_the_banner_command_wakes_the_waiting_run(
 
     def finished() -> bool:
         with grpc.insecure_channel(f"127.0.0.1:{stack.runtime_port}") as channel:
-            run = runtime_v1.FlowRunServiceStub(channel).GetRun(
-                runtime_v1.GetRunRequest(flow_run_id=waiting["flow_run_id"]),
-                metadata=md,
-                timeout=10,
-            ).run
+            run = (
+                runtime_v1.FlowRunServiceStub(channel)
+                .GetRun(
+                    runtime_v1.GetRunRequest(flow_run_id=waiting["flow_run_id"]),
+                    metadata=md,
+                    timeout=10,
+                )
+                .run
+            )
         return run.runtime_state == common_v1.RunState.RUN_STATE_SUCCEEDED
 
     wait_until(finished, timeout=60, interval=0.3, what="the woken demo run to finish")
