@@ -29,11 +29,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from runtime_svc.kernel.decisions import NoChange
+from runtime_svc.kernel.decisions import NoChange, WaitExpired, WaitResolved
+from runtime_svc.kernel.errors import IllegalTransitionError
 from runtime_svc.kernel.model import NewStep, RunRecord, StepRecord, Transition
 from runtime_svc.kernel.patches import patch_root, patch_step
 from runtime_svc.kernel.states import FailureClass, RunState, StepState
-from runtime_svc.kernel.transitions_recovery import decide_cancel
+from runtime_svc.kernel.transitions_recovery import (
+    decide_cancel,
+    decide_resolve_wait,
+    decide_wait_expired,
+)
 from runtime_svc.kernel.wait_model import (
     DependencyPatch,
     DependencyRecord,
@@ -122,16 +127,11 @@ def _freed(now: datetime, receipt: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _resume(root: RunRecord, step: StepRecord, now: datetime) -> Transition:
-    return Transition(
-        run=patch_root(
-            root,
-            RunState.RUNNABLE,
-            expect_current_step=step.step_execution_id,
-            run_after=now,
-            paused_at=None,
-        ),
-        step=patch_step(step, StepState.PENDING, run_after=now),
-    )
+    # Step Waiting -> Pending with root Waiting -> Runnable (the kernel's one decision).
+    resumed = decide_resolve_wait(root, step, now)
+    if not isinstance(resumed, WaitResolved):  # the caller checked _waiting_on
+        raise IllegalTransitionError("run", root.state.name, RunState.RUNNABLE.name)
+    return resumed.transition
 
 
 def decide_resolution(
@@ -221,32 +221,14 @@ def _fault_path(
     )
 
 
-def _terminal(root: RunRecord, step: StepRecord, now: datetime, cause: str) -> Transition:
-    return Transition(
-        run=patch_root(
-            root,
-            RunState.TERMINAL_FAILED,
-            expect_current_step=step.step_execution_id,
-            completed_at=now,
-            terminal_cause_code=cause,
-            run_after=None,
-        ),
-        step=patch_step(step, StepState.FAILED, failure_class=FailureClass.TERMINAL),
-    )
-
-
-def _quarantine(root: RunRecord, step: StepRecord, now: datetime, cause: str) -> Transition:
-    return Transition(
-        run=patch_root(
-            root,
-            RunState.QUARANTINED,
-            expect_current_step=step.step_execution_id,
-            completed_at=now,
-            terminal_cause_code=cause,
-            run_after=None,
-        ),
-        step=patch_step(step, StepState.QUARANTINED, failure_class=FailureClass.AMBIGUOUS),
-    )
+def _ended(
+    root: RunRecord, step: StepRecord, now: datetime, cause: str, *, quarantine: bool
+) -> Transition:
+    # Terminal failure (Failed/TerminalFailed) or quarantine, with ``cause``.
+    ended = decide_wait_expired(root, step, now, quarantine=quarantine, cause=cause)
+    if not isinstance(ended, WaitExpired):  # the caller checked _waiting_on
+        raise IllegalTransitionError("run", root.state.name, "ended")
+    return ended.transition
 
 
 def _ending(
@@ -262,8 +244,8 @@ def _ending(
     if policy is ExpiryPolicyCode.FAULT_PATH and fault is not None and root.current_checkpoint_id:
         return _fault_path(root, step, fault, now), "fault_path", None
     if policy is ExpiryPolicyCode.TERMINAL_FAILURE:
-        return _terminal(root, step, now, cause), "terminal_failure", cause
-    return _quarantine(root, step, now, cause), "quarantined", cause
+        return _ended(root, step, now, cause, quarantine=False), "terminal_failure", cause
+    return _ended(root, step, now, cause, quarantine=True), "quarantined", cause
 
 
 def decide_expiry(

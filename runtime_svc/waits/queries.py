@@ -274,19 +274,26 @@ async def dependencies_of_run_txn(
     return [dependency_from_row(r) for r in (await conn.execute(stmt)).mappings()]
 
 
+async def _due_txn(
+    conn: AsyncConnection, org_id: str, column: str, now: datetime, limit: int
+) -> list[DependencyRecord]:
+    d = flow_dependencies.c
+    due = d[column]
+    stmt = (
+        select(flow_dependencies)
+        .where(d.org_id == org_id, d.state == _PENDING, due <= now)
+        .order_by(due, d.dependency_id)
+        .limit(limit)
+    )
+    return [dependency_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+
+
 async def due_probes_txn(
     conn: AsyncConnection, org_id: str, now: datetime, limit: int
 ) -> list[DependencyRecord]:
     """Pending dependencies whose timer or reconciliation probe is due, oldest first,
     over ``ix_flow_dependencies_probe (org, state, next_probe_at)``."""
-    d = flow_dependencies.c
-    stmt = (
-        select(flow_dependencies)
-        .where(d.org_id == org_id, d.state == _PENDING, d.next_probe_at <= now)
-        .order_by(d.next_probe_at, d.dependency_id)
-        .limit(limit)
-    )
-    return [dependency_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+    return await _due_txn(conn, org_id, "next_probe_at", now, limit)
 
 
 async def due_deadlines_txn(
@@ -294,14 +301,7 @@ async def due_deadlines_txn(
 ) -> list[DependencyRecord]:
     """Pending dependencies past their deadline, oldest first, over
     ``ix_flow_dependencies_deadline (org, state, deadline)``."""
-    d = flow_dependencies.c
-    stmt = (
-        select(flow_dependencies)
-        .where(d.org_id == org_id, d.state == _PENDING, d.deadline <= now)
-        .order_by(d.deadline, d.dependency_id)
-        .limit(limit)
-    )
-    return [dependency_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+    return await _due_txn(conn, org_id, "deadline", now, limit)
 
 
 async def reschedule_probe_txn(
