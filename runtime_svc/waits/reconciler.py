@@ -37,13 +37,13 @@ from runtime_svc.compiler.kinds import RECORD_CHANGE_PRODUCER
 from runtime_svc.kernel.states import RunState
 from runtime_svc.kernel.store_waits import FaultStep
 from runtime_svc.kernel.transitions_waits import WaitTransition
-from runtime_svc.kernel.wait_model import DependencyRecord, DependencyState
+from runtime_svc.kernel.wait_model import DependencyRecord, DependencyState, SignalState
 from runtime_svc.schema import flow_dependencies, flow_record_watches, flow_runs, flow_wake_signals
 from runtime_svc.waits import queries
 from runtime_svc.waits.record_producer import RecordWatches
 from runtime_svc.waits.registry import ProducerFamily
 from runtime_svc.waits.resolution import Matcher
-from services.db import transaction
+from services.db import db_now, transaction
 from services.errors import NotFoundError
 
 __all__ = ["SweepStats", "WaitSweeper", "orgs_with_waits"]
@@ -79,8 +79,9 @@ class SweepStats:
 
 
 async def orgs_with_waits(engine: AsyncEngine, *, after: str = "", limit: int = 100) -> list[str]:
-    """Orgs with ``Waiting`` runs or owed signal matches, after ``after`` in id order
-    (bounded keyset page; the sweep walks every org across passes)."""
+    """Orgs with ``Waiting`` runs, owed signal matches, or signals past their retention,
+    after ``after`` in id order (bounded keyset pages; the sweep walks every org across
+    passes)."""
     r, w = flow_runs.c, flow_wake_signals.c
     waiting = (
         select(r.org_id)
@@ -97,8 +98,21 @@ async def orgs_with_waits(engine: AsyncEngine, *, after: str = "", limit: int = 
         .limit(limit)
     )
     async with transaction(engine, readonly=True) as conn:
-        found = {str(o) for o in (await conn.execute(waiting)).scalars()}
-        found |= {str(o) for o in (await conn.execute(owed)).scalars()}
+        now = await db_now(conn)
+        retired = (
+            select(w.org_id)
+            .where(
+                w.resolution_state.in_([SignalState.UNMATCHED.code, SignalState.EXPIRED.code]),
+                w.expires_at < now,
+                w.org_id > after,
+            )
+            .group_by(w.org_id)
+            .order_by(w.org_id)
+            .limit(limit)
+        )
+        found: set[str] = set()
+        for query in (waiting, owed, retired):
+            found |= {str(o) for o in (await conn.execute(query)).scalars()}
     return sorted(found)[:limit]
 
 

@@ -285,3 +285,29 @@ async def test_signals_past_their_retention_expire_and_are_purged(world: World) 
     stats = await world.sweep()
     assert stats.purged == 1
     assert await signals(world.engine, world.org) == []
+
+
+async def test_the_sweep_discovers_an_org_whose_only_work_is_signal_retention(
+    world: World,
+) -> None:
+    # No waiting run, no owed match: only an unmatched signal past its retention bound.
+    from runtime_svc.kernel.store_waits import insert_signal_txn
+    from runtime_svc.waits.evidence import validate_submission
+    from runtime_svc.waits.reconciler import orgs_with_waits
+
+    new = validate_submission(approval("old", "t"), world.rt.registry)
+    async with db.transaction(world.engine) as conn:
+        now = await world.clock(conn)
+        await insert_signal_txn(
+            conn,
+            world.work,
+            new,
+            now - timedelta(days=40),
+            expires_at=now - timedelta(days=1),
+            match_at=None,
+        )
+    assert world.org in await orgs_with_waits(world.engine, after=world.org[:-1], limit=1000)
+    stats = await world.sweeper.sweep_once(org_limit=1000)
+    assert stats.signals_expired >= 1
+    [signal] = await signals(world.engine, world.org)
+    assert signal.state is SignalState.EXPIRED
