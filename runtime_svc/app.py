@@ -64,7 +64,7 @@ class RuntimeApp:
         waits = self.waits(engine)
         return [
             await build_definition_service(cfg, engine, producers=waits.registry),
-            await build_run_service(cfg, engine, views=run_views),
+            await build_run_service(cfg, engine, views=run_views, changes=waits.producer),
             await build_record_service(cfg, engine, views, changes=waits.producer),
             wake_signal_registration(waits.signals, bindings),
         ]
