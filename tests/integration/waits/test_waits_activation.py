@@ -14,9 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.definitions import DefinitionService
 from runtime_svc.definitions.errors import ActivationBlockedError
-from runtime_svc.schema import plan_activations
+from runtime_svc.schema import execution_plans, plan_activations
 from runtime_svc.waits.registry import ProducerRegistry
 from services import db
+from services.errors import InvalidArgumentError
 from tests.integration.definitions.harness import new_org
 from tests.integration.definitions.memory_catalog import MemoryCatalog
 from tests.integration.waits.support import record_flow, signal_flow, timer_flow
@@ -87,3 +88,41 @@ async def test_the_built_in_and_configured_producers_activate(
     registry = ProducerRegistry(("approval.decision",))
     _, outcome = await _compile_and_activate(engine, source, registry)
     assert outcome.activation.state == "ACTIVE"
+
+
+@pytest.mark.parametrize(
+    ("wait", "deadline", "code"),
+    [
+        ({"kind": "time", "duration": "-PT1H"}, "PT2H", "source.invalid_value"),
+        ({"kind": "time", "duration": "PT0S"}, "PT2H", "source.invalid_value"),
+        ({"kind": "time", "duration": "P99999W"}, "P99999W", "wait.deadline_exceeds_policy"),
+        ({"kind": "time", "duration": "P3D"}, "P1D", "wait.deadline_before_resume"),
+        ({"kind": "time", "duration": "P1M"}, "P1D", "source.invalid_value"),
+    ],
+    ids=["negative", "zero", "absurd", "beyond-deadline", "calendar-month"],
+)
+async def test_negative_or_absurd_durations_are_refused_and_no_plan_is_written(
+    engine: AsyncEngine, wait: dict[str, Any], deadline: str, code: str
+) -> None:
+    org = new_org()
+    catalog = MemoryCatalog()
+    scope, snap = catalog.publish(org)
+    svc = DefinitionService(engine, catalog)
+    source = timer_flow(deadline=deadline)
+    source["elements"][0]["wait"] = wait
+    try:
+        fv = await svc.register_flow_version(org, "", json.dumps(source))
+    except InvalidArgumentError as exc:
+        # Malformed at the source: refused at registration (INVALID_ARGUMENT).
+        assert f"[{code}]" in str(exc)
+    else:
+        # Well-formed but beyond the policy: the compile is refused with a diagnostic.
+        outcome = await svc.compile_flow_version(
+            scope, fv.flow_version_id, snap.generation_id, snap.catalog_digest
+        )
+        assert not outcome.compiled and outcome.plan is None
+        assert code in {d.code for d in outcome.diagnostics}, outcome.diagnostics
+    async with db.transaction(engine, readonly=True) as conn:
+        p = execution_plans.c
+        plans = (await conn.execute(select(p.plan_id).where(p.org_id == org))).all()
+    assert plans == []
