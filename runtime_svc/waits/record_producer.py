@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 DEFAULT_WATCH_TTL_S = 2.0
 #: Unmatched record signals stay queryable for the default maximum wait plus a day.
 SIGNAL_RETENTION = timedelta(days=31)
+#: Orgs whose watched objects one process remembers.
+_MAX_MEMO_ORGS = 10_000
 #: A producer-side match is owed this long after commit before the repair sweep takes it.
 MATCH_GRACE = timedelta(seconds=2)
 
@@ -98,7 +100,10 @@ class RecordWatches:
                     )
                 )
             entry = (time.monotonic(), {k: tuple(sorted(v, key=str)) for k, v in objects.items()})
+            self._memo.pop(org_id, None)
             self._memo[org_id] = entry
+            while len(self._memo) > _MAX_MEMO_ORGS:  # bounded: the oldest load goes first
+                self._memo.pop(next(iter(self._memo)))
         return entry[1].get(object_name, ())
 
     async def watch_txn(
