@@ -182,3 +182,37 @@ async def test_flow_record_writes_signal_too_and_a_concurrent_wait_in_another_ru
     assert (await world.drive(run.flow_run_id)).state is RunState.SUCCEEDED
     assert (await world.dependency(waiting.flow_run_id)).state is DependencyState.RESOLVED
     assert (await world.drive(waiting.flow_run_id)).state is RunState.SUCCEEDED
+
+
+async def test_an_idle_watch_is_dropped_only_once_no_record_wait_is_pending(
+    world: World,
+) -> None:
+    from sqlalchemy import select
+
+    from runtime_svc.schema import flow_record_watches
+    from services import db
+
+    async def watches() -> list[str]:
+        w = flow_record_watches.c
+        async with db.transaction(world.engine, readonly=True) as conn:
+            rows = await conn.execute(select(w.object_name).where(w.org_id == world.org))
+            return [str(r) for r in rows.scalars()]
+
+    v = await world.create_case("case-6")
+    await world.seed(record_flow(deadline="P7D"))
+    run = await world.start("wait_record", key="case-6")
+    await world.drive(run.flow_run_id)
+    assert await watches() == ["Case"]
+
+    world.clock.advance(hours=2)  # idle past the window, but a wait is pending
+    await world.sweep()
+    assert await watches() == ["Case"]
+
+    v = await world.update_case("case-6", v, Status="Closed")  # resolves the wait
+    assert (await world.dependency(run.flow_run_id)).state is DependencyState.RESOLVED
+    await world.sweep()
+    assert await watches() == []
+    # Nobody waits on Case any more: a write signals nothing.
+    before = len(await signals(world.engine, world.org))
+    await world.update_case("case-6", v, Status="Reopened")
+    assert len(await signals(world.engine, world.org)) == before
