@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, delete, exists, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.compiler.inputs import WaitPolicy
 from runtime_svc.compiler.kinds import RECORD_CHANGE_PRODUCER
@@ -43,7 +43,7 @@ from runtime_svc.waits import queries
 from runtime_svc.waits.record_producer import RecordWatches
 from runtime_svc.waits.registry import ProducerFamily
 from runtime_svc.waits.resolution import Matcher
-from services.db import db_now, transaction
+from services.db import db_now, run_in_transaction, transaction
 from services.errors import NotFoundError
 
 __all__ = ["SweepStats", "WaitSweeper", "orgs_with_waits"]
@@ -178,6 +178,7 @@ class WaitSweeper:
         now = await self._now()
         async with transaction(self._engine, readonly=True) as conn:
             due = await queries.due_probes_txn(conn, org_id, now, self._batch)
+        misses: list[tuple[DependencyRecord, datetime | None]] = []
         for dep in due:
             stats.probes += 1
             result, bounds = await self.matcher.probe(dep)
@@ -187,17 +188,29 @@ class WaitSweeper:
                 continue
             if result.reason in _RACED or bounds is None:
                 continue  # raced (re-read next pass), a timer, or a vanished run
-            if await self._reschedule(dep, now, bounds.policy):
-                stats.rescheduled += 1
+            misses.append((dep, self._next_probe(dep, now, bounds.policy)))
+        if misses:
+            # One short bookkeeping transaction for the whole pass: each row's own
+            # conditional UPDATE, in dependency-id order (two replicas sweeping one org
+            # lock the same rows in the same order); no lifecycle row is locked.
+            misses.sort(key=lambda m: m[0].dependency_id)
 
-    async def _reschedule(self, dep: DependencyRecord, now: datetime, policy: WaitPolicy) -> bool:
+            async def reschedule(conn: AsyncConnection) -> int:
+                return sum(
+                    [await queries.reschedule_probe_txn(conn, dep, nxt) for dep, nxt in misses]
+                )
+
+            stats.rescheduled += await run_in_transaction(self._engine, reschedule)
+
+    def _next_probe(
+        self, dep: DependencyRecord, now: datetime, policy: WaitPolicy
+    ) -> datetime | None:
+        """The jittered next probe time, or ``None`` once the attempts are spent."""
         attempt = dep.reconciliation_attempts + 1
-        nxt: datetime | None = None
-        if attempt < policy.max_reconciliation_attempts:
-            delay = policy.probe_delay_seconds(attempt + 1)
-            nxt = now + timedelta(seconds=delay * (0.5 + self._rng.random() / 2))
-        async with transaction(self._engine) as conn:
-            return await queries.reschedule_probe_txn(conn, dep, nxt)
+        if attempt >= policy.max_reconciliation_attempts:
+            return None
+        delay = policy.probe_delay_seconds(attempt + 1)
+        return now + timedelta(seconds=delay * (0.5 + self._rng.random() / 2))
 
     async def _owed(self, org_id: str, stats: SweepStats) -> None:
         now = await self._now()
