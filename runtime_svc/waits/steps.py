@@ -277,4 +277,7 @@ class WaitSteps:
     async def after_commit(self, wait: PreparedWait) -> None:
         """§14.2 step 4: the required fresh-snapshot reconciliation of the new dependency."""
         crash_point(CrashPoint.AFTER_WAIT_COMMIT, wait.step_key)
+        if wait.watch_object is not None:
+            # A local write that reloaded the memo before this commit must reload again.
+            self._watches.invalidate(wait.scope.org_id)
         await self.matcher.reconcile(wait.scope.org_id, wait.dependency_id)
