@@ -1,12 +1,20 @@
 """§22.3: resolution, expiry and cancellation lock the root first; dependency expiry
-racing cancellation has no reverse-order wait — proven on MariaDB by watching the lock
-waits InnoDB reports while the transitions queue behind a held root.
+racing cancellation has no reverse-order wait — proven on MariaDB by watching the
+transitions while they wait.
 
 A blocker transaction holds the run root ``FOR UPDATE``; two wait transitions start on
-their own connections. While they queue, ``information_schema`` must show each of them
-waiting for a ``flow_runs`` row lock with that requested row as the only row it locks (so
-none of them entered the lifecycle sub-order at the step, dependency or signal). After the blocker
-rolls back, exactly one transition wins and the other re-reads the terminal fact.
+their own connections and queue behind it. While they are seen waiting (the server's
+process list shows both inside their root ``SELECT … FOR UPDATE``), a probe connection
+locks the waiting step, the dependency and the signal with ``FOR UPDATE NOWAIT``: each
+probe succeeds at once, so no queued transition holds any lower lifecycle row — none
+entered the §12 sub-order below the root, and none can hold a lower row while it waits for
+the root (the reverse-order edge a deadlock needs). The control test shows the same probe
+failing for a deliberately reverse-ordered transaction. After the blocker rolls back,
+exactly one transition wins and the other re-reads the terminal fact.
+
+(InnoDB's ``information_schema`` lock tables are not used: on a server shared by many
+sessions their snapshot cache can be truncated, while the process list and a ``NOWAIT``
+lock attempt are exact.)
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.kernel import RunState
@@ -25,22 +34,15 @@ from runtime_svc.kernel.decisions import CancelRecorded
 from runtime_svc.kernel.store_waits import insert_signal_txn
 from runtime_svc.kernel.transitions_waits import WaitTransition
 from runtime_svc.kernel.wait_model import DependencyState
-from runtime_svc.schema import flow_dependencies, flow_runs
+from runtime_svc.schema import flow_dependencies, flow_runs, flow_step_executions, flow_wake_signals
 from runtime_svc.waits.evidence import validate_submission
 from services import db, migrate
 from tests.integration.waits.support import World, approval, new_scope, signal_flow
 
 pytestmark = pytest.mark.mariadb
 
-_WAITS_SQL = text(
-    """
-    SELECT t.trx_id, t.trx_rows_locked, l.lock_table, l.lock_mode
-    FROM information_schema.INNODB_LOCK_WAITS w
-    JOIN information_schema.INNODB_TRX t ON t.trx_id = w.requesting_trx_id
-    JOIN information_schema.INNODB_LOCKS l ON l.lock_id = w.requested_lock_id
-    WHERE l.lock_table LIKE :db
-    """
-)
+#: MariaDB's answer to a NOWAIT lock that is held (MySQL 8 / TiDB answer 3572).
+_LOCKED = (1205, 3572)
 
 
 @pytest.fixture
@@ -53,8 +55,14 @@ async def engine(mariadb_url: str) -> AsyncIterator[AsyncEngine]:
         await eng.dispose()
 
 
-async def _due_waiting_run(world: World, key: str) -> tuple[str, str]:
-    """A run waiting on a signal whose deadline has passed, with a matching signal."""
+@pytest.fixture
+async def world(engine: AsyncEngine) -> World:
+    return World(engine, new_scope())
+
+
+async def _due_waiting_run(world: World, key: str) -> tuple[str, str, str, str]:
+    """A run waiting on a signal whose deadline has passed, with a matching unmatched
+    signal; returns run, step, dependency and signal ids."""
     run = await world.start("wait_signal", key=key)
     await world.drive(run.flow_run_id)
     dep = await world.dependency(run.flow_run_id)
@@ -64,18 +72,70 @@ async def _due_waiting_run(world: World, key: str) -> tuple[str, str]:
         await insert_signal_txn(
             conn, world.work, new, now, expires_at=now + timedelta(days=1), match_at=None
         )
-    return run.flow_run_id, dep.dependency_id
+    return run.flow_run_id, dep.step_execution_id, dep.dependency_id, new.wake_signal_id
 
 
-async def _observed_waits(engine: AsyncEngine, expected: int) -> list[Any]:
+async def _hold_root(engine: AsyncEngine, org: str, run_id: str) -> Any:
+    blocker = await engine.connect()
+    await blocker.begin()
+    r = flow_runs.c
+    await blocker.execute(
+        select(r.flow_run_id).where(r.org_id == org, r.flow_run_id == run_id).with_for_update()
+    )
+    return blocker
+
+
+async def _queued_on_the_root(engine: AsyncEngine, expected: int) -> None:
+    """Wait (bounded) until ``expected`` sessions of this database are inside a root
+    ``SELECT … FOR UPDATE`` (blocked: the blocker holds the row)."""
     database = engine.url.database
+    seen: list[Any] = []
     for _ in range(400):  # bounded: 20 s
         async with engine.connect() as conn:
-            rows = (await conn.execute(_WAITS_SQL, {"db": f"`{database}`.%"})).all()
-        if len(rows) >= expected:
-            return list(rows)
+            seen = [
+                row
+                for row in (await conn.execute(text("SHOW FULL PROCESSLIST"))).all()
+                if row[3] == database
+                and row[4] == "Query"
+                and str(row[7]).startswith("SELECT flow_runs.")
+                and str(row[7]).rstrip().endswith("FOR UPDATE")
+            ]
+        if len(seen) >= expected:
+            return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"never saw {expected} lock waits (last: {rows})")
+    raise AssertionError(f"never saw {expected} transitions queued on the root (saw {seen})")
+
+
+async def _lockable_now(engine: AsyncEngine, stmt: Any) -> bool:
+    """Whether ``stmt`` (a ``FOR UPDATE NOWAIT`` select) gets its lock at once."""
+    async with engine.connect() as conn:
+        await conn.begin()
+        try:
+            await conn.execute(stmt)
+        except OperationalError as exc:
+            if exc.orig is not None and exc.orig.args and exc.orig.args[0] in _LOCKED:
+                return False
+            raise
+        finally:
+            await conn.rollback()
+    return True
+
+
+async def _lower_rows_free(world: World, step_id: str, dep_id: str, signal_id: str) -> bool:
+    s, d, w = flow_step_executions.c, flow_dependencies.c, flow_wake_signals.c
+    org = world.org
+    probes = [
+        select(s.step_execution_id)
+        .where(s.org_id == org, s.step_execution_id == step_id)
+        .with_for_update(nowait=True),
+        select(d.dependency_id)
+        .where(d.org_id == org, d.dependency_id == dep_id)
+        .with_for_update(nowait=True),
+        select(w.wake_signal_id)
+        .where(w.org_id == org, w.wake_signal_id == signal_id)
+        .with_for_update(nowait=True),
+    ]
+    return all([await _lockable_now(world.engine, p) for p in probes])
 
 
 Transition = Callable[[World, str, str], Awaitable[Any]]
@@ -99,37 +159,26 @@ async def _resolve(world: World, run_id: str, dep_id: str) -> Any:
     ids=["expiry-vs-cancel", "cancel-vs-expiry", "resolution-vs-cancel", "resolution-vs-expiry"],
 )
 async def test_wait_transitions_queue_on_the_root_and_hold_no_lower_row_while_waiting(
-    engine: AsyncEngine, first: Transition, second: Transition
+    world: World, first: Transition, second: Transition
 ) -> None:
-    world = World(engine, new_scope())
     await world.seed(signal_flow(deadline="PT1H"))
-    run_id, dep_id = await _due_waiting_run(world, "race")
+    run_id, step_id, dep_id, signal_id = await _due_waiting_run(world, "race")
     world.clock.advance(hours=4)  # deadline passed, signal received
 
-    blocker = await engine.connect()
-    await blocker.begin()
-    r = flow_runs.c
-    await blocker.execute(
-        select(r.flow_run_id)
-        .where(r.org_id == world.org, r.flow_run_id == run_id)
-        .with_for_update()
-    )
+    blocker = await _hold_root(world.engine, world.org, run_id)
     tasks = [
         asyncio.create_task(first(world, run_id, dep_id)),
         asyncio.create_task(second(world, run_id, dep_id)),
     ]
     try:
-        waits = await _observed_waits(engine, 2)
+        await _queued_on_the_root(world.engine, 2)
+        # Both queued on the root; neither holds the step, the dependency or the signal.
+        assert await _lower_rows_free(world, step_id, dep_id, signal_id)
+        assert not any(t.done() for t in tasks)
     finally:
         await blocker.rollback()
         await blocker.close()
     results = await asyncio.gather(*tasks)
-
-    for _trx, rows_locked, table, _mode in waits:
-        assert table.endswith("`flow_runs`"), waits  # the root, never a lower row
-        # InnoDB counts the requested root row itself: exactly one row means nothing else
-        # (no step, dependency or signal) is held while queued — no reverse-order edge.
-        assert rows_locked == 1, waits
 
     root = await world.run(run_id)
     dep = await world.dependency(run_id)
@@ -153,18 +202,17 @@ async def test_wait_transitions_queue_on_the_root_and_hold_no_lower_row_while_wa
 
 
 async def test_the_observation_detects_a_transaction_that_enters_at_the_dependency(
-    engine: AsyncEngine,
+    world: World,
 ) -> None:
     """Control: a deliberately reverse-ordered transaction (dependency, then root) is
-    seen holding a second row while it queues on the root — what the test above rules
+    seen holding the dependency while it queues on the root — what the test above rules
     out for every wait transition."""
-    world = World(engine, new_scope())
     await world.seed(signal_flow(deadline="PT1H"))
-    run_id, dep_id = await _due_waiting_run(world, "control")
+    run_id, step_id, dep_id, signal_id = await _due_waiting_run(world, "control")
     d, r = flow_dependencies.c, flow_runs.c
 
     async def reverse_order() -> None:
-        async with db.transaction(engine) as conn:
+        async with db.transaction(world.engine) as conn:
             await conn.execute(
                 select(d.dependency_id)
                 .where(d.org_id == world.org, d.dependency_id == dep_id)
@@ -176,18 +224,12 @@ async def test_the_observation_detects_a_transaction_that_enters_at_the_dependen
                 .with_for_update()
             )
 
-    blocker = await engine.connect()
-    await blocker.begin()
-    await blocker.execute(
-        select(r.flow_run_id)
-        .where(r.org_id == world.org, r.flow_run_id == run_id)
-        .with_for_update()
-    )
+    blocker = await _hold_root(world.engine, world.org, run_id)
     task = asyncio.create_task(reverse_order())
     try:
-        [(_trx, rows_locked, table, _mode)] = await _observed_waits(engine, 1)
+        await _queued_on_the_root(world.engine, 1)
+        assert not await _lower_rows_free(world, step_id, dep_id, signal_id)
     finally:
         await blocker.rollback()
         await blocker.close()
     await task
-    assert table.endswith("`flow_runs`") and rows_locked == 2
