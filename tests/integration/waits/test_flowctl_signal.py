@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -67,8 +68,8 @@ async def cli(engine: AsyncEngine, world: World, tmp_path: Path) -> AsyncIterato
         [wake_signal_registration(world.rt.signals, _AnyBinding())],
         verifier=CredentialVerifier({KEY_ID: public}, ServiceName.RUNTIME),
     )
-    env = {
-        "PATH": "/usr/bin:/bin",
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOW_")}
+    env |= {
         "FLOW_DATA_DIR": str(tmp_path),
         "FLOW_AUTH_SIGNING_KEY": str(key_file),
         "FLOW_AUTH_SIGNING_KEY_ID": KEY_ID,
