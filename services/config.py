@@ -170,6 +170,18 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "30",
         "runtime: terminal runs older than this are physically purged (Flow lineage only)",
     ),
+    "FLOW_RUNTIME_WAIT_SWEEP_MS": (
+        "1000",
+        "runtime: period of the wake reconciler and the wait expiry/repair sweeps (jittered)",
+    ),
+    "FLOW_RUNTIME_WAIT_BATCH": (
+        "100",
+        "runtime: rows one wait sweep handles per org (bounds a sweep's cost)",
+    ),
+    "FLOW_RUNTIME_SIGNAL_KINDS": (
+        "external.signal",
+        "runtime: external signal producer kinds `SubmitWakeSignal` accepts (comma separated)",
+    ),
     "FLOW_RUNTIME_VIEW_FILE": (
         "",
         "tests/dev only: a metadata-view JSON used for every scope instead of the catalog",

@@ -31,6 +31,7 @@ from runtime_svc.api.runs_proto import (
 from runtime_svc.atomic import AtomicRunner
 from runtime_svc.catalog_client import ScopedCredentials, catalog_channel
 from runtime_svc.kernel import FlowRunStateStore
+from runtime_svc.records.engine import ChangeSink
 from runtime_svc.runs import PageTokenCodec, RunService
 from runtime_svc.worker.settings import WorkerSettings
 from runtime_svc.worker.views import FixedViews, RecordViewSource
@@ -144,6 +145,7 @@ async def build_run_service(
     max_wait_s: float = 30.0,
     views: RecordViewSource | None = None,
     synchronous_atomic: bool = True,
+    changes: ChangeSink | None = None,
 ) -> ServiceRegistration:
     """The FlowRunService registration for ``runtime_svc.app.build_services``.
 
@@ -157,6 +159,7 @@ async def build_run_service(
             ``FLOW_RUNTIME_VIEW_FILE`` view when set, else the catalog's views).
         synchronous_atomic: execute Bounded Atomic runs inside ``StartRun`` (§18.3);
             ``False`` leaves them to the workers (tests of the accept path only).
+        changes: the record-change wake-signal producer of Bounded Atomic writes.
     """
     settings = WorkerSettings.from_env()
     store = store or FlowRunStateStore(engine, policy=settings.retry_policy())
@@ -171,7 +174,11 @@ async def build_run_service(
         store,
         PageTokenCodec(page_token_secret(cfg)),
         max_wait_s=max_wait_s,
-        atomic=AtomicRunner(engine, store, views, owner=owner) if views is not None else None,
+        atomic=(
+            AtomicRunner(engine, store, views, owner=owner, changes=changes)
+            if views is not None
+            else None
+        ),
     )
     return ServiceRegistration(
         SERVICE_NAME,

@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.kernel import FlowRunStateStore, RunRecord
 from runtime_svc.kernel.states import TERMINAL_RUN_STATES
+from runtime_svc.records.engine import ChangeSink
 from runtime_svc.worker.loop import Outcome, PhaseHook, StepWorker
 from runtime_svc.worker.views import RecordViewSource
 
@@ -59,6 +60,7 @@ class AtomicRunner:
         views: record views by work scope.
         owner: lease-owner name of this process's synchronous executor.
         hook: test seam passed to the step worker.
+        changes: the record-change wake-signal producer of the run's record writes.
     """
 
     def __init__(
@@ -69,10 +71,17 @@ class AtomicRunner:
         *,
         owner: str = "atomic",
         hook: PhaseHook | None = None,
+        changes: ChangeSink | None = None,
     ) -> None:
         self.store = store
         self._worker = StepWorker(
-            engine, store, views, owner=owner, queue_classes=(ATOMIC_QUEUE,), hook=hook
+            engine,
+            store,
+            views,
+            owner=owner,
+            queue_classes=(ATOMIC_QUEUE,),
+            hook=hook,
+            changes=changes,
         )
         #: Outcomes of every processed attempt, in order (test and metrics evidence).
         self.outcomes: list[Outcome] = []

@@ -23,8 +23,18 @@ from .catalog_inputs import ExecutionClass, ReadContract
 from .dataflow import Access
 from .expressions import unparse
 from .graph import END, FAILED, FlowGraph, Node, NodeKind
-from .kinds import EdgeKind, ExecutionProfile, ExpiryPolicy, QueueClass, StepKind, TerminalOutcome
-from .language import End, EventWait, Fault, FlowDef, Loop, TimeWait, Wait
+from .kinds import (
+    EFFECT_COMPLETION_PRODUCER,
+    RECORD_CHANGE_PRODUCER,
+    TIMER_PRODUCER,
+    EdgeKind,
+    ExecutionProfile,
+    ExpiryPolicy,
+    QueueClass,
+    StepKind,
+    TerminalOutcome,
+)
+from .language import End, EventWait, Fault, FlowDef, Loop, RecordWait, TimeWait, Wait
 from .plan import (
     ActionPin,
     BoundSummary,
@@ -206,23 +216,34 @@ _QUEUE = {
 }
 
 
-def _condition_digest(producer: str, key: str, condition: str | None) -> str:
-    return versioned_digest(
-        "dependency-condition", {"producer_kind": producer, "key": key, "condition": condition}
-    )
+def _condition_digest(
+    producer: str, key: str, condition: str | None, obj: str | None = None
+) -> str:
+    rule: dict[str, str | None] = {"producer_kind": producer, "key": key, "condition": condition}
+    if obj is not None:
+        rule["object"] = obj
+    return versioned_digest("dependency-condition", rule)
 
 
 def _wait_dependency(node: Node, fault_step: str | None) -> DependencyDecl:
     el = node.element
     assert isinstance(el, Wait)
     w = el.wait
+    obj: str | None = None
     if isinstance(w, TimeWait):
-        producer, cond = "runtime.timer", None
+        producer, cond = TIMER_PRODUCER, None
         if w.duration is not None:
             key = f"duration:{w.duration}"
         else:
             assert w.until is not None
             key = f"until:{unparse(w.until)}"
+    elif isinstance(w, RecordWait):
+        producer, key, cond, obj = (
+            RECORD_CHANGE_PRODUCER,
+            unparse(w.record_id),
+            unparse(w.condition),
+            w.object,
+        )
     else:
         assert isinstance(w, EventWait)
         producer, key = w.producer_kind, unparse(w.key)
@@ -231,11 +252,12 @@ def _wait_dependency(node: Node, fault_step: str | None) -> DependencyDecl:
         producer_kind=producer,
         key=key,
         condition=cond,
-        condition_digest=_condition_digest(producer, key, cond),
+        condition_digest=_condition_digest(producer, key, cond, obj),
         deadline=el.deadline,
         deadline_seconds=el.deadline_seconds,
         expiry_policy=el.expiry_policy,
         fault_successor=fault_step if el.expiry_policy is ExpiryPolicy.FAULT_PATH else None,
+        object=obj,
     )
 
 
@@ -359,7 +381,7 @@ def _effect_pair(
     handled = next(
         (t for t in transitions if t.kind is EdgeKind.FAULT and t.label == "fault"), None
     )
-    producer = f"effect.completion:{owner.kind.value}/{owner.owner_id or '-'}"
+    producer = f"{EFFECT_COMPLETION_PRODUCER}:{owner.kind.value}/{owner.owner_id or '-'}"
     dep_key = f"handoff:{submit}"
     dep = DependencyDecl(
         producer_kind=producer,

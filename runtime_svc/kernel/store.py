@@ -109,6 +109,7 @@ from runtime_svc.kernel.store_rows import (
     new_id,
     prepare_checkpoint,
 )
+from runtime_svc.kernel.store_waits import cancel_step_dependencies_txn
 from runtime_svc.kernel.transitions import (
     decide_admit,
     decide_cancel,
@@ -522,6 +523,10 @@ class FlowRunStateStore:
             decision = decide_cancel(root, step, attempt, now, delete=delete)
             if not isinstance(decision, NoChange):
                 await apply_transition(conn, org_id, decision.transition, now)
+                if isinstance(decision, CancelRecorded) and step is not None:
+                    # §11.1/§14.3: a waiting step's dependency is cancelled in the same
+                    # root-first transaction (root → step → attempt → dependency).
+                    await cancel_step_dependencies_txn(conn, org_id, step, now)
             return decision
 
         return await self._run(fn)

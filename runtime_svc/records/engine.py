@@ -47,7 +47,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -102,6 +105,7 @@ from services.errors import (
 
 __all__ = [
     "DEFAULT_MAX_REPLANS",
+    "ChangeSink",
     "EngineStats",
     "HeldLocks",
     "LockHook",
@@ -113,6 +117,32 @@ __all__ = [
     "get_record_txn",
     "plan_mutation",
 ]
+
+
+class ChangeSink(Protocol):
+    """Derived rows written for a record change inside its own transaction, after the
+    record, history, event and audit rows — the ``record.change`` wake-signal producer
+    (:class:`runtime_svc.waits.RecordChangeProducer`, §14.1: producer evidence shares the
+    database, so the signal commits with the change)."""
+
+    async def on_change_txn(
+        self, conn: AsyncConnection, org_id: str, record: RecordState, now: datetime
+    ) -> int:
+        """Write the derived rows of ``record``'s new state; returns how many."""
+        ...
+
+    def collect(self) -> AbstractContextManager[list[Any]]:
+        """Collect what the enclosed transaction wrote (for :meth:`flush`)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget what a rolled-back transaction attempt collected."""
+        ...
+
+    async def flush(self, written: list[Any]) -> None:
+        """After commit: follow-up of the collected rows (never fails the write)."""
+        ...
+
 
 #: The before-save hook of :meth:`RecordEngine.mutate`: ``(conn, mutation, stored row or
 #: None) -> mutation to write``.
@@ -214,8 +244,12 @@ async def apply_mutation_txn(
     actor: Actor,
     lineage: Lineage | None = None,
     request: RequestRef | None = None,
+    changes: ChangeSink | None = None,
 ) -> MutationResult:
     """Apply one validated mutation under locks the caller already holds.
+
+    ``changes`` (the record-change wake-signal producer) writes its derived rows last,
+    in this transaction.
 
     Assumes the caller took ``locks`` with :func:`acquire_locks_txn` on ``conn`` (and then
     any Flow lifecycle locks); writes only rows of ``locks.plan`` and appends the derived
@@ -343,6 +377,8 @@ async def apply_mutation_txn(
             attempt_id=lineage.attempt_id,
         ),
     )
+    if changes is not None:
+        await changes.on_change_txn(conn, org_id, after, locks.now)
     return MutationResult(after, sequence, event_id, audit_id, tuple(changed), prior=before)
 
 
@@ -409,6 +445,7 @@ class RecordEngine:
         max_replans: restarts after late resource discovery.
         lock_hook: awaited after each lock a write takes (test seam for interleavings;
             ``None`` in production).
+        changes: the record-change wake-signal producer (``None``: no signals).
     """
 
     def __init__(
@@ -419,9 +456,11 @@ class RecordEngine:
         backoff: Backoff = DEFAULT_BACKOFF,
         max_replans: int = DEFAULT_MAX_REPLANS,
         lock_hook: LockHook | None = None,
+        changes: ChangeSink | None = None,
     ) -> None:
         self._engine = engine
         self._lock_hook = lock_hook
+        self._changes = changes
         self._max_attempts = max_attempts
         self._backoff = backoff
         self._max_replans = max_replans
@@ -477,7 +516,11 @@ class RecordEngine:
             ConflictError: still conflicting after every attempt.
         """
 
+        changes = self._changes
+
         async def attempt(conn: AsyncConnection) -> MutationResult:
+            if changes is not None:
+                changes.reset()  # a retried attempt writes its signals again
             if request is not None:
                 replay = await _replay_txn(conn, org_id, request)
                 if replay is not None:
@@ -499,24 +542,31 @@ class RecordEngine:
                 conn, org_id, view, plan, [write], on_locked=self._lock_hook
             )
             result = await apply_mutation_txn(
-                conn, org_id, view, write, locks, actor=actor, request=request
+                conn, org_id, view, write, locks, actor=actor, request=request, changes=changes
             )
             if on_applied is not None:
                 await on_applied(conn, result)
             return result
 
-        for _ in range(self._max_replans):
-            try:
-                return await run_in_transaction(
-                    self._engine,
-                    self._observed(attempt),
-                    max_attempts=self._max_attempts,
-                    backoff=self._backoff,
-                )
-            except LateResourceDiscoveryError:
-                # Rolled back (the exception left the transaction); plan again from the
-                # same input: the next plain read sees the committed re-parenting.
-                self.stats.replans += 1
+        collector = nullcontext([]) if changes is None else changes.collect()
+        with collector as written:
+            for _ in range(self._max_replans):
+                try:
+                    result = await run_in_transaction(
+                        self._engine,
+                        self._observed(attempt),
+                        max_attempts=self._max_attempts,
+                        backoff=self._backoff,
+                    )
+                except LateResourceDiscoveryError:
+                    # Rolled back (the exception left the transaction); plan again from
+                    # the same input: the next plain read sees the committed re-parenting.
+                    self.stats.replans += 1
+                    continue
+                if changes is not None and written:
+                    # §14.2 step 2: the producer-side match, after the commit.
+                    await changes.flush(list(written))
+                return result
         raise ConflictError(
             "the record's parents kept changing while it was written",
             entity=_ENTITY,

@@ -43,8 +43,9 @@ from runtime_svc.runs.resolve import (
 )
 from runtime_svc.runs.tokens import PageTokenCodec
 from runtime_svc.schema import execution_plans
+from runtime_svc.waits.support import DependencySupport, dependency_support_txn
 from services.auth import CANCEL_ROLE, DELETE_ROLE, TrustedIdentity, TrustedRuntimeWorkScope
-from services.db import transaction
+from services.db import db_now, transaction
 from services.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -98,6 +99,8 @@ class RunSupport:
     plan_row: repo.PlanRow
     plan: ExecutionPlan
     subflow_version_ids: Mapping[tuple[str, int], str] = field(default_factory=dict)
+    #: Dependency correlation (§19): producer, age, probes, the consumed signal.
+    dependencies: tuple[DependencySupport, ...] = ()
 
 
 class IdempotencyKeyReusedError(AlreadyExistsError):
@@ -336,7 +339,8 @@ class RunService:
                 )
                 if fv is not None:
                     ids[(pin.api_name, pin.version)] = fv.flow_version_id
-        return RunSupport(view, support, row, plan, ids)
+            deps = await dependency_support_txn(conn, org_id, flow_run_id, await db_now(conn))
+        return RunSupport(view, support, row, plan, ids, tuple(deps))
 
     # --- delete and cancel -------------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """Workers and sweeps as background tasks of the runtime process (STYLE 12 lifecycle).
 
 ``start_background(cfg, engine)`` starts ``FLOW_RUNTIME_WORKERS`` worker tasks and, when
-``FLOW_RUNTIME_SWEEPS`` is true, one sweep task; ``await background.stop()`` asks them to
+``FLOW_RUNTIME_SWEEPS`` is true, the sweep tasks (lease recovery and cancellation cleanup,
+the wait reconciler / expiry / repair sweeps every ``FLOW_RUNTIME_WAIT_SWEEP_MS``, and
+retention); ``await background.stop()`` asks them to
 finish their current step and waits (bounded) before cancelling. Idle loops back off with
 bounded, jittered exponential delays and hold no connection while sleeping.
 """
@@ -17,6 +19,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -29,6 +32,9 @@ from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
 from services.config import ServiceConfig
 from services.errors import FailedPreconditionError
+
+if TYPE_CHECKING:
+    from runtime_svc.waits.runtime import WaitRuntime
 
 __all__ = ["Background", "IdleBackoff", "start_background"]
 
@@ -114,6 +120,7 @@ async def start_background(
     *,
     views: RecordViewSource | None = None,
     settings: WorkerSettings | None = None,
+    waits: WaitRuntime | None = None,
 ) -> Background:
     """Start this process's workers and sweeps (see the module docstring).
 
@@ -123,6 +130,9 @@ async def start_background(
         views: record views by work scope (the catalog-backed source in production);
             defaults to ``FLOW_RUNTIME_VIEW_FILE`` when set.
         settings: overrides :meth:`WorkerSettings.from_env`.
+        waits: the process's wait components (default: built here); workers execute
+            ``DependencyWait`` steps and signal record changes through them, and the
+            wait sweeps (reconciler, expiry, repair, retention) run with the sweeps.
     """
     del cfg  # the FLOW_RUNTIME_* flags move into ServiceConfig later
     s = settings or WorkerSettings.from_env()
@@ -134,6 +144,10 @@ async def start_background(
     else:
         source = _NoViews()
     store = FlowRunStateStore(engine, policy=s.retry_policy())
+    if waits is None:
+        from runtime_svc.waits.runtime import WaitRuntime  # the waits import the executor
+
+        waits = WaitRuntime.build(engine, signal_kinds=s.signal_kinds)
     bg = Background()
     host = f"{socket.gethostname()}:{os.getpid()}"
     for i in range(s.workers):
@@ -143,6 +157,8 @@ async def start_background(
             source,
             owner=f"{host}/w{i}/{uuid.uuid4().hex[:8]}",
             batch_size=s.batch_size,
+            waits=waits.steps,
+            changes=waits.producer,
         )
 
         async def work(w: StepWorker = worker) -> bool:
@@ -157,6 +173,13 @@ async def start_background(
             return False  # sweeps always wait their interval
 
         bg.spawn("flow-sweeps", sweep, s.sweep_ms / 1000)
+        wait_sweeper = waits.sweeper(batch=s.wait_batch)
+
+        async def wait_sweep() -> bool:
+            await wait_sweeper.sweep_once()
+            return False  # jittered period (IdleBackoff), never a tight loop
+
+        bg.spawn("flow-wait-sweeps", wait_sweep, s.wait_sweep_ms / 1000)
         retention = RetentionSweep(engine, retention=timedelta(days=s.retention_days))
 
         async def purge() -> bool:

@@ -42,7 +42,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -63,6 +63,8 @@ from runtime_svc.kernel import (
 from runtime_svc.kernel.decisions import (
     AlreadyCommitted,
     CancelCompleted,
+    FailRun,
+    FinishRun,
     NextStep,
     NoChange,
     Quarantined,
@@ -106,6 +108,10 @@ from services.errors import (
 )
 from services.faults import CrashPoint, crash_point, raise_connection_lost_after_commit
 
+if TYPE_CHECKING:  # the waits package imports the executor of this one
+    from runtime_svc.records.engine import ChangeSink
+    from runtime_svc.waits.steps import PreparedWait, WaitSteps
+
 __all__ = [
     "DEFAULT_QUEUE_CLASSES",
     "Outcome",
@@ -117,8 +123,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Queue classes this worker serves (waits and effect completions are later issues).
-DEFAULT_QUEUE_CLASSES = ("durable_mutation", "bounded_atomic_foreground")
+#: Queue classes this worker serves (§16.1): mutation steps, synchronous-profile leftovers,
+#: woken waits and effect completions.
+DEFAULT_QUEUE_CLASSES = (
+    "durable_mutation",
+    "bounded_atomic_foreground",
+    "dependency_wakeup",
+    "effect_completion",
+)
 _MAX_CACHED_PLANS = 256
 _ACTIVE_CODES = (
     RunState.RUNNABLE.code,
@@ -183,6 +195,9 @@ class StepWorker:
         hook: test seam (:data:`PhaseHook`).
         heartbeat: run the periodic lease heartbeat (§12.3); ``False`` is a test seam.
         heartbeat_interval_s: heartbeat period; default one third of the policy lease.
+        waits: executes ``DependencyWait`` steps (``None``: they fail closed with
+            ``unsupported_step_kind``).
+        changes: the record-change wake-signal producer of the step's record writes.
     """
 
     def __init__(
@@ -197,8 +212,12 @@ class StepWorker:
         hook: PhaseHook | None = None,
         heartbeat: bool = True,
         heartbeat_interval_s: float | None = None,
+        waits: WaitSteps | None = None,
+        changes: ChangeSink | None = None,
     ) -> None:
         self._engine = engine
+        self._waits = waits
+        self._changes = changes
         self.store = store
         self._views = views
         self.owner = owner
@@ -211,7 +230,9 @@ class StepWorker:
             if heartbeat_interval_s is not None
             else store.policy.lease_duration_ms / 3000
         )
-        self._plans: OrderedDict[tuple[str, str], tuple[TrustedRuntimeWorkScope, ExecutionPlan]]
+        self._plans: OrderedDict[
+            tuple[str, str], tuple[TrustedRuntimeWorkScope, ExecutionPlan, int]
+        ]
         self._plans = OrderedDict()
         self._rng = random.Random()  # noqa: S311 - claim order spread, not a secret
 
@@ -286,7 +307,7 @@ class StepWorker:
                 payload, verification = await _checkpoint_txn(
                     conn, org_id, fence.flow_run_id, fence.input_checkpoint_id
                 )
-            scope, plan = await self._plan(org_id, run.plan_id)
+            scope, plan, policy_version = await self._plan(org_id, run.plan_id)
             step = plan.step(step_row.plan_step_key)
         except (NotFoundError, KeyError):
             # Deleted meanwhile (the fence will fail too) or a plan that lost its step.
@@ -295,6 +316,15 @@ class StepWorker:
         context: dict[str, Any] = json.loads(payload) or {}
         outcome: StepOutcome | None = None
         view: RecordView | None = None
+        if step.kind is StepKind.DEPENDENCY_WAIT and self._waits is not None:
+            # §14: enter the wait (dependency inserted with the commit) or resume it.
+            try:
+                outcome, wait = await self._waits.prepare(
+                    org_id, fence, scope, plan, policy_version, step, context
+                )
+            except StepFault as fault:
+                raise _Abort(fault.code) from None
+            return _Prepared(plan, step, context, snapshots, outcome, None, wait)
         if needs_transaction(step):
             try:
                 view = await self._views.view_for(scope)
@@ -360,6 +390,15 @@ class StepWorker:
         return task.result()
 
     async def _commit(self, org_id: str, fence: LeaseFence, prepared: _Prepared) -> Outcome:
+        if self._changes is None:
+            return await self._commit_once(org_id, fence, prepared, [])
+        with self._changes.collect() as signals:
+            outcome = await self._commit_once(org_id, fence, prepared, signals)
+        return outcome
+
+    async def _commit_once(
+        self, org_id: str, fence: LeaseFence, prepared: _Prepared, signals: list[Any]
+    ) -> Outcome:
         plan, step, context = prepared.plan, prepared.step, prepared.context
         outcome, view, snapshots = prepared.outcome, prepared.view, prepared.snapshots
         key = step.key
@@ -393,6 +432,7 @@ class StepWorker:
                         before_writes=verify,
                         declared=step.resources,
                         observed=_first_versions(read),
+                        changes=self._changes,
                     )
                 elif verify is not None:
                     await verify()
@@ -413,6 +453,10 @@ class StepWorker:
                     output=_output(outcome, verification),
                     advance=outcome.advance,
                 )
+                if prepared.wait is not None and self._waits is not None:
+                    # §14: the dependency commits with the wait transition and the
+                    # checkpoint that is the resume point (after root/step/attempt).
+                    await self._waits.commit_txn(conn, prepared.wait)
                 crash_point(CrashPoint.BEFORE_STEP_COMMIT, key)
             raise_connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, key)
         except StepFault as fault:  # rolled back before any lifecycle write
@@ -439,6 +483,10 @@ class StepWorker:
             log.exception("step %s failed unexpectedly; rolled back, retrying later", key)
             return await self._retry(org_id, fence, "internal_error")
         crash_point(CrashPoint.AFTER_STEP_COMMIT, key)
+        if signals and self._changes is not None:
+            await self._changes.flush(list(signals))  # §14.2 step 2, after the commit
+        if prepared.wait is not None and self._waits is not None:
+            await self._waits.after_commit(prepared.wait)  # §14.2 step 4
         return Outcome.COMMITTED
 
     # --- outcomes ------------------------------------------------------------------------
@@ -481,7 +529,7 @@ class StepWorker:
 
     async def _plan(
         self, org_id: str, plan_id: str
-    ) -> tuple[TrustedRuntimeWorkScope, ExecutionPlan]:
+    ) -> tuple[TrustedRuntimeWorkScope, ExecutionPlan, int]:
         key = (org_id, plan_id)
         cached = self._plans.get(key)
         if cached is not None:
@@ -491,7 +539,7 @@ class StepWorker:
             row = await get_plan_txn(conn, org_id, plan_id)
         if row is None:
             raise NotFoundError("execution_plan", plan_id)
-        value = (row.scope, row.plan())
+        value = (row.scope, row.plan(), row.policy_version)
         self._plans[key] = value
         while len(self._plans) > _MAX_CACHED_PLANS:
             self._plans.popitem(last=False)
@@ -508,6 +556,7 @@ class _Prepared:
     snapshots: Mapping[str, Sequence[ReadToken]]
     outcome: StepOutcome | None
     view: RecordView | None
+    wait: PreparedWait | None = None
 
 
 async def _step_row_txn(conn: AsyncConnection, org_id: str, step_execution_id: str) -> _StepRow:
@@ -600,7 +649,7 @@ def _output(outcome: StepOutcome, verification: Any = None) -> CheckpointInput:
     context = dict(outcome.context)
     advance = outcome.advance
     cursor = {"next_step": advance.plan_step_key} if isinstance(advance, NextStep) else {}
-    if not isinstance(advance, NextStep):
+    if isinstance(advance, FinishRun | FailRun):
         # The run's output is the final variables, recorded once with the terminal commit.
         variables = context.get("variables") or {}
         context[RUN_OUTPUT_KEY] = {k: v for k, v in variables.items() if not k.startswith("$")}

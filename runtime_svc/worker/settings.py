@@ -18,6 +18,12 @@ variable                           default    meaning
                                               (lineage rows only; records/audit stay)
 ``FLOW_RUNTIME_VIEW_FILE``         (none)     test/dev only: a MetadataViewInput JSON used
                                               as every scope's record view
+``FLOW_RUNTIME_WAIT_SWEEP_MS``     ``1000``   period of the wake reconciler and the wait
+                                              expiry/repair sweeps (jittered)
+``FLOW_RUNTIME_WAIT_BATCH``        ``100``    rows one wait sweep handles per org (bounds its
+                                              cost, whatever the waiting population)
+``FLOW_RUNTIME_SIGNAL_KINDS``      ``external. external signal producer kinds accepted by
+                                   signal``   ``SubmitWakeSignal`` (comma separated)
 =================================  =========  ==============================================
 """
 
@@ -29,7 +35,19 @@ from dataclasses import dataclass
 
 from runtime_svc.kernel import RetryPolicy
 
-__all__ = ["WorkerSettings"]
+__all__ = ["WorkerSettings", "signal_kinds_from_env"]
+
+#: External signal kinds when ``FLOW_RUNTIME_SIGNAL_KINDS`` is unset.
+_DEFAULT_SIGNAL_KINDS = ("external.signal",)
+
+
+def signal_kinds_from_env(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """``FLOW_RUNTIME_SIGNAL_KINDS``: the external signal producer kinds (comma separated)."""
+    e = os.environ if env is None else env
+    raw = e.get("FLOW_RUNTIME_SIGNAL_KINDS", "").strip()
+    if not raw:
+        return _DEFAULT_SIGNAL_KINDS
+    return tuple(sorted({k.strip() for k in raw.split(",") if k.strip()}))
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
@@ -71,6 +89,9 @@ class WorkerSettings:
     batch_size: int = 20
     view_file: str | None = None
     retention_days: int = 30
+    wait_sweep_ms: int = 1_000
+    wait_batch: int = 100
+    signal_kinds: tuple[str, ...] = _DEFAULT_SIGNAL_KINDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -92,6 +113,9 @@ class WorkerSettings:
             sweep_ms=_int(e, "FLOW_RUNTIME_SWEEP_MS", 1_000, 1),
             view_file=e.get("FLOW_RUNTIME_VIEW_FILE") or None,
             retention_days=_int(e, "FLOW_RUNTIME_RETENTION_DAYS", 30, 1),
+            wait_sweep_ms=_int(e, "FLOW_RUNTIME_WAIT_SWEEP_MS", 1_000, 1),
+            wait_batch=_int(e, "FLOW_RUNTIME_WAIT_BATCH", 100, 1),
+            signal_kinds=signal_kinds_from_env(e),
         )
 
     def retry_policy(self) -> RetryPolicy:
