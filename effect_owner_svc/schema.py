@@ -42,6 +42,7 @@ from services.db import (
     outbox_delivery_columns,
     work_scope_columns,
 )
+from services.request_dedupe import request_dedupe_table
 
 __all__ = [
     "MAX_COMMAND_PAYLOAD_BYTES",
@@ -52,6 +53,7 @@ __all__ = [
     "metadata",
     "owner_inbox",
     "owner_outbox",
+    "owner_requests",
     "remote_attempts",
 ]
 
@@ -209,3 +211,9 @@ owner_outbox = Table(
     Index("ix_owner_outbox_due", "org_id", "delivery_state", "next_attempt_at"),
     **TABLE_OPTIONS,
 )
+
+#: Transport dedupe of mutating RPCs (``AcceptHandoff``, ``RejectIfUnaccepted``) on
+#: ``(trusted scope, RPC, request_id)`` (``services.request_dedupe``, revision 0003). The
+#: durable dedupe of the inbox is the handoff key; this only replays the original
+#: response bytes to a retried request.
+owner_requests = request_dedupe_table(metadata, "owner_requests")

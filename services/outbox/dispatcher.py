@@ -44,6 +44,7 @@ from services.outbox.model import (
     ReconcileResult,
     RetryLater,
     Transition,
+    UnknownReceipt,
     decide_after_delivery,
     decide_after_reconcile,
 )
@@ -221,7 +222,9 @@ class OutboxDispatcher:
     async def _bounded_reconcile(
         self, family: MessageFamily, message: OutboxMessage, timeout_s: float
     ) -> ReconcileResult:
-        assert family.reconcile is not None  # RECONCILING is only entered with a reconciler
+        if family.reconcile is None:
+            # Only reachable if the family lost its reconciler across a deployment.
+            return UnknownReceipt("no_reconciler")
         try:
             return await asyncio.wait_for(family.reconcile(message), timeout=timeout_s)
         except TimeoutError:
