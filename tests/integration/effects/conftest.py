@@ -5,6 +5,7 @@ test, a signing key per module."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -12,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services import db
 from services.auth import generate_keypair
+from tests.integration.effects.owner_world import World, world_with
 from tests.support.dbs import migrated_database
 
 _BACKENDS = ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)]
@@ -37,3 +39,11 @@ async def engine(owner_db_url: str) -> AsyncIterator[AsyncEngine]:
 @pytest.fixture(scope="module")
 def private_key() -> Ed25519PrivateKey:
     return generate_keypair()[0]
+
+
+@pytest.fixture
+async def world(
+    engine: AsyncEngine, private_key: Ed25519PrivateKey, tmp_path: Path
+) -> AsyncIterator[World]:
+    async with world_with(engine, private_key, tmp_path) as w:
+        yield w
