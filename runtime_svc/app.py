@@ -10,6 +10,7 @@ from runtime_svc.api.definitions import build_definition_service
 from runtime_svc.api.records import CatalogRecordViews, build_record_service
 from runtime_svc.api.runs import build_run_service
 from runtime_svc.catalog_client import ScopedCredentials, catalog_channel
+from runtime_svc.outbox import RuntimeOutbox, start_runtime_outbox
 from runtime_svc.worker.background import start_background
 from runtime_svc.worker.settings import WorkerSettings
 from services.config import ServiceConfig
@@ -46,8 +47,21 @@ async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[Se
     ]
 
 
+class _RuntimeBackground:
+    """Workers/sweeps and the canonical-outbox dispatcher, stopped together."""
+
+    def __init__(self, workers: Background, outbox: RuntimeOutbox | None) -> None:
+        self._workers, self._outbox = workers, outbox
+
+    async def stop(self) -> None:
+        if self._outbox is not None:
+            await self._outbox.stop()
+        await self._workers.stop()
+
+
 async def start_runtime_background(cfg: ServiceConfig, engine: AsyncEngine) -> Background:
-    """The runtime's workers and sweeps (``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS``).
+    """The runtime's workers and sweeps (``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS``)
+    and its canonical-outbox dispatcher (``FLOW_OUTBOX_DISPATCHERS``).
 
     Mutation steps validate against the metadata view of the run's work scope, read from
     the catalog (``FLOW_CATALOG_TARGET``) exactly as the record service reads it; only a
@@ -57,4 +71,9 @@ async def start_runtime_background(cfg: ServiceConfig, engine: AsyncEngine) -> B
     views = None
     if not settings.view_file:
         views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
-    return await start_background(cfg, engine, views=views, settings=settings)
+    workers = await start_background(cfg, engine, views=views, settings=settings)
+    # The Flow-side finalizer of flow.effect.submit is registered with the runtime's
+    # EffectSubmit/EffectCompletion work; until then rejected or unknown handoffs stay
+    # pre-final (never terminal non-delivery) and the repair sweep reports them.
+    outbox = await start_runtime_outbox(cfg, engine, finalizer=None)
+    return _RuntimeBackground(workers, outbox)

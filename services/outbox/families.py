@@ -29,7 +29,7 @@ leaves the message pre-final; the repair sweep calls it again, so it must be ide
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,17 +54,12 @@ __all__ = [
 ]
 
 
-class Deliverer(Protocol):
-    """Delivers one message to its consumer; never raises for transport failures (they
-    are :class:`~services.outbox.model.RetryLater`). Called outside any transaction."""
+#: Delivers one message to its consumer; never raises for transport failures (they are
+#: :class:`~services.outbox.model.RetryLater`). Called outside any transaction.
+Deliverer = Callable[[OutboxMessage], Awaitable[DeliveryResult]]
 
-    async def __call__(self, message: OutboxMessage) -> DeliveryResult: ...
-
-
-class Reconciler(Protocol):
-    """Asks the consumer's durable fence whether the message was accepted (§15.4)."""
-
-    async def __call__(self, message: OutboxMessage) -> ReconcileResult: ...
+#: Asks the consumer's durable fence whether the message was accepted (§15.4).
+Reconciler = Callable[[OutboxMessage], Awaitable[ReconcileResult]]
 
 
 @dataclass(frozen=True)
