@@ -54,6 +54,7 @@ EXPECTED_TABLES = {
         "remote_attempts",
         "completion_receipts",
         "owner_outbox",
+        "owner_requests",
     },
 }
 
