@@ -200,7 +200,8 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     ),
     "FLOW_EFFECT_PROVIDERS": (
         "email.smtp=email,webhook.http=webhook",
-        "effect owner: owner kinds served and their provider type, email or webhook (`kind=type,…`)",
+        "effect owner: owner kinds served and their provider type, email or webhook "
+        "(`kind=type,…`)",
     ),
     "FLOW_EFFECT_MAX_ATTEMPTS": ("5", "effect owner: remote attempts per command"),
     "FLOW_EFFECT_RECONCILE_MAX_ATTEMPTS": (
