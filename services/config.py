@@ -160,8 +160,7 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     # --- transactional outbox (runtime and effect owner) ---------------------------------
     "FLOW_OUTBOX_DISPATCHERS": (
         "1",
-        "runtime and effect owner: run this process's outbox dispatcher and repair sweep "
-        "(0 = off)",
+        "runtime and effect owner: run this process's outbox dispatcher and repair sweep (0 = off)",
     ),
     "FLOW_OUTBOX_MAX_ATTEMPTS": (
         "8",

@@ -8,7 +8,8 @@ client channel, and the typed reason of a refused call.
   message-size limits. It is the one place the effect paths open client channels, so the
   deployment-wide channel factory (TLS/mTLS) replaces exactly this function.
 * :func:`rpc_error_reason` — the ``ErrorDetail.code`` a peer's error interceptor attached
-  (``services.errors``), e.g. ``handoff_rejected``; ``""`` when absent.
+  (``services.errors``), e.g. ``handoff_rejected``; ``""`` when absent;
+  :data:`TRANSIENT_STATUS_CODES` — after which the same request may be sent again.
 """
 
 from __future__ import annotations
@@ -31,9 +32,26 @@ from services.auth import (
 from services.config import ServiceConfig, ServiceName
 from services.errors import ERROR_DETAIL_METADATA_KEY
 
-__all__ = ["ScopedCredentials", "peer_channel", "rpc_error_reason"]
+__all__ = ["TRANSIENT_STATUS_CODES", "ScopedCredentials", "peer_channel", "rpc_error_reason"]
 
 _MAX_CACHED_SCOPES = 256
+
+#: Status codes after which the *same* request may be sent again: the peer was not
+#: reached, gave up, or its answer was lost (``UNKNOWN``, ``INTERNAL``); a peer not yet
+#: implementing the RPC or not yet trusting our key may do so after a deployment.
+TRANSIENT_STATUS_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.CANCELLED,
+    }
+)
 
 
 class ScopedCredentials:

@@ -126,6 +126,30 @@ async def get_fence_txn(
     return None if row is None else fence_from_row(row)
 
 
+def _fence_row(
+    attrs: HandoffAttributes,
+    state: FenceState,
+    command_id: str | None,
+    payload_schema_version: int,
+    now: datetime,
+) -> dict[str, object]:
+    """The values of a new fence row (its key, its validation attributes, its decision)."""
+    return {
+        "org_id": attrs.org_id,
+        "app_installation_id": attrs.app_installation_id,
+        "runtime_capability_id": attrs.runtime_capability_id,
+        "runtime_work_binding_digest": attrs.runtime_work_binding_digest,
+        "effect_handoff_key": attrs.effect_handoff_key,
+        "runtime_outbox_message_id": attrs.runtime_outbox_message_id,
+        "payload_digest": attrs.payload_digest,
+        "payload_schema_version": payload_schema_version,
+        "state": state.value,
+        "external_command_id": command_id,
+        "decided_at": now,
+        "quarantine_count": 0,
+    }
+
+
 async def _quarantine_txn(
     conn: AsyncConnection, attrs: HandoffAttributes, reason: MismatchReason, now: datetime
 ) -> None:
@@ -195,20 +219,7 @@ async def accept_handoff_txn(conn: AsyncConnection, request: HandoffRequest) -> 
     inserted = await insert_if_absent(
         conn,
         owner_inbox,
-        {
-            "org_id": attrs.org_id,
-            "app_installation_id": attrs.app_installation_id,
-            "runtime_capability_id": attrs.runtime_capability_id,
-            "runtime_work_binding_digest": attrs.runtime_work_binding_digest,
-            "effect_handoff_key": attrs.effect_handoff_key,
-            "runtime_outbox_message_id": attrs.runtime_outbox_message_id,
-            "payload_digest": attrs.payload_digest,
-            "payload_schema_version": request.payload_schema_version,
-            "state": FenceState.ACCEPTED.value,
-            "external_command_id": command_id,
-            "decided_at": now,
-            "quarantine_count": 0,
-        },
+        _fence_row(attrs, FenceState.ACCEPTED, command_id, request.payload_schema_version, now),
     )
     if inserted:
         await conn.execute(
@@ -286,25 +297,8 @@ async def reject_if_unaccepted_txn(
         marker this transaction wrote.
     """
     now = await db_now(conn)
-    await insert_if_absent(
-        conn,
-        owner_inbox,
-        {
-            "org_id": attrs.org_id,
-            "app_installation_id": attrs.app_installation_id,
-            "runtime_capability_id": attrs.runtime_capability_id,
-            "runtime_work_binding_digest": attrs.runtime_work_binding_digest,
-            "effect_handoff_key": attrs.effect_handoff_key,
-            "runtime_outbox_message_id": attrs.runtime_outbox_message_id,
-            "payload_digest": attrs.payload_digest,
-            # Unknown for a tombstone: nothing was accepted, no payload was seen.
-            "payload_schema_version": 0,
-            "state": FenceState.REJECTED.value,
-            "external_command_id": None,
-            "decided_at": now,
-            "quarantine_count": 0,
-        },
-    )
+    # A tombstone's payload schema version is unknown (0): no payload was ever seen.
+    await insert_if_absent(conn, owner_inbox, _fence_row(attrs, FenceState.REJECTED, None, 0, now))
     fence = await _existing_fence_txn(conn, attrs)
     reason = mismatch(fence.attributes, attrs)
     if reason is not None:

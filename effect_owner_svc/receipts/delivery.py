@@ -23,26 +23,14 @@ import grpc.aio
 
 from services.auth import TrustedRuntimeWorkScope, bearer_metadata
 from services.outbox import Delivered, DeliveryResult, OutboxMessage, Refused, RetryLater
-from services.peer_client import rpc_error_reason
+from services.peer_client import TRANSIENT_STATUS_CODES, rpc_error_reason
 from services.proto import common_v1, runtime_v1
 
 __all__ = ["WakeSignalDelivery", "wake_request"]
 
 log = logging.getLogger(__name__)
 
-_RETRY_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.UNIMPLEMENTED,
-        grpc.StatusCode.CANCELLED,
-    }
-)
+_RETRY_CODES = TRANSIENT_STATUS_CODES
 
 
 def _scope(message: OutboxMessage) -> TrustedRuntimeWorkScope:

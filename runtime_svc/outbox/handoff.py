@@ -42,26 +42,14 @@ from services.outbox import (
     RetryLater,
     UnknownReceipt,
 )
-from services.peer_client import rpc_error_reason
+from services.peer_client import TRANSIENT_STATUS_CODES, rpc_error_reason
 from services.proto import common_v1, effect_v1
 
 __all__ = ["EffectHandoff", "envelope_of", "owner_channels", "receipt_matches"]
 
 log = logging.getLogger(__name__)
 
-_TRANSIENT = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.UNIMPLEMENTED,
-    }
-)
+_TRANSIENT = TRANSIENT_STATUS_CODES
 _ACCEPTED = effect_v1.InboxFenceState.INBOX_FENCE_STATE_ACCEPTED
 _REJECTED = effect_v1.InboxFenceState.INBOX_FENCE_STATE_REJECTED
 _POLICY = {

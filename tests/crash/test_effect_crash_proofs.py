@@ -31,13 +31,12 @@ from effect_owner_svc.schema import (
     owner_outbox,
     remote_attempts,
 )
-from runtime_svc.outbox import RUNTIME_OUTBOX, effect_submit_intent, enqueue_effect_submit_txn
+from runtime_svc.outbox import RUNTIME_OUTBOX, enqueue_effect_submit_txn
 from services import db
-from services.auth import TrustedRuntimeWorkScope
 from services.db import run_in_transaction, transaction
 from services.outbox import DeliveryState, get_message
 from tests.crash.effects_support import EffectStack, effect_stack, expect_sigkill
-from tests.integration.effects.harness import Scope, count, envelope
+from tests.integration.effects.harness import Scope, count, envelope, submit_intent
 from tests.support.dbs import migrated_database, new_org
 
 pytestmark = pytest.mark.crash
@@ -309,23 +308,8 @@ async def test_durable_seam_crash_after_owner_acceptance_before_marking_delivere
     scope = Scope(new_org())
     owner = stack.spawn_owner()
     await owner.wait_serving()
-    intent = effect_submit_intent(
-        TrustedRuntimeWorkScope(
-            scope.org_id,
-            scope.app_installation_id,
-            scope.runtime_capability_id,
-            scope.runtime_work_binding_digest,
-        ),
-        flow_run_id="run-crash",
-        submit_step_key="send_welcome",
-        invocation_ordinal=0,
-        step_execution_id="step_1",
-        submission_attempt_id="att_1",
-        effect_owner_kind="email.smtp",
-        payload={"to": "ada@example.com", "template": "contact_welcome"},
-        deadline=datetime.now(UTC) + timedelta(hours=1),
-        failure_policy="fault_path",
-    )
+    deadline = datetime.now(UTC) + timedelta(hours=1)
+    intent = submit_intent(scope, run="run-crash", deadline=deadline)
     await run_in_transaction(runtime_engine, lambda c: enqueue_effect_submit_txn(c, intent))
     runtime = stack.spawn_runtime(point)
     await expect_sigkill(runtime, stack.marker, point)

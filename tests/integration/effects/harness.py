@@ -11,6 +11,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from effect_owner_svc.api.servicer import build_effect_owner_service
 from effect_owner_svc.schema import external_commands, owner_inbox, owner_outbox
-from services.auth import CredentialVerifier, WorkloadClaims, bearer_metadata, mint_credential
+from runtime_svc.outbox import EffectSubmitIntent, effect_submit_intent
+from services.auth import (
+    CredentialVerifier,
+    TrustedRuntimeWorkScope,
+    WorkloadClaims,
+    bearer_metadata,
+    mint_credential,
+)
 from services.config import ServiceConfig, ServiceName, load_config
 from services.db import transaction
 from services.digest import canonical_json, versioned_digest
@@ -45,6 +53,7 @@ __all__ = [
     "owner_config",
     "running_owner",
     "running_wake_signals",
+    "submit_intent",
 ]
 
 KEY_ID = "test"
@@ -119,6 +128,34 @@ def envelope(
     )
     env.deadline.FromSeconds(4_102_444_800)  # 2100-01-01
     return env
+
+
+def submit_intent(
+    scope: Scope,
+    *,
+    run: str = "run-1",
+    owner_kind: str = "email.smtp",
+    deadline: datetime | None = None,
+) -> EffectSubmitIntent:
+    """The EffectSubmit intent the runtime computes for ``scope``'s run (send_welcome,
+    first invocation, the demo's e-mail payload)."""
+    return effect_submit_intent(
+        TrustedRuntimeWorkScope(
+            scope.org_id,
+            scope.app_installation_id,
+            scope.runtime_capability_id,
+            scope.runtime_work_binding_digest,
+        ),
+        flow_run_id=run,
+        submit_step_key="send_welcome",
+        invocation_ordinal=0,
+        step_execution_id="step_1",
+        submission_attempt_id="att_1",
+        effect_owner_kind=owner_kind,
+        payload={"to": "ada@example.com", "template": "contact_welcome"},
+        deadline=deadline,
+        failure_policy="fault_path",
+    )
 
 
 def owner_config(data_dir: Path) -> ServiceConfig:

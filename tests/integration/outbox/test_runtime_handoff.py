@@ -24,13 +24,12 @@ from effect_owner_svc.schema import external_commands, owner_inbox
 from runtime_svc.outbox import (
     RUNTIME_OUTBOX,
     EffectHandoff,
-    effect_submit_intent,
     enqueue_effect_submit_txn,
     flow_effect_submit_family,
     owner_channels,
 )
 from services import db
-from services.auth import CredentialVerifier, TrustedRuntimeWorkScope, generate_keypair
+from services.auth import CredentialVerifier, generate_keypair
 from services.config import ServiceName
 from services.db import run_in_transaction, transaction
 from services.effect_contract import HANDOFF_SUBMIT_ROLE
@@ -46,7 +45,7 @@ from services.outbox import (
 )
 from services.peer_client import ScopedCredentials
 from services.proto import effect_v1
-from tests.integration.effects.harness import KEY_ID, Scope, count, owner_config
+from tests.integration.effects.harness import KEY_ID, Scope, count, owner_config, submit_intent
 from tests.support.dbs import migrated_database, new_org
 from tests.support.procs import free_port
 
@@ -157,23 +156,8 @@ class World:
     async def enqueue(
         self, scope: Scope, *, owner_kind: str = "email.smtp", run: str = "run-1"
     ) -> Any:
-        intent = effect_submit_intent(
-            TrustedRuntimeWorkScope(
-                scope.org_id,
-                scope.app_installation_id,
-                scope.runtime_capability_id,
-                scope.runtime_work_binding_digest,
-            ),
-            flow_run_id=run,
-            submit_step_key="send_welcome",
-            invocation_ordinal=0,
-            step_execution_id="step_1",
-            submission_attempt_id="att_1",
-            effect_owner_kind=owner_kind,
-            payload={"to": "ada@example.com", "template": "contact_welcome"},
-            deadline=datetime.now(UTC) + timedelta(hours=1),
-            failure_policy="fault_path",
-        )
+        deadline = datetime.now(UTC) + timedelta(hours=1)
+        intent = submit_intent(scope, run=run, owner_kind=owner_kind, deadline=deadline)
         await run_in_transaction(self.runtime, lambda c: enqueue_effect_submit_txn(c, intent))
         return intent
 
@@ -227,23 +211,7 @@ async def test_no_owner_command_exists_before_the_runtime_transaction_commits(
 ) -> None:
     scope = Scope(new_org())
     d = world.dispatcher()
-    intent = effect_submit_intent(
-        TrustedRuntimeWorkScope(
-            scope.org_id,
-            scope.app_installation_id,
-            scope.runtime_capability_id,
-            scope.runtime_work_binding_digest,
-        ),
-        flow_run_id="run-1",
-        submit_step_key="send_welcome",
-        invocation_ordinal=0,
-        step_execution_id="step_1",
-        submission_attempt_id="att_1",
-        effect_owner_kind="email.smtp",
-        payload={"to": "ada@example.com", "template": "contact_welcome"},
-        deadline=None,
-        failure_policy="fault_path",
-    )
+    intent = submit_intent(scope)
     async with transaction(world.runtime) as conn:
         await enqueue_effect_submit_txn(conn, intent)
         if world.runtime.dialect.name != "sqlite":  # SQLite's one writer would block here
