@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from effect_owner_svc.app import build_services, start_owner_background
+from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
 from services.config import ServiceName
 from services.service_main import run_service
 
@@ -14,6 +15,7 @@ if __name__ == "__main__":
             ServiceName.EFFECT_OWNER,
             "effect_owner_svc",
             build_services,
+            outbox=OWNER_OUTBOX,
             background=start_owner_background,
         )
     )
