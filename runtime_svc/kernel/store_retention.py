@@ -69,6 +69,7 @@ from runtime_svc.schema import (
 from services.db import WORK_SCOPE, db_now, run_in_transaction, transaction
 from services.digest import canonical_json
 from services.errors import FenceLostError, NotFoundError
+from services.outbox import TERMINAL_STATES as OUTBOX_TERMINAL_STATES
 
 __all__ = [
     "TERMINAL_DEPENDENCY_STATES",
@@ -91,9 +92,9 @@ TERMINAL_DEPENDENCY_STATES = frozenset({"Resolved", "Expired", "Quarantined", "C
 #: FlowWakeSignal resolution states that are final (§10.6); ``Unmatched`` is live.
 TERMINAL_WAKE_SIGNAL_STATES = frozenset({"Consumed", "Expired"})
 #: Runtime outbox delivery states that end transport delivery (§15.1, common/v1
-#: ``OutboxDeliveryState``); ``Pending``, ``AcceptanceReconciling`` and
-#: ``AcceptanceUnknown`` are live.
-TERMINAL_OUTBOX_DELIVERY_STATES = frozenset({"Delivered", "HandoffRejected", "DeadLettered"})
+#: ``OutboxDeliveryState``; the generic outbox's ``TERMINAL_STATES``); every other state,
+#: pre-finalization included, is live.
+TERMINAL_OUTBOX_DELIVERY_STATES = frozenset(s.value for s in OUTBOX_TERMINAL_STATES)
 
 _TERMINAL_RUN_CODES = frozenset(s.code for s in TERMINAL_RUN_STATES)
 _TERMINAL_STEP_CODES = frozenset(s.code for s in TERMINAL_STEP_STATES)

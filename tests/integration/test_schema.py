@@ -55,6 +55,7 @@ EXPECTED_TABLES = {
         "remote_attempts",
         "completion_receipts",
         "owner_outbox",
+        "owner_requests",
     },
 }
 

@@ -137,6 +137,11 @@ FLOW_LOG_LEVEL: {{ .Values.logLevel | quote }}
   secret:
     secretName: {{ required "tls.secretName is required when tls.enabled" .Values.tls.secretName }}
 {{- end }}
+{{- if and .Values.smtp .Values.smtp.passwordSecret }}
+- name: smtp-password
+  secret:
+    secretName: {{ .Values.smtp.passwordSecret }}
+{{- end }}
 {{- end -}}
 
 {{- define "nexus.volumeMounts" -}}
@@ -148,6 +153,11 @@ FLOW_LOG_LEVEL: {{ .Values.logLevel | quote }}
 {{- if include "nexus.signingKeySecret" . }}
 - name: signing-key
   mountPath: /etc/nexus/auth/signing
+  readOnly: true
+{{- end }}
+{{- if and .Values.smtp .Values.smtp.passwordSecret }}
+- name: smtp-password
+  mountPath: /etc/nexus/smtp
   readOnly: true
 {{- end }}
 {{- if .Values.tls.enabled }}
