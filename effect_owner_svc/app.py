@@ -56,7 +56,7 @@ def receipt_family(
     cfg: ServiceConfig, settings: EffectOwnerSettings, outbox: OutboxSettings
 ) -> tuple[MessageFamily, object]:
     """The completion-receipt family and the channel it delivers over (to close)."""
-    channel = peer_channel(cfg, settings.runtime_target)
+    channel = peer_channel(cfg, settings.runtime_target, audience=ServiceName.RUNTIME)
     credentials = ScopedCredentials.from_config(
         cfg,
         audience=ServiceName.RUNTIME,

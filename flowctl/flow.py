@@ -183,6 +183,9 @@ def catalog_inputs(flow: dict[str, Any], args: argparse.Namespace) -> CompilerIn
         snap,
         policy,
         flow_versions={str(flow.get("api_name")): version if isinstance(version, int) else 0},
+        # The producers the runtime registers (FLOW_RUNTIME_SIGNAL_KINDS), as activation
+        # passes them: the same inputs give the same plan digest.
+        wait_producers=ProducerRegistry(signal_kinds_from_env()).compiler_producers(),
     )
 
 

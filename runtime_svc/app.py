@@ -67,7 +67,7 @@ class RuntimeApp:
             # its calls to the catalog must not start (development keys appear on first start).
             load_signing_key(cfg.auth_service_key)
         settings = WorkerSettings.from_env()
-        views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
+        views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.for_service(cfg))
         run_views = None if settings.view_file else views
         bindings: RecordViewSource = (
             FixedViews.from_file(settings.view_file) if settings.view_file else views
@@ -91,7 +91,7 @@ class RuntimeApp:
         settings = WorkerSettings.from_env()
         views = None
         if not settings.view_file:
-            views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
+            views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.for_service(cfg))
         workers = await start_background(
             cfg, engine, views=views, settings=settings, waits=self.waits(engine)
         )

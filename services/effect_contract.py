@@ -60,6 +60,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from services.auth.trust import HANDOFF_SUBMIT_ROLE as _HANDOFF_SUBMIT_ROLE
+from services.auth.trust import SIGNALS_SUBMIT_ROLE
 from services.digest import CanonicalJsonError, canonical_json, versioned_digest
 
 __all__ = [
@@ -95,10 +97,11 @@ FLOW_EFFECT_SUBMIT_FAMILY_VERSION = 1
 EFFECT_COMPLETION_FAMILY = "effect.completion.receipt"
 #: ``producer_kind`` of completion-receipt wake signals.
 EFFECT_COMPLETION_PRODUCER_KIND = "effect.completion"
-#: Role the runtime's credential carries to call ``AcceptHandoff``/``RejectIfUnaccepted``.
-HANDOFF_SUBMIT_ROLE = "effects.handoff.submit"
-#: Role a producer's credential carries to call ``WakeSignalService.SubmitWakeSignal``.
-WAKE_SIGNAL_SUBMIT_ROLE = "flow.signals.submit"
+#: Role the runtime's credential carries to call ``AcceptHandoff``/``RejectIfUnaccepted``
+#: and the role a producer's credential carries to call ``SubmitWakeSignal`` (both
+#: defined with the other roles in ``services.auth``).
+HANDOFF_SUBMIT_ROLE = _HANDOFF_SUBMIT_ROLE
+WAKE_SIGNAL_SUBMIT_ROLE = SIGNALS_SUBMIT_ROLE
 #: Upper bound of ``evidence_json`` (UTF-8 bytes).
 MAX_EVIDENCE_BYTES = 16 * 1024
 

@@ -4,9 +4,9 @@ client channel, and the typed reason of a refused call.
 * :class:`ScopedCredentials` — one credential per complete trusted work scope (the
   callee answers a call in another scope like a missing row), for a given audience,
   subject and roles; each is minted once and reused until near expiry.
-* :func:`peer_channel` — the ``grpc.aio`` channel to a peer target with the configured
-  message-size limits. It is the one place the effect paths open client channels, so the
-  deployment-wide channel factory (TLS/mTLS) replaces exactly this function.
+* :func:`peer_channel` — the ``grpc.aio`` channel to a peer target, through the one
+  inter-service channel factory (:func:`services.channels.client_channel`: client
+  TLS/mTLS, message limits).
 * :func:`rpc_error_reason` — the ``ErrorDetail.code`` a peer's error interceptor attached
   (``services.errors``), e.g. ``handoff_rejected``; ``""`` when absent;
   :data:`TRANSIENT_STATUS_CODES` — after which the same request may be sent again.
@@ -14,6 +14,7 @@ client channel, and the typed reason of a refused call.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,11 +30,13 @@ from services.auth import (
     WorkloadClaims,
     load_signing_key,
 )
-from services.config import ServiceConfig, ServiceName
-from services.errors import ERROR_DETAIL_METADATA_KEY
+from services.channels import client_channel
+from services.config import ConfigError, ServiceConfig, ServiceName
+from services.errors import ERROR_DETAIL_METADATA_KEY, UnavailableError
 
 __all__ = ["TRANSIENT_STATUS_CODES", "ScopedCredentials", "peer_channel", "rpc_error_reason"]
 
+_log = logging.getLogger(__name__)
 _MAX_CACHED_SCOPES = 256
 
 #: Status codes after which the *same* request may be sent again: the peer was not
@@ -83,18 +86,33 @@ class ScopedCredentials:
     def from_config(
         cls, cfg: ServiceConfig, *, audience: ServiceName, subject: str, roles: Sequence[str] = ()
     ) -> ScopedCredentials:
-        """Sign with ``cfg.auth_signing_key`` under ``cfg.auth_signing_key_id``."""
+        """Sign with this service's own key (``cfg.auth_service_key`` under
+        ``cfg.auth_service_key_id``), whose trusted-keys entry limits it to the audiences
+        and roles the service's calls need — never the operator key."""
         return cls(
-            cfg.auth_signing_key,
-            cfg.auth_signing_key_id,
+            cfg.auth_service_key,
+            cfg.auth_service_key_id,
             audience=audience,
             subject=subject,
             roles=roles,
         )
 
     def __call__(self, scope: TrustedRuntimeWorkScope) -> str:
+        """A valid credential for ``scope``.
+
+        Raises:
+            UnavailableError: the service key cannot be read (a deployment fault, not the
+                caller's: the peer is unusable until it is fixed).
+        """
         if isinstance(self._key, Path):
-            self._key = load_signing_key(self._key)
+            try:
+                self._key = load_signing_key(self._key)
+            except ConfigError as exc:
+                _log.error("cannot read this service's signing key: %s", exc)
+                raise UnavailableError(
+                    f"this service cannot sign its calls to the {self._audience.value} service",
+                    reason="service_key_unreadable",
+                ) from exc
         source = self._sources.get(scope)
         if source is None:
             claims = WorkloadClaims(
@@ -115,15 +133,10 @@ class ScopedCredentials:
         return source()
 
 
-def peer_channel(cfg: ServiceConfig, target: str) -> grpc.aio.Channel:
-    """The channel to a peer service at ``target`` (see the module docstring)."""
-    return grpc.aio.insecure_channel(
-        target,
-        options=[
-            ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
-            ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
-        ],
-    )
+def peer_channel(cfg: ServiceConfig, target: str, *, audience: ServiceName) -> grpc.aio.Channel:
+    """The channel to the ``audience`` service at ``target`` (see the module docstring);
+    credentials are per call (one per trusted work scope, :class:`ScopedCredentials`)."""
+    return client_channel(target, cfg, audience=audience)
 
 
 def rpc_error_reason(exc: grpc.aio.AioRpcError) -> str:

@@ -109,7 +109,10 @@ async def start_runtime_outbox(
     if s.dispatchers <= 0:
         return None
     opened: list[grpc.aio.Channel] = []
-    lookup, _ = owner_channels(s.owner_targets, lambda t: _remember(opened, peer_channel(cfg, t)))
+    lookup, _ = owner_channels(
+        s.owner_targets,
+        lambda t: _remember(opened, peer_channel(cfg, t, audience=ServiceName.EFFECT_OWNER)),
+    )
     credentials = ScopedCredentials.from_config(
         cfg, audience=ServiceName.EFFECT_OWNER, subject="runtime", roles=(HANDOFF_SUBMIT_ROLE,)
     )

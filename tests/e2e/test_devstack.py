@@ -343,7 +343,9 @@ def _assert_owner_mail_lands_in_the_sink(stack: Stack, demo: dict[str, Any]) -> 
         demo["runtime_capability_id"],
         demo["binding_digest"],
     )
-    key = load_signing_key(stack.data_dir / "auth" / "dev_signing_key.pem")
+    # Signed as the runtime signs it: with the runtime's own service key, the only key of
+    # the dev stack whose trusted-keys entry may claim the handoff role.
+    key = load_signing_key(stack.data_dir / "auth" / "runtime_service_key.pem")
     claims = WorkloadClaims(
         subject="runtime",
         audiences=(ServiceName.EFFECT_OWNER,),
@@ -353,7 +355,8 @@ def _assert_owner_mail_lands_in_the_sink(stack: Stack, demo: dict[str, Any]) -> 
         runtime_work_binding_digest=scope.runtime_work_binding_digest,
         roles=(HANDOFF_SUBMIT_ROLE,),
     )
-    md = [("authorization", f"Bearer {mint_credential(key, 'dev', claims, ttl_s=300)}")]
+    token = mint_credential(key, "runtime-service", claims, ttl_s=300)
+    md = [("authorization", f"Bearer {token}")]
     env = envelope(scope, run=f"run-{uuid.uuid4().hex[:8]}")
     with grpc.insecure_channel(f"127.0.0.1:{stack.effect_port}") as channel:
         effect_v1.EffectOwnerServiceStub(channel).AcceptHandoff(

@@ -59,7 +59,9 @@ async def _deliver(
     roles: Sequence[str] = (WAKE_SIGNAL_SUBMIT_ROLE,),
 ) -> None:
     async with running_wake_signals(fake, private_key, tmp) as server:
-        channel = peer_channel(owner_config(tmp), f"127.0.0.1:{server.port}")
+        channel = peer_channel(
+            owner_config(tmp), f"127.0.0.1:{server.port}", audience=ServiceName.RUNTIME
+        )
         creds = ScopedCredentials(
             private_key,
             KEY_ID,
