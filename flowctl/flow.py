@@ -12,10 +12,11 @@ uses)::
 ``subflows/*.json`` (the layout of ``tests/flows/_inputs``), or one JSON/YAML bundle file
 ``{"binding", "catalog", "metadata_view", "policy", "subflows"}``. Without ``--inputs`` the
 inputs are read from a sealed generation on a running catalog (``--generation`` and
-``--catalog-digest``, by default the demo's from ``make run``'s ``demo.json``; the policy
-is the runtime's default), so ``flowctl flow compile examples/flows/welcome_contact.json``
-works on the demo stack. A rejected compile prints every diagnostic (with its transitive
-blocker chain) and exits 1.
+``--catalog-digest``, by default the demo's from ``make run``'s ``demo.json``; subflows
+from the runtime's registered versions; the policy an org is seeded with; the registered
+wait producers — the inputs activation builds), so
+``flowctl flow compile examples/flows/welcome_contact.json`` works on the demo stack. A
+rejected compile prints every diagnostic (with its transitive blocker chain) and exits 1.
 
 Through the runtime's FlowDefinitionService (gRPC; connection flags as for every
 command, the work-scoped ones need ``--app-installation --capability --binding-digest``)::
@@ -38,6 +39,7 @@ import asyncio
 import json
 import sys
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +69,8 @@ from runtime_svc.compiler import (
     to_mermaid,
 )
 from runtime_svc.definitions.inputs import CatalogSnapshot, build_compiler_inputs
-from runtime_svc.definitions.policy import DEFAULT_POLICY_DOCUMENT, FIRST_POLICY_VERSION
+from runtime_svc.definitions.policy import default_policy_generation
+from runtime_svc.definitions.source import SubflowRef, collect_subflows, subflow_refs
 from runtime_svc.waits.registry import ProducerRegistry
 from runtime_svc.worker.settings import signal_kinds_from_env
 from services.auth import TrustedRuntimeWorkScope
@@ -78,6 +81,8 @@ from services.proto import common_v1, runtime_v1
 __all__ = ["compile_file", "format_issues", "load_inputs", "register"]
 
 _CALL_TIMEOUT_S = 60.0
+#: Bound on the ListFlowVersions pages read for one subflow.
+_MAX_PAGES = 100
 _INPUT_FILES = ("binding", "catalog", "metadata_view", "policy")
 
 
@@ -147,11 +152,56 @@ def _demo_generation(args: argparse.Namespace) -> tuple[str, str]:
         ) from exc
 
 
+async def _runtime_subflows(
+    flow: dict[str, Any], args: argparse.Namespace
+) -> list[Mapping[str, Any]]:
+    """The registered Flow versions ``flow`` reaches by Subflow, read from the runtime's
+    ``ListFlowVersions`` with the closure walk activation uses (no call without Subflows)."""
+    if not subflow_refs(flow):
+        return []
+    metadata = call_metadata(args, ServiceName.RUNTIME)
+    channel = grpc.aio.insecure_channel(args.target)
+    stub = runtime_v1.FlowDefinitionServiceStub(channel)
+
+    async def fetch(ref: SubflowRef) -> tuple[Mapping[str, Any], str] | None:
+        token = ""
+        for _ in range(_MAX_PAGES):
+            try:
+                resp = await stub.ListFlowVersions(
+                    runtime_v1.ListFlowVersionsRequest(
+                        org_id=args.org, flow_api_name=ref.api_name, page_token=token
+                    ),
+                    metadata=metadata,
+                    timeout=_CALL_TIMEOUT_S,
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise CliError(
+                    f"runtime {args.target}: cannot read subflow {ref.api_name}@{ref.version}: "
+                    f"{exc.code().name}: {exc.details()}"
+                ) from exc
+            for v in resp.flow_versions:
+                if v.flow_api_name == ref.api_name and v.version_number == ref.version:
+                    return json.loads(v.source_json), v.flow_version_id
+            token = resp.next_page_token
+            if not token:
+                break
+        return None
+
+    try:
+        sources, _ = await collect_subflows(flow, fetch)
+    finally:
+        await channel.close()
+    return sources
+
+
 def catalog_inputs(flow: dict[str, Any], args: argparse.Namespace) -> CompilerInputs:
     """Compiler inputs of a sealed generation read from a running catalog.
 
-    The generation, its entries, binding and metadata view come from the catalog (the same
-    reads activation makes); the policy is the runtime's default policy generation.
+    Built as activation builds them (``PlanCompiler.compile``): the generation, its
+    entries, binding and metadata view from the catalog (the reads activation makes); the
+    subflow closure from the runtime's registered Flow versions (the same walk); the
+    policy an org is seeded with; the wait producers the runtime registers
+    (``FLOW_RUNTIME_SIGNAL_KINDS``). The same inputs give the same plan digest.
     """
     generation, digest = _demo_generation(args)
     scope = work_scope(args, f"flow {args.command} against a catalog generation")
@@ -173,18 +223,20 @@ def catalog_inputs(flow: dict[str, Any], args: argparse.Namespace) -> CompilerIn
         finally:
             await channel.close()
 
-    try:
-        snap = asyncio.run(snapshot())
-    except FlowError as exc:
-        raise CliError(f"catalog generation {generation}: {exc}") from exc
-    policy = {**DEFAULT_POLICY_DOCUMENT, "version": FIRST_POLICY_VERSION}
+    async def read() -> tuple[CatalogSnapshot, list[Mapping[str, Any]]]:
+        try:
+            snap = await snapshot()
+        except FlowError as exc:
+            raise CliError(f"catalog generation {generation}: {exc}") from exc
+        return snap, await _runtime_subflows(flow, args)
+
+    snap, subflows = asyncio.run(read())
     version = flow.get("version")
     return build_compiler_inputs(
         snap,
-        policy,
+        default_policy_generation(args.org).compiler_document(),
+        subflows,
         flow_versions={str(flow.get("api_name")): version if isinstance(version, int) else 0},
-        # The producers the runtime registers (FLOW_RUNTIME_SIGNAL_KINDS), as activation
-        # passes them: the same inputs give the same plan digest.
         wait_producers=ProducerRegistry(signal_kinds_from_env()).compiler_producers(),
     )
 

@@ -34,16 +34,13 @@ from runtime_svc.definitions.inputs import (
     build_compiler_inputs,
 )
 from runtime_svc.definitions.policy import PolicyGeneration
-from runtime_svc.definitions.source import subflow_refs
+from runtime_svc.definitions.source import MAX_SUBFLOW_VERSIONS, SubflowRef, collect_subflows
 from runtime_svc.schema import MAX_PLAN_PAYLOAD_BYTES, MAX_SUMMARY_BYTES
 from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now
 from services.errors import ConflictError, FailedPreconditionError
 
 __all__ = ["MAX_SUBFLOW_VERSIONS", "CompileResult", "PlanCompiler"]
-
-#: Bound on the transitive subflow closure loaded for one compile.
-MAX_SUBFLOW_VERSIONS = 256
 
 #: ``(plan or error, the inputs used, the compiled document)``.
 CompileResult = tuple[ExecutionPlan | PlanCompileError, CompilerInputs, Mapping[str, Any]]
@@ -71,24 +68,15 @@ class PlanCompiler(Db):
         async def read(
             conn: AsyncConnection,
         ) -> tuple[list[Mapping[str, Any]], dict[tuple[str, int], str]]:
-            sources: list[Mapping[str, Any]] = []
-            ids: dict[tuple[str, int], str] = {}
-            seen: set[tuple[str, int]] = set()
-            pending = list(subflow_refs(document))
-            while pending and len(seen) < MAX_SUBFLOW_VERSIONS:
-                ref = pending.pop()
-                key = (ref.api_name, ref.version)
-                if key in seen:
-                    continue
-                seen.add(key)
-                row = await repo.get_flow_version_by_number_txn(conn, org_id, *key)
+            async def fetch(ref: SubflowRef) -> tuple[Mapping[str, Any], str] | None:
+                row = await repo.get_flow_version_by_number_txn(
+                    conn, org_id, ref.api_name, ref.version
+                )
                 if row is None:
-                    continue  # the compiler reports the missing subflow at its path
-                doc = json.loads(row.source_json)
-                sources.append(doc)
-                ids[key] = row.flow_version_id
-                pending.extend(subflow_refs(doc))
-            return sources, ids
+                    return None
+                return json.loads(row.source_json), row.flow_version_id
+
+            return await collect_subflows(document, fetch)
 
         return await self._read(read)
 

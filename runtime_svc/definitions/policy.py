@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_POLICY_DOCUMENT",
     "FIRST_POLICY_VERSION",
     "PolicyGeneration",
+    "default_policy_generation",
     "normalize_policy_document",
     "policy_document_digest",
 ]
@@ -124,3 +125,14 @@ class PolicyGeneration:
     def same_document(self, other: Mapping[str, Any]) -> bool:
         """True when ``other`` (normalized) equals this generation's document."""
         return canonical_json(other) == canonical_json(self.document)
+
+
+def default_policy_generation(org_id: str) -> PolicyGeneration:
+    """The generation an org is seeded with on first use (:data:`DEFAULT_POLICY_DOCUMENT`
+    at :data:`FIRST_POLICY_VERSION`).
+
+    The policy store seeds exactly this; ``flowctl flow compile`` against a running
+    catalog compiles with it, so both feed the compiler the same policy document.
+    """
+    doc = normalize_policy_document(DEFAULT_POLICY_DOCUMENT)
+    return PolicyGeneration(org_id, FIRST_POLICY_VERSION, doc, policy_document_digest(doc))

@@ -14,9 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from runtime_svc.definitions import repository as repo
 from runtime_svc.definitions._util import Db
 from runtime_svc.definitions.policy import (
-    DEFAULT_POLICY_DOCUMENT,
-    FIRST_POLICY_VERSION,
     PolicyGeneration,
+    default_policy_generation,
     normalize_policy_document,
     policy_document_digest,
 )
@@ -36,8 +35,7 @@ class PolicyStore(Db):
             current = await repo.latest_policy_txn(conn, org_id)
             if current is not None:
                 return current
-            doc = normalize_policy_document(DEFAULT_POLICY_DOCUMENT)
-            seed = PolicyGeneration(org_id, FIRST_POLICY_VERSION, doc, policy_document_digest(doc))
+            seed = default_policy_generation(org_id)
             if not await repo.insert_policy_txn(conn, seed, await db_now(conn)):
                 # A concurrent first use seeded it; read what won.
                 current = await repo.latest_policy_txn(conn, org_id)

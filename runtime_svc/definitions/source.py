@@ -13,7 +13,7 @@ Pure: no I/O, no generated protos, no SQL.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +24,18 @@ from services.errors import InvalidArgumentError
 from services.json_limits import MAX_JSON_DEPTH, JsonLimitError, loads_bounded
 
 __all__ = [
+    "MAX_SUBFLOW_VERSIONS",
     "FlowSourceInfo",
     "FlowSourceInvalidError",
+    "SubflowFetch",
     "SubflowRef",
+    "collect_subflows",
     "parse_source_json",
     "subflow_refs",
 ]
+
+#: Bound on the transitive subflow closure loaded for one compile.
+MAX_SUBFLOW_VERSIONS = 256
 
 #: Upper bound on issues quoted in one error message (all are in the attributes count).
 _MAX_QUOTED_ISSUES = 20
@@ -126,6 +132,42 @@ def subflow_refs(document: Mapping[str, Any]) -> tuple[SubflowRef, ...]:
         if isinstance(flow, str) and isinstance(version, int) and not isinstance(version, bool):
             refs.add(SubflowRef(flow, version))
     return tuple(sorted(refs))
+
+
+#: Reads one registered Flow version: ``(source document, flow_version_id)``, or ``None``
+#: when ``api_name@version`` is not registered.
+SubflowFetch = Callable[[SubflowRef], Awaitable[tuple[Mapping[str, Any], str] | None]]
+
+
+async def collect_subflows(
+    document: Mapping[str, Any], fetch: SubflowFetch, *, limit: int = MAX_SUBFLOW_VERSIONS
+) -> tuple[list[Mapping[str, Any]], dict[tuple[str, int], str]]:
+    """Sources (in compiler-input order) and version ids of every registered Flow
+    version reachable from ``document`` by Subflow elements, at most ``limit`` of them.
+
+    The one closure walk: activation reads versions from its database, ``flowctl flow
+    compile`` through ``ListFlowVersions``; the same walk gives the same ``subflows``
+    input, so the same plan digest. A version ``fetch`` does not find is left out: the
+    compiler reports the missing subflow at its path.
+    """
+    sources: list[Mapping[str, Any]] = []
+    ids: dict[tuple[str, int], str] = {}
+    seen: set[tuple[str, int]] = set()
+    pending = list(subflow_refs(document))
+    while pending and len(seen) < limit:
+        ref = pending.pop()
+        key = (ref.api_name, ref.version)
+        if key in seen:
+            continue
+        seen.add(key)
+        found = await fetch(ref)
+        if found is None:
+            continue
+        doc, flow_version_id = found
+        sources.append(doc)
+        ids[key] = flow_version_id
+        pending.extend(subflow_refs(doc))
+    return sources, ids
 
 
 class FlowSourceInvalidError(InvalidArgumentError):

@@ -70,6 +70,47 @@ HOLD_FLOW = {
     ],
 }
 
+#: A Subflow target the next Flow calls; only registered (activation reads registered
+#: versions, not active ones).
+SUBFLOW_CHILD = {
+    "api_name": "FlowctlShout",
+    "version": 1,
+    "process_type": "autolaunched",
+    "variables": [
+        {"name": "text", "type": "string", "input": True},
+        {"name": "loud", "type": "string", "output": True},
+    ],
+    "start": "shout",
+    "elements": [
+        {
+            "api_name": "shout",
+            "type": "Assignment",
+            "assignments": [{"target": "loud", "value": "CONCAT(text, '!')"}],
+        }
+    ],
+}
+#: Calls :data:`SUBFLOW_CHILD`: ``flowctl flow compile`` needs the child's source too.
+SUBFLOW_PARENT = {
+    "api_name": "FlowctlCallShout",
+    "version": 1,
+    "process_type": "autolaunched",
+    "variables": [
+        {"name": "subject", "type": "string", "input": True},
+        {"name": "greeting", "type": "string", "output": True},
+    ],
+    "start": "call_shout",
+    "elements": [
+        {
+            "api_name": "call_shout",
+            "type": "Subflow",
+            "flow": "FlowctlShout",
+            "version": 1,
+            "inputs": {"text": "subject"},
+            "outputs": {"greeting": "loud"},
+        }
+    ],
+}
+
 
 class Cli:
     """Runs ``flowctl`` in-process against the stack, capturing its output."""
@@ -263,13 +304,17 @@ def test_flow_compile_of_the_demo_flows_against_the_running_catalog_gives_the_ac
     cli: Cli, stack: DemoStack
 ) -> None:
     examples = ROOT / "examples" / "flows"
+    files = {
+        json.loads(p.read_text(encoding="utf-8"))["api_name"]: p for p in examples.glob("*.json")
+    }
+    assert {f["flow_api_name"] for f in stack.demo["flows"]} == {
+        "NormalizeContactName",
+        "WelcomeContact",
+        "AwaitApproval",
+    }
     for flow in stack.demo["flows"]:
-        path = examples / (
-            "welcome_contact.json"
-            if flow["flow_api_name"] == "WelcomeContact"
-            else "normalize_contact_name.json"
-        )
-        text = cli("flow", "compile", str(path))  # the demo generation from demo.json
+        text = cli("flow", "compile", str(files[flow["flow_api_name"]]))  # demo.json's generation
+        assert f"Flow {flow['flow_api_name']}@" in text, text
         assert f"Plan digest: {flow['plan_digest']}" in text, text
     mermaid = cli("flow", "plan", str(examples / "welcome_contact.json"))
     assert mermaid.startswith("flowchart TD")
@@ -287,6 +332,31 @@ def test_flow_compile_of_the_demo_flows_against_the_running_catalog_gives_the_ac
         rc=1,
     )
     assert "gen-unknown" in missing and "Traceback" not in missing
+
+
+def test_flow_compile_of_a_flow_with_a_subflow_reads_the_registered_subflow_from_the_runtime(
+    cli: Cli, stack: DemoStack, tmp_path: Path
+) -> None:
+    child = tmp_path / "child.json"
+    child.write_text(json.dumps(SUBFLOW_CHILD), encoding="utf-8")
+    cli("flow", "register", str(child))  # registered, never activated: activation reads it
+    parent = tmp_path / "parent.json"
+    parent.write_text(json.dumps(SUBFLOW_PARENT), encoding="utf-8")
+    version = json.loads(cli("flow", "register", str(parent)))["flow_version_id"]
+    activation = json.loads(
+        cli(
+            "flow",
+            "activate",
+            "--flow-version",
+            version,
+            "--generation",
+            stack.demo["catalog_generation_id"],
+            "--catalog-digest",
+            stack.demo["catalog_digest"],
+        )
+    )
+    text = cli("flow", "compile", str(parent))
+    assert f"Plan digest: {activation['plan_digest']}" in text, text
 
 
 # --- with the worker-only replica ---------------------------------------------------------

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
 from runtime_svc.definitions import FlowSourceInvalidError, parse_source_json
-from runtime_svc.definitions.source import SubflowRef, subflow_refs
+from runtime_svc.definitions.policy import (
+    DEFAULT_POLICY_DOCUMENT,
+    default_policy_generation,
+    normalize_policy_document,
+)
+from runtime_svc.definitions.source import SubflowRef, collect_subflows, subflow_refs
 from tests.unit.definitions import corpus
 
 
@@ -29,6 +37,41 @@ def test_subflow_references_are_collected() -> None:
     info = parse_source_json(json.dumps(corpus.flow("atomic_subflow_line_items")))
     assert info.subflows == (SubflowRef("recalc_line_items", 1),)
     assert subflow_refs({"elements": [{"type": "Subflow", "flow": 3}, "junk"]}) == ()
+
+
+def _calls(*targets: str) -> dict[str, Any]:
+    return {
+        "elements": [{"type": "Subflow", "flow": t, "version": 1} for t in targets],
+    }
+
+
+def test_the_subflow_closure_is_transitive_visits_each_version_once_and_skips_missing_ones() -> (
+    None
+):
+    registry: dict[tuple[str, int], Mapping[str, Any]] = {
+        ("a", 1): {"api_name": "a", **_calls("b", "gone")},
+        ("b", 1): {"api_name": "b", **_calls("a")},  # a cycle: the compiler reports it
+    }
+    fetched: list[SubflowRef] = []
+
+    async def fetch(ref: SubflowRef) -> tuple[Mapping[str, Any], str] | None:
+        fetched.append(ref)
+        doc = registry.get((ref.api_name, ref.version))
+        return None if doc is None else (doc, f"fv-{ref.api_name}")
+
+    sources, ids = asyncio.run(collect_subflows(_calls("a"), fetch))
+    assert [s["api_name"] for s in sources] == ["a", "b"]
+    assert ids == {("a", 1): "fv-a", ("b", 1): "fv-b"}
+    assert sorted(fetched) == [SubflowRef("a", 1), SubflowRef("b", 1), SubflowRef("gone", 1)]
+    bounded, _ = asyncio.run(collect_subflows(_calls("a"), fetch, limit=1))
+    assert [s["api_name"] for s in bounded] == ["a"]
+
+
+def test_the_default_policy_generation_is_the_normalized_default_document_at_version_one() -> None:
+    gen = default_policy_generation("org-1")
+    assert (gen.org_id, gen.version) == ("org-1", 1)
+    assert gen.same_document(normalize_policy_document(DEFAULT_POLICY_DOCUMENT))
+    assert gen.compiler_document()["version"] == 1
 
 
 def test_bad_json_names_line_and_column() -> None:
