@@ -7,19 +7,27 @@ calls in order works:
 
 * the demo scope (``org-demo / inst-demo / cap-flow``) for the runtime calls, with an
   autolaunched Flow ``CookbookPing`` registered, compiled and run once (then deactivated
-  again, so the demo keeps exactly its two active Flows);
+  again, so the demo keeps exactly its own active Flows), and an ``AwaitApproval`` run
+  for request ``cookbook-<nonce>`` parked on its durable wait (the page's
+  SubmitWakeSignal approves it);
+* an effect handed over to the effect owner as the runtime's outbox dispatcher hands it
+  (an e-mail to the dev mail sink), and its completion receipt awaited, so the page's
+  command and receipt reads find them; plus the identities of a second, never delivered
+  handoff for RejectIfUnaccepted;
 * a small second work scope (``inst-cookbook / cap-cookbook``) for the catalog's write
   calls: its view and binding are published, a generation is opened with one entry
   submitted (the calls seal it, reference it and delete it), and its future catalog
   digest is learnt from a sealed twin that is deleted again;
-* two credentials (``cookbook-demo.token``, ``cookbook-scope.token``), complete scope,
-  all three audiences, with the roles cancel and delete need.
+* three credentials: ``cookbook-demo.token`` and ``cookbook-scope.token`` (complete
+  scope, all three audiences, the operator roles: cancel, delete, submit signals), and
+  ``cookbook-runtime.token``, signed with the *runtime's* service key
+  (``FLOW_AUTH_SERVICE_KEY``) for the two service-to-service calls of the effect owner
+  (role ``effects.handoff.submit``) — the runtime's identity, which operators never need.
 
-Every call carries the status it answers today (``expect``): ``OK``, or the documented
-error of an RPC whose issue has not landed (``UNIMPLEMENTED``) or of a call that is
-refused by design. ``tests/e2e/test_grpcurl_cookbook.py`` runs every documented call of
-the generated page against a running stack and checks exactly that; when an RPC lands,
-flip its ``expect`` in :mod:`flowctl.cookbook_calls` and regenerate
+Every call carries the status it answers (``expect``): ``OK``, or the documented error of
+a call that is refused by design, with its reason. ``tests/e2e/test_grpcurl_cookbook.py``
+runs every documented call of the generated page against a running stack and checks
+exactly that; after changing a call in :mod:`flowctl.cookbook_calls`, regenerate
 ``docs/grpcurl.md`` (the unit test says when it is stale).
 """
 
@@ -33,12 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowctl.cookbook_calls import CALLS, COOKBOOK_FLOW, RUNS, START_INPUT, Call
+from flowctl.cookbook_calls import CALLS, COOKBOOK_FLOW, HANDOFF_PAYLOAD, RUNS, START_INPUT, Call
+from services.digest import canonical_json
+from services.effect_contract import effect_payload_digest
 
 __all__ = [
     "CALLS",
     "COOKBOOK_FLOW",
     "PLACEHOLDERS",
+    "PLACEHOLDER_ENVELOPE",
     "START_INPUT",
     "Call",
     "Ids",
@@ -66,6 +77,12 @@ PLACEHOLDERS: Mapping[str, str] = {
     "plan": "<cookbook-plan-id>",
     "plan_digest": "<cookbook-plan-digest>",
     "run": "<cookbook-run-id>",
+    "approval_run": "<cookbook-approval-run-id>",
+    "handoff_key": "<cookbook-handoff-key>",
+    "command": "<cookbook-command-id>",
+    "unsent_key": "<cookbook-unsent-handoff-key>",
+    "unsent_payload_digest": "<cookbook-unsent-payload-digest>",
+    "unsent_message_id": "<cookbook-unsent-outbox-message-id>",
     "record": "contact-cookbook-<nonce>",
     "nonce": "<nonce>",
     "catalog_target": "127.0.0.1:50061",
@@ -81,6 +98,7 @@ JSON_PLACEHOLDERS = (
     "cb_entry_json",
     "cb_reference_json",
     "cb_tuples_json",
+    "handoff_json",
 )
 
 
@@ -149,12 +167,20 @@ def render(ids: Ids, *, filled: bool) -> str:
         f"export PATH={shlex.quote(v['bin_dir'])}:$PATH",
         f"DEMO_TOKEN=$(cat {shlex.quote(v['token_dir'] + '/cookbook-demo.token')})",
         f"SCOPE_TOKEN=$(cat {shlex.quote(v['token_dir'] + '/cookbook-scope.token')})",
+        f"RUNTIME_TOKEN=$(cat {shlex.quote(v['token_dir'] + '/cookbook-runtime.token')})",
         "```",
         "",
         "`DEMO_TOKEN` carries the demo's complete work scope (`org-demo / inst-demo / cap-flow /"
-        " <binding>`) with the roles `flow.runs.cancel` and `flow.runs.delete`; `SCOPE_TOKEN` "
-        "the cookbook's second scope (`inst-cookbook / cap-cookbook`) used by the catalog "
-        "writes. Both are valid for 12 hours. Health and reflection need no credential.",
+        " <binding>`) with the operator roles `flow.runs.cancel`, `flow.runs.delete` and "
+        "`flow.signals.submit`; `SCOPE_TOKEN` the cookbook's second scope (`inst-cookbook / "
+        "cap-cookbook`) used by the catalog writes. `RUNTIME_TOKEN` is the *runtime's* "
+        "identity: signed with the runtime's service key (`FLOW_AUTH_SERVICE_KEY`, key id "
+        "`runtime-service`, `./.data/auth/runtime_service_key.pem` on the dev stack) for the "
+        "demo scope, audience `effect-owner`, role `effects.handoff.submit` — what the "
+        "runtime's outbox dispatcher sends with AcceptHandoff and RejectIfUnaccepted. "
+        "Operators never call those two; the page shows them so the whole contract can be "
+        "tried by hand. All three are valid for 12 hours. Health and reflection need no "
+        "credential.",
         "",
         "## List, describe, health",
         "",
@@ -185,7 +211,7 @@ def render(ids: Ids, *, filled: bool) -> str:
             "",
             f"### {call.method}",
             "",
-            f"{call.what[0].upper()}{call.what[1:]}.{note}",
+            f"{_fill(call.what[0].upper() + call.what[1:], ids)}.{note}",
             "",
             "```bash",
             f"# expect: {call.expect}",
@@ -200,9 +226,30 @@ def docs_page() -> str:
     return render(placeholder_ids(), filled=False)
 
 
+#: The handoff envelope docs/grpcurl.md shows (``make run`` fills in the real one).
+PLACEHOLDER_ENVELOPE: Mapping[str, Any] = {
+    "org_id": "{org}",
+    "app_installation_id": "{inst}",
+    "runtime_capability_id": "{cap}",
+    "runtime_work_binding_digest": "{binding}",
+    "runtime_outbox_message_id": "<cookbook-handoff-outbox-message-id>",
+    "message_family": "flow.effect.submit",
+    "message_family_version": 1,
+    "effect_handoff_key": "{handoff_key}",
+    "effect_owner_kind": "email.smtp",
+    "payload_schema_version": 1,
+    "payload_digest": effect_payload_digest(HANDOFF_PAYLOAD),
+    "payload_json": canonical_json(dict(HANDOFF_PAYLOAD)).decode(),
+    "flow_run_id": "cookbook-{nonce}",
+    "step_execution_id": "step_cookbook-{nonce}_0",
+    "submission_attempt_id": "att_cookbook-{nonce}_0",
+    "failure_policy": "EXPIRY_POLICY_FAULT_PATH",
+}
+
+
 def placeholder_ids() -> Ids:
     """The ids docs/grpcurl.md shows."""
-    return Ids(dict(PLACEHOLDERS))
+    return Ids(dict(PLACEHOLDERS), {"handoff_json": dict(PLACEHOLDER_ENVELOPE)})
 
 
 def new_nonce() -> str:

@@ -1,8 +1,8 @@
 """The calls of the grpcurl cookbook (:mod:`flowctl.cookbook` renders them).
 
 One :class:`Call` per RPC of the three services, in the order a person pastes them; each
-carries the status it answers today (``expect``). Flip ``expect`` to ``OK`` when an RPC's
-issue lands and regenerate ``docs/grpcurl.md``.
+carries the status it answers on the set-up stack (``expect``): ``OK``, or a documented
+error with its reason. After changing a call, regenerate ``docs/grpcurl.md``.
 """
 
 from __future__ import annotations
@@ -11,10 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from flowctl.demo import APPROVAL_KIND as DEMO_APPROVAL_KIND
+from runtime_svc.waits.evidence import evidence_digest
+from services.digest import canonical_json
+
 __all__ = [
+    "APPROVAL_EVIDENCE",
+    "APPROVAL_EVIDENCE_DIGEST",
+    "APPROVAL_KIND",
     "CALLS",
     "COOKBOOK_FLOW",
     "DEMO_SCOPE",
+    "HANDOFF_PAYLOAD",
     "RUNS",
     "START_INPUT",
     "Call",
@@ -47,6 +55,17 @@ COOKBOOK_FLOW: Mapping[str, Any] = {
         }
     ],
 }
+#: The signal that approves the cookbook's AwaitApproval run (``examples/flows/
+#: await_approval.json``): kind, canonical evidence and its ``wake-evidence/v1`` digest.
+APPROVAL_KIND = DEMO_APPROVAL_KIND
+APPROVAL_EVIDENCE = canonical_json({"status": "approved"}).decode()
+APPROVAL_EVIDENCE_DIGEST = evidence_digest({"status": "approved"})
+#: The safe payload of the cookbook's effect handoff (the owner's e-mail provider sends
+#: it to the dev mail sink).
+HANDOFF_PAYLOAD: Mapping[str, Any] = {
+    "to": "grace@example.com",
+    "template": "contact_welcome",
+}
 #: StartRun's input in the cookbook (the set-up's run uses the same, so the call
 #: finds that run by its idempotency key).
 START_INPUT = '{"subject": "grpcurl"}'
@@ -59,10 +78,11 @@ class Call:
     Attributes:
         service: full gRPC service name.
         method: RPC name.
-        what: one line: what the call does.
+        what: one line: what the call does; ``{name}`` strings are replaced as in ``body``.
         body: request JSON; ``{name}`` strings are replaced from the ids.
         target: ``catalog``, ``runtime`` or ``effect``.
-        credential: ``DEMO_TOKEN``, ``SCOPE_TOKEN`` or ``""`` (none): the shell variable.
+        credential: ``DEMO_TOKEN``, ``SCOPE_TOKEN``, ``RUNTIME_TOKEN`` or ``""`` (none):
+            the shell variable.
         expect: ``OK`` or the gRPC status name the call answers today.
         why: for an error, why (shown next to the call).
     """
@@ -89,7 +109,6 @@ CB_SCOPE = {
     "runtime_capability_id": "{cb_cap}",
     "runtime_work_binding_digest": "{cb_binding}",
 }
-_UNIMPLEMENTED = "its issue has not landed yet; the server answers UNIMPLEMENTED"
 
 CALLS: tuple[Call, ...] = (
     # --- catalog: a second, small work scope so the writes leave the demo alone ---------
@@ -438,95 +457,89 @@ CALLS: tuple[Call, ...] = (
         },
         "runtime",
     ),
-    # --- not implemented yet ---------------------------------------------------------------
+    # --- runtime: wake signals ---------------------------------------------------------------
     Call(
         WAKE,
         "SubmitWakeSignal",
-        "a producer's durable wake notification",
+        "approve: wakes the AwaitApproval run `{approval_run}` the set-up started for "
+        "request `cookbook-{nonce}` (a configured external kind, `external.signal`, with safe "
+        "evidence and its `wake-evidence/v1` digest; needs role flow.signals.submit). "
+        "Re-sending the same token answers the same signal (`duplicate`)",
         {
             "request_id": "cb-wake-{nonce}",
             "scope": DEMO_SCOPE,
-            "producer_kind": "record_change",
-            "producer_key": "Contact/{record}",
-            "wake_token": "cb-wake-{nonce}",
-            "evidence_digest": "sha256:cookbook",
+            "producer_kind": APPROVAL_KIND,
+            "producer_key": "approval:cookbook-{nonce}",
+            "wake_token": "approve-cookbook-{nonce}",
+            "evidence_json": APPROVAL_EVIDENCE,
+            "evidence_digest": APPROVAL_EVIDENCE_DIGEST,
         },
         "runtime",
-        "DEMO_TOKEN",
-        "UNIMPLEMENTED",
-        _UNIMPLEMENTED,
     ),
     Call(
         WAKE,
         "GetWakeSignal",
-        "read a wake signal by natural key",
+        "read that signal by its natural key (consumed by the run's dependency)",
         {
             "scope": DEMO_SCOPE,
             "key": {
-                "producer_kind": "record_change",
-                "producer_key": "Contact/{record}",
-                "wake_token": "cb-wake-{nonce}",
+                "producer_kind": APPROVAL_KIND,
+                "producer_key": "approval:cookbook-{nonce}",
+                "wake_token": "approve-cookbook-{nonce}",
             },
         },
         "runtime",
-        "DEMO_TOKEN",
-        "UNIMPLEMENTED",
-        _UNIMPLEMENTED,
+    ),
+    # --- effect owner --------------------------------------------------------------------------
+    Call(
+        EFFECT,
+        "AcceptHandoff",
+        "the runtime's outbox dispatcher hands an effect over (an e-mail to the dev mail "
+        "sink), signed with the runtime's own service key (`RUNTIME_TOKEN`, role "
+        "effects.handoff.submit; operators never call this). The set-up handed this "
+        "envelope over already, so the call answers the same command with "
+        "`duplicate: true`",
+        {"request_id": "cb-accept-{nonce}", "scope": DEMO_SCOPE, "envelope": "{handoff_json}"},
+        "effect",
+        "RUNTIME_TOKEN",
+    ),
+    Call(
+        EFFECT,
+        "GetCommand",
+        "one external command, by the handoff key it was accepted for",
+        {"scope": DEMO_SCOPE, "effect_handoff_key": "{handoff_key}"},
+        "effect",
     ),
     Call(
         EFFECT,
         "ListCommands",
         "external commands of the work scope",
-        {"scope": DEMO_SCOPE},
+        {"scope": DEMO_SCOPE, "page_size": 5},
         "effect",
-        "DEMO_TOKEN",
-        "UNIMPLEMENTED",
-        _UNIMPLEMENTED,
-    ),
-    Call(
-        EFFECT,
-        "GetCommand",
-        "one external command",
-        {"scope": DEMO_SCOPE, "effect_handoff_key": "cb-handoff-{nonce}"},
-        "effect",
-        "DEMO_TOKEN",
-        "UNIMPLEMENTED",
-        _UNIMPLEMENTED,
     ),
     Call(
         EFFECT,
         "GetReceipt",
-        "the completion receipt of a command",
-        {"scope": DEMO_SCOPE, "command_id": "cmd-cookbook-{nonce}", "outcome_version": 1},
+        "the completion receipt of that command (the owner sent the e-mail; the "
+        "receipt also went to the runtime as an `effect.completion` wake signal)",
+        {"scope": DEMO_SCOPE, "command_id": "{command}"},
         "effect",
-        "DEMO_TOKEN",
-        "UNIMPLEMENTED",
-        _UNIMPLEMENTED,
-    ),
-    Call(
-        EFFECT,
-        "AcceptHandoff",
-        "the runtime hands an effect over (Runtime outbox delivery)",
-        {"request_id": "cb-accept-{nonce}", "scope": DEMO_SCOPE},
-        "effect",
-        "DEMO_TOKEN",
-        "UNIMPLEMENTED",
-        _UNIMPLEMENTED,
     ),
     Call(
         EFFECT,
         "RejectIfUnaccepted",
-        "the runtime fences a handoff that was never accepted",
+        "the runtime fences a handoff it never delivered (a second invocation's key): "
+        "the owner durably records it REJECTED, so a late delivery can no longer be "
+        "accepted; an accepted key would answer its ACCEPTED receipt instead "
+        "(`RUNTIME_TOKEN`)",
         {
             "request_id": "cb-reject-{nonce}",
             "scope": DEMO_SCOPE,
-            "effect_handoff_key": "cb-handoff-{nonce}",
-            "payload_digest": "sha256:cookbook",
-            "runtime_outbox_message_id": "msg-cookbook-{nonce}",
+            "effect_handoff_key": "{unsent_key}",
+            "payload_digest": "{unsent_payload_digest}",
+            "runtime_outbox_message_id": "{unsent_message_id}",
         },
         "effect",
-        "DEMO_TOKEN",
-        "UNIMPLEMENTED",
-        _UNIMPLEMENTED,
+        "RUNTIME_TOKEN",
     ),
 )

@@ -8,21 +8,33 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
 from google.protobuf import json_format
 
 from flowctl.catalog import build_catalog, parse_build_document
 from flowctl.common import channel_for
 from flowctl.cookbook import COOKBOOK_FLOW, START_INPUT, Ids, new_nonce, render
-from flowctl.demo import DEMO_CATALOG, DemoSummary, local_target
-from services.auth import WorkloadClaims, load_signing_key, mint_credential
+from flowctl.cookbook_calls import HANDOFF_PAYLOAD
+from flowctl.demo import DEMO_CATALOG, DemoSummary, local_target, start_waiting_run
+from runtime_svc.outbox import PAYLOAD_SCHEMA_VERSION, EffectSubmitIntent, effect_submit_intent
+from services.auth import (
+    HANDOFF_SUBMIT_ROLE,
+    OPERATOR_ROLES,
+    TrustedRuntimeWorkScope,
+    WorkloadClaims,
+    load_signing_key,
+    mint_credential,
+)
 from services.config import ServiceConfig, ServiceName
-from services.proto import catalog_v1, common_v1, runtime_v1
+from services.effect_contract import FLOW_EFFECT_SUBMIT_FAMILY, FLOW_EFFECT_SUBMIT_FAMILY_VERSION
+from services.proto import catalog_v1, common_v1, effect_v1, runtime_v1
 
 __all__ = ["COOKBOOK_FILE", "write_cookbook"]
 
@@ -30,7 +42,10 @@ COOKBOOK_FILE = "grpcurl.md"
 CB_INST, CB_CAP = "inst-cookbook", "cap-cookbook"
 _TOKEN_TTL_S = 12 * 3600
 _TIMEOUT_S = 30.0
-_ROLES = ("flow.runs.cancel", "flow.runs.delete")
+#: The owner kind of the cookbook's handoff and the plan step it pretends to come from.
+_HANDOFF_KIND, _HANDOFF_STEP = "email.smtp", "send_welcome"
+#: How long the set-up waits for the owner to send the handed-over e-mail (polls, s).
+_RECEIPT_POLLS, _RECEIPT_POLL_S = 240, 0.25
 #: A diagnostic-retention reference names how long it holds; the page releases it anyway.
 _RETAIN_UNTIL = "2099-01-01T00:00:00Z"
 
@@ -40,24 +55,48 @@ def _doc(message: Any) -> dict[str, Any]:
 
 
 class _Tokens:
-    def __init__(self, cfg: ServiceConfig) -> None:
-        self._key = load_signing_key(cfg.auth_signing_key)
-        self._key_id = cfg.auth_signing_key_id
+    """Mints credentials with one signing key: by default the operator's (the configured
+    ``FLOW_AUTH_SIGNING_KEY``, every audience, the operator roles)."""
+
+    def __init__(
+        self,
+        key_path: Path,
+        key_id: str,
+        *,
+        subject: str = "grpcurl-cookbook",
+        audiences: Sequence[ServiceName] = tuple(ServiceName),
+        roles: Sequence[str] = OPERATOR_ROLES,
+    ) -> None:
+        self._key = load_signing_key(key_path)
+        self._key_id = key_id
+        self._subject, self._audiences, self._roles = subject, tuple(audiences), tuple(roles)
 
     def token(self, org: str, inst: str, cap: str, digest: str | None, ttl: int = 300) -> str:
         claims = WorkloadClaims(
-            subject="grpcurl-cookbook",
-            audiences=tuple(ServiceName),
+            subject=self._subject,
+            audiences=self._audiences,
             org_id=org,
             app_installation_id=inst,
             runtime_capability_id=cap,
             runtime_work_binding_digest=digest,
-            roles=_ROLES,
+            roles=self._roles,
         )
         return mint_credential(self._key, self._key_id, claims, ttl_s=ttl)
 
     def md(self, org: str, inst: str, cap: str, digest: str | None) -> tuple[tuple[str, str]]:
         return (("authorization", f"Bearer {self.token(org, inst, cap, digest)}"),)
+
+
+def _runtime_identity(runtime_cfg: ServiceConfig) -> _Tokens:
+    """The runtime's own identity: its service key, audience effect-owner, the handoff role
+    (what its outbox dispatcher signs AcceptHandoff/RejectIfUnaccepted with)."""
+    return _Tokens(
+        runtime_cfg.auth_service_key,
+        runtime_cfg.auth_service_key_id,
+        subject=ServiceName.RUNTIME.value,
+        audiences=(ServiceName.EFFECT_OWNER,),
+        roles=(HANDOFF_SUBMIT_ROLE,),
+    )
 
 
 def _cookbook_plan(org: str) -> Any:
@@ -221,6 +260,8 @@ def _runtime_side(
         )
         request.wait_budget.FromSeconds(10)
         run = runs.StartRun(request, metadata=md, timeout=_TIMEOUT_S).run
+        # Parked on its durable wait; the page's SubmitWakeSignal approves it.
+        approval = start_waiting_run(channel, md, request=f"cookbook-{nonce}")
         # Leave the demo with exactly its own active Flows; the page re-activates it.
         defs.DeactivateFlowVersion(
             runtime_v1.DeactivateFlowVersionRequest(
@@ -234,15 +275,120 @@ def _runtime_side(
         "plan": plan.plan_id,
         "plan_digest": plan.plan_digest,
         "run": run.flow_run_id,
+        "approval_run": approval.flow_run_id,
     }
+
+
+def _handoff(scope: TrustedRuntimeWorkScope, run: str, ordinal: int) -> EffectSubmitIntent:
+    """The deterministic handoff of one (pretended) EffectSubmit invocation."""
+    return effect_submit_intent(
+        scope,
+        flow_run_id=run,
+        submit_step_key=_HANDOFF_STEP,
+        invocation_ordinal=ordinal,
+        step_execution_id=f"step_{run}_{ordinal}",
+        submission_attempt_id=f"att_{run}_{ordinal}",
+        effect_owner_kind=_HANDOFF_KIND,
+        payload=HANDOFF_PAYLOAD,
+        deadline=None,
+        failure_policy="fault_path",
+    )
+
+
+def _envelope(intent: EffectSubmitIntent) -> Any:
+    """The ``RuntimeOutboxEnvelope`` the runtime's dispatcher sends for ``intent``
+    (``runtime_svc.outbox.handoff.envelope_of`` of its persisted row)."""
+    return common_v1.RuntimeOutboxEnvelope(
+        org_id=intent.org_id,
+        app_installation_id=intent.app_installation_id,
+        runtime_capability_id=intent.runtime_capability_id,
+        runtime_work_binding_digest=intent.runtime_work_binding_digest,
+        runtime_outbox_message_id=intent.message_id,
+        message_family=FLOW_EFFECT_SUBMIT_FAMILY,
+        message_family_version=FLOW_EFFECT_SUBMIT_FAMILY_VERSION,
+        effect_handoff_key=intent.handoff_key,
+        effect_owner_kind=intent.effect_owner_kind,
+        payload_schema_version=PAYLOAD_SCHEMA_VERSION,
+        payload_digest=intent.payload_digest,
+        payload_json=intent.payload_json,
+        flow_run_id=intent.flow_run_id,
+        step_execution_id=intent.step_execution_id,
+        submission_attempt_id=intent.submission_attempt_id,
+        failure_policy=common_v1.ExpiryPolicy.EXPIRY_POLICY_FAULT_PATH,
+    )
+
+
+def _effect_side(
+    configs: Mapping[ServiceName, ServiceConfig], tokens: _Tokens, demo: DemoSummary, nonce: str
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Hand one effect over as the runtime does and wait for the owner's receipt; the
+    identities of a second handoff that is never delivered (for RejectIfUnaccepted).
+
+    Raises:
+        RuntimeError: the owner recorded no receipt in time (the page's GetReceipt would
+            not find it).
+    """
+    org, inst, cap, digest = (
+        demo.org_id,
+        demo.app_installation_id,
+        demo.runtime_capability_id,
+        demo.binding_digest,
+    )
+    scope = TrustedRuntimeWorkScope(org, inst, cap, digest)
+    scope_proto = common_v1.TrustedRuntimeWorkScope(
+        org_id=org,
+        app_installation_id=inst,
+        runtime_capability_id=cap,
+        runtime_work_binding_digest=digest,
+    )
+    run = f"cookbook-{nonce}"
+    sent, unsent = _handoff(scope, run, 0), _handoff(scope, run, 1)
+    envelope = _envelope(sent)
+    runtime_md = _runtime_identity(configs[ServiceName.RUNTIME]).md(org, inst, cap, digest)
+    with channel_for(local_target(configs[ServiceName.EFFECT_OWNER])) as channel:
+        owner = effect_v1.EffectOwnerServiceStub(channel)
+        command = owner.AcceptHandoff(
+            effect_v1.AcceptHandoffRequest(
+                request_id=uuid.uuid4().hex, scope=scope_proto, envelope=envelope
+            ),
+            metadata=runtime_md,
+            timeout=_TIMEOUT_S,
+        ).command
+        read_md = tokens.md(org, inst, cap, digest)
+        for _ in range(_RECEIPT_POLLS):
+            try:
+                owner.GetReceipt(
+                    effect_v1.GetReceiptRequest(scope=scope_proto, command_id=command.command_id),
+                    metadata=read_md,
+                    timeout=_TIMEOUT_S,
+                )
+                break
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+            time.sleep(_RECEIPT_POLL_S)
+        else:
+            raise RuntimeError(
+                f"the effect owner recorded no receipt of command {command.command_id} within "
+                f"{_RECEIPT_POLLS * _RECEIPT_POLL_S:.0f} s (is its dispatcher running?)"
+            )
+    values = {
+        "handoff_key": sent.handoff_key,
+        "command": command.command_id,
+        "unsent_key": unsent.handoff_key,
+        "unsent_payload_digest": unsent.payload_digest,
+        "unsent_message_id": unsent.message_id,
+    }
+    return values, {"handoff_json": _doc(envelope)}
 
 
 def write_cookbook(
     configs: Mapping[ServiceName, ServiceConfig], data_dir: Path, demo: DemoSummary
 ) -> Path:
-    """Prepare the stack and write ``<data_dir>/grpcurl.md`` plus its two token files."""
+    """Prepare the stack and write ``<data_dir>/grpcurl.md`` plus its three token files."""
     nonce = new_nonce()
-    tokens = _Tokens(configs[ServiceName.RUNTIME])
+    runtime_cfg = configs[ServiceName.RUNTIME]
+    tokens = _Tokens(runtime_cfg.auth_signing_key, runtime_cfg.auth_signing_key_id)
     values = {
         "org": demo.org_id,
         "inst": demo.app_installation_id,
@@ -262,18 +408,20 @@ def write_cookbook(
     }
     cb_values, documents = _catalog_side(configs[ServiceName.CATALOG], tokens, demo.org_id, nonce)
     values.update(cb_values)
-    values.update(_runtime_side(configs[ServiceName.RUNTIME], tokens, demo, nonce))
-    for name, (inst, cap, digest) in {
-        "cookbook-demo.token": (
-            demo.app_installation_id,
-            demo.runtime_capability_id,
-            demo.binding_digest,
-        ),
-        "cookbook-scope.token": (CB_INST, CB_CAP, values["cb_binding"]),
+    values.update(_runtime_side(runtime_cfg, tokens, demo, nonce))
+    effect_values, effect_documents = _effect_side(configs, tokens, demo, nonce)
+    values.update(effect_values)
+    documents.update(effect_documents)
+    demo_scope = (demo.app_installation_id, demo.runtime_capability_id, demo.binding_digest)
+    for name, (minter, (inst, cap, digest)) in {
+        "cookbook-demo.token": (tokens, demo_scope),
+        "cookbook-scope.token": (tokens, (CB_INST, CB_CAP, values["cb_binding"])),
+        "cookbook-runtime.token": (_runtime_identity(runtime_cfg), demo_scope),
     }.items():
         path = data_dir / name
         path.write_text(
-            tokens.token(demo.org_id, inst, cap, digest, ttl=_TOKEN_TTL_S) + "\n", encoding="utf-8"
+            minter.token(demo.org_id, inst, cap, digest, ttl=_TOKEN_TTL_S) + "\n",
+            encoding="utf-8",
         )
         path.chmod(0o600)
     page = data_dir / COOKBOOK_FILE

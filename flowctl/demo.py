@@ -65,6 +65,7 @@ __all__ = [
     "WaitingRun",
     "local_target",
     "seed",
+    "start_waiting_run",
 ]
 
 _log = logging.getLogger("devstack.demo")
@@ -335,10 +336,17 @@ def _activate_flow(
     )
 
 
-def _start_waiting_run(runtime_channel: grpc.Channel, md: Metadata) -> WaitingRun:
-    """Start an :data:`WAITING_FLOW` run (a fresh request each start) and wait, bounded,
-    until it is parked on its durable wait (or has moved on)."""
-    request = f"demo-{uuid.uuid4().hex[:8]}"
+def start_waiting_run(
+    runtime_channel: grpc.Channel, md: Metadata, request: str | None = None
+) -> WaitingRun:
+    """Start an :data:`WAITING_FLOW` run for the approval ``request`` (its idempotency key;
+    by default a fresh ``demo-…`` each start) and wait, bounded, until it is parked on its
+    durable wait (or has moved on). Returns the signal that approves it.
+
+    Raises:
+        DemoSeedError: a call failed.
+    """
+    request = request or f"demo-{uuid.uuid4().hex[:8]}"
     runs = runtime_v1.FlowRunServiceStub(runtime_channel)
     with _step(f"starting a {WAITING_FLOW} run"):
         inputs = Struct()
@@ -467,7 +475,7 @@ def seed(
             _activate_flow(runtime, org_md, scoped_md, scope, f, generation_id, catalog_digest)
             for f in flows
         )
-        waiting = _start_waiting_run(runtime_channel, scoped_md) if WAITING_FLOW in names else None
+        waiting = start_waiting_run(runtime_channel, scoped_md) if WAITING_FLOW in names else None
     summary = DemoSummary(
         org_id=org,
         app_installation_id=inst,

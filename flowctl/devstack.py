@@ -298,7 +298,7 @@ def main() -> int:
             return 1
         try:
             cookbook = write_cookbook(configs, data_dir, demo)
-        except (grpc.RpcError, OSError, RuntimeError, CliError, ValueError) as exc:
+        except (grpc.RpcError, OSError, RuntimeError, CliError, ValueError, DemoSeedError) as exc:
             # The demo is up; only the pre-filled cookbook is missing.
             log.warning("could not prepare the grpcurl cookbook (docs/grpcurl.md): %s", exc)
         else:

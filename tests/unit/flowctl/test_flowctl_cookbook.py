@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from flowctl.cookbook import CALLS, docs_page, documented_calls
+from flowctl.cookbook import (
+    CALLS,
+    PLACEHOLDER_ENVELOPE,
+    _fill,
+    docs_page,
+    documented_calls,
+    placeholder_ids,
+)
+from flowctl.cookbook_setup import _doc, _envelope, _handoff
+from services.auth import TrustedRuntimeWorkScope
 from services.proto import catalog_v1, effect_v1, runtime_v1
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -47,4 +58,31 @@ def test_the_page_parses_into_one_command_per_expectation() -> None:
     calls = documented_calls(docs_page())
     assert len(calls) == len(CALLS) + 6
     assert all(c.startswith("grpcurl ") for _, c in calls)
-    assert {e for e, _ in calls} <= {"OK", "UNIMPLEMENTED", "FAILED_PRECONDITION"}
+    assert {e for e, _ in calls} <= {"OK", "FAILED_PRECONDITION"}  # every RPC has landed
+
+
+def test_the_documented_envelope_is_the_one_the_set_up_hands_over() -> None:
+    scope = TrustedRuntimeWorkScope("org-demo", "inst-demo", "cap-flow", "binding-1")
+    real = _doc(_envelope(_handoff(scope, "cookbook-n1", 0)))
+    shown = render_document(PLACEHOLDER_ENVELOPE, {"nonce": "n1", "binding": "binding-1"})
+    assert set(shown) == set(real)
+    for field in (
+        "message_family",
+        "message_family_version",
+        "effect_owner_kind",
+        "payload_schema_version",
+        "payload_digest",
+        "payload_json",
+        "flow_run_id",
+        "step_execution_id",
+        "submission_attempt_id",
+        "failure_policy",
+        "runtime_work_binding_digest",
+    ):
+        assert shown[field] == real[field], field
+
+
+def render_document(doc: Mapping[str, Any], values: Mapping[str, str]) -> dict[str, Any]:
+    ids = placeholder_ids()
+    ids.values.update(values)
+    return dict(_fill(dict(doc), ids))
