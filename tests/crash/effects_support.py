@@ -34,12 +34,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.auth import (
-    CredentialVerifier,
     WorkloadClaims,
     bearer_metadata,
     ensure_dev_keys,
     load_signing_key,
     mint_credential,
+    service_key_id,
 )
 from services.config import ServiceName, load_config
 from services.effect_contract import HANDOFF_SUBMIT_ROLE
@@ -58,6 +58,8 @@ from tests.support.procs import ROOT, SERVICE_MODULES, free_port, service_env
 __all__ = ["Child", "EffectStack", "effect_stack", "expect_sigkill"]
 
 KEY_ID = "dev"
+#: Key id of the runtime's own service key (``FLOW_AUTH_SERVICE_KEY_ID`` default).
+RUNTIME_KEY_ID = service_key_id(ServiceName.RUNTIME)
 #: Owner timings: a 3 s command lease (provider calls are cut at 80 % of it), fast retry.
 OWNER_ENV = {
     "FLOW_EFFECT_LEASE_MS": "3000",
@@ -152,6 +154,7 @@ class EffectStack:
     wake: FakeWakeSignals
     wake_port: int
     private_key: Any
+    runtime_key: Any
     owner_port: int = field(default_factory=free_port)
     children: list[Child] = field(default_factory=list)
 
@@ -207,7 +210,8 @@ class EffectStack:
         return self._spawn("runtime", free_port(), self.runtime_db_url, env)
 
     def runtime_md(self, scope: Scope) -> Any:
-        """The runtime's credential for ``scope`` (what its dispatcher sends)."""
+        """The runtime's credential for ``scope`` (what its dispatcher sends): signed with
+        the runtime's own service key, the only dev key trusted with the handoff role."""
         claims = WorkloadClaims(
             subject="runtime",
             audiences=(ServiceName.EFFECT_OWNER,),
@@ -217,7 +221,7 @@ class EffectStack:
             runtime_work_binding_digest=scope.runtime_work_binding_digest,
             roles=(HANDOFF_SUBMIT_ROLE,),
         )
-        return bearer_metadata(mint_credential(self.private_key, KEY_ID, claims, ttl_s=600))
+        return bearer_metadata(mint_credential(self.runtime_key, RUNTIME_KEY_ID, claims, ttl_s=600))
 
     async def accept(self, scope: Scope, env: Any, request_id: str | None = None) -> Any:
         """``AcceptHandoff`` to the owner child, as the runtime's dispatcher sends it."""
@@ -253,7 +257,8 @@ async def effect_stack(
             "FLOW_OTEL_ENABLED": "false",
         },
     )
-    verifier = CredentialVerifier({KEY_ID: private_key.public_key()}, ServiceName.RUNTIME)
+    # The stand-in trusts what the real runtime trusts: the data dir's trusted-keys file,
+    # where the owner's service key may submit (completion) wake signals.
     wake_server = await start_server(
         cfg,
         [
@@ -263,7 +268,6 @@ async def effect_stack(
                 wake,
             )
         ],
-        verifier=verifier,
     )
     stack: EffectStack | None = None
     try:
@@ -279,6 +283,7 @@ async def effect_stack(
                 wake,
                 wake_server.port,
                 private_key,
+                load_signing_key(keys.runtime_service_key),
             )
             try:
                 yield stack
