@@ -1,0 +1,563 @@
+"""Deduplication of mutating RPCs on ``(complete trusted scope, RPC, request_id)``.
+
+The proto contract of every service: a mutating request carries a ``request_id`` the
+client generates once per logical operation and repeats on every retry. The server
+
+* answers a retry with the **original response** (the bytes it sent, or would have sent,
+  the first time) — never a re-execution that could see newer state;
+* refuses the same ``request_id`` with a **different body** with ``INVALID_ARGUMENT``
+  (reason ``request_id_reused``, field ``request_id``);
+* keys both by the caller's complete trusted scope — org, app installation, runtime
+  capability and binding digest as the verified credential carries them (``""`` for a
+  component it does not carry) — so two installations of one org can reuse an id
+  without seeing each other (§10.0).
+
+One mechanism serves every service:
+
+1. **Schema.** Each service adds one table to its ``MetaData`` with
+   :func:`request_dedupe_table` (its Alembic revision creates the same columns) and keeps
+   one :class:`RequestLedger` over it.
+2. **Key.** A servicer builds :meth:`RequestKey.of` from the trusted scope, the RPC name
+   and the request message (``request_id`` validated, the body digested without it).
+3. **Single-transaction mutations** (most RPCs) call :meth:`RequestLedger.execute` — or,
+   inside a transaction they already own, :meth:`RequestLedger.execute_txn` — with a
+   ``work(conn)`` function and an ``encode(value) -> bytes`` function. The ledger row
+   (request digest + serialized response) is inserted in the *same* transaction as the
+   mutation, so a lost commit response and its retry can never both apply (STYLE 8: the
+   dedupe row is the outcome marker). A concurrent duplicate loses the insert race,
+   rolls back whole and replays the winner.
+4. **Multi-transaction operations** (a remote call or a long wait between transactions;
+   the operation must itself be idempotent) call :meth:`RequestLedger.reserve` first —
+   it records the body digest so a different body is refused before any side effect, and
+   returns a stored response to replay — then do their work and finish with
+   :meth:`RequestLedger.complete`; the first completed response is the original one.
+   A mutation may also record a *provisional* response in its own transaction
+   (``execute(..., completed=False)``) and complete it later (``StartRun``: accepted in
+   one transaction, terminal result after the synchronous execution).
+5. **Retention.** Rows older than the service's request-retention window are purged in
+   bounded batches by :meth:`RequestLedger.purge` (the runtime's retention sweep and
+   the catalog's request sweep call it per org). A retry after the window is a new
+   request.
+
+Responses are stored as the serialized response message (base64 text, at most
+:data:`MAX_RESPONSE_BYTES`); errors are never stored: a request that failed is executed
+again on retry (it changed nothing).
+
+Usage in a servicer::
+
+    key = RequestKey.of(DedupeScope.of_identity(current_identity()), "DeleteRun", request)
+    done = await ledger.execute(engine, key, work, lambda v: to_proto(v).SerializeToString())
+    return done.message(runtime_v1.DeleteRunResponse)
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, Protocol, TypeVar
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from sqlalchemy import (
+    Boolean,
+    Column,
+    ColumnElement,
+    Index,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    delete,
+    false,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services.db import (
+    DIGEST_LEN,
+    ID_LEN,
+    KEY_LEN,
+    TABLE_OPTIONS,
+    WORK_SCOPE,
+    JsonText,
+    UtcDateTime,
+    db_now,
+    insert_if_absent,
+    run_in_transaction,
+    transaction,
+    work_scope_columns,
+)
+from services.digest import versioned_digest
+from services.errors import ConflictError, FailedPreconditionError, InvalidArgumentError
+
+__all__ = [
+    "MAX_REQUEST_ID_LEN",
+    "MAX_RESPONSE_BYTES",
+    "DedupeScope",
+    "Deduplicated",
+    "DuplicateRequestRace",
+    "RequestIdReusedError",
+    "RequestKey",
+    "RequestLedger",
+    "StoredResponse",
+    "request_dedupe_table",
+    "request_digest",
+]
+
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+
+#: Longest accepted ``request_id`` (the column width).
+MAX_REQUEST_ID_LEN = KEY_LEN
+#: Largest response that can be recorded (base64 in a 16 MiB text column). A gRPC
+#: message is bounded far below it by ``FLOW_GRPC_MAX_MESSAGE_BYTES``.
+MAX_RESPONSE_BYTES = 12 * 1024 * 1024
+_STORED_RESPONSE_BYTES = 16 * 1024 * 1024
+#: A concurrent duplicate can only lose the insert race once: the retry reads the winner.
+_RACE_ATTEMPTS = 3
+
+
+def request_dedupe_table(metadata: MetaData, name: str) -> Table:
+    """The dedupe table of one service, added to its schema ``metadata``.
+
+    Columns: the four work-scope columns (``""`` for a component the credential does not
+    carry), ``rpc_name``, ``request_id``, ``request_digest`` (body without the id),
+    ``response_payload`` (base64 of the serialized response; NULL while only reserved),
+    ``completed`` (False while reserved or provisional), ``created_at`` (the retention
+    anchor). Primary key: scope, RPC, request id; index ``(org_id, created_at)`` for the
+    retention purge.
+    """
+    return Table(
+        name,
+        metadata,
+        *work_scope_columns(),
+        Column("rpc_name", String(ID_LEN), nullable=False),
+        Column("request_id", String(KEY_LEN), nullable=False),
+        Column("request_digest", String(DIGEST_LEN), nullable=False),
+        Column("response_payload", JsonText(_STORED_RESPONSE_BYTES), nullable=True),
+        Column("completed", Boolean, nullable=False),
+        Column("created_at", UtcDateTime(), nullable=False),
+        PrimaryKeyConstraint(*WORK_SCOPE, "rpc_name", "request_id"),
+        Index(f"ix_{name}_created", "org_id", "created_at"),
+        **TABLE_OPTIONS,
+    )
+
+
+class _ScopeComponents(Protocol):
+    def scope_components(self) -> Mapping[str, str | None]: ...
+
+
+class _WorkScope(Protocol):
+    @property
+    def org_id(self) -> str: ...
+    @property
+    def app_installation_id(self) -> str: ...
+    @property
+    def runtime_capability_id(self) -> str: ...
+    @property
+    def runtime_work_binding_digest(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DedupeScope:
+    """The trusted scope a request is deduplicated in (``""`` = not carried)."""
+
+    org_id: str
+    app_installation_id: str = ""
+    runtime_capability_id: str = ""
+    runtime_work_binding_digest: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.org_id:
+            raise ValueError("a dedupe scope needs the trusted org")
+
+    @classmethod
+    def of_identity(cls, identity: _ScopeComponents) -> DedupeScope:
+        """Every scope component the verified credential carries
+        (``services.auth.TrustedIdentity``)."""
+        parts = identity.scope_components()
+        return cls(**{name: parts.get(name) or "" for name in WORK_SCOPE})
+
+    @classmethod
+    def of_work_scope(cls, scope: _WorkScope) -> DedupeScope:
+        """A complete trusted work scope (``TrustedRuntimeWorkScope`` and its twins)."""
+        return cls(*(str(getattr(scope, name)) for name in WORK_SCOPE))
+
+    def values(self) -> dict[str, str]:
+        """The four scope columns of a row."""
+        return {name: getattr(self, name) for name in WORK_SCOPE}
+
+    def where(self, table: Table) -> list[ColumnElement[bool]]:
+        """The four scope predicates on ``table``."""
+        return [table.c[name] == getattr(self, name) for name in WORK_SCOPE]
+
+
+def request_digest(rpc: str, request: Message, *, id_field: str = "request_id") -> str:
+    """Digest of ``request`` without its ``request_id``: two requests are "the same" when
+    this matches (field presence and values, not the wire bytes)."""
+    body = type(request)()
+    body.CopyFrom(request)
+    body.ClearField(id_field)
+    as_dict = json_format.MessageToDict(body, preserving_proto_field_name=True)
+    return versioned_digest("rpc_request", {"rpc": rpc, "body": as_dict})
+
+
+@dataclass(frozen=True, slots=True)
+class RequestKey:
+    """Identity of one logical request plus the digest of its body."""
+
+    scope: DedupeScope
+    rpc: str
+    request_id: str
+    request_digest: str
+
+    @classmethod
+    def of(
+        cls,
+        scope: DedupeScope,
+        rpc: str,
+        request: Message,
+        *,
+        id_field: str = "request_id",
+    ) -> RequestKey:
+        """The key of a decoded request message.
+
+        Raises:
+            InvalidArgumentError: ``request_id`` is empty or longer than
+                :data:`MAX_REQUEST_ID_LEN` (``field_path`` names it).
+        """
+        request_id = getattr(request, id_field)
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidArgumentError(
+                f"{id_field} is required", reason="missing_field", field_path=id_field
+            )
+        if len(request_id) > MAX_REQUEST_ID_LEN:
+            raise InvalidArgumentError(
+                f"{id_field} must be at most {MAX_REQUEST_ID_LEN} characters",
+                reason="out_of_range",
+                field_path=id_field,
+            )
+        return cls(scope, rpc, request_id, request_digest(rpc, request, id_field=id_field))
+
+
+class RequestIdReusedError(InvalidArgumentError):
+    """The ``request_id`` was used before for a request with a different body."""
+
+    reason = "request_id_reused"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "request_id was already used for a different request; a retry must repeat "
+            "the request unchanged, a new request needs a new request_id",
+            field_path="request_id",
+        )
+
+
+class DuplicateRequestRace(ConflictError):
+    """A concurrent transaction recorded the same request first: roll back and replay.
+
+    :meth:`RequestLedger.execute` handles it; a caller of
+    :meth:`RequestLedger.execute_txn` retries its whole transaction on it.
+    """
+
+    reason = "request_in_flight"
+
+    def __init__(self, key: RequestKey) -> None:
+        super().__init__(
+            "the same request is being applied concurrently; retry it",
+            entity=key.rpc,
+            key=key.request_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """What the ledger holds for a key.
+
+    Attributes:
+        payload: the recorded response bytes; ``None`` while the request is only
+            reserved (its operation has not completed yet).
+        completed: ``False`` while reserved or holding a provisional response.
+    """
+
+    payload: bytes | None
+    completed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Deduplicated(Generic[T]):
+    """The outcome of a deduplicated request.
+
+    Attributes:
+        value: the fresh result of the work; ``None`` when replayed.
+        response: the response bytes to answer with (fresh or replayed); ``None`` only
+            when the encoder declined (an outcome the service raises after the commit).
+        replayed: the response came from the ledger.
+        completed: the recorded response is final (``False``: provisional).
+    """
+
+    value: T | None
+    response: bytes | None
+    replayed: bool = False
+    completed: bool = True
+
+    def message(self, cls: type[M]) -> M:
+        """The response parsed as ``cls``.
+
+        Raises:
+            ValueError: no response (the encoder declined).
+        """
+        if self.response is None:
+            raise ValueError("no response was recorded for this request")
+        msg = cls()
+        msg.ParseFromString(self.response)
+        return msg
+
+
+def _encode(response: bytes) -> str:
+    if len(response) > MAX_RESPONSE_BYTES:
+        raise FailedPreconditionError(
+            f"the response exceeds {MAX_RESPONSE_BYTES} bytes and cannot be recorded",
+            reason="response_too_large",
+        )
+    return base64.b64encode(response).decode("ascii")
+
+
+class RequestLedger:
+    """Reads and writes one service's dedupe table (see the module docstring).
+
+    Args:
+        table: the table built by :func:`request_dedupe_table`.
+    """
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def _key_where(self, key: RequestKey) -> list[ColumnElement[bool]]:
+        t = self.table
+        return [*key.scope.where(t), t.c.rpc_name == key.rpc, t.c.request_id == key.request_id]
+
+    # --- composable helpers (caller's transaction) -----------------------------------------
+
+    async def lookup_txn(self, conn: AsyncConnection, key: RequestKey) -> StoredResponse | None:
+        """What the ledger holds for ``key``, or ``None`` for a new request.
+
+        Raises:
+            RequestIdReusedError: the id was used with another body.
+        """
+        t = self.table
+        row = (
+            await conn.execute(
+                select(t.c.request_digest, t.c.response_payload, t.c.completed).where(
+                    *self._key_where(key)
+                )
+            )
+        ).first()
+        if row is None:
+            return None
+        if row.request_digest != key.request_digest:
+            raise RequestIdReusedError()
+        payload = None if row.response_payload is None else base64.b64decode(row.response_payload)
+        return StoredResponse(payload, bool(row.completed))
+
+    async def record_txn(
+        self,
+        conn: AsyncConnection,
+        key: RequestKey,
+        response: bytes | None,
+        *,
+        completed: bool = True,
+    ) -> None:
+        """Insert the ledger row of a new request (``response`` ``None``: reserved only).
+
+        Raises:
+            DuplicateRequestRace: another transaction recorded the key first.
+        """
+        inserted = await insert_if_absent(
+            conn,
+            self.table,
+            {
+                **key.scope.values(),
+                "rpc_name": key.rpc,
+                "request_id": key.request_id,
+                "request_digest": key.request_digest,
+                "response_payload": None if response is None else _encode(response),
+                "completed": completed and response is not None,
+                "created_at": await db_now(conn),
+            },
+        )
+        if not inserted:
+            raise DuplicateRequestRace(key)
+
+    async def complete_txn(self, conn: AsyncConnection, key: RequestKey, response: bytes) -> bytes:
+        """Complete a reserved or provisional row with ``response``; returns the response
+        to answer with: ``response``, or the one a concurrent completion stored first."""
+        t = self.table
+        result = await conn.execute(
+            update(t)
+            .where(*self._key_where(key), t.c.completed == false())
+            .values(response_payload=_encode(response), completed=True)
+        )
+        if result.rowcount == 1:
+            return response
+        stored = await self.lookup_txn(conn, key)
+        if stored is None:  # purged meanwhile (a retention window shorter than the call)
+            await self.record_txn(conn, key, response)
+            return response
+        return stored.payload if stored.payload is not None else response
+
+    async def execute_txn(
+        self,
+        conn: AsyncConnection,
+        key: RequestKey,
+        work: Callable[[AsyncConnection], Awaitable[T]],
+        encode: Callable[[T], bytes | None],
+        *,
+        completed: bool = True,
+    ) -> Deduplicated[T]:
+        """Replay the stored response of ``key``, or run ``work`` and record its encoded
+        response in the same transaction (``conn``).
+
+        ``encode`` returning ``None`` records nothing (the service raises a refusal after
+        the commit; a retry decides again). ``completed=False`` records a provisional
+        response that :meth:`complete` replaces later. A reserved row (no response yet)
+        is completed by this call.
+
+        Raises:
+            RequestIdReusedError: the id was used with another body (nothing ran).
+            DuplicateRequestRace: a concurrent transaction recorded the key first; the
+                caller's transaction must roll back and run again.
+        """
+        prior = await self.lookup_txn(conn, key)
+        if prior is not None and prior.payload is not None:
+            return Deduplicated(None, prior.payload, replayed=True, completed=prior.completed)
+        value = await work(conn)
+        response = encode(value)
+        if response is None:
+            return Deduplicated(value, None)
+        if prior is None:
+            await self.record_txn(conn, key, response, completed=completed)
+        else:
+            response = await self.complete_txn(conn, key, response)
+        return Deduplicated(value, response, completed=completed)
+
+    # --- public operations (one transaction each) -------------------------------------------
+
+    async def execute(
+        self,
+        engine: AsyncEngine,
+        key: RequestKey,
+        work: Callable[[AsyncConnection], Awaitable[T]],
+        encode: Callable[[T], bytes | None],
+        *,
+        completed: bool = True,
+    ) -> Deduplicated[T]:
+        """:meth:`execute_txn` in its own transaction (whole-transaction retry on
+        deadlocks; a lost insert race rolls back and replays the winner).
+
+        ``work`` may run more than once (every retry starts over in a new transaction),
+        so it must replace, never accumulate, anything it captures.
+        """
+
+        async def fn(conn: AsyncConnection) -> Deduplicated[T]:
+            return await self.execute_txn(conn, key, work, encode, completed=completed)
+
+        for _ in range(_RACE_ATTEMPTS - 1):
+            try:
+                return await run_in_transaction(engine, fn)
+            except DuplicateRequestRace:
+                continue
+        return await run_in_transaction(engine, fn)
+
+    async def replay(self, engine: AsyncEngine, key: RequestKey) -> StoredResponse | None:
+        """A read-only :meth:`lookup_txn` (early exit before expensive work).
+
+        Raises:
+            RequestIdReusedError: the id was used with another body.
+        """
+        async with transaction(engine, readonly=True) as conn:
+            return await self.lookup_txn(conn, key)
+
+    async def reserve(self, engine: AsyncEngine, key: RequestKey) -> StoredResponse | None:
+        """Start a multi-transaction operation: ``None`` when the caller should run it
+        (the key is now reserved, or was reserved by an earlier attempt that did not
+        complete), else the stored response to replay (``payload`` set).
+
+        The reservation fixes the body digest: a different body with the same id is
+        refused before the operation has any effect.
+
+        Raises:
+            RequestIdReusedError: the id was used with another body.
+        """
+
+        async def fn(conn: AsyncConnection) -> StoredResponse | None:
+            prior = await self.lookup_txn(conn, key)
+            if prior is None:
+                await self.record_txn(conn, key, None, completed=False)
+                return None
+            return prior if prior.payload is not None else None
+
+        for _ in range(_RACE_ATTEMPTS - 1):
+            try:
+                return await run_in_transaction(engine, fn)
+            except DuplicateRequestRace:
+                continue
+        return await run_in_transaction(engine, fn)
+
+    async def complete(self, engine: AsyncEngine, key: RequestKey, response: bytes) -> bytes:
+        """Finish a reserved or provisional request: store ``response`` unless another
+        attempt completed first; returns the response to answer with (the first)."""
+        return await run_in_transaction(engine, lambda conn: self.complete_txn(conn, key, response))
+
+    # --- retention -------------------------------------------------------------------------
+
+    async def orgs(self, engine: AsyncEngine, *, after: str | None, limit: int) -> list[str]:
+        """Orgs holding ledger rows, in org order after ``after`` (bounded: a retention
+        sweep walks every org with a cursor instead of re-reading the first ``limit``)."""
+        t = self.table
+        stmt = select(t.c.org_id).group_by(t.c.org_id).order_by(t.c.org_id).limit(limit)
+        if after is not None:
+            stmt = stmt.where(t.c.org_id > after)
+        async with transaction(engine, readonly=True) as conn:
+            return [str(o) for o in (await conn.execute(stmt)).scalars()]
+
+    async def purge(
+        self,
+        engine: AsyncEngine,
+        org_id: str,
+        *,
+        older_than: datetime,
+        limit: int = 500,
+    ) -> int:
+        """Delete up to ``limit`` of ``org_id``'s rows created before ``older_than``
+        (one bounded transaction, by primary key); returns how many went."""
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        t = self.table
+        pk = [t.c[name] for name in (*WORK_SCOPE, "rpc_name", "request_id")]
+
+        async def fn(conn: AsyncConnection) -> int:
+            rows = (
+                await conn.execute(
+                    select(*pk)
+                    .where(t.c.org_id == org_id, t.c.created_at < older_than)
+                    .order_by(t.c.created_at)
+                    .limit(limit)
+                )
+            ).all()
+            if not rows:
+                return 0
+            result = await conn.execute(
+                delete(t).where(
+                    t.c.org_id == org_id,
+                    t.c.created_at < older_than,
+                    tuple_(*pk).in_([tuple(r) for r in rows]),
+                )
+            )
+            return int(result.rowcount)
+
+        return await run_in_transaction(engine, fn)

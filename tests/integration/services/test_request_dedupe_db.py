@@ -1,0 +1,192 @@
+"""The generic request-dedupe ledger (``services.request_dedupe``) on SQLite and MariaDB:
+replay of the original response, refusal of a reused id, scope isolation, concurrent
+duplicates, reserve/complete, provisional responses and retention."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Column, Integer, PrimaryKeyConstraint, String, Table, func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services import db
+from services.request_dedupe import (
+    DedupeScope,
+    RequestIdReusedError,
+    RequestKey,
+    RequestLedger,
+    request_dedupe_table,
+)
+
+metadata = db.new_metadata()
+ledger_table = request_dedupe_table(metadata, "test_requests")
+effects = Table(
+    "test_effects",
+    metadata,
+    Column("org_id", String(db.ID_LEN), nullable=False),
+    Column("effect_id", String(db.ID_LEN), nullable=False),
+    Column("ordinal", Integer, nullable=False),
+    PrimaryKeyConstraint("org_id", "effect_id"),
+    **db.TABLE_OPTIONS,
+)
+
+SCOPE = DedupeScope("org-1", "inst-1", "cap-1", "b1")
+OTHER_INSTALLATION = DedupeScope("org-1", "inst-2", "cap-1", "b1")
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = db.create_engine(db_url, pool_size=5)
+    async with db.transaction(eng) as conn:
+        await conn.run_sync(metadata.create_all)
+    yield eng
+    await eng.dispose()
+
+
+def key(scope: DedupeScope = SCOPE, rid: str = "req-1", digest: str = "d1") -> RequestKey:
+    return RequestKey(scope, "Mutate", rid, digest)
+
+
+async def count_effects(engine: AsyncEngine) -> int:
+    async with db.transaction(engine, readonly=True) as conn:
+        return int((await conn.execute(select(func.count()).select_from(effects))).scalar_one())
+
+
+def effect_work(counter: list[int]) -> Callable[[AsyncConnection], Awaitable[int]]:
+    async def work(conn: AsyncConnection) -> int:
+        n = (await conn.execute(select(func.count()).select_from(effects))).scalar_one()
+        await conn.execute(
+            effects.insert().values(org_id="org-1", effect_id=uuid.uuid4().hex, ordinal=int(n) + 1)
+        )
+        counter.append(1)
+        return int(n) + 1
+
+    return work
+
+
+async def test_retry_replays_the_original_response_without_running_again(
+    engine: AsyncEngine,
+) -> None:
+    ledger = RequestLedger(ledger_table)
+    calls: list[int] = []
+    first = await ledger.execute(engine, key(), effect_work(calls), lambda n: b"effect-%d" % n)
+    # The state moves on; a replay still answers what the first call answered.
+    await ledger.execute(engine, key(rid="req-2"), effect_work(calls), lambda n: b"effect-%d" % n)
+    retry = await ledger.execute(engine, key(), effect_work(calls), lambda n: b"effect-%d" % n)
+
+    assert (first.response, first.replayed, first.value) == (b"effect-1", False, 1)
+    assert (retry.response, retry.replayed, retry.value) == (b"effect-1", True, None)
+    assert len(calls) == 2 and await count_effects(engine) == 2
+
+
+async def test_reused_id_with_another_body_is_refused_before_any_work(engine: AsyncEngine) -> None:
+    ledger = RequestLedger(ledger_table)
+    calls: list[int] = []
+    await ledger.execute(engine, key(), effect_work(calls), lambda n: b"x")
+    with pytest.raises(RequestIdReusedError):
+        await ledger.execute(engine, key(digest="d2"), effect_work(calls), lambda n: b"x")
+    with pytest.raises(RequestIdReusedError):
+        await ledger.reserve(engine, key(digest="d2"))
+    assert len(calls) == 1 and await count_effects(engine) == 1
+
+
+async def test_the_same_id_in_another_installation_is_another_request(engine: AsyncEngine) -> None:
+    ledger = RequestLedger(ledger_table)
+    calls: list[int] = []
+    a = await ledger.execute(engine, key(), effect_work(calls), lambda n: b"%d" % n)
+    # Even with another body: the other installation never learns the id was used.
+    b = await ledger.execute(
+        engine,
+        key(OTHER_INSTALLATION, digest="d2"),
+        effect_work(calls),
+        lambda n: b"%d" % n,
+    )
+    assert (a.response, b.response) == (b"1", b"2") and not b.replayed
+
+
+async def test_concurrent_duplicates_apply_once_and_answer_alike(engine: AsyncEngine) -> None:
+    ledger = RequestLedger(ledger_table)
+    calls: list[int] = []
+    gate = asyncio.Event()
+
+    async def work(conn: AsyncConnection) -> int:
+        await gate.wait()
+        value: int = await effect_work(calls)(conn)
+        return value
+
+    async def one() -> bytes | None:
+        done = await ledger.execute(engine, key(), work, lambda n: b"effect-%d" % n)
+        return done.response
+
+    tasks = [asyncio.ensure_future(one()) for _ in range(4)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    answers = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+    assert set(answers) == {b"effect-1"}
+    assert await count_effects(engine) == 1
+
+
+async def test_reserve_then_complete_keeps_the_first_completion(engine: AsyncEngine) -> None:
+    ledger = RequestLedger(ledger_table)
+    assert await ledger.reserve(engine, key()) is None
+    # A retry while the first attempt runs: reserved, no response yet -> run again.
+    assert await ledger.reserve(engine, key()) is None
+    assert await ledger.complete(engine, key(), b"first") == b"first"
+    assert await ledger.complete(engine, key(), b"second") == b"first"
+    stored = await ledger.reserve(engine, key())
+    assert stored is not None and (stored.payload, stored.completed) == (b"first", True)
+
+
+async def test_a_provisional_response_is_replayed_until_completed(engine: AsyncEngine) -> None:
+    ledger = RequestLedger(ledger_table)
+    calls: list[int] = []
+    first = await ledger.execute(
+        engine,
+        key(),
+        effect_work(calls),
+        lambda n: b"accepted",
+        completed=False,
+    )
+    assert (first.response, first.completed) == (b"accepted", False)
+    again = await ledger.execute(engine, key(), effect_work(calls), lambda n: b"other")
+    assert (again.response, again.replayed, again.completed) == (b"accepted", True, False)
+    assert await ledger.complete(engine, key(), b"terminal") == b"terminal"
+    final = await ledger.replay(engine, key())
+    assert final is not None and (final.payload, final.completed) == (b"terminal", True)
+    assert len(calls) == 1
+
+
+async def test_an_encoder_that_declines_records_nothing(engine: AsyncEngine) -> None:
+    ledger = RequestLedger(ledger_table)
+    calls: list[int] = []
+    declined = await ledger.execute(engine, key(), effect_work(calls), lambda n: None)
+    assert declined.response is None and declined.value == 1
+    assert await ledger.replay(engine, key()) is None
+
+
+async def test_purge_removes_only_old_rows_of_the_org_in_bounded_batches(
+    engine: AsyncEngine,
+) -> None:
+    ledger = RequestLedger(ledger_table)
+    for i in range(5):
+        await ledger.execute(engine, key(rid=f"old-{i}"), lambda c: asyncio.sleep(0), lambda v: b"")
+    other_org = DedupeScope("org-2")
+    await ledger.execute(engine, key(other_org), lambda c: asyncio.sleep(0), lambda v: b"")
+    async with db.transaction(engine, readonly=True) as conn:
+        now = await db.db_now(conn)
+    cutoff = now + timedelta(seconds=1)  # everything so far is "old"
+
+    assert await ledger.orgs(engine, after=None, limit=10) == ["org-1", "org-2"]
+    assert await ledger.orgs(engine, after="org-1", limit=10) == ["org-2"]
+    assert await ledger.purge(engine, "org-1", older_than=cutoff, limit=3) == 3
+    assert await ledger.purge(engine, "org-1", older_than=cutoff, limit=3) == 2
+    assert await ledger.purge(engine, "org-1", older_than=cutoff, limit=3) == 0
+    assert await ledger.replay(engine, key(other_org)) is not None  # another org untouched
+    # Rows newer than the cutoff stay.
+    await ledger.execute(engine, key(rid="new"), lambda c: asyncio.sleep(0), lambda v: b"n")
+    assert await ledger.purge(engine, "org-1", older_than=now - timedelta(days=1)) == 0
+    assert await ledger.replay(engine, key(rid="new")) is not None
