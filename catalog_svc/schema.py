@@ -42,13 +42,13 @@ from services.db import (
     new_metadata,
     work_scope_columns,
 )
+from services.request_dedupe import request_dedupe_table
 
 __all__ = [
     "MAX_CAPABILITY_DESCRIPTOR_BYTES",
     "MAX_ENTRY_PAYLOAD_BYTES",
     "MAX_METADATA_VIEW_BYTES",
     "MAX_REJECTION_PAYLOAD_BYTES",
-    "MAX_REQUEST_RESPONSE_BYTES",
     "capability_catalog_entries",
     "capability_catalog_generations",
     "catalog_references",
@@ -71,8 +71,6 @@ MAX_CAPABILITY_DESCRIPTOR_BYTES = 32 * 1024
 MAX_ENTRY_PAYLOAD_BYTES = 128 * 1024
 #: Upper bound of the §8.3 diagnostics that rejected a generation.
 MAX_REJECTION_PAYLOAD_BYTES = 64 * 1024
-#: Upper bound of one stored response of a deduplicated mutating request.
-MAX_REQUEST_RESPONSE_BYTES = 1024 * 1024
 
 metadata = new_metadata()
 _GENERATION = (*WORK_SCOPE, "catalog_generation_id")
@@ -242,19 +240,7 @@ runtime_releases = Table(
     **TABLE_OPTIONS,
 )
 
-#: Request deduplication of mutating RPCs (revision 0003): ``(org, rpc, request_id)`` ->
-#: digest of the request body and the original response (NULL when the RPC replays by
-#: re-executing its naturally idempotent effect).
-catalog_requests = Table(
-    "catalog_requests",
-    metadata,
-    Column("org_id", String(ID_LEN), nullable=False),
-    Column("rpc_name", String(CODE_LEN), nullable=False),
-    Column("request_id", String(TOKEN_LEN), nullable=False),
-    Column("request_digest", String(DIGEST_LEN), nullable=False),
-    Column("response_payload", JsonText(MAX_REQUEST_RESPONSE_BYTES), nullable=True),
-    Column("created_at", UtcDateTime(), nullable=False),
-    PrimaryKeyConstraint("org_id", "rpc_name", "request_id"),
-    Index("ix_catalog_requests_created", "org_id", "created_at"),
-    **TABLE_OPTIONS,
-)
+#: Request deduplication of mutating RPCs (``services.request_dedupe``; revision 0004):
+#: (complete trusted scope, rpc, request_id) -> digest of the request body and the
+#: original response.
+catalog_requests = request_dedupe_table(metadata, "catalog_requests")

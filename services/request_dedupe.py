@@ -231,7 +231,7 @@ class RequestKey:
                 :data:`MAX_REQUEST_ID_LEN` (``field_path`` names it).
         """
         request_id = getattr(request, id_field)
-        if not isinstance(request_id, str) or not request_id:
+        if not isinstance(request_id, str) or not request_id.strip():
             raise InvalidArgumentError(
                 f"{id_field} is required", reason="missing_field", field_path=id_field
             )

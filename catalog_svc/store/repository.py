@@ -8,7 +8,7 @@ Rules every method follows:
   nothing is ever looked up by an id or digest alone (§8.4, §10.0);
 * it opens exactly one transaction (``run_in_transaction``: whole-transaction retry on
   deadlocks and write conflicts); mutating methods record their request in the same
-  transaction (:mod:`._requests`);
+  transaction (``services.request_dedupe``: the original response is replayed on retry);
 * inserts of identity rows are insert-if-absent (``INSERT`` + duplicate key), and every
   change of a generation is fenced by a compare-and-swap on its ``state_version`` after
   the row was locked (``SELECT … FOR UPDATE``), so concurrent builders serialize;
@@ -42,8 +42,8 @@ from catalog_svc.domain import (
 from catalog_svc.domain import open_generation as open_draft
 from services.db import db_now, insert_if_absent, run_in_transaction
 from services.errors import FailedPreconditionError, NotFoundError
+from services.request_dedupe import Deduplicated, RequestKey, RequestLedger
 
-from ._requests import Encoder, run_mutation
 from ._rows import (
     ArtifactIntegrityError,
     diagnostics_to_json,
@@ -70,15 +70,14 @@ from ._txn import (
 )
 from .records import (
     BindingRecord,
+    Encoder,
     GenerationRecord,
     HolderKind,
     InstallationScope,
-    MutationOutcome,
     ReferenceIdentity,
     ReferenceRecord,
     ReferentKind,
     ReleaseRecord,
-    RequestKey,
     ViewRecord,
 )
 
@@ -109,12 +108,18 @@ class CatalogRepository:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
+        self._ledger = RequestLedger(t.catalog_requests)
+
+    @property
+    def requests(self) -> RequestLedger:
+        """The request-dedupe ledger (its retention sweep purges it)."""
+        return self._ledger
 
     # -- bindings ----------------------------------------------------------------------
 
     async def register_binding(
         self, binding: RuntimeWorkBinding, key: RequestKey, encode: Encoder[BindingRecord]
-    ) -> MutationOutcome[BindingRecord]:
+    ) -> Deduplicated[BindingRecord]:
         """Register ``binding`` (idempotent); its view must be published by its installation.
 
         Raises:
@@ -147,7 +152,7 @@ class CatalogRepository:
                 raise ArtifactIntegrityError()
             return record
 
-        return await run_mutation(self._engine, binding.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def get_binding(self, scope: RuntimeWorkScope) -> BindingRecord | None:
         """The binding of the complete ``scope``."""
@@ -166,7 +171,7 @@ class CatalogRepository:
         schema_generation: int,
         key: RequestKey,
         encode: Encoder[ViewRecord],
-    ) -> MutationOutcome[ViewRecord]:
+    ) -> Deduplicated[ViewRecord]:
         """Publish ``view`` for the installation; identical content is idempotent.
 
         The content is stored once per org; the installation's publication records the
@@ -210,7 +215,7 @@ class CatalogRepository:
                 raise ArtifactIntegrityError()
             return record
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def get_view(self, scope: InstallationScope, digest: str) -> ViewRecord | None:
         """The view ``digest`` as published by the installation of ``scope``."""
@@ -222,7 +227,7 @@ class CatalogRepository:
 
     async def delete_view(
         self, scope: InstallationScope, digest: str, key: RequestKey, encode: Encoder[bool]
-    ) -> MutationOutcome[bool]:
+    ) -> Deduplicated[bool]:
         """Withdraw the installation's publication of a view (and the content once no
         installation publishes it); ``False`` when it was already absent.
 
@@ -300,7 +305,7 @@ class CatalogRepository:
                 )
             return True
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     # -- generations -------------------------------------------------------------------
 
@@ -311,7 +316,7 @@ class CatalogRepository:
         contract_version: int,
         key: RequestKey,
         encode: Encoder[GenerationRecord],
-    ) -> MutationOutcome[GenerationRecord]:
+    ) -> Deduplicated[GenerationRecord]:
         """Open an empty generation bound to the registered binding of ``scope``.
 
         Raises:
@@ -342,7 +347,7 @@ class CatalogRepository:
             )
             return await must_read_generation(conn, scope, generation_id)
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def submit_entry(
         self,
@@ -351,7 +356,7 @@ class CatalogRepository:
         decide: Callable[[GenerationDraft, RuntimeMetadataView], SubmitDecision],
         key: RequestKey,
         encode: Encoder[SubmitResult],
-    ) -> MutationOutcome[SubmitResult]:
+    ) -> Deduplicated[SubmitResult]:
         """Apply ``decide(draft, bound view)`` to the locked generation.
 
         ``Accepted`` inserts (or, binding a contract, replaces) the entry; a ``Rejected``
@@ -391,7 +396,7 @@ class CatalogRepository:
                 return SubmitResult(decision, record)
             return SubmitResult(decision, await must_read_generation(conn, scope, generation_id))
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def seal_generation(
         self,
@@ -400,7 +405,7 @@ class CatalogRepository:
         decide: Callable[[GenerationDraft], SealDecision],
         key: RequestKey,
         encode: Encoder[SealResult],
-    ) -> MutationOutcome[SealResult]:
+    ) -> Deduplicated[SealResult]:
         """Apply ``decide(draft)``; a fresh ``Sealed`` stores SEALED, digest and seal time.
 
         Raises:
@@ -426,7 +431,7 @@ class CatalogRepository:
             )
             return SealResult(decision, await must_read_generation(conn, scope, generation_id))
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def get_generation(
         self, scope: RuntimeWorkScope, generation_id: str
@@ -445,7 +450,7 @@ class CatalogRepository:
         check: Callable[[GenerationRecord], None],
         key: RequestKey,
         encode: Encoder[bool],
-    ) -> MutationOutcome[bool]:
+    ) -> Deduplicated[bool]:
         """Delete an unreferenced generation; ``False`` when already absent.
 
         ``check`` vets the locked generation (e.g. its catalog digest) and raises to refuse.
@@ -486,7 +491,7 @@ class CatalogRepository:
             await conn.execute(delete(g).where(*generation_where(g, scope, generation_id)))
             return True
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     # -- retention references ----------------------------------------------------------
 
@@ -498,7 +503,7 @@ class CatalogRepository:
         catalog_digest: str | None,
         key: RequestKey,
         encode: Encoder[ReferenceRecord],
-    ) -> MutationOutcome[ReferenceRecord]:
+    ) -> Deduplicated[ReferenceRecord]:
         """Register a reference (idempotent on its identity; a repeat returns the stored one).
 
         The referent must exist in the scope: a SEALED generation with ``catalog_digest``,
@@ -528,7 +533,7 @@ class CatalogRepository:
             row = (await conn.execute(select(r).where(*reference_where(scope, identity)))).one()
             return ReferenceRecord(identity, catalog_digest, row.expires_at, row.created_at)
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def release_reference(
         self,
@@ -536,7 +541,7 @@ class CatalogRepository:
         identity: ReferenceIdentity,
         key: RequestKey,
         encode: Encoder[bool],
-    ) -> MutationOutcome[bool]:
+    ) -> Deduplicated[bool]:
         """Release a reference; ``False`` when it was already absent."""
 
         async def work(conn: AsyncConnection) -> bool:
@@ -545,7 +550,7 @@ class CatalogRepository:
             )
             return bool(result.rowcount)
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     # -- runtime handler availability --------------------------------------------------
 
@@ -557,7 +562,7 @@ class CatalogRepository:
         tuples: Sequence[RuntimeHandlerTuple],
         key: RequestKey,
         encode: Encoder[int],
-    ) -> MutationOutcome[int]:
+    ) -> Deduplicated[int]:
         """Replace the release's publication within ``scope`` by ``tuples``.
 
         Raises:
@@ -603,7 +608,7 @@ class CatalogRepository:
                 )
             return len(tuples)
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def verification_inputs(
         self, scope: RuntimeWorkScope, release_id: str, generation_ids: Sequence[str]

@@ -68,5 +68,6 @@ def test_deduplicated_parses_its_response() -> None:
     resp = runtime_v1.DeleteRunResponse(run=runtime_v1.FlowRun(flow_run_id="run-1"))
     done: rd.Deduplicated[int] = rd.Deduplicated(None, resp.SerializeToString(), replayed=True)
     assert done.message(runtime_v1.DeleteRunResponse) == resp
+    empty: rd.Deduplicated[int] = rd.Deduplicated(None, None)
     with pytest.raises(ValueError):
-        rd.Deduplicated[int](None, None).message(runtime_v1.DeleteRunResponse)
+        empty.message(runtime_v1.DeleteRunResponse)
