@@ -40,6 +40,7 @@ from services.db import (
     outbox_delivery_columns,
     work_scope_columns,
 )
+from services.request_dedupe import request_dedupe_table
 
 __all__ = [
     "MAX_COMMAND_PAYLOAD_BYTES",
@@ -50,6 +51,7 @@ __all__ = [
     "metadata",
     "owner_inbox",
     "owner_outbox",
+    "owner_requests",
     "remote_attempts",
 ]
 
@@ -182,3 +184,9 @@ owner_outbox = Table(
     Index("ix_owner_outbox_due", "org_id", "delivery_state", "next_attempt_at"),
     **TABLE_OPTIONS,
 )
+
+
+#: Request deduplication of the owner's mutating RPCs (``services.request_dedupe``;
+#: revision 0003_request_dedupe): (complete trusted scope, rpc, request_id) -> digest of
+#: the request body and the original response.
+owner_requests = request_dedupe_table(metadata, "owner_requests")

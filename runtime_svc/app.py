@@ -33,7 +33,7 @@ async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[Se
     The record service and the synchronous Bounded Atomic executor share one catalog
     view source (one channel, one cache of immutable views)."""
     views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
-    run_views = None if WorkerSettings.from_env().view_file else views
+    run_views = None if cfg.runtime_view_file else views
     return [
         await build_definition_service(cfg, engine),
         await build_run_service(cfg, engine, views=run_views),
@@ -53,7 +53,7 @@ async def start_runtime_background(cfg: ServiceConfig, engine: AsyncEngine) -> B
     the catalog (``FLOW_CATALOG_TARGET``) exactly as the record service reads it; only a
     test/dev ``FLOW_RUNTIME_VIEW_FILE`` replaces it.
     """
-    settings = WorkerSettings.from_env()
+    settings = WorkerSettings.from_config(cfg)
     views = None
     if not settings.view_file:
         views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))

@@ -7,9 +7,9 @@ appears in the README).
 
 A service builds one :class:`ServiceConfig` at start-up with
 :func:`load_config` and passes it down; nothing else reads ``os.environ``
-except the fault hooks, which must be readable before any config exists, and
-the runtime's worker settings (``runtime_svc.worker.settings``, the
-``FLOW_RUNTIME_*`` rows of :data:`ENV_VARS`).
+except the fault hooks, which must be readable before any config exists. The
+runtime's worker settings (``runtime_svc.worker.settings.WorkerSettings``) are
+derived from the ``runtime_*`` fields here.
 """
 
 from __future__ import annotations
@@ -145,6 +145,11 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "",
         "tests/dev only: a metadata-view JSON used for every scope instead of the catalog",
     ),
+    "FLOW_REQUEST_RETENTION_HOURS": (
+        "168",
+        "how long a mutating request's `request_id` replays its original response (dedupe "
+        "rows older than this are purged)",
+    ),
     "FLOW_CRASH_MARKER_FILE": (
         "",
         "fault hook: file the process appends the crash point to (fsync) before it SIGKILLs itself",
@@ -210,6 +215,20 @@ class ServiceConfig:
     log_level: str
     catalog_target: str = field(default="127.0.0.1:50061")
     crash_at: str = field(default="")
+    #: ``FLOW_REQUEST_RETENTION_HOURS``: the request-dedupe window (every service).
+    request_retention_hours: int = 168
+    #: ``FLOW_RUNTIME_*``: the runtime's worker/sweep roles and timings (read by
+    #: ``runtime_svc.worker.settings.WorkerSettings.from_config``).
+    runtime_workers: int = 1
+    runtime_sweeps: bool = True
+    runtime_lease_ms: int = 60_000
+    runtime_retry_base_ms: int = 1_000
+    runtime_retry_max_ms: int = 300_000
+    runtime_max_attempts: int = 5
+    runtime_idle_ms: int = 500
+    runtime_sweep_ms: int = 1_000
+    runtime_retention_days: int = 30
+    runtime_view_file: str | None = None
 
     @property
     def is_production(self) -> bool:
@@ -243,6 +262,11 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
     if tls_client_ca is not None and tls_cert is None:
         raise ConfigError("FLOW_TLS_CLIENT_CA (mTLS) needs FLOW_TLS_CERT and FLOW_TLS_KEY")
 
+    retry_base = _int(e, "FLOW_RUNTIME_RETRY_BASE_MS", minimum=1)
+    retry_max = max(_int(e, "FLOW_RUNTIME_RETRY_MAX_MS", minimum=1), retry_base)
+    if e.get("FLOW_RUNTIME_RETRY_MAX_MS") and retry_max != _int(e, "FLOW_RUNTIME_RETRY_MAX_MS"):
+        raise ConfigError("FLOW_RUNTIME_RETRY_MAX_MS must be >= FLOW_RUNTIME_RETRY_BASE_MS")
+
     port_var = _PORT_VARS[service]
     port = _int(e, port_var)
     if port > 65535:
@@ -272,4 +296,15 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         catalog_target=_get(e, "FLOW_CATALOG_TARGET")
         or f"127.0.0.1:{_int(e, 'FLOW_CATALOG_PORT')}",
         crash_at=_get(e, "FLOW_CRASH_AT"),
+        request_retention_hours=_int(e, "FLOW_REQUEST_RETENTION_HOURS", minimum=1),
+        runtime_workers=_int(e, "FLOW_RUNTIME_WORKERS"),
+        runtime_sweeps=_bool(e, "FLOW_RUNTIME_SWEEPS"),
+        runtime_lease_ms=_int(e, "FLOW_RUNTIME_LEASE_MS", minimum=1),
+        runtime_retry_base_ms=retry_base,
+        runtime_retry_max_ms=retry_max,
+        runtime_max_attempts=_int(e, "FLOW_RUNTIME_MAX_ATTEMPTS", minimum=1),
+        runtime_idle_ms=_int(e, "FLOW_RUNTIME_IDLE_MS", minimum=1),
+        runtime_sweep_ms=_int(e, "FLOW_RUNTIME_SWEEP_MS", minimum=1),
+        runtime_retention_days=_int(e, "FLOW_RUNTIME_RETENTION_DAYS", minimum=1),
+        runtime_view_file=_get(e, "FLOW_RUNTIME_VIEW_FILE") or None,
     )

@@ -34,10 +34,10 @@ One mechanism serves every service:
    A mutation may also record a *provisional* response in its own transaction
    (``execute(..., completed=False)``) and complete it later (``StartRun``: accepted in
    one transaction, terminal result after the synchronous execution).
-5. **Retention.** Rows older than the service's request-retention window are purged in
-   bounded batches by :meth:`RequestLedger.purge` (the runtime's retention sweep and
-   the catalog's request sweep call it per org). A retry after the window is a new
-   request.
+5. **Retention.** Rows older than the service's request-retention window
+   (``FLOW_REQUEST_RETENTION_HOURS``) are purged in bounded batches, org by org in
+   rotation, by a :class:`RequestRetention` loop each service runs in its background
+   group (:mod:`services.background`). A retry after the window is a new request.
 
 Responses are stored as the serialized response message (base64 text, at most
 :data:`MAX_RESPONSE_BYTES`); errors are never stored: a request that failed is executed
@@ -55,7 +55,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Generic, Protocol, TypeVar
 
 from google.protobuf import json_format
@@ -77,6 +77,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.background import BackgroundLoop, OrgRotation
 from services.db import (
     DIGEST_LEN,
     ID_LEN,
@@ -103,6 +104,7 @@ __all__ = [
     "RequestIdReusedError",
     "RequestKey",
     "RequestLedger",
+    "RequestRetention",
     "StoredResponse",
     "request_dedupe_table",
     "request_digest",
@@ -561,3 +563,66 @@ class RequestLedger:
             return int(result.rowcount)
 
         return await run_in_transaction(engine, fn)
+
+
+class RequestRetention(BackgroundLoop):
+    """The retention sweep of one ledger (``services.background`` lifecycle): every
+    ``interval_s``, purge the rows older than ``retention`` (on the database clock) of
+    the next batch of orgs, in bounded transactions; the org rotation resumes after the
+    last org served, so every org is reached.
+
+    Args:
+        engine: the service database.
+        ledger: the ledger to purge.
+        retention: how long a request id replays its response (``FLOW_REQUEST_RETENTION_HOURS``).
+        interval_s: pause between passes.
+        batch_size: rows per purge transaction.
+        max_batches: purge transactions per org and pass.
+        org_batch: orgs per pass.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        ledger: RequestLedger,
+        *,
+        retention: timedelta,
+        interval_s: float = 300.0,
+        batch_size: int = 500,
+        max_batches: int = 10,
+        org_batch: int = 100,
+    ) -> None:
+        if retention <= timedelta(0) or batch_size < 1 or max_batches < 1:
+            raise ValueError("retention, batch_size and max_batches must be positive")
+        super().__init__(f"{ledger.table.name}-retention", idle_s=interval_s)
+        self._engine = engine
+        self.ledger = ledger
+        self.retention = retention
+        self._batch_size = batch_size
+        self._max_batches = max_batches
+
+        async def source(after: str | None, limit: int) -> list[str]:
+            return await ledger.orgs(engine, after=after, limit=limit)
+
+        self._orgs = OrgRotation(source, batch=org_batch)
+
+    async def sweep_once(self) -> int:
+        """One pass over the next batch of orgs; returns the rows purged."""
+        async with transaction(self._engine, readonly=True) as conn:
+            cutoff = await db_now(conn) - self.retention
+        purged = 0
+        for org_id in await self._orgs.next_batch():
+            for _ in range(self._max_batches):
+                if self.stopping:
+                    return purged
+                n = await self.ledger.purge(
+                    self._engine, org_id, older_than=cutoff, limit=self._batch_size
+                )
+                purged += n
+                if n < self._batch_size:
+                    break
+        return purged
+
+    async def run_once(self) -> bool:
+        await self.sweep_once()
+        return False  # a slow duty: always wait the interval

@@ -145,7 +145,7 @@ async def build_run_service(
         synchronous_atomic: execute Bounded Atomic runs inside ``StartRun`` (§18.3);
             ``False`` leaves them to the workers (tests of the accept path only).
     """
-    settings = WorkerSettings.from_env()
+    settings = WorkerSettings.from_config(cfg)
     store = store or FlowRunStateStore(engine, policy=settings.retry_policy())
     if views is None and synchronous_atomic:
         if settings.view_file:

@@ -81,6 +81,7 @@ from runtime_svc.kernel.store_reads import (
     DEFAULT_PAGE_SIZE,
     Candidate,
     Checkpoint,
+    ExpiredLease,
     RunFilters,
     RunPage,
     SupportView,
@@ -473,6 +474,15 @@ class FlowRunStateStore:
             decision = await self.recover_step(org_id, run_id, step_id)
             results.append(RecoveryResult(run_id, step_id, decision))
         return results
+
+    async def expired_leases(self, org_id: str, *, limit: int = 100) -> list[ExpiredLease]:
+        """Leased steps of ``org_id`` past their deadline on the store's durable clock
+        (a non-locking scan; :meth:`recover_step` decides each under lock)."""
+
+        async def scan(conn: AsyncConnection) -> list[ExpiredLease]:
+            return await expired_leases_txn(conn, org_id, await self._clock(conn), limit)
+
+        return await self._read(scan)
 
     async def recover_step(
         self, org_id: str, flow_run_id: str, step_execution_id: str

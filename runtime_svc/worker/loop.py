@@ -27,9 +27,11 @@ resource set — or its expansion by a late discovery — leaves the plan step's
 classes or bounds (``resource_bound_exceeded``, §13.3: checked before any business lock,
 never retried).
 
-Work discovery keeps ``org_id`` leading: :func:`orgs_with_work` is one bounded query over
-the ``(org, runtime_state, …)`` claim index; each org is then served by the kernel's
-bounded ``eligible_work``.
+Work discovery keeps ``org_id`` leading: :func:`orgs_with_work` is one bounded keyset query
+over the ``(org, runtime_state, …)`` claim index, walked by an
+:class:`~services.background.OrgRotation` that resumes after the last org it served and
+wraps around, so every org with work is served however many orgs sort before it; each org
+is then served by the kernel's bounded ``eligible_work``.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ from runtime_svc.kernel.decisions import (
     RetryExhausted,
     RetryScheduled,
 )
-from runtime_svc.kernel.store_reads import expired_leases_txn, get_run_txn
+from runtime_svc.kernel.store_reads import get_run_txn
 from runtime_svc.records import Actor, Lineage, RecordView
 from runtime_svc.records.model import RecordState
 from runtime_svc.records.store import read_record_txn
@@ -95,6 +97,7 @@ from runtime_svc.worker.snapshots import (
 )
 from runtime_svc.worker.views import RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
+from services.background import OrgRotation
 from services.db import DbErrorClass, classify_db_error, transaction
 from services.errors import (
     CommitOutcomeUnknownError,
@@ -145,8 +148,11 @@ class Outcome(StrEnum):
     ALREADY_COMMITTED = "already_committed"
 
 
-async def orgs_with_work(engine: AsyncEngine, *, limit: int = 100) -> list[str]:
-    """Orgs with runnable, running or cancel-requested runs (bounded, stable order).
+async def orgs_with_work(
+    engine: AsyncEngine, *, after: str | None = None, limit: int = 100
+) -> list[str]:
+    """Orgs with runnable, running or cancel-requested runs, in org order after ``after``
+    (bounded; an :class:`~services.background.OrgRotation` walks them all).
 
     The one cross-org read of the runtime: an index-only ``DISTINCT org_id`` over the
     claim index, limited; every later query is org-scoped.
@@ -159,6 +165,8 @@ async def orgs_with_work(engine: AsyncEngine, *, limit: int = 100) -> list[str]:
         .order_by(t.org_id)
         .limit(limit)
     )
+    if after is not None:
+        stmt = stmt.where(t.org_id > after)
     async with transaction(engine, readonly=True) as conn:
         return [str(o) for o in (await conn.execute(stmt)).scalars()]
 
@@ -179,6 +187,7 @@ class StepWorker:
         owner: this worker's lease owner name.
         queue_classes: queue classes served.
         batch_size: candidates per ``eligible_work`` call.
+        org_batch: orgs one :meth:`run_once` serves (the rotation resumes after them).
         hook: test seam (:data:`PhaseHook`).
         heartbeat: run the periodic lease heartbeat (§12.3); ``False`` is a test seam.
         heartbeat_interval_s: heartbeat period; default one third of the policy lease.
@@ -193,6 +202,7 @@ class StepWorker:
         owner: str,
         queue_classes: tuple[str, ...] = DEFAULT_QUEUE_CLASSES,
         batch_size: int = 20,
+        org_batch: int = 100,
         hook: PhaseHook | None = None,
         heartbeat: bool = True,
         heartbeat_interval_s: float | None = None,
@@ -212,6 +222,7 @@ class StepWorker:
         )
         self._plans: OrderedDict[tuple[str, str], tuple[TrustedRuntimeWorkScope, ExecutionPlan]]
         self._plans = OrderedDict()
+        self._orgs = _rotation(engine, org_batch)
 
     # --- scheduling ----------------------------------------------------------------------
 
@@ -223,10 +234,10 @@ class StepWorker:
                 done.append(await self.process(org_id, candidate))
         return done
 
-    async def run_once(self, *, org_limit: int = 100) -> list[Outcome]:
-        """One pass over the orgs that have work."""
+    async def run_once(self) -> list[Outcome]:
+        """One bounded pass: the next batch of orgs that have work (in rotation)."""
         done: list[Outcome] = []
-        for org_id in await orgs_with_work(self._engine, limit=org_limit):
+        for org_id in await self._orgs.next_batch():
             done.extend(await self.run_batch(org_id))
         return done
 
@@ -600,20 +611,34 @@ def _output(outcome: StepOutcome, verification: Any = None) -> CheckpointInput:
     return CheckpointInput(context=context, plan_cursor=cursor, read_verification_set=verification)
 
 
-class Sweeper:
-    """Lease recovery (§12.4) and cancellation cleanup (§11.1), bounded per org."""
+def _rotation(engine: AsyncEngine, batch: int) -> OrgRotation:
+    async def source(after: str | None, limit: int) -> list[str]:
+        return await orgs_with_work(engine, after=after, limit=limit)
 
-    def __init__(self, engine: AsyncEngine, store: FlowRunStateStore, *, limit: int = 100) -> None:
+    return OrgRotation(source, batch=batch)
+
+
+class Sweeper:
+    """Lease recovery (§12.4) and cancellation cleanup (§11.1), bounded per org; each
+    pass serves the next batch of orgs with work (in rotation, like the workers)."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        store: FlowRunStateStore,
+        *,
+        limit: int = 100,
+        org_batch: int = 100,
+    ) -> None:
         self._engine = engine
         self.store = store
         self._limit = limit
+        self._orgs = _rotation(engine, org_batch)
 
     async def sweep_org(self, org_id: str) -> tuple[int, int]:
         """Recover expired leases, then complete pending cancellations of ``org_id``;
         returns ``(recovered, cancelled)``."""
-        async with transaction(self._engine, readonly=True) as conn:
-            now = await self.store._clock(conn)  # the store's (shiftable) durable clock
-            expired = await expired_leases_txn(conn, org_id, now, self._limit)
+        expired = await self.store.expired_leases(org_id, limit=self._limit)
         recovered = 0
         for lease in expired:
             # Between the non-locking scan and the fenced recovery transaction.
@@ -629,10 +654,10 @@ class Sweeper:
                 cancelled += 1
         return recovered, cancelled
 
-    async def sweep_once(self, *, org_limit: int = 100) -> tuple[int, int]:
-        """One pass over the orgs with active runs."""
+    async def sweep_once(self) -> tuple[int, int]:
+        """One bounded pass over the next batch of orgs with active runs."""
         total = (0, 0)
-        for org_id in await orgs_with_work(self._engine, limit=org_limit):
+        for org_id in await self._orgs.next_batch():
             r, c = await self.sweep_org(org_id)
             total = (total[0] + r, total[1] + c)
         return total

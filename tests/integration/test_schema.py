@@ -47,6 +47,7 @@ EXPECTED_TABLES = {
         "record_history_sequences",
         "business_events",
         "audit_records",
+        "runtime_requests",
     },
     "effect_owner_svc": {
         "owner_inbox",
@@ -54,6 +55,7 @@ EXPECTED_TABLES = {
         "remote_attempts",
         "completion_receipts",
         "owner_outbox",
+        "owner_requests",
     },
 }
 

@@ -19,6 +19,7 @@ from services.request_dedupe import (
     RequestIdReusedError,
     RequestKey,
     RequestLedger,
+    RequestRetention,
     request_dedupe_table,
 )
 
@@ -190,3 +191,31 @@ async def test_purge_removes_only_old_rows_of_the_org_in_bounded_batches(
     await ledger.execute(engine, key(rid="new"), lambda c: asyncio.sleep(0), lambda v: b"n")
     assert await ledger.purge(engine, "org-1", older_than=now - timedelta(days=1)) == 0
     assert await ledger.replay(engine, key(rid="new")) is not None
+
+
+async def test_retention_loop_purges_every_org_in_rotation(engine: AsyncEngine) -> None:
+    ledger = RequestLedger(ledger_table)
+    orgs = [f"org-{i}" for i in range(5)]
+    for org in orgs:
+        for i in range(3):
+            await ledger.execute(
+                engine,
+                key(DedupeScope(org), rid=f"r{i}"),
+                lambda c: asyncio.sleep(0),
+                lambda v: b"",
+            )
+    await asyncio.sleep(0.01)  # every row is now older than the 1 ms window
+    sweep = RequestRetention(
+        engine, ledger, retention=timedelta(milliseconds=1), batch_size=2, org_batch=2
+    )
+    # 2 orgs per pass, 2 rows per transaction: three passes reach all five orgs.
+    purged = [await sweep.sweep_once() for _ in range(3)]
+    assert purged == [6, 6, 3]
+    assert await ledger.orgs(engine, after=None, limit=10) == []
+    # A window longer than the rows' age keeps them.
+    await ledger.execute(engine, key(), lambda c: asyncio.sleep(0), lambda v: b"kept")
+    keep = RequestRetention(engine, ledger, retention=timedelta(hours=1))
+    assert await keep.sweep_once() == 0
+    async with keep:  # the loop lifecycle: starts, sweeps, shuts down
+        await asyncio.sleep(0.01)
+    assert keep.stopping and await ledger.replay(engine, key()) is not None
