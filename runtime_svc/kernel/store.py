@@ -56,7 +56,7 @@ from runtime_svc.kernel.decisions import (
     WaitResolved,
     validate_fence_input,
 )
-from runtime_svc.kernel.errors import TransitionInputError
+from runtime_svc.kernel.errors import StateVersionMismatchError, TransitionInputError
 from runtime_svc.kernel.model import (
     CheckpointInput,
     CheckpointMeta,
@@ -508,33 +508,75 @@ class FlowRunStateStore:
     # --- cancellation and delete ---------------------------------------------------------
 
     async def request_cancel(
-        self, org_id: str, flow_run_id: str
+        self, org_id: str, flow_run_id: str, *, expected_state_version: int | None = None
     ) -> CancelRecorded | Tombstoned | NoChange:
         """Cancel a run (§11.1): root ``CancelRequested``, active step/attempt fenced."""
-        return await self._cancel(org_id, flow_run_id, delete=False)
+        return await self._run(
+            lambda conn: self.cancel_txn(
+                conn,
+                org_id,
+                flow_run_id,
+                delete=False,
+                expected_state_version=expected_state_version,
+            )
+        )
 
     async def delete_run(
-        self, org_id: str, flow_run_id: str
+        self, org_id: str, flow_run_id: str, *, expected_state_version: int | None = None
     ) -> CancelRecorded | Tombstoned | NoChange:
         """§10.1 ``DeleteFlowInterview`` steps 2-5 (the caller authorized step 1):
         soft delete through ``IsDeleted`` plus fenced cancellation; idempotent."""
-        return await self._cancel(org_id, flow_run_id, delete=True)
+        return await self._run(
+            lambda conn: self.cancel_txn(
+                conn,
+                org_id,
+                flow_run_id,
+                delete=True,
+                expected_state_version=expected_state_version,
+            )
+        )
 
-    async def _cancel(
-        self, org_id: str, flow_run_id: str, *, delete: bool
+    async def cancel_txn(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        flow_run_id: str,
+        *,
+        delete: bool,
+        expected_state_version: int | None = None,
     ) -> CancelRecorded | Tombstoned | NoChange:
-        async def fn(conn: AsyncConnection) -> CancelRecorded | Tombstoned | NoChange:
-            now = await self._clock(conn)
-            root, step = await lock_root_and_current(conn, org_id, flow_run_id)
-            if root.is_deleted and not delete:
-                raise NotFoundError("flow_run", flow_run_id)
-            attempt = None if step is None else await lock_latest_attempt(conn, org_id, step)
-            decision = decide_cancel(root, step, attempt, now, delete=delete)
-            if not isinstance(decision, NoChange):
-                await apply_transition(conn, org_id, decision.transition, now)
-            return decision
+        """:meth:`request_cancel` (``delete=False``) or :meth:`delete_run` inside the
+        caller's transaction.
 
-        return await self._run(fn)
+        ``expected_state_version`` (``None``: no expectation) is the root version the
+        transition's compare-and-swap must find: the decision is made on the locked root
+        *at that version* and its conditional UPDATE carries it, so a root that moved —
+        before the lock or, on TiDB, after a lost pessimistic lock — refuses the
+        transition. A delete of a run that is already deleted answers its outcome
+        whatever the version (a repeat is idempotent).
+
+        Raises:
+            NotFoundError: missing or foreign run (or deleted, for a plain cancel).
+            StateVersionMismatchError: the root is not at ``expected_state_version``.
+        """
+        now = await self._clock(conn)
+        root, step = await lock_root_and_current(conn, org_id, flow_run_id)
+        if root.is_deleted and not delete:
+            raise NotFoundError("flow_run", flow_run_id)
+        expected = expected_state_version
+        idempotent_delete = delete and root.is_deleted
+        if expected is not None and not idempotent_delete and root.state_version != expected:
+            raise StateVersionMismatchError(expected, root.state_version)
+        attempt = None if step is None else await lock_latest_attempt(conn, org_id, step)
+        decision = decide_cancel(root, step, attempt, now, delete=delete)
+        if not isinstance(decision, NoChange):
+            try:
+                await apply_transition(conn, org_id, decision.transition, now)
+            except FenceLostError as exc:
+                if expected is None:
+                    raise
+                raise StateVersionMismatchError(expected, exc.found_version) from exc
+        return decision
 
     async def pending_cancellations(self, org_id: str, *, limit: int = 100) -> list[str]:
         """Ids of ``CancelRequested`` runs (deleted ones included) for the cleanup sweep."""

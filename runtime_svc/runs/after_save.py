@@ -96,7 +96,7 @@ async def admit_after_save_runs_txn(
     if mutation.replayed:
         for admitted in ordered:
             key = after_save_key(
-                scope.org_id,
+                scope,
                 record.object_name,
                 record.record_id,
                 mutation.history_sequence,
@@ -145,7 +145,7 @@ async def admit_after_save_runs_txn(
                 plan_cursor={"step": first.plan_step_key},
             ),
             idempotency_key=after_save_key(
-                scope.org_id,
+                scope,
                 record.object_name,
                 record.record_id,
                 mutation.history_sequence,
