@@ -58,11 +58,11 @@ from runtime_svc.kernel import (
 )
 from runtime_svc.records import (
     Actor,
+    MutationResult,
     RecordEngine,
     RecordMutation,
     RecordState,
     RecordView,
-    RequestRef,
     prepare_create,
 )
 from runtime_svc.runs.resolve import first_step_of
@@ -71,6 +71,7 @@ from runtime_svc.worker import FixedViews
 from services import db, migrate
 from services.auth import TrustedRuntimeWorkScope
 from services.digest import versioned_digest
+from services.request_dedupe import DedupeScope, RequestKey
 from tests.support.plans import store_plan
 from tests.unit.compiler.compiler_corpus import inputs_doc, merge_patch
 
@@ -240,19 +241,23 @@ class _Variants:
         fields = {"Name": f"Deal {i}", "Amount": _AMOUNT, "StageName": "Prospecting"}
         return prepare_create(self._setup.view, _OBJECT, "", fields)
 
-    @staticmethod
-    def _request(i: int) -> RequestRef:
-        """The request reference every RecordService write carries (replay check and
-        marker in the same transaction), so both record variants pay for it alike."""
+    def _request(self, i: int) -> RequestKey:
+        """The request key every RecordService write carries (ledger lookup and row in the
+        same transaction), so both record variants pay for it alike."""
         request_id = f"req-{uuid.uuid4().hex}"
-        return RequestRef("CreateRecord", request_id, versioned_digest("bench", [request_id, i]))
+        scope = DedupeScope(self._setup.org)
+        return RequestKey(scope, "CreateRecord", request_id, versioned_digest("bench", [i]))
+
+    @staticmethod
+    def _encode(result: MutationResult) -> bytes:
+        return result.record.record_id.encode()
 
     async def bare(self, i: int) -> None:
         s = self._setup
-        result = await self._records.mutate(
-            s.org, s.view, self._create(i), actor=_ACTOR, request=self._request(i)
+        done = await self._records.mutate_once(
+            s.org, s.view, self._create(i), actor=_ACTOR, key=self._request(i), encode=self._encode
         )
-        self.last_record = result.record
+        self.last_record = None if done.value is None else done.value.record
 
     async def before_save(self, i: int) -> None:
         s, dispatcher = self._setup, self._dispatcher
@@ -262,15 +267,16 @@ class _Variants:
         ) -> RecordMutation:
             return await dispatcher.transform_txn(conn, s.org, s.request, s.view, m, current)
 
-        result = await self._records.mutate(
+        done = await self._records.mutate_once(
             s.org,
             s.view,
             self._create(i),
             actor=_ACTOR,
-            request=self._request(i),
+            key=self._request(i),
+            encode=self._encode,
             transform=transform,
         )
-        self.last_record = result.record
+        self.last_record = None if done.value is None else done.value.record
 
     async def atomic(self, i: int) -> None:
         stored = self._setup.atomic
