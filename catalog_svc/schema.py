@@ -27,6 +27,7 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     String,
     Table,
+    text,
 )
 
 from services.db import (
@@ -114,7 +115,10 @@ runtime_work_bindings = Table(
 )
 
 #: ``FlowActionCatalogGeneration`` (§8.4): OPEN while the builder adds entries, then SEALED
-#: (``state_version`` fences the one OPEN -> SEALED transition); immutable once sealed.
+#: (``state_version`` fences the one OPEN -> SEALED transition); its content is immutable
+#: once sealed. On a SEALED generation ``state_version`` keeps serving as the fence between
+#: reference registration (advances it by a conditional UPDATE) and deletion (deletes only
+#: at the version it checked), so the two always conflict on the row.
 capability_catalog_generations = Table(
     "capability_catalog_generations",
     metadata,
@@ -208,7 +212,10 @@ handler_availability = Table(
 #: Which installations published a content-addressed metadata view (revision 0003). The
 #: view content is stored once per org (``metadata_views``); visibility is per
 #: installation, so identical content published by two installations of one org never
-#: discloses one installation's view to the other.
+#: discloses one installation's view to the other. ``state_version`` (revision 0004) is the
+#: publication's fence: a reference registration or binding registration advances it by a
+#: conditional UPDATE and a withdrawal deletes only at the version it checked, so the two
+#: conflict on the row itself (ARCHITECTURE §2) instead of relying on a locked read.
 metadata_view_installations = Table(
     "metadata_view_installations",
     metadata,
@@ -217,6 +224,7 @@ metadata_view_installations = Table(
     Column("runtime_metadata_view_digest", String(DIGEST_LEN), nullable=False),
     Column("schema_generation", BigInteger, nullable=False),
     Column("created_at", UtcDateTime(), nullable=False),
+    Column("state_version", BigInteger, nullable=False, server_default=text("0")),
     PrimaryKeyConstraint("org_id", "app_installation_id", "runtime_metadata_view_digest"),
     ForeignKeyConstraint(
         ["org_id", "runtime_metadata_view_digest"],

@@ -12,6 +12,11 @@ Rules every method follows:
 * inserts of identity rows are insert-if-absent (``INSERT`` + duplicate key), and every
   change of a generation is fenced by a compare-and-swap on its ``state_version`` after
   the row was locked (``SELECT … FOR UPDATE``), so concurrent builders serialize;
+* existence and "no live reference" are decided by conditional writes with row counts,
+  never by a locked read plus a check in Python (TiDB can lose a pessimistic lock): a
+  reference or binding registration advances its referent's fence version
+  (:func:`._txn.fence_referent`), a delete removes the generation or view publication only
+  at the version it checked and only ``WHERE NOT EXISTS`` a live reference;
 * pure decisions (the §8.2/§8.3 builder) are made by the caller's ``decide`` function on
   the state read inside the transaction; the repository only applies them.
 """
@@ -22,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import ColumnElement, delete, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from catalog_svc import schema as t
@@ -41,7 +46,7 @@ from catalog_svc.domain import (
 )
 from catalog_svc.domain import open_generation as open_draft
 from services.db import db_now, insert_if_absent, run_in_transaction
-from services.errors import FailedPreconditionError, NotFoundError
+from services.errors import FailedPreconditionError, FenceLostError, NotFoundError
 from services.request_dedupe import Deduplicated, RequestKey, RequestLedger
 
 from ._rows import (
@@ -57,9 +62,10 @@ from ._rows import (
 )
 from ._txn import (
     advance,
+    fence_referent,
+    fence_view_publication,
     holders,
     live,
-    lock_referent,
     must_read_generation,
     read_release,
     reference_where,
@@ -115,6 +121,32 @@ class CatalogRepository:
         """The request-dedupe ledger (its retention sweep purges it)."""
         return self._ledger
 
+    @staticmethod
+    async def _refuse_if_held(
+        conn: AsyncConnection,
+        references: Sequence[ColumnElement[bool]],
+        bindings: Sequence[ColumnElement[bool]] | None,
+    ) -> None:
+        """Raise the ``artifact_referenced`` refusal when live references (or bindings)
+        match; the caller's conditional delete re-decides on the row itself."""
+        held = await holders(conn, references)
+        if held:
+            raise referenced(
+                "metadata view" if bindings is not None else "catalog generation", held
+            )
+        if bindings is None:
+            return
+        b = t.runtime_work_bindings
+        bound = (
+            await conn.execute(select(func.count()).select_from(b).where(*bindings))
+        ).scalar_one()
+        if bound:
+            raise FailedPreconditionError(
+                "the metadata view is bound by a registered runtime work binding",
+                reason="artifact_referenced",
+                attributes={"holder_kinds": "runtime_work_binding", "holders": str(bound)},
+            )
+
     # -- bindings ----------------------------------------------------------------------
 
     async def register_binding(
@@ -130,14 +162,9 @@ class CatalogRepository:
         view_scope = InstallationScope(binding.org_id, binding.app_installation_id)
 
         async def work(conn: AsyncConnection) -> BindingRecord:
-            # Lock the installation's view publication so a concurrent delete serializes.
-            if (
-                await read_view(
-                    conn, view_scope, binding.runtime_metadata_view_digest, for_update=True
-                )
-                is None
-            ):
-                raise NotFoundError("metadata view", binding.runtime_metadata_view_digest)
+            # The installation's view publication must still exist: advancing its fence
+            # makes a concurrent withdrawal (which deletes at the version it checked) fail.
+            await fence_view_publication(conn, view_scope, binding.runtime_metadata_view_digest)
             await insert_if_absent(
                 conn,
                 t.runtime_work_bindings,
@@ -240,69 +267,58 @@ class CatalogRepository:
             content = await read_view_content(conn, scope.org_id, digest, for_update=True)
             if content is None:
                 return False
-            if await read_view(conn, scope, digest, for_update=True) is None:
+            m, r, b = t.metadata_view_installations, t.catalog_references, t.runtime_work_bindings
+            publication = [
+                m.c.org_id == scope.org_id,
+                m.c.app_installation_id == scope.app_installation_id,
+                m.c.runtime_metadata_view_digest == digest,
+            ]
+            version = (
+                await conn.execute(select(m.c.state_version).where(*publication).with_for_update())
+            ).scalar_one_or_none()
+            if version is None:
                 return False
             now = await db_now(conn)
-            r = t.catalog_references
-            held = await holders(
-                conn,
-                [
-                    r.c.org_id == scope.org_id,
-                    r.c.referent_kind == ReferentKind.METADATA_VIEW.value,
-                    r.c.referent_id == digest,
-                    r.c.app_installation_id == scope.app_installation_id,
-                    live(now),
-                ],
-            )
-            if held:
-                raise referenced("metadata view", held)
-            b = t.runtime_work_bindings
-            bound = (
-                await conn.execute(
-                    select(func.count())
-                    .select_from(b)
-                    .where(
-                        b.c.org_id == scope.org_id,
-                        b.c.runtime_metadata_view_digest == digest,
-                        b.c.app_installation_id == scope.app_installation_id,
-                    )
-                )
-            ).scalar_one()
-            if bound:
-                raise FailedPreconditionError(
-                    "the metadata view is bound by a registered runtime work binding",
-                    reason="artifact_referenced",
-                    attributes={"holder_kinds": "runtime_work_binding", "holders": str(bound)},
-                )
-            m = t.metadata_view_installations
-            await conn.execute(
+            held_where = [
+                r.c.org_id == scope.org_id,
+                r.c.referent_kind == ReferentKind.METADATA_VIEW.value,
+                r.c.referent_id == digest,
+                r.c.app_installation_id == scope.app_installation_id,
+                live(now),
+            ]
+            bound_where = [
+                b.c.org_id == scope.org_id,
+                b.c.runtime_metadata_view_digest == digest,
+                b.c.app_installation_id == scope.app_installation_id,
+            ]
+            await self._refuse_if_held(conn, held_where, bound_where)
+            # The withdrawal itself decides: at the version checked, and only while no live
+            # reference or binding holds the view (row count 1).
+            result = await conn.execute(
                 delete(m).where(
-                    m.c.org_id == scope.org_id,
-                    m.c.app_installation_id == scope.app_installation_id,
-                    m.c.runtime_metadata_view_digest == digest,
+                    *publication,
+                    m.c.state_version == version,
+                    ~exists().where(*held_where),
+                    ~exists().where(*bound_where),
                 )
             )
-            others = (
-                await conn.execute(
-                    select(func.count())
-                    .select_from(m)
-                    .where(m.c.org_id == scope.org_id, m.c.runtime_metadata_view_digest == digest)
+            if result.rowcount != 1:
+                await self._refuse_if_held(conn, held_where, bound_where)
+                raise FenceLostError("metadata_view_installations", digest, version, None)
+            # The content goes once no installation publishes it and no binding names it.
+            v = t.metadata_views
+            await conn.execute(
+                delete(v).where(
+                    v.c.org_id == scope.org_id,
+                    v.c.runtime_metadata_view_digest == digest,
+                    ~exists().where(
+                        m.c.org_id == scope.org_id, m.c.runtime_metadata_view_digest == digest
+                    ),
+                    ~exists().where(
+                        b.c.org_id == scope.org_id, b.c.runtime_metadata_view_digest == digest
+                    ),
                 )
-            ).scalar_one()
-            bindings = (
-                await conn.execute(
-                    select(func.count())
-                    .select_from(b)
-                    .where(b.c.org_id == scope.org_id, b.c.runtime_metadata_view_digest == digest)
-                )
-            ).scalar_one()
-            if not others and not bindings:
-                v = t.metadata_views
-                await conn.execute(
-                    delete(v).where(
-                        v.c.org_id == scope.org_id, v.c.runtime_metadata_view_digest == digest
-                    )
-                )
+            )
             return True
 
         return await self._ledger.execute(self._engine, key, work, encode)
@@ -460,35 +476,38 @@ class CatalogRepository:
         """
 
         async def work(conn: AsyncConnection) -> bool:
-            g = t.capability_catalog_generations
-            locked = (
-                await conn.execute(
-                    select(g.c.state_version)
-                    .where(*generation_where(g, scope, generation_id))
-                    .with_for_update()
-                )
-            ).first()
-            if locked is None:
+            record = await read_generation(conn, scope, generation_id, for_update=True)
+            if record is None:
                 return False
-            record = await must_read_generation(conn, scope, generation_id)
             check(record)
             now = await db_now(conn)
-            r = t.catalog_references
+            g, r = t.capability_catalog_generations, t.catalog_references
             referent = [
                 *scope_where(r, scope),
                 r.c.referent_kind == ReferentKind.CATALOG_GENERATION.value,
                 r.c.referent_id == generation_id,
             ]
-            held = await holders(conn, [*referent, live(now)])
-            if held:
-                raise referenced("catalog generation", held)
-            # Children first (foreign keys), then the generation; expired references go too.
+            await self._refuse_if_held(conn, [*referent, live(now)], None)
+            # Children first (foreign keys); expired references go too; live ones never.
             for child in (t.handler_availability, t.capability_catalog_entries):
                 await conn.execute(
                     delete(child).where(*generation_where(child, scope, generation_id))
                 )
-            await conn.execute(delete(r).where(*referent))
-            await conn.execute(delete(g).where(*generation_where(g, scope, generation_id)))
+            await conn.execute(delete(r).where(*referent, ~live(now)))
+            # The delete itself decides: at the version checked (a reference registered
+            # since advanced it) and only while no live reference exists (row count 1).
+            result = await conn.execute(
+                delete(g).where(
+                    *generation_where(g, scope, generation_id),
+                    g.c.state_version == record.state_version,
+                    ~exists().where(*referent, live(now)),
+                )
+            )
+            if result.rowcount != 1:
+                await self._refuse_if_held(conn, [*referent, live(now)], None)
+                raise FenceLostError(
+                    "capability_catalog_generations", generation_id, record.state_version, None
+                )
             return True
 
         return await self._ledger.execute(self._engine, key, work, encode)
@@ -507,15 +526,16 @@ class CatalogRepository:
         """Register a reference (idempotent on its identity; a repeat returns the stored one).
 
         The referent must exist in the scope: a SEALED generation with ``catalog_digest``,
-        or a view published by the scope's installation. It is locked, so a concurrent
-        delete either sees this reference or wins before it.
+        or a view published by the scope's installation. Its fence version advances in
+        this transaction (a conditional UPDATE, row count 1), so a concurrent delete either
+        sees this reference or fails its own conditional delete.
 
         Raises:
             NotFoundError: no such referent in the scope.
         """
 
         async def work(conn: AsyncConnection) -> ReferenceRecord:
-            await lock_referent(conn, scope, identity, catalog_digest)
+            await fence_referent(conn, scope, identity, catalog_digest)
             r = t.catalog_references
             await insert_if_absent(
                 conn,

@@ -1,4 +1,5 @@
-"""Request deduplication keyed by the complete trusted scope (issue 10, item 2).
+"""Request deduplication keyed by the complete trusted scope (issue 10, item 2), and a
+fence version on metadata-view publications (item 5).
 
 ``catalog_requests`` becomes the generic ledger of ``services.request_dedupe``: the four
 work-scope columns lead the key (two installations of one org may reuse a request id),
@@ -6,6 +7,10 @@ work-scope columns lead the key (two installations of one org may reuse a reques
 characters and responses up to 12 MiB. Existing rows are carried over under the org with
 empty scope components; a row without a stored response becomes a reservation, so its
 retry re-executes exactly as before.
+
+``metadata_view_installations`` gains ``state_version`` (default 0): reference and binding
+registrations advance it by a conditional UPDATE and a withdrawal deletes only at the
+version it checked, so the two conflict on the row instead of relying on a locked read.
 
 Revision ID: 0004_hardening
 Revises: 0003
@@ -84,9 +89,15 @@ def upgrade() -> None:
         "FROM catalog_requests_0003"
     )
     op.drop_table(_OLD)
+    with op.batch_alter_table("metadata_view_installations") as batch:
+        batch.add_column(
+            sa.Column("state_version", sa.BigInteger(), server_default=sa.text("0"), nullable=False)
+        )
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("metadata_view_installations") as batch:
+        batch.drop_column("state_version")
     # Dedupe rows are transient (the request-retention window): the 0003 table comes back
     # empty rather than folding scoped rows onto colliding org-only keys.
     op.drop_table("catalog_requests")
