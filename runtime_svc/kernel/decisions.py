@@ -23,7 +23,6 @@ __all__ = [
     "ATTEMPTS",
     "RUNS",
     "STEPS",
-    "Admitted",
     "Advance",
     "AlreadyCommitted",
     "CancelCompleted",
@@ -43,7 +42,6 @@ __all__ = [
     "Quarantined",
     "Recovered",
     "RecoveryTerminal",
-    "Released",
     "RetryExhausted",
     "RetryScheduled",
     "Started",
@@ -219,20 +217,6 @@ class LeaseExtended:
     """A heartbeat: new ``lease_until``, no version change (the commit fence stays)."""
 
     lease_until: datetime
-
-
-@dataclass(frozen=True)
-class Released:
-    """Lease released before work: step ``Claimed -> Pending``, attempt ``Abandoned``."""
-
-    transition: Transition
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """Root ``Accepted -> Runnable``."""
-
-    transition: Transition
 
 
 @dataclass(frozen=True)

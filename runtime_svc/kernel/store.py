@@ -34,7 +34,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel.checkpoint_guard import DEFAULT_MAX_CHECKPOINT_BYTES
 from runtime_svc.kernel.decisions import (
-    Admitted,
     Advance,
     AlreadyCommitted,
     CancelCompleted,
@@ -75,7 +74,6 @@ from runtime_svc.kernel.store_create import (
     StartRunRequest,
     StartRunResult,
     create_run_txn,
-    run_by_idempotency_key_txn,
 )
 from runtime_svc.kernel.store_reads import (
     DEFAULT_PAGE_SIZE,
@@ -111,7 +109,6 @@ from runtime_svc.kernel.store_rows import (
     prepare_checkpoint,
 )
 from runtime_svc.kernel.transitions import (
-    decide_admit,
     decide_cancel,
     decide_cancel_cleanup,
     decide_claim,
@@ -119,7 +116,6 @@ from runtime_svc.kernel.transitions import (
     decide_commit_unknown,
     decide_heartbeat,
     decide_recovery,
-    decide_release,
     decide_resolve_wait,
     decide_rollback_retry,
     decide_start_running,
@@ -235,28 +231,6 @@ class FlowRunStateStore:
             now=await self._clock(conn),
         )
 
-    async def run_by_key_txn(
-        self, conn: AsyncConnection, org_id: str, idempotency_key: str
-    ) -> RunRecord | None:
-        """The run accepted under ``idempotency_key`` in ``org_id`` (a replayed trigger
-        maps to the run its first application started), or ``None``."""
-        return await run_by_idempotency_key_txn(conn, org_id, idempotency_key)
-
-    async def admit_run(self, org_id: str, flow_run_id: str) -> Admitted | NoChange:
-        """Root ``Accepted -> Runnable``."""
-
-        async def fn(conn: AsyncConnection) -> Admitted | NoChange:
-            now = await self._clock(conn)
-            root, step = await lock_root_and_current(conn, org_id, flow_run_id)
-            if step is None:
-                return NoChange("no_current_step")
-            decision = decide_admit(root, step, now)
-            if isinstance(decision, Admitted):
-                await apply_transition(conn, org_id, decision.transition, now)
-            return decision
-
-        return await self._run(fn)
-
     # --- claim, lifecycle, heartbeat -----------------------------------------------------
 
     async def claim(
@@ -272,7 +246,9 @@ class FlowRunStateStore:
 
         Returns the worker's :class:`LeaseFence` (holding the only copy of the raw lease
         token) or :class:`NotEligible` — including ``"lost_race"`` when a conditional
-        UPDATE found the row already moved.
+        UPDATE found the row already moved, and ``"attempt_budget_spent"`` when the due
+        step could never be claimed again: that claim transaction ended the step and the
+        run (``retry_exhausted``) instead.
         """
         if candidate.org_id != org_id:
             raise TransitionInputError("candidate belongs to another org", field="org_id")
@@ -299,6 +275,8 @@ class FlowRunStateStore:
             if isinstance(decision, NotEligible):
                 return decision
             await apply_transition(conn, org_id, decision.transition, now)
+            if isinstance(decision, RetryExhausted):
+                return NotEligible("attempt_budget_spent")
             return decision.fence(org_id, root.flow_run_id, step, request, token)
 
         try:
@@ -337,20 +315,6 @@ class FlowRunStateStore:
             return dataclasses.replace(fence, lease_until=decision.lease_until)
 
         return await self._run(fn)
-
-    async def release_claim(self, org_id: str, fence: LeaseFence) -> None:
-        """Give a claim back before any work: step ``Pending``, attempt ``Abandoned``."""
-        self._check_fence(org_id, fence)
-
-        async def fn(conn: AsyncConnection) -> None:
-            now = await self._clock(conn)
-            root, step, attempt = await lock_fenced(conn, org_id, fence)
-            decision = decide_release(root, step, attempt, fence, now)
-            if isinstance(decision, FenceLost):
-                raise fence_error(decision)
-            await apply_transition(conn, org_id, decision.transition, now)
-
-        await self._run(fn)
 
     # --- commit, rollback, ambiguity, recovery -------------------------------------------
 

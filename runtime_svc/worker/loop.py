@@ -119,8 +119,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Queue classes this worker serves (waits and effect completions are later issues).
-DEFAULT_QUEUE_CLASSES = ("durable_mutation", "bounded_atomic_foreground")
+#: Queue classes this worker serves: every lane a durable run's step can be on. A step the
+#: executor cannot run yet (a wait or effect completion) is claimed and fails closed
+#: (``unsupported_step_kind``) rather than sitting on a lane nobody claims, which would
+#: leave its run ``Runnable`` for ever (issue 10, item 4).
+DEFAULT_QUEUE_CLASSES = (
+    "durable_mutation",
+    "bounded_atomic_foreground",
+    "dependency_wakeup",
+    "effect_completion",
+)
 _MAX_CACHED_PLANS = 256
 _ACTIVE_CODES = (
     RunState.RUNNABLE.code,

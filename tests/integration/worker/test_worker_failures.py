@@ -4,6 +4,7 @@ cancellation while running, unsupported step kinds."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 
 import pymysql
@@ -12,11 +13,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel import (
     CheckpointInput,
+    FailureClass,
     FirstStep,
     FlowRunStateStore,
     LeaseFence,
     RunState,
     StartRunRequest,
+    StepFailure,
 )
 from runtime_svc.resources import LateResourceDiscoveryError, business_key
 from runtime_svc.schema import flow_step_attempts, flow_step_executions
@@ -294,3 +297,50 @@ async def test_unsupported_step_kind_fails_the_run_closed(
     got = await store.get_run(seeded.org, created.run.flow_run_id)
     assert got.state is RunState.TERMINAL_FAILED
     assert got.terminal_cause_code
+
+
+@pytest.mark.parametrize("lane", ["dependency_wakeup", "effect_completion"])
+async def test_a_step_on_a_wait_or_effect_lane_is_served_and_fails_closed(
+    engine: AsyncEngine, store: FlowRunStateStore, lane: str
+) -> None:
+    """Issue 10, item 4: no lane a durable step can be on is left unserved (the run would
+    stay Runnable for ever); a step the executor cannot run yet ends the run closed."""
+    seeded = await seed(engine)
+    created = await store.create_run(
+        seeded.scope,
+        StartRunRequest(
+            plan_id=seeded.plan_id,
+            first_step=FirstStep("no_such_step", "DependencyWait", lane),
+            input=CheckpointInput(context={}),
+        ),
+    )
+    worker = make_worker(engine, store)
+    assert await worker.run_batch(seeded.org) == [Outcome.FAILED]
+    got = await store.get_run(seeded.org, created.run.flow_run_id)
+    assert got.state is RunState.TERMINAL_FAILED
+
+
+async def test_a_policy_lowered_below_a_steps_attempts_ends_the_run(
+    engine: AsyncEngine, store: FlowRunStateStore, clock: ShiftedClock
+) -> None:
+    """Issue 10, item 4: a step scheduled under a larger attempt budget is ended by the
+    claim that finds its budget spent, instead of staying Runnable and unclaimable."""
+    seeded = await seed(engine)
+    run = await start_run(store, seeded)
+    worker = make_worker(engine, store)
+    for _ in range(2):  # two attempts under the 4-attempt policy, both rolled back
+        candidate = (await store.eligible_work(seeded.org, "durable_mutation"))[0]
+        claimed = await store.claim(seeded.org, candidate, lease_owner="w")
+        assert isinstance(claimed, LeaseFence)
+        fence = await store.mark_running(seeded.org, claimed)
+        await store.record_rollback(seeded.org, fence, StepFailure(FailureClass.RETRYABLE, "x"))
+        clock.advance(hours=2)
+    lowered = FlowRunStateStore(
+        engine, policy=dataclasses.replace(store.policy, max_attempts=2), clock=clock
+    )
+    redeployed = make_worker(engine, lowered)
+    assert await redeployed.run_batch(seeded.org) == [Outcome.NOT_ELIGIBLE]
+    got = await store.get_run(seeded.org, run.flow_run_id)
+    assert got.state is RunState.TERMINAL_FAILED
+    assert got.terminal_cause_code == "retry_budget_exhausted"
+    assert await worker.run_batch(seeded.org) == []  # nothing left to claim
