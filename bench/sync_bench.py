@@ -215,8 +215,10 @@ async def _setup(engine: AsyncEngine) -> _Setup:
     inputs = CompilerInputs.from_dict(doc)
     before = await _store(engine, BEFORE_SAVE_FLOW, inputs, activate=True)
     atomic = await _store(engine, ATOMIC_FLOW, inputs, activate=True)
-    assert before.plan.profile is ExecutionProfile.EMBEDDED_BEFORE_SAVE, before.plan.profile
-    assert atomic.plan.profile is ExecutionProfile.BOUNDED_ATOMIC, atomic.plan.profile
+    if before.plan.profile is not ExecutionProfile.EMBEDDED_BEFORE_SAVE:
+        raise BenchCheckError(f"before-save Flow compiled to {before.plan.profile}")
+    if atomic.plan.profile is not ExecutionProfile.BOUNDED_ATOMIC:
+        raise BenchCheckError(f"atomic Flow compiled to {atomic.plan.profile}")
     view_input = MetadataViewInput.from_dict(doc["metadata_view"])
     return _Setup(
         org=org,
@@ -224,6 +226,10 @@ async def _setup(engine: AsyncEngine) -> _Setup:
         request=RequestBoundView(before.plan.binding, view_input),
         atomic=atomic,
     )
+
+
+class BenchCheckError(RuntimeError):
+    """A variant did not do the work it is timed for (the figures would be meaningless)."""
 
 
 class _Variants:
@@ -314,18 +320,22 @@ async def _check(engine: AsyncEngine, setup: _Setup, v: _Variants) -> None:
     """One write per variant, verified, before anything is timed (a bench of a Flow that
     silently did not run would measure the bare write twice)."""
     await v.bare(-1)
-    assert v.last_record is not None and "Priority" not in v.last_record.fields
+    if v.last_record is None or "Priority" in v.last_record.fields:
+        raise BenchCheckError("the bare write returned no record, or a transformed one")
     await v.before_save(-2)
     rec = v.last_record
-    assert rec is not None, "before-save write returned no record"
+    if rec is None:
+        raise BenchCheckError("before-save write returned no record")
     expected = {"Priority": "High", "Description": "DEAL -2 / HIGH"}
     got = {k: rec.fields.get(k) for k in expected}
-    assert got == expected and rec.fields.get("Discount") is not None, (
-        f"the before-save Flow did not transform the record: {dict(rec.fields)}"
-    )
+    if got != expected or rec.fields.get("Discount") is None:
+        raise BenchCheckError(
+            f"the before-save Flow did not transform the record: {dict(rec.fields)}"
+        )
     before = await _opportunities(engine, setup.org)
     await v.atomic(-3)
-    assert await _opportunities(engine, setup.org) == before + 1, "atomic run wrote no record"
+    if await _opportunities(engine, setup.org) != before + 1:
+        raise BenchCheckError("atomic run wrote no record")
 
 
 async def _rates(variants: list[Callable[[int], Awaitable[None]]], seconds: float) -> list[float]:

@@ -93,6 +93,7 @@ from runtime_svc.resources import (
 from runtime_svc.worker.actions import PureActionError, run_pure_action
 from runtime_svc.worker.budget import BudgetExceeded, BudgetMeter
 from services.errors import NotFoundError
+from services.invariants import InvariantError
 
 __all__ = [
     "LOOPS_KEY",
@@ -744,7 +745,8 @@ async def apply_intents_txn(
         mutations.append(mutation)
         one = plan_mutation(view, mutation, current)
         plan = one if plan is None else plan.union(one)
-    assert plan is not None
+    if plan is None:
+        raise InvariantError("a mutation step produced no lock plan")
     if declared is not None:
         # §13.3: the step's actual resource set must stay within its declared classes
         # and bounds *before* any business lock is taken.

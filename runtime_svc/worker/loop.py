@@ -107,6 +107,7 @@ from services.errors import (
     NotFoundError,
 )
 from services.faults import CrashPoint, crash_point, raise_connection_lost_after_commit
+from services.invariants import InvariantError
 
 __all__ = [
     "DEFAULT_QUEUE_CLASSES",
@@ -390,7 +391,8 @@ class StepWorker:
                 verify = _verifier(conn, org_id, tokens_for(snapshots, step.verifies))
                 results = []
                 if outcome.intents:
-                    assert view is not None
+                    if view is None:
+                        raise InvariantError("a mutation step was prepared without a view")
                     # §12.2 steps 6-7: snapshot tokens are re-read under lock once the
                     # declared business locks are held, before any write or lifecycle lock.
                     results = await apply_intents_txn(
