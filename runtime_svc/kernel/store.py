@@ -89,7 +89,7 @@ from runtime_svc.kernel.store_reads import (
     expired_leases_txn,
     get_checkpoint_txn,
     get_run_txn,
-    list_runs_txn,
+    list_runs_page_txn,
     plan_digest_txn,
     support_view_txn,
 )
@@ -605,9 +605,11 @@ class FlowRunStateStore:
         page_size: int = DEFAULT_PAGE_SIZE,
         page_token: str = "",
     ) -> RunPage:
-        """Org-scoped, non-deleted runs, stable keyset pages."""
+        """Org-scoped, non-deleted runs, stable ``(created_at, run id)`` keyset pages."""
         return await self._read(
-            lambda conn: list_runs_txn(conn, org_id, filters or RunFilters(), page_size, page_token)
+            lambda conn: list_runs_page_txn(
+                conn, org_id, filters or RunFilters(), page_size, page_token
+            )
         )
 
     async def support_view(

@@ -32,10 +32,15 @@ from runtime_svc.kernel import (
     SupportView,
 )
 from runtime_svc.kernel.states import TERMINAL_RUN_STATES
-from runtime_svc.kernel.store_reads import get_checkpoint_txn, get_run_txn
+from runtime_svc.kernel.store_reads import (
+    RunCursor,
+    RunFilters,
+    get_checkpoint_txn,
+    get_run_txn,
+    list_runs_txn,
+)
 from runtime_svc.runs.inputs import validate_input_variables
 from runtime_svc.runs.keys import start_key
-from runtime_svc.runs.listing import ListFilters, list_runs_txn
 from runtime_svc.runs.resolve import (
     FlowTarget,
     ResolvedPlan,
@@ -44,7 +49,7 @@ from runtime_svc.runs.resolve import (
     resolve_plan_by_id_txn,
     resolve_plan_txn,
 )
-from runtime_svc.runs.tokens import PageTokenCodec
+from runtime_svc.runs.tokens import PageCursor, PageTokenCodec
 from runtime_svc.schema import execution_plans, runtime_requests
 from services.auth import TrustedIdentity, TrustedRuntimeWorkScope
 from services.db import run_in_transaction, transaction
@@ -53,6 +58,7 @@ from services.errors import (
     ConflictError,
     FailedPreconditionError,
     FenceLostError,
+    InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
 )
@@ -71,6 +77,8 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: ``ListRuns`` page sizes: the default and the clamp.
+DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE = 50, 500
 #: Role a credential needs for the public delete (§10.1 step 1).
 DELETE_ROLE = "flow.runs.delete"
 #: Role a credential needs to cancel a run.
@@ -430,14 +438,30 @@ class RunService:
             return await self._view_txn(conn, run)
 
     async def list_runs(
-        self, org_id: str, filters: ListFilters, page_size: int = 0, page_token: str = ""
+        self, org_id: str, filters: RunFilters, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[RunView], str]:
-        """One page of the org's visible runs and the next token (``""`` at the end)."""
+        """One page of the org's visible runs (the kernel's ``list_runs_txn``, in
+        ``(created_at, run id)`` order) and the next signed token (``""`` at the end).
+
+        Raises:
+            InvalidArgumentError: negative ``page_size``; malformed/foreign ``page_token``.
+        """
+        if page_size < 0:
+            raise InvalidArgumentError("page_size must not be negative", field_path="page_size")
+        size = min(page_size or DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE)
+        digest = filters.digest()
+        cursor = self._tokens.decode(org_id, digest, page_token)
+        after = None if cursor is None else RunCursor(cursor.created_at, cursor.flow_run_id)
         async with transaction(self._engine, readonly=True) as conn:
-            runs, token = await list_runs_txn(
-                conn, org_id, filters, page_size, page_token, self._tokens
+            runs, more = await list_runs_txn(conn, org_id, filters, limit=size, after=after)
+            views = await self._views(conn, runs)
+        token = ""
+        if more and runs:
+            last = runs[-1]
+            token = self._tokens.encode(
+                org_id, digest, PageCursor(last.created_at, last.flow_run_id)
             )
-            return await self._views(conn, runs), token
+        return views, token
 
     async def support(self, org_id: str, flow_run_id: str) -> RunSupport:
         """§19 support read of ``(org_id, flow_run_id)`` — never by run id alone, never a

@@ -90,7 +90,6 @@ def test_public_exports_are_pinned() -> None:
         "DELETE_ROLE",
         "DeclaredVariable",
         "FlowTarget",
-        "ListFilters",
         "PageCursor",
         "PageTokenCodec",
         "ResolvedPlan",
