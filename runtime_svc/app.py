@@ -9,8 +9,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from runtime_svc.api.definitions import build_definition_service
 from runtime_svc.api.records import CatalogRecordViews, build_record_service
 from runtime_svc.api.runs import build_run_service
-from runtime_svc.catalog_client import ScopedCredentials, catalog_channel
+from runtime_svc.catalog_client import GrpcCatalogClient, ScopedCredentials, catalog_channel
 from runtime_svc.worker.background import start_background
+from runtime_svc.worker.binary import BinaryCheck
 from runtime_svc.worker.settings import WorkerSettings
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration, unimplemented_servicer
@@ -50,11 +51,20 @@ async def start_runtime_background(cfg: ServiceConfig, engine: AsyncEngine) -> B
     """The runtime's workers and sweeps (``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS``).
 
     Mutation steps validate against the metadata view of the run's work scope, read from
-    the catalog (``FLOW_CATALOG_TARGET``) exactly as the record service reads it; only a
-    test/dev ``FLOW_RUNTIME_VIEW_FILE`` replaces it.
+    the catalog (``FLOW_CATALOG_TARGET``) exactly as the record service reads it, and each
+    plan is verified with the catalog before its first claim; only a test/dev
+    ``FLOW_RUNTIME_VIEW_FILE`` replaces both.
     """
     settings = WorkerSettings.from_config(cfg)
     views = None
+    binary_check = None
     if not settings.view_file:
-        views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
-    return await start_background(cfg, engine, views=views, settings=settings)
+        channel = catalog_channel(cfg)
+        credentials = ScopedCredentials.from_config(cfg)
+        views = CatalogRecordViews(channel, credentials)
+        # §8.4: before the first claim of a plan, verify with the catalog that this binary
+        # executes exactly the sealed entries the plan pins.
+        binary_check = BinaryCheck(GrpcCatalogClient(channel, credentials))
+    return await start_background(
+        cfg, engine, views=views, settings=settings, binary_check=binary_check
+    )

@@ -25,10 +25,10 @@ against it before any SQL. Durable times come from the database clock (``db_now`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -324,7 +324,9 @@ class FlowRunStateStore:
         """:meth:`commit_step_txn` in its own transaction (steps without business writes)."""
         self._check_fence(org_id, fence)
         prepared = prepare_checkpoint(output, max_bytes=self.max_checkpoint_bytes)
-        return await self._run(lambda conn: self._commit(conn, org_id, fence, prepared, advance))
+        return await self._run(
+            lambda conn: self._commit(conn, org_id, fence, prepared, advance, None)
+        )
 
     async def commit_step_txn(
         self,
@@ -334,11 +336,14 @@ class FlowRunStateStore:
         *,
         output: CheckpointInput,
         advance: Advance,
+        evidence: Mapping[str, Any] | None = None,
     ) -> CommitResult:
         """§12.2 steps 9-12, inside the worker's business transaction and after its
         business locks: lock root, step, attempt; revalidate the whole fence; insert the
-        immutable output checkpoint; attempt ``Committed``, step ``Succeeded`` (or
-        ``Waiting``), root advanced with its pointers and compatibility projection.
+        immutable output checkpoint; attempt ``Committed`` (with ``evidence`` — safe codes
+        and digests such as the lock plan it committed with — as its metrics summary),
+        step ``Succeeded`` (or ``Waiting``), root advanced with its pointers and
+        compatibility projection.
 
         A ``NextStep`` advance with an empty ``step_execution_id`` gets a new id.
 
@@ -351,7 +356,7 @@ class FlowRunStateStore:
         """
         self._check_fence(org_id, fence)
         prepared = prepare_checkpoint(output, max_bytes=self.max_checkpoint_bytes)
-        return await self._commit(conn, org_id, fence, prepared, advance)
+        return await self._commit(conn, org_id, fence, prepared, advance, evidence)
 
     async def _commit(
         self,
@@ -360,13 +365,14 @@ class FlowRunStateStore:
         fence: LeaseFence,
         prepared: PreparedCheckpoint,
         advance: Advance,
+        evidence: Mapping[str, Any] | None,
     ) -> CommitResult:
         if isinstance(advance, NextStep) and not advance.step_execution_id:
             advance = dataclasses.replace(advance, step_execution_id=new_id("step"))
         now = await self._clock(conn)
         root, step, attempt = await lock_fenced(conn, org_id, fence)
         checkpoint_id = new_id("ckpt")
-        decision = decide_commit(root, step, attempt, fence, now, advance, checkpoint_id)
+        decision = decide_commit(root, step, attempt, fence, now, advance, checkpoint_id, evidence)
         if isinstance(decision, FenceLost):
             raise fence_error(decision)
         meta = await insert_checkpoint(

@@ -84,6 +84,8 @@ class Candidate:
     step_state_version: int
     run_after: datetime
     queue_class: str
+    #: The plan the run is bound to (a worker verifies it before the first claim).
+    plan_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -412,6 +414,7 @@ def _candidate_columns() -> tuple[Any, ...]:
         s.run_after,
         s.queue_class,
         r.state_version.label("root_state_version"),
+        r.plan_id,
     )
 
 
@@ -424,6 +427,7 @@ def _candidate(org_id: str, row: RowMapping) -> Candidate:
         step_state_version=row["state_version"],
         run_after=row["run_after"],
         queue_class=row["queue_class"],
+        plan_id=row["plan_id"],
     )
 
 

@@ -35,7 +35,9 @@ decide_wait_expired        step Waiting→Failed|Quarantined; run Waiting→Term
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from runtime_svc.kernel.decisions import (
     STEPS,
@@ -292,8 +294,10 @@ def decide_commit(
     now: datetime,
     advance: Advance,
     output_checkpoint_id: str,
+    evidence: Mapping[str, Any] | None = None,
 ) -> Committed | FenceLost:
-    """§12.2 steps 9-12: the final fenced transition, made in the business transaction."""
+    """§12.2 steps 9-12: the final fenced transition, made in the business transaction;
+    ``evidence`` (e.g. the lock plan the step committed with) is kept on the attempt."""
     lost = revalidate_fence(root, step, attempt, fence, step_states=frozenset({StepState.RUNNING}))
     if lost is None and step.input_checkpoint_id != fence.input_checkpoint_id:
         lost = FenceLost(
@@ -306,7 +310,12 @@ def decide_commit(
     if lost is not None:
         return lost
     attempt_patch = patch_attempt(
-        attempt, AttemptOutcome.COMMITTED, now, failure_class=None, retry=RetryDecision.NONE
+        attempt,
+        AttemptOutcome.COMMITTED,
+        now,
+        failure_class=None,
+        retry=RetryDecision.NONE,
+        evidence=evidence,
     )
     step_to = StepState.WAITING if isinstance(advance, EnterWait) else StepState.SUCCEEDED
     step_patch = patch_step(
@@ -420,6 +429,7 @@ def decide_rollback_retry(
                     failure_class=FailureClass.RETRYABLE,
                     retry=RetryDecision.SCHEDULED,
                     safe_error_code=failure.safe_error_code,
+                    evidence=failure.evidence,
                 ),
             ),
             run_after=run_after,
@@ -439,6 +449,7 @@ def decide_rollback_retry(
             failure.failure_class,
             failure.safe_error_code,
             cause,
+            failure.evidence,
         ),
         cause_code=cause,
     )

@@ -24,6 +24,7 @@ from runtime_svc.kernel import FlowRunStateStore
 from runtime_svc.kernel.store_retention import RetentionSweep
 from runtime_svc.records import RecordView
 from runtime_svc.schema import runtime_requests
+from runtime_svc.worker.binary import BinaryCheck
 from runtime_svc.worker.loop import Outcome, StepWorker, Sweeper
 from runtime_svc.worker.settings import WorkerSettings
 from runtime_svc.worker.views import FixedViews, RecordViewSource
@@ -57,6 +58,7 @@ async def start_background(
     *,
     views: RecordViewSource | None = None,
     settings: WorkerSettings | None = None,
+    binary_check: BinaryCheck | None = None,
 ) -> LoopGroup:
     """Start this process's workers and sweeps (see the module docstring).
 
@@ -66,6 +68,8 @@ async def start_background(
         views: record views by work scope (the catalog-backed source in production);
             defaults to ``FLOW_RUNTIME_VIEW_FILE`` when set.
         settings: overrides the settings ``cfg`` selects (tests).
+        binary_check: verifies each plan with the catalog before the workers' first
+            claim of it (§8.4); ``runtime_svc.app`` passes the catalog-backed one.
     """
     if settings is not None:
         s = settings
@@ -91,6 +95,7 @@ async def start_background(
             owner=f"{host}/w{i}/{uuid.uuid4().hex[:8]}",
             batch_size=s.batch_size,
             org_batch=s.org_batch,
+            binary_check=binary_check,
         )
 
         async def work(w: StepWorker = worker) -> bool:

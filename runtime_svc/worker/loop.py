@@ -7,11 +7,12 @@ One step, end to end (:meth:`StepWorker.process`)::
            load plan, step, input checkpoint (+ ReadVerificationSet)
            ─► interpret (PureCompute: no transaction)
          [heartbeat stopped; a heartbeat that lost the fence abandons the step here]
-      ─► ONE business transaction: current reads → business locks (canonical order)
+      ─► ONE business transaction: current reads → crash_point(after_step_begin)
+           → business locks (canonical order)
            → snapshot-token verification under lock (§12.2 step 6, see ``snapshots``)
-           → record writes + history/event/audit → commit_step_txn (root/step/attempt
-           fence, output checkpoint + ReadVerificationSet, root advance)
-           → crash_point(before_step_commit)
+           → record writes + history/event/audit → crash_point(before_step_fence)
+           → commit_step_txn (root/step/attempt fence, output checkpoint +
+           ReadVerificationSet, root advance) → crash_point(before_step_commit)
       ─► COMMIT ─► crash_point(after_step_commit, step_key) ─► acknowledged
 
 The heartbeat covers only the phases outside the business transaction: the mutation
@@ -74,8 +75,9 @@ from runtime_svc.kernel.store_reads import get_run_txn
 from runtime_svc.records import Actor, Lineage, RecordView
 from runtime_svc.records.model import RecordState
 from runtime_svc.records.store import read_record_txn
-from runtime_svc.resources import LateResourceDiscoveryError
+from runtime_svc.resources import LateResourceDiscoveryError, LockPlan
 from runtime_svc.schema import flow_checkpoints, flow_runs, flow_step_executions
+from runtime_svc.worker.binary import BinaryCheck
 from runtime_svc.worker.executor import (
     RUN_OUTPUT_KEY,
     RecordQuery,
@@ -200,6 +202,9 @@ class StepWorker:
         hook: test seam (:data:`PhaseHook`).
         heartbeat: run the periodic lease heartbeat (§12.3); ``False`` is a test seam.
         heartbeat_interval_s: heartbeat period; default one third of the policy lease.
+        binary_check: verifies each plan with the catalog before its first claim
+            (:mod:`runtime_svc.worker.binary`); ``None`` skips it (tests, view-file
+            dev stacks without a catalog).
     """
 
     def __init__(
@@ -215,6 +220,7 @@ class StepWorker:
         hook: PhaseHook | None = None,
         heartbeat: bool = True,
         heartbeat_interval_s: float | None = None,
+        binary_check: BinaryCheck | None = None,
     ) -> None:
         self._engine = engine
         self.store = store
@@ -232,6 +238,7 @@ class StepWorker:
         self._plans: OrderedDict[tuple[str, str], tuple[TrustedRuntimeWorkScope, ExecutionPlan]]
         self._plans = OrderedDict()
         self._orgs = _rotation(engine, org_batch)
+        self._binary = binary_check
 
     # --- scheduling ----------------------------------------------------------------------
 
@@ -253,7 +260,18 @@ class StepWorker:
     # --- one step --------------------------------------------------------------------------
 
     async def process(self, org_id: str, candidate: Candidate) -> Outcome:
-        """Claim ``candidate`` and, if won, execute and commit its step."""
+        """Claim ``candidate`` and, if won, execute and commit its step.
+
+        With a binary check, a plan this binary may not execute (its sealed catalog
+        entries or handlers do not match, §8.4) is never claimed: nothing is mutated.
+        """
+        if self._binary is not None and candidate.plan_id:
+            try:
+                scope, plan = await self._plan(org_id, candidate.plan_id)
+            except NotFoundError:
+                return Outcome.NOT_ELIGIBLE
+            if await self._binary.refusals(scope, plan):
+                return Outcome.NOT_ELIGIBLE
         claimed = await self.store.claim(org_id, candidate, lease_owner=self.owner)
         if isinstance(claimed, NotEligible):
             return Outcome.NOT_ELIGIBLE
@@ -379,6 +397,7 @@ class StepWorker:
         try:
             async with transaction(self._engine) as conn:
                 read: list[ReadToken] = []
+                admitted: list[LockPlan] = []
                 if outcome is None:
                     outcome = await interpret(
                         plan,
@@ -388,6 +407,8 @@ class StepWorker:
                         query=None if view is None else _query(conn, org_id, view, read),
                         meter=meter_for(plan, step),
                     )
+                # BEGIN has run (on MySQL with the step's first read): §22.2 "after begin".
+                crash_point(CrashPoint.AFTER_STEP_BEGIN, key)
                 verify = _verifier(conn, org_id, tokens_for(snapshots, step.verifies))
                 results = []
                 if outcome.intents:
@@ -407,6 +428,7 @@ class StepWorker:
                         before_writes=verify,
                         declared=step.resources,
                         observed=_first_versions(read),
+                        admitted=admitted,
                     )
                 elif verify is not None:
                     await verify()
@@ -420,12 +442,14 @@ class StepWorker:
                     verification = refresh_tokens(snapshots, written)
                 if self._hook is not None:
                     await self._hook("in_txn", fence, conn)
+                crash_point(CrashPoint.BEFORE_STEP_FENCE, key)
                 await self.store.commit_step_txn(
                     conn,
                     org_id,
                     fence,
                     output=_output(outcome, verification),
                     advance=outcome.advance,
+                    evidence=_lock_plan_evidence(admitted),
                 )
                 crash_point(CrashPoint.BEFORE_STEP_COMMIT, key)
             raise_connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, key)
@@ -436,8 +460,12 @@ class StepWorker:
             return Outcome.FENCE_LOST
         except CommitOutcomeUnknownError:
             return await self._quarantine(org_id, fence, AttemptOutcome.COMMIT_UNKNOWN)
-        except LateResourceDiscoveryError:
-            return await self._retry(org_id, fence, "late_resource_discovery")
+        except LateResourceDiscoveryError as exc:
+            # §13.3 steps 1 and 4: record the safe resource-class mismatch and the expanded
+            # plan (proven within the declared bounds) with the rolled-back attempt.
+            return await self._retry(
+                org_id, fence, "late_resource_discovery", _discovery_evidence(exc)
+            )
         except Exception as exc:
             kind = classify_db_error(exc)
             if kind is DbErrorClass.RETRYABLE_CONFLICT:
@@ -457,9 +485,18 @@ class StepWorker:
 
     # --- outcomes ------------------------------------------------------------------------
 
-    async def _retry(self, org_id: str, fence: LeaseFence, code: str) -> Outcome:
+    async def _retry(
+        self,
+        org_id: str,
+        fence: LeaseFence,
+        code: str,
+        evidence: Mapping[str, Any] | None = None,
+    ) -> Outcome:
         return await self._rollback(
-            org_id, fence, StepFailure(FailureClass.RETRYABLE, code), Outcome.RETRY_SCHEDULED
+            org_id,
+            fence,
+            StepFailure(FailureClass.RETRYABLE, code, evidence=evidence),
+            Outcome.RETRY_SCHEDULED,
         )
 
     async def _fail(self, org_id: str, fence: LeaseFence, code: str) -> Outcome:
@@ -608,6 +645,29 @@ def _verifier(
         await verify_tokens_txn(conn, org_id, tokens)
 
     return verify
+
+
+def _lock_plan_evidence(admitted: Sequence[LockPlan]) -> dict[str, Any] | None:
+    """The lock plan a mutation step committed with (its attempt's metrics summary)."""
+    if not admitted:
+        return None
+    plan = admitted[0]
+    return {"lock_plan_digest": plan.digest(), "lock_plan_keys": len(plan.keys)}
+
+
+def _discovery_evidence(exc: LateResourceDiscoveryError) -> dict[str, Any]:
+    """Safe evidence of a late discovery: the resource class and role that did not match
+    the admitted plan, and the expanded plan the retry runs under (no record ids)."""
+    out: dict[str, Any] = {
+        "late_discovery": {
+            "resource_class": exc.resource_key.resource_class.name,
+            "role": None if exc.role is None else exc.role.value,
+        }
+    }
+    if exc.expanded_plan is not None:
+        out["expanded_lock_plan_digest"] = exc.expanded_plan.digest()
+        out["expanded_lock_plan_keys"] = len(exc.expanded_plan.keys)
+    return out
 
 
 def _output(outcome: StepOutcome, verification: Any = None) -> CheckpointInput:

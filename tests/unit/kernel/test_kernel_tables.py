@@ -248,6 +248,7 @@ def test_public_exports_are_pinned() -> None:
             "NotEligible",
             "RetryDecision",
             "RetryPolicy",
+            "RunCursor",
             "RunFilters",
             "RunPage",
             "RunRecord",
