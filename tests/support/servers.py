@@ -15,17 +15,27 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
 import grpc
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from services.auth import WorkloadClaims, bearer_metadata, mint_credential
 from services.config import ServiceConfig, ServiceName, load_config
 from services.errors import ERROR_DETAIL_METADATA_KEY
 from services.proto import common_v1
 
-__all__ = ["START_TIMEOUT_S", "BackgroundServers", "error_detail", "new_id"]
+__all__ = [
+    "START_TIMEOUT_S",
+    "BackgroundServers",
+    "Scope",
+    "error_detail",
+    "new_id",
+    "workload_metadata",
+]
 
 #: How long :meth:`BackgroundServers.start` waits for the servers.
 START_TIMEOUT_S = 60.0
@@ -112,3 +122,46 @@ def error_detail(err: grpc.RpcError) -> common_v1.ErrorDetail:
         if key == ERROR_DETAIL_METADATA_KEY:
             return common_v1.ErrorDetail.FromString(value)
     raise AssertionError("no error detail")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A complete trusted work scope as the tests hold it."""
+
+    org_id: str
+    app_installation_id: str
+    runtime_capability_id: str
+    runtime_work_binding_digest: str
+
+    def proto(self) -> common_v1.TrustedRuntimeWorkScope:
+        return common_v1.TrustedRuntimeWorkScope(
+            org_id=self.org_id,
+            app_installation_id=self.app_installation_id,
+            runtime_capability_id=self.runtime_capability_id,
+            runtime_work_binding_digest=self.runtime_work_binding_digest,
+        )
+
+
+def workload_metadata(
+    private_key: Ed25519PrivateKey,
+    key_id: str,
+    audience: ServiceName,
+    org: str,
+    inst: str | None = None,
+    cap: str | None = None,
+    digest: str | None = None,
+    *,
+    subject: str = "test",
+    roles: Sequence[str] = (),
+) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata carrying a fresh workload credential for the (partial) scope."""
+    claims = WorkloadClaims(
+        subject=subject,
+        audiences=(audience,),
+        org_id=org,
+        app_installation_id=inst,
+        runtime_capability_id=cap,
+        runtime_work_binding_digest=digest,
+        roles=tuple(roles),
+    )
+    return bearer_metadata(mint_credential(private_key, key_id, claims, ttl_s=300))

@@ -27,16 +27,14 @@ from catalog_svc.store import CatalogRepository
 from services import db, migrate
 from services.auth import (
     CredentialVerifier,
-    WorkloadClaims,
-    bearer_metadata,
     generate_keypair,
-    mint_credential,
 )
 from services.config import ServiceName
 from services.digest import versioned_digest
 from services.grpc_server import ServiceRegistration, start_server
 from services.proto import catalog_v1, common_v1
-from tests.support.servers import BackgroundServers
+from tests.support.servers import BackgroundServers, workload_metadata
+from tests.support.servers import Scope as Scope
 from tests.support.servers import error_detail as error_detail
 from tests.support.servers import new_id as new_id
 
@@ -97,22 +95,6 @@ def running_catalog(db_url: str, data_dir: Path) -> Iterator[CatalogServer]:
 # --- client side ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Scope:
-    org_id: str
-    app_installation_id: str
-    runtime_capability_id: str
-    runtime_work_binding_digest: str
-
-    def proto(self) -> common_v1.TrustedRuntimeWorkScope:
-        return common_v1.TrustedRuntimeWorkScope(
-            org_id=self.org_id,
-            app_installation_id=self.app_installation_id,
-            runtime_capability_id=self.runtime_capability_id,
-            runtime_work_binding_digest=self.runtime_work_binding_digest,
-        )
-
-
 @dataclass
 class Client:
     """A synchronous stub plus credential minting for any (partial) scope."""
@@ -131,15 +113,16 @@ class Client:
         cap: str | None = None,
         digest: str | None = None,
     ) -> tuple[tuple[str, str], ...]:
-        claims = WorkloadClaims(
+        return workload_metadata(
+            self.private_key,
+            KEY_ID,
+            ServiceName.CATALOG,
+            org,
+            inst,
+            cap,
+            digest,
             subject="catalog-test",
-            audiences=(ServiceName.CATALOG,),
-            org_id=org,
-            app_installation_id=inst,
-            runtime_capability_id=cap,
-            runtime_work_binding_digest=digest,
         )
-        return bearer_metadata(mint_credential(self.private_key, KEY_ID, claims, ttl_s=300))
 
     def scoped(self, scope: Scope) -> tuple[tuple[str, str], ...]:
         return self.md(

@@ -31,16 +31,13 @@ from runtime_svc.catalog_client import ScopedCredentials
 from services import db
 from services.auth import (
     CredentialVerifier,
-    WorkloadClaims,
-    bearer_metadata,
     generate_keypair,
-    mint_credential,
 )
 from services.config import ServiceName
 from services.grpc_server import ServiceRegistration, start_server
 from services.proto import catalog_v1, runtime_v1
 from tests.integration.definitions.fake_catalog import FakeCatalog, Published
-from tests.support.servers import BackgroundServers
+from tests.support.servers import BackgroundServers, workload_metadata
 from tests.support.servers import error_detail as error_detail
 
 KEY_ID = "definitions-test"
@@ -138,15 +135,16 @@ class Client:
         cap: str | None = None,
         digest: str | None = None,
     ) -> tuple[tuple[str, str], ...]:
-        claims = WorkloadClaims(
+        return workload_metadata(
+            self.private_key,
+            KEY_ID,
+            ServiceName.RUNTIME,
+            org,
+            app,
+            cap,
+            digest,
             subject="definitions-test",
-            audiences=(ServiceName.RUNTIME,),
-            org_id=org,
-            app_installation_id=app,
-            runtime_capability_id=cap,
-            runtime_work_binding_digest=digest,
         )
-        return bearer_metadata(mint_credential(self.private_key, KEY_ID, claims, ttl_s=300))
 
     def scoped(self, pub: Published) -> tuple[tuple[str, str], ...]:
         return self.md(*pub.scope)

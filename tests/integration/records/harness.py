@@ -24,7 +24,6 @@ from services.auth import (
     CredentialVerifier,
     TrustedRuntimeWorkScope,
     WorkloadClaims,
-    bearer_metadata,
     generate_keypair,
     mint_credential,
 )
@@ -33,7 +32,8 @@ from services.digest import versioned_digest
 from services.grpc_server import start_server
 from services.proto import catalog_v1, common_v1, runtime_v1
 from tests.integration.records.support import view_proto
-from tests.support.servers import BackgroundServers
+from tests.support.servers import BackgroundServers, workload_metadata
+from tests.support.servers import Scope as Scope
 from tests.support.servers import error_detail as error_detail
 from tests.support.servers import new_id as new_id
 
@@ -97,22 +97,6 @@ class RecordServers(BackgroundServers):
         return mint_credential(self.private_key, KEY_ID, claims, ttl_s=300)
 
 
-@dataclass(frozen=True)
-class Scope:
-    org_id: str
-    app_installation_id: str
-    runtime_capability_id: str
-    runtime_work_binding_digest: str
-
-    def proto(self) -> common_v1.TrustedRuntimeWorkScope:
-        return common_v1.TrustedRuntimeWorkScope(
-            org_id=self.org_id,
-            app_installation_id=self.app_installation_id,
-            runtime_capability_id=self.runtime_capability_id,
-            runtime_work_binding_digest=self.runtime_work_binding_digest,
-        )
-
-
 @dataclass
 class Clients:
     """Synchronous RecordService and CatalogService stubs plus credential minting."""
@@ -135,15 +119,9 @@ class Clients:
         cap: str | None = None,
         digest: str | None = None,
     ) -> tuple[tuple[str, str], ...]:
-        claims = WorkloadClaims(
-            subject="records-test",
-            audiences=(audience,),
-            org_id=org,
-            app_installation_id=inst,
-            runtime_capability_id=cap,
-            runtime_work_binding_digest=digest,
+        return workload_metadata(
+            self.private_key, KEY_ID, audience, org, inst, cap, digest, subject="records-test"
         )
-        return bearer_metadata(mint_credential(self.private_key, KEY_ID, claims, ttl_s=300))
 
     def runtime_md(self, scope: Scope) -> tuple[tuple[str, str], ...]:
         return self.md(

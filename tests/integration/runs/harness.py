@@ -18,7 +18,6 @@ from runtime_svc.api.definitions import build_definition_service
 from runtime_svc.api.runs import build_run_service
 from runtime_svc.catalog_client import ScopedCredentials
 from services import db
-from services.auth import WorkloadClaims, bearer_metadata, mint_credential
 from services.config import ServiceName
 from services.grpc_server import start_server
 from services.proto import runtime_v1
@@ -30,6 +29,7 @@ from tests.integration.definitions.harness import (
     Servers,
     new_request_id,
 )
+from tests.support.servers import workload_metadata
 
 __all__ = ["ALL_ROLES", "RunClient", "RunServers", "publish_and_activate"]
 
@@ -81,16 +81,15 @@ class RunClient(Client):
     ) -> tuple[tuple[str, str], ...]:
         scope = pub.scope if isinstance(pub, Published) else pub
         padded = (*scope, None, None, None)[:4]
-        claims = WorkloadClaims(
+        return workload_metadata(
+            self.private_key,
+            KEY_ID,
+            ServiceName.RUNTIME,
+            padded[0],
+            *padded[1:],
             subject="runs-test",
-            audiences=(ServiceName.RUNTIME,),
-            org_id=padded[0],
-            app_installation_id=padded[1],
-            runtime_capability_id=padded[2],
-            runtime_work_binding_digest=padded[3],
-            roles=tuple(roles),
+            roles=roles,
         )
-        return bearer_metadata(mint_credential(self.private_key, KEY_ID, claims, ttl_s=300))
 
     def start(
         self,
