@@ -14,6 +14,7 @@ from catalog_svc.store import CatalogRepository
 from services.background import LoopGroup
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration
+from services.paging import response_budget
 from services.proto import catalog_v1
 from services.request_dedupe import RequestLedger, RequestRetention
 
@@ -27,8 +28,9 @@ SERVICE_NAMES = ("nexus.flow.catalog.v1.CatalogService",)
 
 async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[ServiceRegistration]:
     """The catalog RPCs over the catalog database ``engine``."""
-    del cfg
-    servicer = CatalogServicer(CatalogService(CatalogRepository(engine)))
+    servicer = CatalogServicer(
+        CatalogService(CatalogRepository(engine)), max_response_bytes=response_budget(cfg)
+    )
     return [
         ServiceRegistration(
             SERVICE_NAMES[0], catalog_v1.add_CatalogServiceServicer_to_server, servicer

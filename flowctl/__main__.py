@@ -9,14 +9,14 @@ from collections.abc import Sequence
 
 import grpc
 
-from flowctl.common import CliError
+from flowctl.common import CliError, UsageError
 from services.config import ConfigError
 
 __all__ = ["build_parser", "main"]
 
 #: Command groups: each module exposes ``register(subparsers)``; a group whose module is
 #: not present yet is simply not offered.
-GROUPS = ("flowctl.auth", "flowctl.catalog", "flowctl.flow")
+GROUPS = ("flowctl.auth", "flowctl.catalog", "flowctl.flow", "flowctl.runs", "flowctl.records")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,10 +33,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _rpc_error_text(exc: grpc.RpcError, target: str | None) -> str:
+    """One line: the status and what it means for the operator."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+    details = " ".join(str(details).split())  # never more than one line
+    if code is grpc.StatusCode.UNAVAILABLE and target:
+        cause = details.rsplit(": ", 1)[-1] if "connect" in details.lower() else details
+        return (
+            f"cannot reach {target}: {cause} (is the stack running? `make run`, or set "
+            "--target / the FLOW_*_PORT variable)"
+        )
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED and target:
+        return f"{target} did not answer in time: {details}"
+    return f"{code.name if code else 'ERROR'}: {details}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()
+    except ConfigError as exc:
+        print(f"flowctl: configuration: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"flowctl: {exc}", file=sys.stderr)
+        return 2
     except CliError as exc:
         print(f"flowctl: {exc}", file=sys.stderr)
         return 1
@@ -44,7 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flowctl: configuration: {exc}", file=sys.stderr)
         return 2
     except grpc.RpcError as exc:
-        print(f"flowctl: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(f"flowctl: {_rpc_error_text(exc, getattr(args, 'target', None))}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"flowctl: {exc}", file=sys.stderr)
         return 1
 
 

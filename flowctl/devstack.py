@@ -18,6 +18,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,8 +29,16 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from flowctl.common import CliError
+from flowctl.cookbook_setup import COOKBOOK_FILE, write_cookbook
 from flowctl.demo import SUMMARY_FILE, DemoSeedError, DemoSummary, local_target, seed
-from services.auth import WorkloadClaims, ensure_dev_keys, load_signing_key, mint_credential
+from services.auth import (
+    OPERATOR_ROLES,
+    WorkloadClaims,
+    ensure_dev_keys,
+    load_signing_key,
+    mint_credential,
+)
 from services.config import ServiceConfig, ServiceName, load_config
 
 __all__ = ["banner", "main"]
@@ -74,17 +83,81 @@ def _stop_all(children: Mapping[ServiceName, subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
-def _mint_dev_token(signing_key: Path, key_id: str, data_dir: Path) -> Path:
+def _mint_dev_token(signing_key: Path, key_id: str, data_dir: Path, demo: DemoSummary) -> Path:
+    """The banner's operator token: the demo's complete work scope, every audience and
+    the operator roles (may cancel and delete runs), so it works for every RPC of the
+    demo. Written ``0600`` to ``<data dir>/dev_token``."""
     token = mint_credential(
         load_signing_key(signing_key),
         key_id,
-        WorkloadClaims(subject="devstack-operator", audiences=tuple(ServiceName), org_id=DEMO_ORG),
+        WorkloadClaims(
+            subject="devstack-operator",
+            audiences=tuple(ServiceName),
+            org_id=demo.org_id,
+            app_installation_id=demo.app_installation_id,
+            runtime_capability_id=demo.runtime_capability_id,
+            runtime_work_binding_digest=demo.binding_digest,
+            roles=OPERATOR_ROLES,
+        ),
         ttl_s=_TOKEN_TTL_S,
     )
     token_file = data_dir / "dev_token"
     token_file.write_text(token + "\n", encoding="utf-8")
     token_file.chmod(0o600)
     return token_file
+
+
+_PORT_VARS = {
+    ServiceName.CATALOG: "FLOW_CATALOG_PORT",
+    ServiceName.RUNTIME: "FLOW_RUNTIME_PORT",
+    ServiceName.EFFECT_OWNER: "FLOW_EFFECT_PORT",
+}
+_LOG_TAIL_LINES = 20
+
+
+def _listener_pid(port: int) -> str | None:
+    """``pid (command line)`` of the process listening on TCP ``port`` (Linux), if visible."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            for fd in fd_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:[") and target[8:-1] in inodes:
+                        pid = fd_dir.parent.name
+                        cmd = (fd_dir.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+                        return f"pid {pid} ({cmd.decode(errors='replace').strip()})"
+    return None
+
+
+def _ports_in_use(configs: Configs) -> list[str]:
+    """One line per configured port another process already holds."""
+    problems = []
+    for svc, cfg in configs.items():
+        with socket.socket(socket.AF_INET6 if ":" in cfg.listen_host else socket.AF_INET) as s:
+            try:
+                s.bind((cfg.listen_host, cfg.port))
+            except OSError as exc:
+                holder = _listener_pid(cfg.port) or "another process"
+                problems.append(
+                    f"{svc.value}: {cfg.listen_host}:{cfg.port} ({_PORT_VARS[svc]}) is not "
+                    f"free: {exc.strerror}; held by {holder}"
+                )
+    return problems
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join("    " + line for line in lines[-_LOG_TAIL_LINES:])
 
 
 def main() -> int:
@@ -98,6 +171,14 @@ def main() -> int:
         # The stack dials its children at their configured ports; it cannot learn a
         # port a child picked itself.
         log.error("the dev stack needs fixed ports: FLOW_*_PORT=0 is not supported here")
+        return 2
+    busy = _ports_in_use(configs)
+    if busy:
+        log.error(
+            "cannot start: %s\nIs another `make run` running? Stop it, or pick other ports "
+            "(FLOW_CATALOG_PORT, FLOW_RUNTIME_PORT, FLOW_EFFECT_PORT).",
+            "; ".join(busy),
+        )
         return 2
     runtime_cfg = configs[ServiceName.RUNTIME]
     keys = ensure_dev_keys(data_dir, env=runtime_cfg.env, key_id=runtime_cfg.auth_signing_key_id)
@@ -121,16 +202,24 @@ def main() -> int:
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                 )
-            log.info("%s started (pid %d)", module, children[svc].pid)
+            log.info(
+                "%s started (pid %d), log: %s",
+                module,
+                children[svc].pid,
+                data_dir / f"{module}.log",
+            )
         deadline = time.monotonic() + _READY_TIMEOUT_S
         pending = set(children)
         while pending and not stopping:
             for svc in sorted(pending):
                 if children[svc].poll() is not None:
+                    log_path = data_dir / f"{_MODULES[svc]}.log"
                     log.error(
-                        "%s exited during start-up; see %s",
+                        "%s exited during start-up (exit %s); the end of %s:\n%s",
                         svc.value,
-                        data_dir / f"{_MODULES[svc]}.log",
+                        children[svc].returncode,
+                        log_path,
+                        _log_tail(log_path),
                     )
                     return 1
                 if _serving(configs[svc]):
@@ -145,14 +234,23 @@ def main() -> int:
         if stopping:
             return 0
 
-        token_file = _mint_dev_token(keys.signing_key, runtime_cfg.auth_signing_key_id, data_dir)
         try:
             demo = seed(configs, data_dir)
         except DemoSeedError as exc:
             log.error("seeding the demo failed; stopping the stack\n%s", exc)
             return 1
+        try:
+            cookbook = write_cookbook(configs, data_dir, demo)
+        except (grpc.RpcError, OSError, RuntimeError, CliError, ValueError) as exc:
+            # The demo is up; only the pre-filled cookbook is missing.
+            log.warning("could not prepare the grpcurl cookbook (docs/grpcurl.md): %s", exc)
+        else:
+            log.info("grpcurl cookbook with this stack's ids: %s", cookbook)
         if stopping:
             return 0
+        token_file = _mint_dev_token(
+            keys.signing_key, runtime_cfg.auth_signing_key_id, data_dir, demo
+        )
         print(banner(configs, data_dir, token_file, demo), flush=True)
 
         while not stopping:
@@ -192,7 +290,10 @@ def banner(configs: Configs, data_dir: Path, token_file: Path, demo: DemoSummary
     lines += [
         "",
         "Try:",
-        f"  TOKEN=$(cat {shlex.quote(str(token_file))})",
+        f"  TOKEN=$(cat {shlex.quote(str(token_file))})"
+        "   # demo work scope, may cancel/delete runs",
+        f"  FLOW_DATA_DIR={data} {flowctl} auth mint --role flow.runs.cancel"
+        "   # another token (demo scope by default)",
         f"  FLOW_DATA_DIR={data} {flowctl} flow inventory --target {rt} \\",
         f"      --org {demo.org_id} --app-installation {demo.app_installation_id}"
         f" --capability {demo.runtime_capability_id} \\",
@@ -208,6 +309,8 @@ def banner(configs: Configs, data_dir: Path, token_file: Path, demo: DemoSummary
     lines += [
         f"  {grpcurl} -plaintext {rt} list",
         f"  {grpcurl} -plaintext {cat} grpc.health.v1.Health/Check",
+        "",
+        f"  grpcurl for every RPC, with this stack's ids: {data_dir / COOKBOOK_FILE}",
         "",
         f"Summary: {data_dir / SUMMARY_FILE}    Logs: {data_dir}/*.log    Stop: Ctrl-C",
     ]

@@ -5,12 +5,17 @@ uses)::
 
     flowctl flow compile FILE --inputs DIR [--explain | --json]
     flowctl flow plan FILE --inputs DIR [--mermaid | --json]
+    flowctl flow compile FILE [--generation G --catalog-digest C]   # against a running catalog
 
 ``FILE`` is a Flow document (JSON or YAML). ``--inputs`` is a directory holding
 ``binding.json``, ``catalog.json``, ``metadata_view.json``, ``policy.json`` and optionally
 ``subflows/*.json`` (the layout of ``tests/flows/_inputs``), or one JSON/YAML bundle file
-``{"binding", "catalog", "metadata_view", "policy", "subflows"}``. A rejected compile
-prints every diagnostic (with its transitive blocker chain) and exits 1.
+``{"binding", "catalog", "metadata_view", "policy", "subflows"}``. Without ``--inputs`` the
+inputs are read from a sealed generation on a running catalog (``--generation`` and
+``--catalog-digest``, by default the demo's from ``make run``'s ``demo.json``; the policy
+is the runtime's default), so ``flowctl flow compile examples/flows/welcome_contact.json``
+works on the demo stack. A rejected compile prints every diagnostic (with its transitive
+blocker chain) and exits 1.
 
 Through the runtime's FlowDefinitionService (gRPC; connection flags as for every
 command, the work-scoped ones need ``--app-installation --capability --binding-digest``)::
@@ -29,6 +34,7 @@ count, legacy behaviour and cohort per Flow (§20.4).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import uuid
@@ -39,13 +45,17 @@ import grpc
 from google.protobuf import json_format
 
 from flowctl.common import (
+    DEMO_SUMMARY_FILE,
     CliError,
+    UsageError,
     add_connection_args,
     call_metadata,
     channel_for,
     load_document,
     print_message,
+    work_scope,
 )
+from runtime_svc.catalog_client import GrpcCatalogClient, ScopedCredentials
 from runtime_svc.compiler import (
     CompilerInputs,
     ExecutionPlan,
@@ -56,7 +66,11 @@ from runtime_svc.compiler import (
     load_flow_text,
     to_mermaid,
 )
-from services.config import ServiceName
+from runtime_svc.definitions.inputs import CatalogSnapshot, build_compiler_inputs
+from runtime_svc.definitions.policy import DEFAULT_POLICY_DOCUMENT, FIRST_POLICY_VERSION
+from services.auth import TrustedRuntimeWorkScope
+from services.config import ServiceName, load_config
+from services.errors import FlowError
 from services.proto import common_v1, runtime_v1
 
 __all__ = ["compile_file", "format_issues", "load_inputs", "register"]
@@ -114,9 +128,73 @@ def format_issues(exc: PlanCompileError) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _demo_generation(args: argparse.Namespace) -> tuple[str, str]:
+    """``--generation/--catalog-digest``, else the demo's from ``make run``'s demo.json."""
+    if args.generation and args.catalog_digest:
+        return args.generation, args.catalog_digest
+    if args.generation or args.catalog_digest:
+        raise UsageError("give --generation and --catalog-digest together")
+    path = load_config(ServiceName.RUNTIME).data_dir / DEMO_SUMMARY_FILE
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        return str(doc["catalog_generation_id"]), str(doc["catalog_digest"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(
+            "give --inputs DIR|FILE, or --generation and --catalog-digest of a sealed generation "
+            f"on a running stack (no usable {path} to take the demo's from)"
+        ) from exc
+
+
+def compile_against_catalog(flow_path: str, args: argparse.Namespace) -> ExecutionPlan:
+    """Compile locally against a sealed generation read from a running catalog.
+
+    The generation, its entries, binding and metadata view come from the catalog (the same
+    reads activation makes); the policy is the runtime's default policy generation.
+    """
+    flow = _load_flow(flow_path)
+    generation, digest = _demo_generation(args)
+    scope = work_scope(args, f"flow {args.command} against a catalog generation")
+    trusted = TrustedRuntimeWorkScope(
+        org_id=scope.org_id,
+        app_installation_id=scope.app_installation_id,
+        runtime_capability_id=scope.runtime_capability_id,
+        runtime_work_binding_digest=scope.runtime_work_binding_digest,
+    )
+    cfg = load_config(ServiceName.CATALOG)
+
+    async def snapshot() -> CatalogSnapshot:
+        channel = grpc.aio.insecure_channel(args.catalog_target)
+        creds = ScopedCredentials(cfg.auth_signing_key, cfg.auth_signing_key_id, subject="flowctl")
+        try:
+            return await GrpcCatalogClient(channel, creds).load_snapshot(
+                trusted, generation, digest
+            )
+        finally:
+            await channel.close()
+
+    try:
+        snap = asyncio.run(snapshot())
+    except FlowError as exc:
+        raise CliError(f"catalog generation {generation}: {exc}") from exc
+    policy = {**DEFAULT_POLICY_DOCUMENT, "version": FIRST_POLICY_VERSION}
+    version = flow.get("version")
+    inputs = build_compiler_inputs(
+        snap,
+        policy,
+        flow_versions={str(flow.get("api_name")): version if isinstance(version, int) else 0},
+    )
+    return compile_plan(flow, inputs)
+
+
+def _compile_any(args: argparse.Namespace) -> ExecutionPlan:
+    if args.inputs:
+        return compile_file(args.file, args.inputs)
+    return compile_against_catalog(args.file, args)
+
+
 def _compile_cmd(args: argparse.Namespace) -> int:
     try:
-        plan = compile_file(args.file, args.inputs)
+        plan = _compile_any(args)
     except PlanCompileError as exc:
         sys.stdout.write(format_issues(exc))
         return 1
@@ -129,7 +207,7 @@ def _compile_cmd(args: argparse.Namespace) -> int:
 
 def _plan_cmd(args: argparse.Namespace) -> int:
     try:
-        plan = compile_file(args.file, args.inputs)
+        plan = _compile_any(args)
     except PlanCompileError as exc:
         sys.stdout.write(format_issues(exc))
         return 1
@@ -144,14 +222,7 @@ def _plan_cmd(args: argparse.Namespace) -> int:
 
 
 def _scope(args: argparse.Namespace) -> Any:
-    if not (args.app_installation and args.capability and args.binding_digest):
-        raise CliError("this command needs --app-installation, --capability and --binding-digest")
-    return common_v1.TrustedRuntimeWorkScope(
-        org_id=args.org,
-        app_installation_id=args.app_installation,
-        runtime_capability_id=args.capability,
-        runtime_work_binding_digest=args.binding_digest,
-    )
+    return work_scope(args, f"flow {args.command}")
 
 
 def _stub(channel: grpc.Channel) -> Any:
@@ -284,6 +355,23 @@ def _inventory_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compile_source_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--inputs",
+        default="",
+        help="compiler inputs directory or bundle file; without it: a sealed generation on a "
+        "running stack (--generation/--catalog-digest, default the demo's)",
+    )
+    p.add_argument("--generation", default="", help="sealed catalog generation id")
+    p.add_argument("--catalog-digest", default="", help="its catalog digest")
+    p.add_argument(
+        "--catalog-target",
+        default=f"127.0.0.1:{load_config(ServiceName.CATALOG).port}",
+        help="host:port of the catalog (default from configuration)",
+    )
+    add_connection_args(p, ServiceName.RUNTIME)
+
+
 def register(groups: Any) -> None:
     """Add the ``flow`` command group."""
     flow = groups.add_parser("flow", help="compile, draw, register, activate, inventory Flows")
@@ -291,7 +379,7 @@ def register(groups: Any) -> None:
 
     compile_p = commands.add_parser("compile", help="compile a Flow file locally")
     compile_p.add_argument("file", help="Flow document (JSON or YAML; - = stdin)")
-    compile_p.add_argument("--inputs", required=True, help="compiler inputs directory or file")
+    _compile_source_args(compile_p)
     out = compile_p.add_mutually_exclusive_group()
     out.add_argument("--explain", action="store_true", help="human explanation (default)")
     out.add_argument("--json", action="store_true", help="the canonical plan JSON")
@@ -299,7 +387,7 @@ def register(groups: Any) -> None:
 
     plan_p = commands.add_parser("plan", help="draw a Flow's compiled plan")
     plan_p.add_argument("file", help="Flow document (JSON or YAML; - = stdin)")
-    plan_p.add_argument("--inputs", required=True, help="compiler inputs directory or file")
+    _compile_source_args(plan_p)
     out = plan_p.add_mutually_exclusive_group()
     out.add_argument("--mermaid", action="store_true", help="Mermaid flowchart (default)")
     out.add_argument("--json", action="store_true", help="the canonical plan JSON")

@@ -1,4 +1,9 @@
-"""``python -m runtime_svc [serve | db upgrade|verify|current]``: the runtime service process."""
+"""``python -m runtime_svc [serve | worker | db upgrade|verify|current]``: the runtime process.
+
+``serve`` (the default) serves the runtime RPCs and runs the background loops the
+``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS`` role flags ask for; ``worker`` runs only
+those loops (its gRPC server answers health and reflection), for worker-only replicas.
+"""
 
 from __future__ import annotations
 

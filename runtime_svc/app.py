@@ -13,6 +13,7 @@ from runtime_svc.catalog_client import GrpcCatalogClient, ScopedCredentials, cat
 from runtime_svc.worker.background import start_background
 from runtime_svc.worker.binary import BinaryCheck
 from runtime_svc.worker.settings import WorkerSettings
+from services.auth import load_signing_key
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration, unimplemented_servicer
 from services.proto import runtime_v1
@@ -32,7 +33,16 @@ async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[Se
     """The runtime RPCs; those whose issue has not landed answer UNIMPLEMENTED.
 
     The record service and the synchronous Bounded Atomic executor share one catalog
-    view source (one channel, one cache of immutable views)."""
+    view source (one channel, one cache of immutable views).
+
+    Raises:
+        ConfigError: in production, the runtime's service key (``FLOW_AUTH_SERVICE_KEY``)
+            cannot be read.
+    """
+    if cfg.is_production:
+        # Production keys are provisioned, never generated: a runtime that cannot sign
+        # its calls to the catalog must not start (development keys appear on first start).
+        load_signing_key(cfg.auth_service_key)
     views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
     run_views = None if cfg.runtime_view_file else views
     return [

@@ -35,17 +35,12 @@ from services.auth import (
     bearer_metadata,
     load_signing_key,
 )
-from services.config import ServiceConfig, ServiceName
+from services.channels import client_channel
+from services.config import ConfigError, ServiceConfig, ServiceName
 from services.digest import versioned_digest
-from services.errors import (
-    FailedPreconditionError,
-    FlowError,
-    InvalidArgumentError,
-    NotFoundError,
-    PermissionDeniedError,
-    UnavailableError,
-)
+from services.errors import FailedPreconditionError, FlowError, NotFoundError, UnavailableError
 from services.proto import catalog_v1, common_v1
+from services.remote_errors import remote_error
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT_S",
@@ -287,10 +282,10 @@ def _params(params: Any) -> list[dict[str, Any]]:
 def metadata_view_doc(view: Any) -> dict[str, Any]:
     """``MetadataViewInput`` document of a ``catalog_v1.MetadataView``.
 
-    Facts the catalog contract does not carry get their fail-closed value: no
-    ``max_children`` (fan-out over a relationship is unknown), no ``history_tracked``,
-    subscription ``flow_version`` left ``None`` (pinned per compile) and dispatch order 0.
-    Every object gets the implicit record identity field ``Id`` when it does not list it.
+    A relationship's ``max_children`` 0 (undeclared) maps to ``None``: fan-out over it is
+    unknown and fails closed; objects carry ``history_tracked``. Subscription
+    ``flow_version`` is left ``None`` (pinned per compile). Every object gets the implicit
+    record identity field ``Id`` when it does not list it.
     """
     objects = []
     for o in view.objects:
@@ -304,14 +299,16 @@ def metadata_view_doc(view: Any) -> dict[str, Any]:
         ]
         if not any(f["name"] == "Id" for f in fields):
             fields.insert(0, {"name": "Id", "type": "id", "reference_to": None})
-        objects.append({"api_name": o.api_name, "fields": fields, "history_tracked": False})
+        objects.append(
+            {"api_name": o.api_name, "fields": fields, "history_tracked": o.history_tracked}
+        )
     relationships = [
         {
             "name": r.name,
             "parent_object": r.parent_object_api_name,
             "child_object": r.child_object_api_name,
             "field": r.child_field_api_name,
-            "max_children": None,
+            "max_children": r.max_children if r.max_children > 0 else None,
             "lock_parent": bool(r.lock_relevant or r.kind == _MASTER_DETAIL),
         }
         for r in view.relationships
@@ -348,9 +345,11 @@ class ScopedCredentials:
     """Mints (and reuses until near expiry) one credential per trusted work scope.
 
     The runtime calls the catalog *for* a request's complete trusted scope, so each
-    scope gets its own credential (audience ``catalog``, subject ``runtime``). The
-    signing key may be given as a path; it is then read on first use (a development
-    server creates its keys only when it starts serving).
+    scope gets its own credential (audience ``catalog``, subject ``runtime``), signed
+    with the runtime's own service key (``FLOW_AUTH_SERVICE_KEY``), whose trusted-keys
+    entry limits it to the audiences the runtime calls and no roles. The signing key may
+    be given as a path; it is then read on first use (a development server creates its
+    keys only when it starts serving).
     """
 
     def __init__(self, private_key: Any | Path, key_id: str, *, subject: str = "runtime") -> None:
@@ -359,12 +358,20 @@ class ScopedCredentials:
 
     @classmethod
     def from_config(cls, cfg: ServiceConfig) -> ScopedCredentials:
-        """Sign with ``cfg.auth_signing_key`` under ``cfg.auth_signing_key_id``."""
-        return cls(cfg.auth_signing_key, cfg.auth_signing_key_id)
+        """Sign with ``cfg.auth_service_key`` under ``cfg.auth_service_key_id``."""
+        return cls(cfg.auth_service_key, cfg.auth_service_key_id)
 
     def __call__(self, scope: TrustedRuntimeWorkScope) -> str:
         if isinstance(self._key, Path):
-            self._key = load_signing_key(self._key)
+            try:
+                self._key = load_signing_key(self._key)
+            except ConfigError as exc:
+                # A deployment fault, not the caller's: the dependency is unusable.
+                _log.error("cannot read the runtime's service key: %s", exc)
+                raise UnavailableError(
+                    "this service cannot sign its calls to the catalog",
+                    reason="service_key_unreadable",
+                ) from exc
         source = self._sources.get(scope)
         if source is None:
             claims = WorkloadClaims(
@@ -385,39 +392,17 @@ class ScopedCredentials:
 
 
 def catalog_channel(cfg: ServiceConfig, target: str | None = None) -> grpc.aio.Channel:
-    """The runtime's channel to the catalog: ``target`` or ``FLOW_CATALOG_TARGET``, with the
-    configured message-size limits (the one place every catalog caller gets it from)."""
-    return grpc.aio.insecure_channel(
-        target or cfg.catalog_target,
-        options=[
-            ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
-            ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
-        ],
-    )
+    """The runtime's channel to the catalog: ``target`` or ``FLOW_CATALOG_TARGET``, through
+    the one inter-service channel factory (client TLS/mTLS, message limits). Credentials
+    are per call (one per trusted work scope, :class:`ScopedCredentials`)."""
+    return client_channel(target or cfg.catalog_target, cfg, audience=ServiceName.CATALOG)
 
 
 # --- the client ------------------------------------------------------------------------
 
 
 def _catalog_error(exc: grpc.aio.AioRpcError, what: str, key: str) -> FlowError:
-    code = exc.code()
-    detail = exc.details() or ""
-    if code == grpc.StatusCode.NOT_FOUND:
-        return NotFoundError(what, key)
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return FailedPreconditionError(f"catalog: {what} {key}: {detail}", reason="catalog_state")
-    if code == grpc.StatusCode.PERMISSION_DENIED:
-        return PermissionDeniedError(f"catalog refused access to {what} {key}")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidArgumentError(f"catalog rejected the {what} request: {detail}")
-    if code in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-    ):
-        return UnavailableError(f"catalog service unavailable ({code.name})")
-    return FlowError(f"catalog call for {what} failed", reason="catalog_error")
+    return remote_error(exc, service="catalog", what=what, key=key)
 
 
 @dataclass(frozen=True)

@@ -97,13 +97,23 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     "FLOW_DB_POOL_SIZE": ("10", "connection pool size (MySQL/MariaDB/TiDB)"),
     "FLOW_AUTH_TRUSTED_KEYS": (
         "$FLOW_DATA_DIR/auth/trusted_keys.json",
-        "JSON file `{key_id: public-key PEM}` of workload-credential issuers the server trusts",
+        "JSON file of the workload-credential issuer keys the server trusts and the orgs, "
+        "audiences and roles each may sign (format: README, Authentication)",
     ),
     "FLOW_AUTH_SIGNING_KEY": (
         "$FLOW_DATA_DIR/auth/dev_signing_key.pem",
         "Ed25519 private key PEM used by clients (flowctl, tests) to mint credentials",
     ),
     "FLOW_AUTH_SIGNING_KEY_ID": ("dev", "key id written into minted credentials"),
+    "FLOW_AUTH_SERVICE_KEY": (
+        "$FLOW_DATA_DIR/auth/<service>_service_key.pem",
+        "Ed25519 private key PEM this service signs its own calls to other services with "
+        "(runtime -> catalog); its trusted-keys entry limits it to what the service needs",
+    ),
+    "FLOW_AUTH_SERVICE_KEY_ID": (
+        "<service>-service",
+        "key id written into the credentials signed with FLOW_AUTH_SERVICE_KEY",
+    ),
     "FLOW_AUTH_CLOCK_SKEW_S": (
         "30",
         "tolerated clock skew when checking credential expiry, seconds",
@@ -113,6 +123,25 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     "FLOW_TLS_CLIENT_CA": (
         "",
         "CA bundle PEM; when set the server requires client certificates (mTLS)",
+    ),
+    "FLOW_CLIENT_TLS": (
+        "false",
+        "dial other services over TLS (implied by FLOW_CLIENT_TLS_CA or FLOW_CLIENT_TLS_CERT); "
+        "system roots when no CA is given",
+    ),
+    "FLOW_CLIENT_TLS_CA": (
+        "",
+        "CA bundle PEM that verifies the servers this process dials (turns client TLS on)",
+    ),
+    "FLOW_CLIENT_TLS_CERT": (
+        "",
+        "client certificate PEM presented to servers that require mTLS (with FLOW_CLIENT_TLS_KEY)",
+    ),
+    "FLOW_CLIENT_TLS_KEY": ("", "client private key PEM for mTLS"),
+    "FLOW_CLIENT_TLS_SERVER_NAME": (
+        "",
+        "expected server name in the dialled servers' certificates when it differs from the "
+        "target host (e.g. dialling by IP)",
     ),
     "FLOW_GRPC_MAX_MESSAGE_BYTES": ("4194304", "maximum inbound/outbound gRPC message size"),
     "FLOW_SHUTDOWN_GRACE_S": ("10", "seconds in-flight RPCs get to finish after SIGTERM"),
@@ -214,6 +243,13 @@ class ServiceConfig:
     otel_console_export: bool
     log_level: str
     catalog_target: str = field(default="127.0.0.1:50061")
+    client_tls: bool = field(default=False)
+    client_tls_ca: Path | None = field(default=None)
+    client_tls_cert: Path | None = field(default=None)
+    client_tls_key: Path | None = field(default=None)
+    client_tls_server_name: str = field(default="")
+    auth_service_key: Path = field(default=Path("auth/service_key.pem"))
+    auth_service_key_id: str = field(default="service")
     crash_at: str = field(default="")
     #: ``FLOW_REQUEST_RETENTION_HOURS``: the request-dedupe window (every service).
     request_retention_hours: int = 168
@@ -262,6 +298,17 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
     if tls_client_ca is not None and tls_cert is None:
         raise ConfigError("FLOW_TLS_CLIENT_CA (mTLS) needs FLOW_TLS_CERT and FLOW_TLS_KEY")
 
+    client_ca = _opt_path("FLOW_CLIENT_TLS_CA")
+    client_cert, client_key = _opt_path("FLOW_CLIENT_TLS_CERT"), _opt_path("FLOW_CLIENT_TLS_KEY")
+    if (client_cert is None) != (client_key is None):
+        raise ConfigError("FLOW_CLIENT_TLS_CERT and FLOW_CLIENT_TLS_KEY must be set together")
+    client_tls = _bool(e, "FLOW_CLIENT_TLS")
+    if client_ca is not None or client_cert is not None:
+        if not client_tls and e.get("FLOW_CLIENT_TLS", "").strip():
+            raise ConfigError(
+                "FLOW_CLIENT_TLS=false contradicts FLOW_CLIENT_TLS_CA/FLOW_CLIENT_TLS_CERT"
+            )
+        client_tls = True
     retry_base = _int(e, "FLOW_RUNTIME_RETRY_BASE_MS", minimum=1)
     retry_max = max(_int(e, "FLOW_RUNTIME_RETRY_MAX_MS", minimum=1), retry_base)
     if e.get("FLOW_RUNTIME_RETRY_MAX_MS") and retry_max != _int(e, "FLOW_RUNTIME_RETRY_MAX_MS"):
@@ -296,6 +343,15 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         catalog_target=_get(e, "FLOW_CATALOG_TARGET")
         or f"127.0.0.1:{_int(e, 'FLOW_CATALOG_PORT')}",
         crash_at=_get(e, "FLOW_CRASH_AT"),
+        client_tls=client_tls,
+        client_tls_ca=client_ca,
+        client_tls_cert=client_cert,
+        client_tls_key=client_key,
+        client_tls_server_name=_get(e, "FLOW_CLIENT_TLS_SERVER_NAME"),
+        auth_service_key=Path(
+            _expand(_get(e, "FLOW_AUTH_SERVICE_KEY"), data_dir).replace("<service>", service.value)
+        ),
+        auth_service_key_id=_get(e, "FLOW_AUTH_SERVICE_KEY_ID").replace("<service>", service.value),
         request_retention_hours=_int(e, "FLOW_REQUEST_RETENTION_HOURS", minimum=1),
         runtime_workers=_int(e, "FLOW_RUNTIME_WORKERS"),
         runtime_sweeps=_bool(e, "FLOW_RUNTIME_SWEEPS"),

@@ -5,6 +5,7 @@ turns it into a gRPC status. Nothing else builds a status code (CONTRIBUTING.md)
 
     FlowError                        INTERNAL            (base; not raised directly)
     ├── InvalidArgumentError         INVALID_ARGUMENT    field_path
+    ├── OutOfRangeError              OUT_OF_RANGE        field_path
     ├── NotFoundError                NOT_FOUND           entity, key
     ├── AlreadyExistsError           ALREADY_EXISTS      entity, key
     ├── ConflictError                ABORTED             entity, key
@@ -59,6 +60,8 @@ import grpc.aio
 
 __all__ = [
     "ERROR_DETAIL_METADATA_KEY",
+    "MAX_DETAIL_BYTES",
+    "MAX_STATUS_MESSAGE_BYTES",
     "AlreadyExistsError",
     "CommitOutcomeUnknownError",
     "ConflictError",
@@ -69,12 +72,15 @@ __all__ = [
     "FlowError",
     "InvalidArgumentError",
     "NotFoundError",
+    "OutOfRangeError",
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
+    "bounded_text",
     "call_unary",
+    "decode_error_detail",
     "encode_error_detail",
     "iterate_responses",
     "status_for",
@@ -87,6 +93,16 @@ _log = logging.getLogger(__name__)
 ERROR_DETAIL_METADATA_KEY = "nexus-error-detail-bin"
 
 _INTERNAL_MESSAGE = "internal error"
+
+#: Longest status message sent (UTF-8 bytes; gRPC percent-encodes it into a trailer, up to
+#: 3x). With :data:`MAX_DETAIL_BYTES` (base64, 4/3x) every refusal fits the 8 KiB of
+#: metadata a default client accepts, whatever the request held.
+MAX_STATUS_MESSAGE_BYTES = 512
+#: Longest serialized ``ErrorDetail`` trailer.
+MAX_DETAIL_BYTES = 3072
+_MAX_FIELD_PATH = 256
+_MAX_ATTRIBUTE_KEY = 128
+_MAX_ATTRIBUTE_VALUE = 512
 
 
 class FlowError(Exception):
@@ -129,6 +145,15 @@ class InvalidArgumentError(FlowError):
     code = grpc.StatusCode.INVALID_ARGUMENT
     default_message = "invalid argument"
     reason = "invalid_argument"
+
+
+class OutOfRangeError(FlowError):
+    """A value, or the answer a request asks for, is beyond a documented limit (the
+    response would exceed the message size limit, a page would exceed it)."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+    default_message = "out of range"
+    reason = "out_of_range"
 
 
 class NotFoundError(FlowError):
@@ -279,10 +304,20 @@ def status_for(
     exception text reaches the client.
     """
     if isinstance(exc, FlowError):
-        return exc.code, exc.safe_message
+        return exc.code, bounded_text(exc.safe_message, MAX_STATUS_MESSAGE_BYTES)
     if correlation_id:
         return grpc.StatusCode.INTERNAL, f"{_INTERNAL_MESSAGE} (correlation id {correlation_id})"
     return grpc.StatusCode.INTERNAL, _INTERNAL_MESSAGE
+
+
+def bounded_text(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` UTF-8 bytes (on a character boundary), with an
+    ellipsis when cut: what the services send back never grows with the request."""
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    cut = data[: max(0, max_bytes - 3)].decode("utf-8", errors="ignore")
+    return cut + "…"
 
 
 @cache
@@ -295,24 +330,53 @@ def _error_detail_class() -> Any:
 
 
 def encode_error_detail(exc: BaseException, *, correlation_id: str | None = None) -> bytes | None:
-    """Serialized ``common_v1.ErrorDetail`` for ``exc``, or None without generated protos."""
+    """Serialized ``common_v1.ErrorDetail`` for ``exc``, or None without generated protos.
+
+    Bounded: the field path, every attribute and their number are cut so the serialized
+    detail stays within :data:`MAX_DETAIL_BYTES` (a ``truncated`` attribute says how many
+    attributes were left out).
+    """
     detail_cls = _error_detail_class()
     if detail_cls is None:
         return None
     _, message = status_for(exc, correlation_id=correlation_id)
     if isinstance(exc, FlowError):
         detail = detail_cls(
-            code=exc.reason,
+            code=bounded_text(exc.reason, _MAX_ATTRIBUTE_KEY),
             message=message,
             retryable=exc.retryable,
-            field_path=exc.field_path,
-            attributes=exc.attributes,
+            field_path=bounded_text(exc.field_path, _MAX_FIELD_PATH),
         )
+        attributes = exc.attributes
     else:
-        attrs = {"correlation_id": correlation_id} if correlation_id else {}
-        detail = detail_cls(code="internal", message=message, retryable=False, attributes=attrs)
+        detail = detail_cls(code="internal", message=message, retryable=False)
+        attributes = {"correlation_id": correlation_id} if correlation_id else {}
+    left_out = 0
+    for key in sorted(attributes):
+        k = bounded_text(str(key), _MAX_ATTRIBUTE_KEY)
+        v = bounded_text(str(attributes[key]), _MAX_ATTRIBUTE_VALUE)
+        too_big = detail.ByteSize() + len(k.encode()) + len(v.encode()) + 16 > MAX_DETAIL_BYTES - 64
+        if too_big or k in detail.attributes:  # a cut key may collide with a kept one
+            left_out += 1
+            continue
+        detail.attributes[k] = v
+    if left_out:
+        detail.attributes["truncated"] = f"{left_out} more attributes left out"
     data: bytes = detail.SerializeToString()
     return data
+
+
+def decode_error_detail(data: bytes) -> tuple[str, str, dict[str, str]] | None:
+    """``(code, message, attributes)`` of a serialized ``ErrorDetail`` (a remote's
+    :data:`ERROR_DETAIL_METADATA_KEY` trailer), or None when it does not parse."""
+    detail_cls = _error_detail_class()
+    if detail_cls is None:
+        return None
+    try:
+        detail = detail_cls.FromString(data)
+    except Exception:  # a malformed trailer is ignored, never fatal
+        return None
+    return str(detail.code), str(detail.message), dict(detail.attributes)
 
 
 # --- handler wrapping (shared with services.auth) ------------------------------------
@@ -324,12 +388,15 @@ BehaviorWrapper: TypeAlias = Callable[[Behavior, bool, bool], Behavior]
 
 
 def wrap_method_handler(
-    handler: grpc.RpcMethodHandler, wrap: BehaviorWrapper
+    handler: grpc.RpcMethodHandler,
+    wrap: BehaviorWrapper,
+    deserializer: Callable[[Callable[[bytes], Any]], Callable[[bytes], Any]] | None = None,
 ) -> grpc.RpcMethodHandler:
     """A copy of ``handler`` whose behavior is ``wrap(behavior, req_streaming, resp_streaming)``.
 
     The wrapper must return an ``async def`` for unary responses and an async generator for
     streaming responses (use :func:`iterate_responses` to call the inner behavior).
+    ``deserializer``, when given, wraps the handler's request deserializer (if it has one).
     """
     req, resp = handler.request_streaming, handler.response_streaming
     des, ser = handler.request_deserializer, handler.response_serializer
@@ -341,6 +408,8 @@ def wrap_method_handler(
         behavior, factory = handler.stream_unary, grpc.stream_unary_rpc_method_handler
     else:
         behavior, factory = handler.stream_stream, grpc.stream_stream_rpc_method_handler
+    if deserializer is not None and des is not None:
+        des = deserializer(des)
     return factory(wrap(behavior, req, resp), des, ser)
 
 
@@ -376,12 +445,79 @@ async def iterate_responses(
 # --- the interceptor ------------------------------------------------------------------
 
 
+class _MalformedRequest:
+    """What a request that does not parse as its message becomes (see the interceptor)."""
+
+    __slots__ = ()
+
+
+_MALFORMED = _MalformedRequest()
+
+
+def _tolerant(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """``deserialize`` that returns :data:`_MALFORMED` instead of raising.
+
+    gRPC answers a request deserializer's exception itself, as ``UNKNOWN`` or ``INTERNAL``
+    with the parser's text; marking the request lets the wrapped behavior refuse it as
+    ``INVALID_ARGUMENT`` through the one mapping instead.
+    """
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception:  # not a message, invalid UTF-8, nesting beyond the parser limit
+            return _MALFORMED
+
+    return parse
+
+
+def _malformed() -> InvalidArgumentError:
+    return InvalidArgumentError(
+        "the request is not a well-formed message of this RPC (wire format, UTF-8 or "
+        "nesting depth)",
+        reason="malformed_request",
+    )
+
+
+async def _checked_requests(requests: Any) -> AsyncIterator[Any]:
+    async for message in requests:
+        if message is _MALFORMED:
+            raise _malformed()
+        yield message
+
+
+def _response_size(response: Any) -> int:
+    size = getattr(response, "ByteSize", None)
+    return int(size()) if callable(size) else 0
+
+
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Maps exceptions escaping a handler to a gRPC status (see module docstring).
 
     Install it *outside* every interceptor that may raise :class:`FlowError` from its
     wrapped behavior (``services.auth.AuthInterceptor``), so one function maps all of them.
+
+    It also keeps two transport failures from reaching a client as such: a request that
+    does not deserialize becomes ``INVALID_ARGUMENT`` (``malformed_request``), and a
+    protobuf response larger than ``max_response_bytes`` (the server's send limit) becomes
+    ``OUT_OF_RANGE`` (``response_too_large``) instead of a stream reset.
+
+    Args:
+        max_response_bytes: the largest response sent (``None``: not checked).
     """
+
+    def __init__(self, max_response_bytes: int | None = None) -> None:
+        self._max_response = max_response_bytes
+
+    def _check_size(self, response: Any) -> Any:
+        if self._max_response is not None and _response_size(response) > self._max_response:
+            raise OutOfRangeError(
+                "the response would exceed the message size limit of "
+                f"{self._max_response} bytes; ask for less (a smaller page, fewer items)",
+                reason="response_too_large",
+                attributes={"max_message_bytes": str(self._max_response)},
+            )
+        return response
 
     async def intercept_service(
         self,
@@ -392,14 +528,23 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None:
             return None
         method: str = handler_call_details.method
+        check_size = self._check_size
 
-        def wrap(behavior: Behavior, _req: bool, response_streaming: bool) -> Behavior:
+        def wrap(behavior: Behavior, request_streaming: bool, response_streaming: bool) -> Behavior:
+            def checked(request: Any) -> Any:
+                if request_streaming:
+                    return _checked_requests(request)
+                if request is _MALFORMED:
+                    raise _malformed()
+                return request
+
             if response_streaming:
 
                 async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
                     try:
-                        async for item in iterate_responses(behavior, request, context):
-                            yield item
+                        req = checked(request)
+                        async for item in iterate_responses(behavior, req, context):
+                            yield check_size(item)
                     except Exception as exc:
                         await _abort(context, exc, method)
 
@@ -407,13 +552,13 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
             async def unary(request: Any, context: Context) -> Any:
                 try:
-                    return await call_unary(behavior, request, context)
+                    return check_size(await call_unary(behavior, checked(request), context))
                 except Exception as exc:
                     await _abort(context, exc, method)
 
             return unary
 
-        return wrap_method_handler(handler, wrap)
+        return wrap_method_handler(handler, wrap, _tolerant)
 
 
 async def _abort(context: Context, exc: Exception, method: str) -> None:

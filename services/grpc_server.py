@@ -3,8 +3,11 @@
 :func:`start_server` builds a ``grpc.aio`` server with, outermost first::
 
     OpenTelemetry (when cfg.otel_enabled)  one span per RPC, sees the final status
-    ErrorMappingInterceptor                FlowError / anything else -> status (+ detail)
+    ErrorMappingInterceptor                FlowError / anything else -> status (+ detail);
+                                           malformed request -> INVALID_ARGUMENT, response
+                                           over the message limit -> OUT_OF_RANGE
     AuthInterceptor                        credential -> identity, request-scope check
+    RequestLimitsInterceptor               documented lengths, enums, times, nesting
 
 so every ``FlowError`` — from a servicer or from authentication — is mapped by the one
 function in ``services.errors``, and the span records the status the client sees.
@@ -19,7 +22,7 @@ Shutdown (:meth:`RunningServer.stop`, SIGTERM/SIGINT via
 stop routing, then stops accepting RPCs and gives in-flight ones ``grace`` seconds.
 
 Outside production, when the trusted-keys file is the default one under
-``FLOW_DATA_DIR`` and does not exist yet, development keys are generated
+``FLOW_DATA_DIR``, development keys are generated or completed
 (``services.auth.ensure_dev_keys``) so that ``make run`` needs no set-up.
 """
 
@@ -54,6 +57,7 @@ from services.auth import (
 )
 from services.config import ServiceConfig
 from services.errors import ErrorMappingInterceptor, UnimplementedError
+from services.request_limits import RequestLimitsInterceptor
 
 __all__ = [
     "RunningServer",
@@ -135,7 +139,9 @@ def _tracer_provider(cfg: ServiceConfig) -> TracerProvider:
 
 def _verifier(cfg: ServiceConfig) -> CredentialVerifier:
     default = cfg.data_dir / "auth" / TRUSTED_KEYS_FILE
-    if not cfg.is_production and cfg.auth_trusted_keys == default and not default.exists():
+    if not cfg.is_production and cfg.auth_trusted_keys == default:
+        # Creates the development keys on first start and migrates a trusted-keys file an
+        # earlier version wrote (services.auth.trust); idempotent.
         ensure_dev_keys(cfg.data_dir, env=cfg.env, key_id=cfg.auth_signing_key_id)
     return CredentialVerifier.from_config(cfg)
 
@@ -174,7 +180,11 @@ async def start_server(
     if cfg.otel_enabled:
         provider = _tracer_provider(cfg)
         interceptors.append(aio_server_interceptor(tracer_provider=provider))  # type: ignore[no-untyped-call]
-    interceptors += [ErrorMappingInterceptor(), AuthInterceptor(verifier or _verifier(cfg))]
+    interceptors += [
+        ErrorMappingInterceptor(max_response_bytes=cfg.grpc_max_message_bytes),
+        AuthInterceptor(verifier or _verifier(cfg)),
+        RequestLimitsInterceptor(),
+    ]
 
     server = grpc.aio.server(
         interceptors=interceptors,

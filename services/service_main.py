@@ -2,9 +2,17 @@
 
 ``python -m <service> [serve]`` starts the gRPC server (migrating the database
 first when ``FLOW_DB_AUTO_MIGRATE`` is true) and the service's background loops;
+``python -m <service> worker`` (services with background loops) runs only those loops,
+with a gRPC server that answers health and reflection and serves no RPC, so worker-only
+replicas scale apart from the API replicas and still have probes;
 ``python -m <service> db upgrade|verify|current`` manages the schema. Each
 service's ``__main__`` only names itself and supplies factories for its
 servicers and (optionally) its background loops.
+
+Before migrating or serving, the database server's settings are checked
+(:func:`services.db_profiles.verify_database`): a MySQL-protocol server whose settings
+would break the fencing assumptions makes the process exit 3 with a message naming the
+setting.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services import db, faults, migrate
+from services import db, db_profiles, faults, migrate
 from services.config import ConfigError, ServiceConfig, ServiceName, load_config
 from services.grpc_server import ServiceRegistration, serve_forever
 from services.logging import configure_logging
@@ -43,6 +51,18 @@ BackgroundFactory = Callable[[ServiceConfig, AsyncEngine], Awaitable[Background]
 
 log = logging.getLogger(__name__)
 
+_PORT_VARS = {
+    ServiceName.CATALOG: "FLOW_CATALOG_PORT",
+    ServiceName.RUNTIME: "FLOW_RUNTIME_PORT",
+    ServiceName.EFFECT_OWNER: "FLOW_EFFECT_PORT",
+}
+
+
+async def _no_servicers(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[ServiceRegistration]:
+    """The registrations of a worker-only process: none (health and reflection only)."""
+    del cfg, engine
+    return ()
+
 
 async def _serve(
     cfg: ServiceConfig,
@@ -50,11 +70,14 @@ async def _serve(
     factory: RegistrationFactory,
     background: BackgroundFactory | None,
 ) -> None:
-    if cfg.db_auto_migrate:
-        await migrate.upgrade(cfg.db_url, migrations_pkg)
     engine = db.create_engine(cfg.db_url, pool_size=cfg.db_pool_size)
     loops: Background | None = None
     try:
+        settings = await db_profiles.verify_database(engine)
+        if settings is not None:
+            log.info("database server %s passed the settings check", settings.version)
+        if cfg.db_auto_migrate:
+            await migrate.upgrade(cfg.db_url, migrations_pkg)
         registrations = await factory(cfg, engine)
         if background is not None:
             loops = await background(cfg, engine)
@@ -77,6 +100,10 @@ def run_service(
     parser = argparse.ArgumentParser(prog=f"python -m {migrations_pkg}")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("serve", help="serve gRPC (default)")
+    if background is not None:
+        sub.add_parser(
+            "worker", help="run only the background loops (gRPC health and reflection only)"
+        )
     db_parser = sub.add_parser("db", help="schema management")
     db_parser.add_argument(
         "db_args", nargs=argparse.REMAINDER, help="upgrade [--revision R] | verify | current"
@@ -98,8 +125,28 @@ def run_service(
     except faults.FaultHookError as exc:
         log.error("refusing to start: %s", exc)
         return 3
+    if args.command == "worker":
+        factory = _no_servicers
     try:
         asyncio.run(_serve(cfg, migrations_pkg, factory, background))
     except KeyboardInterrupt:
         return 0
+    except ConfigError as exc:  # e.g. key or TLS material a factory could not read
+        log.error("configuration error: %s", exc)
+        return 2
+    except db_profiles.UnsafeDatabaseSettingsError as exc:
+        log.error("refusing to start: %s", exc)
+        return 3
+    except RuntimeError as exc:
+        if "bind" not in str(exc).lower():
+            raise
+        # grpc's own message only says "Failed to bind"; name the setting to change.
+        log.error(
+            "refusing to start: cannot listen on %s:%d (%s): the port is in use by another "
+            "process or the address is not on this host",
+            cfg.listen_host,
+            cfg.port,
+            _PORT_VARS[service],
+        )
+        return 3
     return 0

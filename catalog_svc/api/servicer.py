@@ -33,7 +33,8 @@ from catalog_svc.store import (
 )
 from services.auth import current_identity
 from services.db import ID_LEN, KEY_LEN
-from services.errors import InvalidArgumentError
+from services.errors import InvalidArgumentError, OutOfRangeError
+from services.paging import DEFAULT_CLIENT_MAX_BYTES, fit_page
 from services.proto import catalog_v1
 
 from .issues import require_text
@@ -64,10 +65,23 @@ T = TypeVar("T")
 R = TypeVar("R", bound=Message)
 
 
-def _encoder(build: Callable[[T], Message | None]) -> Encoder[T]:
+def _encoder(build: Callable[[T], Message | None], max_bytes: int) -> Encoder[T]:
+    """Serializes a mutation's response inside its transaction: a response over the
+    message limit raises there, so the mutation rolls back instead of committing an
+    answer no client can receive."""
+
     def encode(value: T) -> bytes | None:
         msg = build(value)
-        return None if msg is None else msg.SerializeToString(deterministic=True)
+        if msg is None:
+            return None
+        data = msg.SerializeToString(deterministic=True)
+        if len(data) > max_bytes:
+            raise OutOfRangeError(
+                f"the response would exceed the message size limit of {max_bytes} bytes",
+                reason="response_too_large",
+                attributes={"max_message_bytes": str(max_bytes)},
+            )
+        return data
 
     return encode
 
@@ -97,8 +111,14 @@ def _view_response(record: ViewRecord) -> catalog_v1.MetadataView:
 class CatalogServicer(catalog_v1.CatalogServiceServicer):
     """The catalog RPCs over one :class:`~catalog_svc.service.CatalogService`."""
 
-    def __init__(self, service: CatalogService) -> None:
+    def __init__(
+        self, service: CatalogService, *, max_response_bytes: int = DEFAULT_CLIENT_MAX_BYTES
+    ) -> None:
         self._svc = service
+        self._max_response = max_response_bytes
+
+    def _encode(self, build: Callable[[T], Message | None]) -> Encoder[T]:
+        return _encoder(build, self._max_response)
 
     # -- bindings ----------------------------------------------------------------------
 
@@ -115,7 +135,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
             )
 
         data = await self._svc.register_binding(
-            current_identity(), binding_from_proto(request.binding), key, _encoder(build)
+            current_identity(), binding_from_proto(request.binding), key, self._encode(build)
         )
         return _parse(catalog_v1.RegisterWorkBindingResponse, data)
 
@@ -146,7 +166,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
             return catalog_v1.PublishMetadataViewResponse(view=_view_response(record))
 
         data = await self._svc.publish_view(
-            scope, view, request.view.schema_generation, key, _encoder(build)
+            scope, view, request.view.schema_generation, key, self._encode(build)
         )
         return _parse(catalog_v1.PublishMetadataViewResponse, data)
 
@@ -188,7 +208,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
             scope,
             digest,
             key,
-            _encoder(lambda deleted: catalog_v1.DeleteMetadataViewResponse(deleted=deleted)),
+            self._encode(lambda deleted: catalog_v1.DeleteMetadataViewResponse(deleted=deleted)),
         )
         return _parse(catalog_v1.DeleteMetadataViewResponse, data)
 
@@ -207,7 +227,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
             scope_from_proto(request.scope),
             request.contract_version,
             key,
-            _encoder(build),
+            self._encode(build),
         )
         return _parse(catalog_v1.OpenGenerationResponse, data)
 
@@ -229,7 +249,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
             )
 
         data = await self._svc.submit_entry(
-            current_identity(), scope, gid, entry, key, _encoder(build)
+            current_identity(), scope, gid, entry, key, self._encode(build)
         )
         return _parse(catalog_v1.SubmitEntryResponse, data)
 
@@ -247,7 +267,9 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
                 generation=generation_to_proto(result.generation)
             )
 
-        data = await self._svc.seal_generation(current_identity(), scope, gid, key, _encoder(build))
+        data = await self._svc.seal_generation(
+            current_identity(), scope, gid, key, self._encode(build)
+        )
         return _parse(catalog_v1.SealGenerationResponse, data)
 
     async def GetGeneration(
@@ -285,19 +307,26 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
         gid = generation_id(request.catalog_generation_id)
         digest = digest_field(request.catalog_digest, "catalog_digest", kind="catalog")
         after = decode_page_token(request.page_token, gid, digest)
-        page = await self._svc.list_entries(
-            current_identity(),
-            scope_from_proto(request.scope),
-            gid,
-            digest,
-            request.page_size,
-            after,
-        )
-        return catalog_v1.ListEntriesResponse(
-            entries=[entry_to_proto(e) for e in page.entries],
-            next_page_token=(
-                "" if page.next_after is None else encode_page_token(gid, digest, page.next_after)
-            ),
+        identity, scope = current_identity(), scope_from_proto(request.scope)
+
+        async def fetch(size: int) -> catalog_v1.ListEntriesResponse:
+            page = await self._svc.list_entries(identity, scope, gid, digest, size, after)
+            return catalog_v1.ListEntriesResponse(
+                entries=[entry_to_proto(e) for e in page.entries],
+                next_page_token=(
+                    ""
+                    if page.next_after is None
+                    else encode_page_token(gid, digest, page.next_after)
+                ),
+            )
+
+        # Paged by bytes as well as by count (services.paging).
+        return await fit_page(
+            fetch,
+            lambda r: r.entries,
+            page_size=request.page_size,
+            budget=self._max_response,
+            what="catalog entry",
         )
 
     async def DeleteGeneration(
@@ -310,7 +339,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
             generation_id(request.catalog_generation_id),
             digest_field(request.catalog_digest, "catalog_digest", kind="catalog", required=False),
             key,
-            _encoder(lambda deleted: catalog_v1.DeleteGenerationResponse(deleted=deleted)),
+            self._encode(lambda deleted: catalog_v1.DeleteGenerationResponse(deleted=deleted)),
         )
         return _parse(catalog_v1.DeleteGenerationResponse, data)
 
@@ -334,7 +363,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
             ref.catalog_digest,
             ref.expires_at,
             key,
-            _encoder(build),
+            self._encode(build),
         )
         return _parse(catalog_v1.RegisterReferenceResponse, data)
 
@@ -350,7 +379,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
             scope,
             ref.identity,
             key,
-            _encoder(lambda released: catalog_v1.ReleaseReferenceResponse(released=released)),
+            self._encode(lambda released: catalog_v1.ReleaseReferenceResponse(released=released)),
         )
         return _parse(catalog_v1.ReleaseReferenceResponse, data)
 
@@ -376,7 +405,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
             request.supported_capability_version,
             tuples,
             key,
-            _encoder(lambda n: catalog_v1.PublishHandlerAvailabilityResponse(accepted_count=n)),
+            self._encode(lambda n: catalog_v1.PublishHandlerAvailabilityResponse(accepted_count=n)),
         )
         return _parse(catalog_v1.PublishHandlerAvailabilityResponse, data)
 

@@ -9,15 +9,17 @@ carries a few things that are not part of that content, handled deliberately:
   plans) and are not stored; reads return them empty. Action labels are content;
 * a relationship's ``name`` and ``kind`` are not content: reads return the child field
   API name as the name and ``RELATIONSHIP_KIND_UNSPECIFIED``;
-* ``lock_relevant = false`` relationships and ``read_only = true`` fields carry meaning
-  the runtime view (contract version 1) cannot hold, so they are refused with
+* ``lock_relevant = false`` relationships carry meaning the runtime view cannot hold
+  (it holds lock-relevant relationships only), so they are refused with
   ``INVALID_ARGUMENT`` rather than silently dropped;
+* ``read_only`` fields, ``history_tracked`` objects and a relationship's
+  ``max_children`` (0 = undeclared) are content; their defaults are left out of the
+  canonical form, so views that do not use them keep their digest;
 * ``org_id``, ``app_installation_id`` and ``schema_generation`` describe the publication,
   not the content: identical content has one digest in every installation (visibility
   stays per installation, see ``catalog_svc.schema.metadata_view_installations``).
 
-Field types outside the domain's closed set (``MULTI_PICKLIST``, ``EMAIL``, ``CURRENCY``)
-are refused as ``unknown_enum_value``.
+An enum number outside the domain's closed set is refused as ``unknown_enum_value``.
 """
 
 from __future__ import annotations
@@ -56,15 +58,7 @@ def timestamp(value: datetime) -> Timestamp:
 
 def _field(msg: catalog_v1.FieldSchema, path: str, issues: list[Diagnostic]) -> FieldSchema:
     ftype = enum_value(FieldType, msg.type, f"{path}.type", issues)
-    if msg.read_only:
-        issues.append(
-            Diagnostic(
-                f"{path}.read_only",
-                DiagnosticCode.UNKNOWN_FIELD,
-                "read_only fields are not representable in the runtime metadata view (v1)",
-            )
-        )
-    decimal = ftype is FieldType.DECIMAL and msg.precision > 0
+    decimal = ftype in (FieldType.DECIMAL, FieldType.CURRENCY) and msg.precision > 0
     return FieldSchema(
         api_name=msg.api_name,
         type=ftype,
@@ -75,6 +69,7 @@ def _field(msg: catalog_v1.FieldSchema, path: str, issues: list[Diagnostic]) -> 
         scale=msg.scale if decimal else (msg.scale or None),
         reference_object_api_name=msg.reference_object_api_name or None,
         picklist_values=tuple(msg.picklist_values),
+        read_only=msg.read_only,
     )
 
 
@@ -100,6 +95,7 @@ def view_from_proto(msg: catalog_v1.MetadataView, prefix: str = "view") -> Runti
         ObjectSchema(
             o.api_name,
             tuple(_field(f, f"objects[{i}].fields[{j}]", issues) for j, f in enumerate(o.fields)),
+            history_tracked=o.history_tracked,
         )
         for i, o in enumerate(msg.objects)
     )
@@ -115,7 +111,11 @@ def view_from_proto(msg: catalog_v1.MetadataView, prefix: str = "view") -> Runti
             )
         relationships.append(
             LockRelationship(
-                r.child_object_api_name, r.child_field_api_name, r.parent_object_api_name
+                r.child_object_api_name,
+                r.child_field_api_name,
+                r.parent_object_api_name,
+                # 0 = undeclared; a negative number is kept so validation reports it.
+                max_children=r.max_children or None,
             )
         )
     triggers = tuple(
@@ -174,6 +174,7 @@ def view_to_proto(
         objects=[
             catalog_v1.ObjectSchema(
                 api_name=o.api_name,
+                history_tracked=o.history_tracked,
                 fields=[
                     catalog_v1.FieldSchema(
                         api_name=f.api_name,
@@ -184,6 +185,7 @@ def view_to_proto(
                         scale=f.scale or 0,
                         picklist_values=list(f.picklist_values),
                         reference_object_api_name=f.reference_object_api_name or "",
+                        read_only=f.read_only,
                     )
                     for f in o.fields
                 ],
@@ -197,6 +199,7 @@ def view_to_proto(
                 child_object_api_name=r.child_object_api_name,
                 child_field_api_name=r.child_field_api_name,
                 lock_relevant=True,
+                max_children=r.max_children or 0,
             )
             for r in v.relationships
         ],

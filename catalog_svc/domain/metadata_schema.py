@@ -26,11 +26,13 @@ __all__ = [
     "TriggerSubscription",
     "TriggerTiming",
     "field_to_dict",
+    "object_to_dict",
     "parameter_to_dict",
     "read_action",
     "read_object_schema",
     "read_relationship",
     "read_trigger",
+    "relationship_to_dict",
 ]
 
 
@@ -46,7 +48,10 @@ class FieldType(IntEnum):
     DATE = 6
     DATETIME = 7
     PICKLIST = 8
+    MULTI_PICKLIST = 9
     REFERENCE = 10
+    EMAIL = 11
+    CURRENCY = 12
     ID = 13
 
 
@@ -75,11 +80,14 @@ class FieldSchema:
         api_name: unique (case-insensitively) within its object.
         type: data type.
         required: a record cannot be saved without a value.
-        max_length: STRING/TEXT only; ``None`` = platform default.
-        precision: DECIMAL only, total digits (1..38).
-        scale: DECIMAL only, fractional digits (0..precision); needs ``precision``.
+        max_length: STRING/TEXT/EMAIL only; ``None`` = platform default.
+        precision: DECIMAL/CURRENCY only, total digits (1..38).
+        scale: DECIMAL/CURRENCY only, fractional digits (0..precision); needs ``precision``.
         reference_object_api_name: REFERENCE only (required there); an object of the view.
-        picklist_values: PICKLIST only (required there); unique, non-blank.
+        picklist_values: PICKLIST/MULTI_PICKLIST only (required there); unique, non-blank.
+        read_only: generic record writes may not set the field (non-createable and
+            non-updateable); never together with ``required``. False is left out of the
+            canonical form, so views without read-only fields keep their digest.
     """
 
     api_name: str
@@ -90,14 +98,21 @@ class FieldSchema:
     scale: int | None = None
     reference_object_api_name: str | None = None
     picklist_values: tuple[str, ...] = ()
+    read_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectSchema:
-    """One object and its fields."""
+    """One object and its fields.
+
+    ``history_tracked`` objects keep field history, so a write also locks and reserves
+    the record's history sequence in the compiled lock plan. False is left out of the
+    canonical form (existing digests hold).
+    """
 
     api_name: str
     fields: tuple[FieldSchema, ...] = ()
+    history_tracked: bool = False
 
     def field(self, api_name: str) -> FieldSchema | None:
         """The field named exactly ``api_name``."""
@@ -109,11 +124,15 @@ class LockRelationship:
     """A lock-relevant parent/child relationship: mutating a child locks the parent first.
 
     ``child_field_api_name`` must be a REFERENCE field of the child targeting the parent.
+    ``max_children`` is the largest number of children one parent has through it (the
+    metadata-declared fan-out bound, 1..1000000); ``None`` means undeclared (fan-out over
+    the relationship is unknown) and is left out of the canonical form.
     """
 
     child_object_api_name: str
     child_field_api_name: str
     parent_object_api_name: str
+    max_children: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +181,7 @@ class ActionMetadata:
 
 # -- JSON ----------------------------------------------------------------------------------
 
-_OBJECT_KEYS = frozenset({"api_name", "fields"})
+_OBJECT_KEYS = frozenset({"api_name", "fields", "history_tracked"})
 _FIELD_KEYS = frozenset(
     {
         "api_name",
@@ -173,9 +192,12 @@ _FIELD_KEYS = frozenset(
         "scale",
         "reference_object_api_name",
         "picklist_values",
+        "read_only",
     }
 )
-_REL_KEYS = frozenset({"child_object_api_name", "child_field_api_name", "parent_object_api_name"})
+_REL_KEYS = frozenset(
+    {"child_object_api_name", "child_field_api_name", "parent_object_api_name", "max_children"}
+)
 _TRIGGER_KEYS = frozenset(
     {"flow_api_name", "object_api_name", "timing", "events", "entry_condition", "dispatch_order"}
 )
@@ -193,6 +215,25 @@ def field_to_dict(f: FieldSchema) -> dict[str, object]:
         "scale": f.scale,
         "reference_object_api_name": f.reference_object_api_name,
         "picklist_values": list(f.picklist_values),
+        # Only when set: views published before the key existed keep their digest.
+        **({"read_only": True} if f.read_only else {}),
+    }
+
+
+def object_to_dict(o: ObjectSchema) -> dict[str, object]:
+    return {
+        "api_name": o.api_name,
+        "fields": [field_to_dict(f) for f in o.fields],
+        **({"history_tracked": True} if o.history_tracked else {}),
+    }
+
+
+def relationship_to_dict(r: LockRelationship) -> dict[str, object]:
+    return {
+        "child_object_api_name": r.child_object_api_name,
+        "child_field_api_name": r.child_field_api_name,
+        "parent_object_api_name": r.parent_object_api_name,
+        **({"max_children": r.max_children} if r.max_children is not None else {}),
     }
 
 
@@ -211,7 +252,8 @@ def read_object_schema(
     p.reject_unknown_keys(m, _OBJECT_KEYS, path, issues)
     name = p.get_str(m, "api_name", path, issues, required=True)
     fields = p.read_items(m, "fields", path, issues, _read_field)
-    return None if name is None else ObjectSchema(name, fields)
+    history = p.get_bool(m, "history_tracked", path, issues)
+    return None if name is None else ObjectSchema(name, fields, history)
 
 
 def _read_field(m: Mapping[str, object], path: str, issues: list[Diagnostic]) -> FieldSchema | None:
@@ -236,9 +278,12 @@ def _read_field(m: Mapping[str, object], path: str, issues: list[Diagnostic]) ->
                     "picklist value must be a string",
                 )
             )
+    read_only = p.get_bool(m, "read_only", path, issues)
     if name is None or ftype is None:
         return None
-    return FieldSchema(name, ftype, required, max_length, precision, scale, target, tuple(values))
+    return FieldSchema(
+        name, ftype, required, max_length, precision, scale, target, tuple(values), read_only
+    )
 
 
 def read_relationship(
@@ -248,9 +293,10 @@ def read_relationship(
     child = p.get_str(m, "child_object_api_name", path, issues, required=True)
     field = p.get_str(m, "child_field_api_name", path, issues, required=True)
     parent = p.get_str(m, "parent_object_api_name", path, issues, required=True)
+    max_children = p.get_int(m, "max_children", path, issues, required=False)
     if child is None or field is None or parent is None:
         return None
-    return LockRelationship(child, field, parent)
+    return LockRelationship(child, field, parent, max_children)
 
 
 def read_trigger(

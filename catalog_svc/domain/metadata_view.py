@@ -11,7 +11,9 @@ values (a validity domain, not a display order), relationships, trigger subscrip
 and their events, actions and their parameters. Display labels of objects/fields are
 deliberately not part of the view, so cosmetic relabelling does not recompile plans.
 
-JSON shape (also what :meth:`RuntimeMetadataView.to_dict` emits, normalized)::
+JSON shape (also what :meth:`RuntimeMetadataView.to_dict` emits, normalized; the optional
+``read_only`` of a field, ``history_tracked`` of an object and ``max_children`` of a
+relationship appear only when set, so views that do not use them keep their digest)::
 
     {"objects": [{"api_name": "Account", "fields": [
         {"api_name": "Name", "type": "string", "required": true, "max_length": 255,
@@ -55,12 +57,13 @@ from .metadata_schema import (
     TriggerEvent,
     TriggerSubscription,
     TriggerTiming,
-    field_to_dict,
+    object_to_dict,
     parameter_to_dict,
     read_action,
     read_object_schema,
     read_relationship,
     read_trigger,
+    relationship_to_dict,
 )
 
 __all__ = ["MAX_TEXT_LENGTH", "RuntimeMetadataView"]
@@ -71,8 +74,11 @@ _MAX_LABEL = 255
 _MAX_DESCRIPTION = 4000
 _MAX_CONDITION = 10_000
 _MAX_DISPATCH_ORDER = 1_000_000
+_MAX_CHILDREN = 1_000_000
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _NAME_MAX = 128
+_FIXED_POINT = (FieldType.DECIMAL, FieldType.CURRENCY)
+_PICKLISTS = (FieldType.PICKLIST, FieldType.MULTI_PICKLIST)
 
 
 def _sort_key_trigger(t: TriggerSubscription) -> tuple[str, int, str, tuple[int, ...], str]:
@@ -123,7 +129,7 @@ def _validate_field(
             return False
         return present
 
-    if only_for("max_length", (FieldType.STRING, FieldType.TEXT)):
+    if only_for("max_length", (FieldType.STRING, FieldType.TEXT, FieldType.EMAIL)):
         ml = f.max_length
         if isinstance(ml, bool) or not isinstance(ml, int) or not 1 <= ml <= MAX_TEXT_LENGTH:
             issues.append(
@@ -133,7 +139,7 @@ def _validate_field(
                     f"must be in [1, {MAX_TEXT_LENGTH}]",
                 )
             )
-    has_precision = only_for("precision", (FieldType.DECIMAL,))
+    has_precision = only_for("precision", _FIXED_POINT)
     if has_precision and not (
         isinstance(f.precision, int)
         and not isinstance(f.precision, bool)
@@ -146,7 +152,7 @@ def _validate_field(
                 f"must be in [1, {_MAX_DECIMAL_PRECISION}]",
             )
         )
-    if only_for("scale", (FieldType.DECIMAL,)):
+    if only_for("scale", _FIXED_POINT):
         if not has_precision:
             issues.append(
                 Diagnostic(
@@ -181,7 +187,7 @@ def _validate_field(
             )
         )
     pl_path = p.at(path, "picklist_values")
-    if only_for("picklist_values", (FieldType.PICKLIST,)):
+    if only_for("picklist_values", _PICKLISTS):
         values = []
         for i, v in enumerate(f.picklist_values):
             vp = p.index(pl_path, i)
@@ -197,10 +203,23 @@ def _validate_field(
                 check_text(v, vp, _MAX_LABEL, issues)
                 values.append((vp, v))
         check_unique(values, "picklist value", issues, fold=False)
-    elif t is FieldType.PICKLIST:
+    elif t in _PICKLISTS:
         issues.append(
             Diagnostic(
                 pl_path, DiagnosticCode.MISSING_FIELD, "picklist fields need at least one value"
+            )
+        )
+    if f.read_only is not False and not isinstance(f.read_only, bool):
+        issues.append(
+            Diagnostic(p.at(path, "read_only"), DiagnosticCode.INVALID_TYPE, "must be a boolean")
+        )
+    elif f.read_only and f.required:
+        # A generic write can never supply it, so no record could ever be created.
+        issues.append(
+            Diagnostic(
+                p.at(path, "read_only"),
+                DiagnosticCode.INCONSISTENT,
+                "a read_only field cannot be required",
             )
         )
 
@@ -264,13 +283,32 @@ class RuntimeMetadataView:
 
     def _validate_relationships(self, issues: list[Diagnostic]) -> None:
         check_unique(
-            [(p.index("relationships", i), r) for i, r in enumerate(self.relationships)],
+            [
+                (
+                    p.index("relationships", i),
+                    (r.child_object_api_name, r.child_field_api_name, r.parent_object_api_name),
+                )
+                for i, r in enumerate(self.relationships)
+            ],
             "relationship",
             issues,
             fold=False,
         )
         for i, rel in enumerate(self.relationships):
             path = p.index("relationships", i)
+            bound = rel.max_children
+            if bound is not None and (
+                isinstance(bound, bool)
+                or not isinstance(bound, int)
+                or not 1 <= bound <= _MAX_CHILDREN
+            ):
+                issues.append(
+                    Diagnostic(
+                        p.at(path, "max_children"),
+                        DiagnosticCode.OUT_OF_RANGE,
+                        f"max_children must be within 1..{_MAX_CHILDREN} (or absent)",
+                    )
+                )
             child = self.get_object(rel.child_object_api_name)
             if child is None:
                 issues.append(
@@ -423,9 +461,9 @@ class RuntimeMetadataView:
             objects=tuple(
                 sorted(
                     (
-                        ObjectSchema(
-                            o.api_name,
-                            tuple(
+                        replace(
+                            o,
+                            fields=tuple(
                                 sorted((norm_field(f) for f in o.fields), key=lambda f: f.api_name)
                             ),
                         )
@@ -462,18 +500,8 @@ class RuntimeMetadataView:
         """Normalized JSON shape; also the canonical form that is digested."""
         v = self.normalized()
         return {
-            "objects": [
-                {"api_name": o.api_name, "fields": [field_to_dict(f) for f in o.fields]}
-                for o in v.objects
-            ],
-            "relationships": [
-                {
-                    "child_object_api_name": r.child_object_api_name,
-                    "child_field_api_name": r.child_field_api_name,
-                    "parent_object_api_name": r.parent_object_api_name,
-                }
-                for r in v.relationships
-            ],
+            "objects": [object_to_dict(o) for o in v.objects],
+            "relationships": [relationship_to_dict(r) for r in v.relationships],
             "trigger_subscriptions": [
                 {
                     "flow_api_name": t.flow_api_name,

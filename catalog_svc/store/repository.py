@@ -202,7 +202,12 @@ class CatalogRepository:
         """Publish ``view`` for the installation; identical content is idempotent.
 
         The content is stored once per org; the installation's publication records the
-        schema generation it was first published for, which a repeat returns unchanged.
+        schema generation it was first published for. A repeat for the same generation
+        returns it unchanged; identical content for *another* generation is refused.
+
+        Raises:
+            FailedPreconditionError: ``metadata_view_schema_generation_conflict`` — the
+                installation published this content for another schema generation.
         """
         digest = view.digest()
         normalized = view.normalized()
@@ -240,6 +245,20 @@ class CatalogRepository:
             record = await read_view(conn, scope, digest)
             if record is None:
                 raise ArtifactIntegrityError()
+            if record.schema_generation != schema_generation:
+                # Same content, another schema generation: answering with the stored
+                # publication would silently hand back a view of another generation.
+                raise FailedPreconditionError(
+                    "this installation already published identical view content for "
+                    f"schema generation {record.schema_generation}; publish it for that "
+                    "generation or use its digest",
+                    reason="metadata_view_schema_generation_conflict",
+                    field_path="view.schema_generation",
+                    attributes={
+                        "published_schema_generation": str(record.schema_generation),
+                        "runtime_metadata_view_digest": digest,
+                    },
+                )
             return record
 
         return await self._ledger.execute(self._engine, key, work, encode)

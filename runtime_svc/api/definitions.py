@@ -37,6 +37,7 @@ from runtime_svc.definitions.service import CompileOutcome
 from services.auth import TrustedRuntimeWorkScope, current_identity
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration
+from services.paging import DEFAULT_CLIENT_MAX_BYTES, fit_page, response_budget
 from services.proto import runtime_v1
 from services.request_dedupe import DedupeScope, RequestKey
 
@@ -68,8 +69,11 @@ class FlowDefinitionServicer(runtime_v1.FlowDefinitionServiceServicer):
     retry gets the original response bytes, a reuse with another body is refused.
     """
 
-    def __init__(self, service: DefinitionService) -> None:
+    def __init__(
+        self, service: DefinitionService, *, max_response_bytes: int = DEFAULT_CLIENT_MAX_BYTES
+    ) -> None:
         self._svc = service
+        self._max_response = max_response_bytes
 
     async def RegisterFlowVersion(self, request: Any, context: Context) -> Any:
         key = _request_key("RegisterFlowVersion", request)
@@ -173,31 +177,52 @@ class FlowDefinitionServicer(runtime_v1.FlowDefinitionServiceServicer):
 
     async def ListFlowVersions(self, request: Any, context: Context) -> Any:
         identity = current_identity()
-        rows, activations, token = await self._svc.list_flow_versions(
-            identity.org_id,
-            request.flow_api_name,
-            request.page_size,
-            request.page_token,
-            app_installation_id=identity.org.app_installation_id,
-            runtime_capability_id=identity.runtime_capability_id,
-        )
-        return runtime_v1.ListFlowVersionsResponse(
-            flow_versions=[flow_version_proto(r, self._svc.source_info(r)) for r in rows],
-            activations=[activation_proto(a) for a in activations],
-            next_page_token=token,
+
+        async def fetch(size: int) -> Any:
+            rows, activations, token = await self._svc.list_flow_versions(
+                identity.org_id,
+                request.flow_api_name,
+                size,
+                request.page_token,
+                app_installation_id=identity.org.app_installation_id,
+                runtime_capability_id=identity.runtime_capability_id,
+            )
+            return runtime_v1.ListFlowVersionsResponse(
+                flow_versions=[flow_version_proto(r, self._svc.source_info(r)) for r in rows],
+                activations=[activation_proto(a) for a in activations],
+                next_page_token=token,
+            )
+
+        return await fit_page(
+            fetch,
+            lambda r: r.flow_versions,
+            page_size=request.page_size,
+            budget=self._max_response,
+            what="flow version",
         )
 
     async def GetInventory(self, request: Any, context: Context) -> Any:
-        rows, token = await self._svc.inventory(
-            _work_scope(),
-            request.catalog_generation_id,
-            request.catalog_digest,
-            list(request.flow_api_names),
-            request.page_size,
-            request.page_token,
-        )
-        return runtime_v1.GetInventoryResponse(
-            entries=[inventory_entry_proto(r) for r in rows], next_page_token=token
+        scope = _work_scope()
+
+        async def fetch(size: int) -> Any:
+            rows, token = await self._svc.inventory(
+                scope,
+                request.catalog_generation_id,
+                request.catalog_digest,
+                list(request.flow_api_names),
+                size,
+                request.page_token,
+            )
+            return runtime_v1.GetInventoryResponse(
+                entries=[inventory_entry_proto(r) for r in rows], next_page_token=token
+            )
+
+        return await fit_page(
+            fetch,
+            lambda r: r.entries,
+            page_size=request.page_size,
+            budget=self._max_response,
+            what="inventory entry",
         )
 
 
@@ -227,5 +252,5 @@ async def build_definition_service(
     return ServiceRegistration(
         SERVICE_NAME,
         runtime_v1.add_FlowDefinitionServiceServicer_to_server,
-        FlowDefinitionServicer(service),
+        FlowDefinitionServicer(service, max_response_bytes=response_budget(cfg)),
     )

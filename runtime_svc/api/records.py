@@ -94,15 +94,10 @@ from runtime_svc.records.view import IMPLICIT_ID_FIELD
 from runtime_svc.runs.after_save import admit_after_save_runs_txn, select_after_save_plans
 from services.auth import TrustedRuntimeWorkScope, bearer_metadata, current_identity
 from services.config import ServiceConfig
-from services.errors import (
-    FailedPreconditionError,
-    FlowError,
-    InvalidArgumentError,
-    PermissionDeniedError,
-    UnavailableError,
-)
+from services.errors import FailedPreconditionError, FlowError, InvalidArgumentError
 from services.grpc_server import ServiceRegistration
 from services.proto import catalog_v1, common_v1, runtime_v1
+from services.remote_errors import remote_error
 from services.request_dedupe import DedupeScope, RequestKey
 
 __all__ = [
@@ -138,8 +133,7 @@ _FIELD_TYPES: Mapping[int, FieldType] = {
     _F.FIELD_TYPE_REFERENCE: FieldType.REFERENCE,
     _F.FIELD_TYPE_EMAIL: FieldType.EMAIL,
     _F.FIELD_TYPE_CURRENCY: FieldType.CURRENCY,
-    # The catalog's record-identity type; its number is not (yet) in the proto enum.
-    13: FieldType.ID,
+    _F.FIELD_TYPE_ID: FieldType.ID,
 }
 #: Record field types → the compiler's value types (``FieldView.type``).
 _COMPILER_TYPES: Mapping[FieldType, str] = {
@@ -202,13 +196,14 @@ def record_view_from_proto(view: Any) -> RecordView:
         if not any(f.name == IMPLICIT_ID_FIELD for f in fields):
             fields.insert(0, FieldView(IMPLICIT_ID_FIELD, "id"))
             rules.append((o.api_name, FieldRules(IMPLICIT_ID_FIELD, FieldType.ID, read_only=True)))
-        objects.append(ObjectView(o.api_name, tuple(fields)))
+        objects.append(ObjectView(o.api_name, tuple(fields), o.history_tracked))
     relationships = tuple(
         RelationshipView(
             name=r.name,
             parent_object=r.parent_object_api_name,
             child_object=r.child_object_api_name,
             field=r.child_field_api_name,
+            max_children=r.max_children if r.max_children > 0 else None,
             lock_parent=bool(r.lock_relevant or r.kind == _MASTER_DETAIL),
         )
         for r in view.relationships
@@ -297,21 +292,12 @@ class RecordViewSource(Protocol):
 
 
 def _catalog_failure(exc: grpc.aio.AioRpcError, what: str) -> FlowError:
-    code = exc.code()
-    if code == grpc.StatusCode.NOT_FOUND:
+    def missing() -> FlowError:
         return FailedPreconditionError(
             f"the catalog has no {what} for this work scope", reason="metadata_view_missing"
         )
-    if code == grpc.StatusCode.PERMISSION_DENIED:
-        return PermissionDeniedError(f"the catalog refused access to the {what}")
-    if code in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-    ):
-        return UnavailableError(f"catalog service unavailable ({code.name})")
-    return FlowError(f"catalog call for the {what} failed", reason="catalog_error")
+
+    return remote_error(exc, service="catalog", what=what, not_found=missing)
 
 
 def _scope_proto(scope: TrustedRuntimeWorkScope) -> Any:

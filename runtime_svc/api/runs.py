@@ -38,6 +38,7 @@ from services.auth import current_identity
 from services.config import ServiceConfig
 from services.errors import InvalidArgumentError
 from services.grpc_server import ServiceRegistration
+from services.paging import DEFAULT_CLIENT_MAX_BYTES, fit_page, response_budget
 from services.proto import runtime_v1
 from services.request_dedupe import DedupeScope, RequestKey
 
@@ -107,8 +108,11 @@ class FlowRunServicer(runtime_v1.FlowRunServiceServicer):
     retry gets the original response bytes, a reuse with another body is refused.
     """
 
-    def __init__(self, service: RunService) -> None:
+    def __init__(
+        self, service: RunService, *, max_response_bytes: int = DEFAULT_CLIENT_MAX_BYTES
+    ) -> None:
         self._svc = service
+        self._max_response = max_response_bytes
 
     async def StartRun(self, request: Any, context: Context) -> Any:
         key = _request_key("StartRun", request)
@@ -135,13 +139,22 @@ class FlowRunServicer(runtime_v1.FlowRunServiceServicer):
         return runtime_v1.GetRunSupportResponse(support=support_proto(support))
 
     async def ListRuns(self, request: Any, context: Context) -> Any:
-        runs, token = await self._svc.list_runs(
-            current_identity().org_id,
-            list_filters_from_request(request),
-            request.page_size,
-            request.page_token,
+        org, filters = current_identity().org_id, list_filters_from_request(request)
+
+        async def fetch(size: int) -> Any:
+            runs, token = await self._svc.list_runs(org, filters, size, request.page_token)
+            return runtime_v1.ListRunsResponse(
+                runs=[run_proto(v) for v in runs], next_page_token=token
+            )
+
+        # Paged by bytes as well as by count (services.paging); the read stays the runs'.
+        return await fit_page(
+            fetch,
+            lambda r: r.runs,
+            page_size=request.page_size,
+            budget=self._max_response,
+            what="flow run",
         )
-        return runtime_v1.ListRunsResponse(runs=[run_proto(v) for v in runs], next_page_token=token)
 
     async def DeleteRun(self, request: Any, context: Context) -> Any:
         key = _request_key("DeleteRun", request)
@@ -219,5 +232,5 @@ async def build_run_service(
     return ServiceRegistration(
         SERVICE_NAME,
         runtime_v1.add_FlowRunServiceServicer_to_server,
-        FlowRunServicer(service),
+        FlowRunServicer(service, max_response_bytes=response_budget(cfg)),
     )

@@ -9,7 +9,6 @@ checkpoint only its metadata (§19, §17.3).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import UTC, timedelta
 from typing import Any
@@ -25,6 +24,7 @@ from runtime_svc.kernel.model import AttemptRecord, CheckpointMeta, StepRecord
 from runtime_svc.runs import RunSupport, RunView, caller_key
 from runtime_svc.runs.resolve import FlowTarget
 from services.errors import InvalidArgumentError
+from services.json_limits import MAX_JSON_DEPTH, JsonLimitError, loads_bounded
 from services.proto import common_v1, runtime_v1
 
 __all__ = [
@@ -236,7 +236,13 @@ def input_variables_from_request(request: Any) -> Mapping[str, Any]:
         return dict(value)
     if which == "input_json":
         try:
-            decoded = json.loads(request.input_json)
+            decoded = loads_bounded(request.input_json)
+        except JsonLimitError as exc:
+            raise InvalidArgumentError(
+                f"input_json nests deeper than {MAX_JSON_DEPTH} levels",
+                reason="too_deep",
+                field_path="input_json",
+            ) from exc
         except ValueError:
             decoded = None
         if not isinstance(decoded, dict):

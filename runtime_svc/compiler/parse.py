@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from services.json_limits import JsonLimitError, loads_bounded
+
 from .diagnostics import IssueSink
 from .expressions import KEYWORDS
 from .language import (
@@ -56,10 +58,14 @@ def load_flow_text(text: str) -> dict[str, Any]:
         FlowSourceError: undecodable text, or a top level that is not a mapping.
     """
     try:
-        doc = json.loads(text)
+        doc = loads_bounded(text)
+    except JsonLimitError as exc:
+        raise FlowSourceError(str(exc)) from None
     except json.JSONDecodeError:
         try:
             doc = yaml.safe_load(text)
+        except RecursionError:
+            raise FlowSourceError("the YAML document nests too deeply") from None
         except yaml.YAMLError as exc:
             raise FlowSourceError(f"not JSON or YAML: {exc}") from None
     if not isinstance(doc, dict):

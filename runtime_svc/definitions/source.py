@@ -21,6 +21,7 @@ from runtime_svc.compiler import CompileIssue
 from runtime_svc.compiler.diagnostics import IssueSink
 from runtime_svc.compiler.parse import parse_flow
 from services.errors import InvalidArgumentError
+from services.json_limits import MAX_JSON_DEPTH, JsonLimitError, loads_bounded
 
 __all__ = [
     "FlowSourceInfo",
@@ -156,7 +157,17 @@ class FlowSourceInvalidError(InvalidArgumentError):
 
 def _decode(text: str) -> Mapping[str, Any]:
     try:
-        doc = json.loads(text)
+        doc = loads_bounded(text)
+    except JsonLimitError:
+        raise FlowSourceInvalidError(
+            (
+                CompileIssue(
+                    "flow",
+                    "source.too_deep",
+                    f"the document nests deeper than {MAX_JSON_DEPTH} levels",
+                ),
+            )
+        ) from None
     except json.JSONDecodeError as exc:
         raise FlowSourceInvalidError(
             (

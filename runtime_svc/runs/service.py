@@ -51,7 +51,7 @@ from runtime_svc.runs.resolve import (
 )
 from runtime_svc.runs.tokens import PageCursor, PageTokenCodec
 from runtime_svc.schema import execution_plans, runtime_requests
-from services.auth import TrustedIdentity, TrustedRuntimeWorkScope
+from services.auth import CANCEL_ROLE, DELETE_ROLE, TrustedIdentity, TrustedRuntimeWorkScope
 from services.db import run_in_transaction, transaction
 from services.errors import (
     AlreadyExistsError,
@@ -79,10 +79,9 @@ T = TypeVar("T")
 
 #: ``ListRuns`` page sizes: the default and the clamp.
 DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE = 50, 500
-#: Role a credential needs for the public delete (§10.1 step 1).
-DELETE_ROLE = "flow.runs.delete"
-#: Role a credential needs to cancel a run.
-CANCEL_ROLE = "flow.runs.cancel"
+# DELETE_ROLE: a credential needs it for the public delete (§10.1 step 1); CANCEL_ROLE: to
+# cancel a run. Defined with the trusted-key constraints (services.auth.trust), which name
+# the roles a key may sign.
 
 
 @dataclass(frozen=True)

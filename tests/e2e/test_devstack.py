@@ -176,7 +176,7 @@ def _assert_demo_active(stack: Stack) -> dict[str, Any]:
     return demo
 
 
-def _assert_before_save_transforms(stack: Stack, demo: dict[str, Any]) -> None:
+def _assert_before_save_transforms(stack: Stack, demo: dict[str, Any]) -> str:
     """A Contact write runs the demo's Embedded Before-Save Flow inside its transaction
     (names trimmed, a blank first name stored as null) and starts the after-save run."""
     scope = common_v1.TrustedRuntimeWorkScope(
@@ -206,6 +206,71 @@ def _assert_before_save_transforms(stack: Stack, demo: dict[str, Any]) -> None:
         )
     assert dict(created.record.fields) == {"LastName": "Lovelace", "Email": "ada@example.com"}
     assert len(created.triggered_flow_run_ids) == 1  # WelcomeContact (after-save)
+    return str(created.triggered_flow_run_ids[0])
+
+
+def _flowctl_mint(data_dir: Path, *args: str) -> list[tuple[str, str]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOW_")}
+    env |= {"FLOW_ENV": "test", "FLOW_DATA_DIR": str(data_dir)}
+    out = subprocess.run(
+        [sys.executable, "-m", "flowctl", "auth", "mint", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return [("authorization", f"Bearer {out.strip()}")]
+
+
+def _assert_operator_tokens(stack: Stack, demo: dict[str, Any], run_id: str) -> None:
+    """The banner's token and ``flowctl auth mint``'s default token carry the demo's
+    complete work scope (scoped RPCs accept them); only a token minted with a role may
+    cancel (issue 10 item 13, issue 15 item 4)."""
+    scope = common_v1.TrustedRuntimeWorkScope(
+        org_id=demo["org_id"],
+        app_installation_id=demo["app_installation_id"],
+        runtime_capability_id=demo["runtime_capability_id"],
+        runtime_work_binding_digest=demo["binding_digest"],
+    )
+    banner_token = (stack.data_dir / "dev_token").read_text(encoding="utf-8").strip()
+    minted = _flowctl_mint(stack.data_dir)
+    with grpc.insecure_channel(f"127.0.0.1:{stack.runtime_port}") as channel:
+        records = runtime_v1.RecordServiceStub(channel)
+        for md in ([("authorization", f"Bearer {banner_token}")], minted):
+            created = records.CreateRecord(
+                runtime_v1.CreateRecordRequest(
+                    request_id=f"req-{uuid.uuid4().hex}",
+                    scope=scope,
+                    object_api_name="Contact",
+                    fields=_struct(LastName="Hopper"),
+                ),
+                metadata=md,
+                timeout=30,
+            )
+            assert created.record.version == 1
+        runs = runtime_v1.FlowRunServiceStub(channel)
+        cancel = runtime_v1.CancelRunRequest(
+            request_id=f"req-{uuid.uuid4().hex}", flow_run_id=run_id
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            runs.CancelRun(cancel, metadata=minted, timeout=30)
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        for md in (
+            _flowctl_mint(stack.data_dir, "--role", "flow.runs.cancel"),
+            [("authorization", f"Bearer {banner_token}")],
+        ):
+            try:
+                runs.CancelRun(cancel, metadata=md, timeout=30)
+            except grpc.RpcError as exc:  # the run may have settled already
+                assert exc.code() is grpc.StatusCode.FAILED_PRECONDITION, exc
+
+
+def _struct(**values: Any) -> Struct:
+    out = Struct()
+    out.update(values)
+    return out
 
 
 def _stop_cleanly(stack: Stack) -> None:
@@ -229,7 +294,8 @@ def test_devstack_seeds_the_demo_idempotently_and_stops_cleanly(tmp_path: Path) 
             assert expected in text, text
         first = _assert_demo_active(stack)
         assert not first["generation_reused"]
-        _assert_before_save_transforms(stack, first)
+        run_id = _assert_before_save_transforms(stack, first)
+        _assert_operator_tokens(stack, first, run_id)
         _stop_cleanly(stack)
 
     # Same data dir again: the unchanged catalog reuses the generation the plans pin, so

@@ -7,22 +7,18 @@ generated protos, so this test depends on no service's contract.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import ipaddress
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from google.protobuf.struct_pb2 import Struct
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -37,9 +33,15 @@ from services.auth import (
     load_signing_key,
 )
 from services.config import ServiceConfig, ServiceName, load_config
-from services.errors import ERROR_DETAIL_METADATA_KEY, NotFoundError
+from services.errors import (
+    ERROR_DETAIL_METADATA_KEY,
+    MAX_DETAIL_BYTES,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from services.faults import FaultHookError
 from services.grpc_server import RunningServer, ServiceRegistration, serve_forever, start_server
+from tests.support.pki import issue_pki
 
 SERVICE = "nexus.test.v1.EchoService"
 MAX_BYTES = 64 * 1024
@@ -73,6 +75,20 @@ class EchoServicer:
         for i in range(request["n"]):
             yield {"i": i}
 
+    async def Huge(self, request: Any, _ctx: Any) -> Any:
+        """An error built from unbounded client input (what a careless servicer does)."""
+        text = request["text"]
+        raise InvalidArgumentError(
+            f"bad {text}",
+            field_path=f"fields.{text}",
+            attributes={f"fields.{text}{i}": text for i in range(request["n"])},
+        )
+
+    async def BigStruct(self, request: Struct, _ctx: Any) -> Struct:
+        out = Struct()
+        out.update({"blob": "x" * int(request.fields["size"].number_value)})
+        return out
+
 
 def add_echo(servicer: EchoServicer, server: grpc.aio.Server) -> None:
     unary = grpc.unary_unary_rpc_method_handler
@@ -81,6 +97,8 @@ def add_echo(servicer: EchoServicer, server: grpc.aio.Server) -> None:
         for name in ("Echo", "Big", "Fail", "Missing")
     }
     handlers["Count"] = grpc.unary_stream_rpc_method_handler(servicer.Count, _des, _ser)
+    handlers["Huge"] = unary(servicer.Huge, _des, _ser)
+    handlers["BigStruct"] = unary(servicer.BigStruct, Struct.FromString, Struct.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 
@@ -227,6 +245,64 @@ async def test_message_size_limit(running: RunningServer, signing_key: Ed25519Pr
         assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def _detail(err: grpc.aio.AioRpcError) -> Any:
+    from services.proto import common_v1
+
+    for key, value in err.trailing_metadata() or ():
+        if key == ERROR_DETAIL_METADATA_KEY:
+            return common_v1.ErrorDetail.FromString(value)
+    return None
+
+
+async def test_a_malformed_request_is_invalid_argument_with_detail(
+    running: RunningServer, signing_key: Ed25519PrivateKey
+) -> None:
+    async with authed_channel(running.port, signing_key) as channel:
+        raw = channel.unary_unary(
+            f"/{SERVICE}/Echo", request_serializer=lambda b: b, response_deserializer=_des
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await raw(b"\xff not json", timeout=10)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert _detail(info.value).code == "malformed_request"
+
+
+async def test_error_answers_stay_within_default_client_metadata_limits(
+    running: RunningServer, signing_key: Ed25519PrivateKey
+) -> None:
+    """A refusal that would echo 16 KB of client input two thousand times still reaches a
+    client with gRPC's default 8 KiB metadata limit as the real status and detail."""
+    text = "é" * 8_000  # two bytes each, tripled by percent-encoding
+    async with authed_channel(running.port, signing_key) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await method(channel, "Huge")({"text": text, "n": 2_000}, timeout=10)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert len((info.value.details() or "").encode()) <= 512
+    detail = _detail(info.value)
+    assert detail is not None and detail.code == "invalid_argument"
+    assert detail.ByteSize() <= MAX_DETAIL_BYTES
+    assert "truncated" in detail.attributes
+
+
+async def test_a_response_over_the_message_limit_is_out_of_range(
+    running: RunningServer, signing_key: Ed25519PrivateKey
+) -> None:
+    async with authed_channel(running.port, signing_key) as channel:
+        call = channel.unary_unary(
+            f"/{SERVICE}/BigStruct",
+            request_serializer=Struct.SerializeToString,
+            response_deserializer=Struct.FromString,
+        )
+        request = Struct()
+        request.update({"size": 1_000})
+        assert len((await call(request, timeout=10)).fields["blob"].string_value) == 1_000
+        request.update({"size": MAX_BYTES + 1})
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call(request, timeout=10)
+    assert info.value.code() is grpc.StatusCode.OUT_OF_RANGE
+    assert _detail(info.value).code == "response_too_large"
+
+
 async def test_stop_reports_not_serving_then_stops(
     tmp_path: Path, signing_key: Ed25519PrivateKey
 ) -> None:
@@ -288,61 +364,9 @@ async def test_serve_forever_logs_and_returns_after_stop(
 # --- mTLS ---------------------------------------------------------------------------
 
 
-def _write_pem(path: Path, data: bytes) -> Path:
-    path.write_bytes(data)
-    return path
-
-
-def _issue(
-    name: str,
-    issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
-    usage: Any,
-    san: list[Any],
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    issuer_name, issuer_key = issuer if issuer else (subject, key)
-    now = dt.datetime.now(dt.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-    )
-    if usage is not None:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    if san:
-        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256()), key
-
-
 @pytest.fixture
-def pki(tmp_path: Path) -> Iterator[dict[str, Path]]:
-    ca_cert, ca_key = _issue("nexus-test-ca", None, None, [])
-    ca = (ca_cert.subject, ca_key)
-    server_san = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    server_cert, server_key = _issue("localhost", ca, ExtendedKeyUsageOID.SERVER_AUTH, server_san)
-    client_cert, client_key = _issue("runtime-worker", ca, ExtendedKeyUsageOID.CLIENT_AUTH, [])
-
-    def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-
-    pem = serialization.Encoding.PEM
-    yield {
-        "ca": _write_pem(tmp_path / "ca.pem", ca_cert.public_bytes(pem)),
-        "server_cert": _write_pem(tmp_path / "server.pem", server_cert.public_bytes(pem)),
-        "server_key": _write_pem(tmp_path / "server.key", key_pem(server_key)),
-        "client_cert": _write_pem(tmp_path / "client.pem", client_cert.public_bytes(pem)),
-        "client_key": _write_pem(tmp_path / "client.key", key_pem(client_key)),
-    }
+def pki(tmp_path: Path) -> dict[str, Path]:
+    return issue_pki(tmp_path)
 
 
 async def test_mtls_requires_a_client_certificate(

@@ -173,6 +173,25 @@ def test_publish_view_is_content_addressed_and_idempotent(client: Client) -> Non
     )
 
 
+def test_identical_content_for_another_schema_generation_is_refused(client: Client) -> None:
+    """The catalog never answers a publication for generation 4 with the stored
+    publication of generation 3 (issue 10 item 8)."""
+    org = new_id("org")
+    first = client.publish_view(org, "inst-1")
+    assert first.schema_generation == 3
+    newer = demo_view()
+    newer.schema_generation = 4
+    err = _fails(lambda: client.publish_view(org, "inst-1", newer))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    detail = error_detail(err)
+    assert detail.code == "metadata_view_schema_generation_conflict"
+    assert detail.field_path == "view.schema_generation"
+    assert detail.attributes["published_schema_generation"] == "3"
+    # The same generation stays idempotent; another installation publishes freely.
+    assert client.publish_view(org, "inst-1") == first
+    assert client.publish_view(org, "inst-2", newer).schema_generation == 4
+
+
 def test_get_metadata_view_returns_the_published_artifact(client: Client) -> None:
     org = new_id("org")
     published = client.publish_view(org, "inst-1")
@@ -196,8 +215,18 @@ def _bad_reference(v: catalog_v1.MetadataView) -> None:
     v.objects[1].fields[0].reference_object_api_name = "Nope"
 
 
-def _multi_picklist(v: catalog_v1.MetadataView) -> None:
-    v.objects[0].fields[0].type = F.FIELD_TYPE_MULTI_PICKLIST
+def _unknown_type(v: catalog_v1.MetadataView) -> None:
+    v.objects[0].fields[0].type = 77  # type: ignore[assignment]
+
+
+def _multi_picklist_without_values(v: catalog_v1.MetadataView) -> None:
+    v.objects[0].fields[1].type = F.FIELD_TYPE_MULTI_PICKLIST
+    v.objects[0].fields[1].ClearField("precision")
+    v.objects[0].fields[1].ClearField("scale")
+
+
+def _required_read_only(v: catalog_v1.MetadataView) -> None:
+    v.objects[0].fields[0].read_only = True
 
 
 def _not_lock_relevant(v: catalog_v1.MetadataView) -> None:
@@ -220,7 +249,13 @@ def _duplicate_field(v: catalog_v1.MetadataView) -> None:
             "view.objects[1].fields[0].reference_object_api_name",
             "dangling_reference",
         ),
-        (_multi_picklist, "view.objects[0].fields[0].type", "unknown_enum_value"),
+        (_unknown_type, "view.objects[0].fields[0].type", "unknown_enum_value"),
+        (
+            _multi_picklist_without_values,
+            "view.objects[0].fields[1].picklist_values",
+            "missing_field",
+        ),
+        (_required_read_only, "view.objects[0].fields[0].read_only", "inconsistent"),
         (_not_lock_relevant, "view.relationships[0].lock_relevant", "unknown_field"),
         (_no_schema_generation, "view.schema_generation", "out_of_range"),
         (_duplicate_field, "view.objects[0].fields[2]", "duplicate_name"),

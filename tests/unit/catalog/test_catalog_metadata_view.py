@@ -120,7 +120,7 @@ def test_digest_is_content_sensitive(path: list[Any], value: Any) -> None:
     [
         (
             ["objects", 0, "fields", 0, "type"],
-            "currency",
+            "geolocation",
             ("objects[0].fields[0].type", DiagnosticCode.UNKNOWN_ENUM_VALUE),
         ),
         (
@@ -269,7 +269,7 @@ def test_duplicate_fields_and_parameters_are_rejected() -> None:
 
 
 def test_every_issue_is_reported_at_once() -> None:
-    raw = _mutate(["objects", 0, "fields", 0, "type"], "currency")
+    raw = _mutate(["objects", 0, "fields", 0, "type"], "geolocation")
     raw["trigger_subscriptions"][1]["object_api_name"] = "Lead"
     raw["unknown"] = True
     assert _issues(raw) == {
@@ -316,3 +316,30 @@ def test_dispatch_order_out_of_range_is_refused(value: int) -> None:
 def test_dispatch_order_must_be_an_integer() -> None:
     issues = _issues(_mutate(["trigger_subscriptions", 1, "dispatch_order"], "first"))
     assert ("trigger_subscriptions[1].dispatch_order", DiagnosticCode.INVALID_TYPE) in issues
+
+
+def test_contract_gap_facts_at_their_defaults_keep_existing_digests() -> None:
+    """``read_only``, ``history_tracked`` and ``max_children`` (issue 10 item 8) are left
+    out of the canonical form at their defaults: the digest a view had before they
+    existed (pinned here) is unchanged."""
+    pinned = (
+        "runtime_metadata_view/v1:sha256:"
+        "b606c42aee1bed46fa607817ebda18f410c17734abe4b2107f94210fe12ae044"
+    )
+    assert str(make_view().digest()) == pinned
+    raw = view_dict()
+    raw["objects"][0]["history_tracked"] = False
+    raw["objects"][0]["fields"][0]["read_only"] = False
+    raw["relationships"][0]["max_children"] = None
+    assert str(RuntimeMetadataView.from_dict(raw).digest()) == pinned
+
+
+def test_contract_gap_facts_are_content_and_round_trip() -> None:
+    raw = view_dict()
+    raw["objects"][0]["history_tracked"] = True
+    raw["relationships"][0]["max_children"] = 25
+    view = RuntimeMetadataView.from_dict(raw)
+    assert view.digest() != make_view().digest()
+    again = RuntimeMetadataView.from_dict(view.to_dict())
+    assert again == view
+    assert again.to_dict()["relationships"][0]["max_children"] == 25

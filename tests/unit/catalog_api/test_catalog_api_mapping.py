@@ -3,8 +3,10 @@ translation and the flowctl document parser (no database, no network)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -101,23 +103,131 @@ def test_view_keeps_a_decimal_scale_of_zero() -> None:
     assert view.objects[0].fields[0].scale == 0
 
 
-@pytest.mark.parametrize(
-    ("field", "path"),
-    [("read_only", "view.objects[0].fields[0].read_only"), ("label", None)],
-)
-def test_view_refuses_what_it_cannot_hold_and_ignores_labels(field: str, path: str | None) -> None:
-    f = catalog_v1.FieldSchema(api_name="Name", type=catalog_v1.FieldType.FIELD_TYPE_STRING)
-    if field == "read_only":
-        f.read_only = True
-    else:
-        f.label = "Display name"
+def test_view_ignores_labels() -> None:
+    f = catalog_v1.FieldSchema(
+        api_name="Name", type=catalog_v1.FieldType.FIELD_TYPE_STRING, label="Display name"
+    )
     proto = catalog_v1.MetadataView(objects=[catalog_v1.ObjectSchema(api_name="A", fields=[f])])
-    if path is None:
-        assert view_mapping.view_from_proto(proto).objects[0].fields[0].api_name == "Name"
-        return
+    assert view_mapping.view_from_proto(proto).objects[0].fields[0].api_name == "Name"
+
+
+def _gaps_view() -> catalog_v1.MetadataView:
+    """Every contract-gap fact (issue 10 item 8) set once."""
+    F = catalog_v1.FieldType
+    return catalog_v1.MetadataView(
+        objects=[
+            catalog_v1.ObjectSchema(
+                api_name="Account",
+                history_tracked=True,
+                fields=[
+                    catalog_v1.FieldSchema(
+                        api_name="Revenue", type=F.FIELD_TYPE_CURRENCY, precision=12, scale=2
+                    ),
+                    catalog_v1.FieldSchema(
+                        api_name="ExternalKey", type=F.FIELD_TYPE_STRING, read_only=True
+                    ),
+                ],
+            ),
+            catalog_v1.ObjectSchema(
+                api_name="Contact",
+                fields=[
+                    catalog_v1.FieldSchema(
+                        api_name="AccountId",
+                        type=F.FIELD_TYPE_REFERENCE,
+                        reference_object_api_name="Account",
+                    ),
+                    catalog_v1.FieldSchema(api_name="Email", type=F.FIELD_TYPE_EMAIL),
+                    catalog_v1.FieldSchema(
+                        api_name="Tags",
+                        type=F.FIELD_TYPE_MULTI_PICKLIST,
+                        picklist_values=["vip", "press"],
+                    ),
+                ],
+            ),
+        ],
+        relationships=[
+            catalog_v1.Relationship(
+                name="AccountId",
+                parent_object_api_name="Account",
+                child_object_api_name="Contact",
+                child_field_api_name="AccountId",
+                lock_relevant=True,
+                max_children=50,
+            )
+        ],
+    )
+
+
+def test_contract_gap_facts_round_trip_through_the_domain() -> None:
+    view = view_mapping.view_from_proto(_gaps_view())
+    account = view.objects[0]
+    assert account.history_tracked
+    assert {f.api_name: f.read_only for f in account.fields} == {
+        "ExternalKey": True,
+        "Revenue": False,
+    }
+    assert view.relationships[0].max_children == 50
+    back = view_mapping.view_to_proto(
+        view,
+        org_id="o",
+        app_installation_id="i",
+        digest=str(view.digest()),
+        schema_generation=1,
+        created_at=dt.datetime.now(dt.UTC),
+    )
+    assert back.objects[0].history_tracked
+    assert back.relationships[0].max_children == 50
+    fields = {f.api_name: f for o in back.objects for f in o.fields}
+    assert fields["ExternalKey"].read_only
+    assert fields["Email"].type == catalog_v1.FieldType.FIELD_TYPE_EMAIL
+    assert fields["Revenue"].type == catalog_v1.FieldType.FIELD_TYPE_CURRENCY
+    assert list(fields["Tags"].picklist_values) == ["press", "vip"]
+    # The read-back publishes the same content: the same digest.
+    assert view_mapping.view_from_proto(back).digest() == view.digest()
+
+
+def test_each_contract_gap_fact_is_content() -> None:
+    base = view_mapping.view_from_proto(_gaps_view()).digest()
+    variants = []
+    for mutate in (
+        lambda v: setattr(v.objects[0], "history_tracked", False),
+        lambda v: setattr(v.objects[0].fields[1], "read_only", False),
+        lambda v: setattr(v.relationships[0], "max_children", 51),
+        lambda v: setattr(v.relationships[0], "max_children", 0),
+    ):
+        proto = _gaps_view()
+        mutate(proto)
+        variants.append(view_mapping.view_from_proto(proto).digest())
+    assert base not in variants
+    assert len(set(variants)) == len(variants)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (
+            lambda v: setattr(v.relationships[0], "max_children", -1),
+            "relationships[0].max_children",
+        ),
+        (
+            lambda v: setattr(v.relationships[0], "max_children", 1_000_001),
+            "relationships[0].max_children",
+        ),
+        (
+            lambda v: setattr(v.objects[0].fields[1], "required", True),
+            "objects[0].fields[1].read_only",
+        ),
+        (lambda v: v.objects[1].fields[2].ClearField("picklist_values"), "objects[1].fields[2]"),
+        (lambda v: setattr(v.objects[1].fields[1], "precision", 5), "objects[1].fields[1]"),
+        (lambda v: setattr(v.objects[0].fields[0], "type", 77), "objects[0].fields[0].type"),
+    ],
+)
+def test_contract_gap_facts_are_validated(mutate: Any, path: str) -> None:
+    proto = _gaps_view()
+    mutate(proto)
     with pytest.raises(InvalidArgumentError) as err:
         view_mapping.view_from_proto(proto)
-    assert err.value.field_path == path
+    assert f"view.{path}" in err.value.attributes["issues"]
 
 
 def test_page_token_round_trips_and_is_bound_to_its_filters() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import stat
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from services.auth import (
+    OPERATOR_ROLES,
     AuthFailure,
     AuthInterceptor,
     CredentialSource,
@@ -203,8 +205,9 @@ def test_dev_keys_are_created_once_private_and_usable(tmp_path: Path) -> None:
     assert ensure_dev_keys(tmp_path, env="test") == files
     assert files.signing_key.read_bytes() == key_pem  # not regenerated
 
+    operator = dataclasses.replace(CLAIMS, roles=OPERATOR_ROLES)
     credential = mint_credential(
-        load_signing_key(files.signing_key), "dev", CLAIMS, ttl_s=60, now=NOW
+        load_signing_key(files.signing_key), "dev", operator, ttl_s=60, now=NOW
     )
     keys = load_trusted_keys(files.trusted_keys)
     assert (
@@ -216,9 +219,11 @@ def test_dev_keys_are_created_once_private_and_usable(tmp_path: Path) -> None:
 def test_dev_keys_add_a_missing_kid_and_refuse_a_conflicting_one(tmp_path: Path) -> None:
     files = ensure_dev_keys(tmp_path, env="development", key_id="a")
     ensure_dev_keys(tmp_path, env="development", key_id="b")
-    assert set(load_trusted_keys(files.trusted_keys)) == {"a", "b"}
+    services = {"runtime-service", "effect-owner-service"}
+    assert set(load_trusted_keys(files.trusted_keys)) == {"a", "b"} | services
     doc = json.loads(files.trusted_keys.read_text())
-    doc["a"] = PUBLIC.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo).decode()
+    pem = PUBLIC.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo).decode()
+    doc["keys"]["a"]["public_key"] = pem
     files.trusted_keys.write_text(json.dumps(doc))
     with pytest.raises(ConfigError):
         ensure_dev_keys(tmp_path, env="development", key_id="a")

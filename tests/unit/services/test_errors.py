@@ -24,6 +24,7 @@ from services.errors import (
     FlowError,
     InvalidArgumentError,
     NotFoundError,
+    OutOfRangeError,
     PermissionDeniedError,
     ResourceExhaustedError,
     UnauthenticatedError,
@@ -42,6 +43,7 @@ CASES: list[tuple[FlowError, grpc.StatusCode, bool, str]] = [
         False,
         "invalid_argument",
     ),
+    (OutOfRangeError("too big"), SC.OUT_OF_RANGE, False, "out_of_range"),
     (NotFoundError("FlowRun", "run-1"), SC.NOT_FOUND, False, "not_found"),
     (AlreadyExistsError("Plan", "p-1"), SC.ALREADY_EXISTS, False, "already_exists"),
     (ConflictError("payload differs"), SC.ABORTED, False, "conflict"),
@@ -327,3 +329,27 @@ async def test_streaming_writer_style_handler_is_supported() -> None:
             pass
     assert written == [7]
     assert ctx.aborts[0][0] is SC.UNAVAILABLE
+
+
+def test_status_message_and_detail_are_bounded_whatever_the_error_holds() -> None:
+    from services.errors import (
+        MAX_DETAIL_BYTES,
+        MAX_STATUS_MESSAGE_BYTES,
+        bounded_text,
+        decode_error_detail,
+        encode_error_detail,
+    )
+
+    text = "名" * 50_000
+    exc = InvalidArgumentError(
+        text, field_path=text, attributes={f"k{i}-{text}": text for i in range(500)}
+    )
+    _, message = status_for(exc)
+    assert len(message.encode()) <= MAX_STATUS_MESSAGE_BYTES
+    data = encode_error_detail(exc)
+    assert data is not None and len(data) <= MAX_DETAIL_BYTES
+    decoded = decode_error_detail(data)
+    assert decoded is not None and decoded[0] == "invalid_argument"
+    assert "truncated" in decoded[2]
+    assert bounded_text("short", 10) == "short"
+    assert decode_error_detail(b"\xff\xff") is None

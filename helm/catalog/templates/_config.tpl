@@ -1,0 +1,3 @@
+{{/* The catalog's own settings (the shared ones are in nexus-lib's nexus.commonConfig). */}}
+{{- define "catalog.serviceConfig" -}}
+{{- end -}}
