@@ -22,6 +22,7 @@ from flowctl.cookbook import COOKBOOK_FLOW, START_INPUT, Ids, new_nonce, render
 from flowctl.demo import DEMO_CATALOG, DemoSummary, local_target
 from services.auth import WorkloadClaims, load_signing_key, mint_credential
 from services.config import ServiceConfig, ServiceName
+from services.invariants import InvariantError
 from services.proto import catalog_v1, common_v1, runtime_v1
 
 __all__ = ["COOKBOOK_FILE", "write_cookbook"]
@@ -115,7 +116,8 @@ def _catalog_side(
     catalog_digest = twin.generation.catalog_digest
     entry = twin.entries[0]
     view = catalog_v1.MetadataView()
-    assert plan.view is not None
+    if plan.view is None:
+        raise InvariantError("the cookbook catalog plan has no metadata view")
     view.CopyFrom(plan.view)
     view.org_id, view.app_installation_id = org, CB_INST
     submit = catalog_v1.SubmitEntryRequest()

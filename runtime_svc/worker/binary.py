@@ -41,6 +41,7 @@ __all__ = ["BinaryCheck", "Mismatch", "plan_mismatches"]
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Mismatch:
     """Why this binary may not execute a plan (safe codes only)."""
