@@ -16,7 +16,8 @@ from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration
 from services.paging import response_budget
 from services.proto import catalog_v1
-from services.request_dedupe import RequestLedger, RequestRetention
+from services.request_dedupe import RequestLedger
+from services.request_retention import RequestRetention
 
 __all__ = ["SERVICE_NAMES", "build_services", "start_catalog_background"]
 

@@ -31,7 +31,7 @@ Example::
 
     group = LoopGroup()
     group.spawn("flow-sweeps", sweeper.sweep_once_busy, idle_s=1.0)
-    group.add(RequestRetentionLoop(...))
+    group.add(RequestRetention(engine, ledger, retention=window))
     group.start()           # or: async with group: ...
     ...
     await group.stop()

@@ -31,13 +31,16 @@ One mechanism serves every service:
    it records the body digest so a different body is refused before any side effect, and
    returns a stored response to replay — then do their work and finish with
    :meth:`RequestLedger.complete`; the first completed response is the original one.
+   :meth:`RequestLedger.once` does all three and releases the reservation when the
+   operation fails, so a refused request leaves no row.
    A mutation may also record a *provisional* response in its own transaction
    (``execute(..., completed=False)``) and complete it later (``StartRun``: accepted in
    one transaction, terminal result after the synchronous execution).
 5. **Retention.** Rows older than the service's request-retention window
    (``FLOW_REQUEST_RETENTION_HOURS``) are purged in bounded batches, org by org in
-   rotation, by a :class:`RequestRetention` loop each service runs in its background
-   group (:mod:`services.background`). A retry after the window is a new request.
+   rotation, by a :class:`services.request_retention.RequestRetention` loop each service
+   runs in its background group (:mod:`services.background`). A retry after the window
+   is a new request.
 
 Responses are stored as the serialized response message (base64 text, at most
 :data:`MAX_RESPONSE_BYTES`); errors are never stored: a request that failed is executed
@@ -53,9 +56,9 @@ Usage in a servicer::
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Generic, Protocol, TypeVar
 
 from google.protobuf import json_format
@@ -72,12 +75,10 @@ from sqlalchemy import (
     delete,
     false,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.background import BackgroundLoop, OrgRotation
 from services.db import (
     DIGEST_LEN,
     ID_LEN,
@@ -104,7 +105,6 @@ __all__ = [
     "RequestIdReusedError",
     "RequestKey",
     "RequestLedger",
-    "RequestRetention",
     "StoredResponse",
     "request_dedupe_table",
     "request_digest",
@@ -112,6 +112,8 @@ __all__ = [
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
+
+log = logging.getLogger(__name__)
 
 #: Longest accepted ``request_id`` (the column width).
 MAX_REQUEST_ID_LEN = KEY_LEN
@@ -515,114 +517,47 @@ class RequestLedger:
         attempt completed first; returns the response to answer with (the first)."""
         return await run_in_transaction(engine, lambda conn: self.complete_txn(conn, key, response))
 
-    # --- retention -------------------------------------------------------------------------
-
-    async def orgs(self, engine: AsyncEngine, *, after: str | None, limit: int) -> list[str]:
-        """Orgs holding ledger rows, in org order after ``after`` (bounded: a retention
-        sweep walks every org with a cursor instead of re-reading the first ``limit``)."""
+    async def release(self, engine: AsyncEngine, key: RequestKey) -> None:
+        """Drop the reservation of an operation that failed: a refused request leaves no
+        row behind, and its retry decides again. A row that already holds a response
+        (completed, or provisional) is kept."""
         t = self.table
-        stmt = select(t.c.org_id).group_by(t.c.org_id).order_by(t.c.org_id).limit(limit)
-        if after is not None:
-            stmt = stmt.where(t.c.org_id > after)
-        async with transaction(engine, readonly=True) as conn:
-            return [str(o) for o in (await conn.execute(stmt)).scalars()]
 
-    async def purge(
-        self,
-        engine: AsyncEngine,
-        org_id: str,
-        *,
-        older_than: datetime,
-        limit: int = 500,
-    ) -> int:
-        """Delete up to ``limit`` of ``org_id``'s rows created before ``older_than``
-        (one bounded transaction, by primary key); returns how many went."""
-        if limit < 1:
-            raise ValueError("limit must be >= 1")
-        t = self.table
-        pk = [t.c[name] for name in (*WORK_SCOPE, "rpc_name", "request_id")]
-
-        async def fn(conn: AsyncConnection) -> int:
-            rows = (
-                await conn.execute(
-                    select(*pk)
-                    .where(t.c.org_id == org_id, t.c.created_at < older_than)
-                    .order_by(t.c.created_at)
-                    .limit(limit)
-                )
-            ).all()
-            if not rows:
-                return 0
-            result = await conn.execute(
+        async def fn(conn: AsyncConnection) -> None:
+            await conn.execute(
                 delete(t).where(
-                    t.c.org_id == org_id,
-                    t.c.created_at < older_than,
-                    tuple_(*pk).in_([tuple(r) for r in rows]),
+                    *self._key_where(key),
+                    t.c.request_digest == key.request_digest,
+                    t.c.response_payload.is_(None),
                 )
             )
-            return int(result.rowcount)
 
-        return await run_in_transaction(engine, fn)
+        await run_in_transaction(engine, fn)
 
-
-class RequestRetention(BackgroundLoop):
-    """The retention sweep of one ledger (``services.background`` lifecycle): every
-    ``interval_s``, purge the rows older than ``retention`` (on the database clock) of
-    the next batch of orgs, in bounded transactions; the org rotation resumes after the
-    last org served, so every org is reached.
-
-    Args:
-        engine: the service database.
-        ledger: the ledger to purge.
-        retention: how long a request id replays its response (``FLOW_REQUEST_RETENTION_HOURS``).
-        interval_s: pause between passes.
-        batch_size: rows per purge transaction.
-        max_batches: purge transactions per org and pass.
-        org_batch: orgs per pass.
-    """
-
-    def __init__(
+    async def once(
         self,
         engine: AsyncEngine,
-        ledger: RequestLedger,
-        *,
-        retention: timedelta,
-        interval_s: float = 300.0,
-        batch_size: int = 500,
-        max_batches: int = 10,
-        org_batch: int = 100,
-    ) -> None:
-        if retention <= timedelta(0) or batch_size < 1 or max_batches < 1:
-            raise ValueError("retention, batch_size and max_batches must be positive")
-        super().__init__(f"{ledger.table.name}-retention", idle_s=interval_s)
-        self._engine = engine
-        self.ledger = ledger
-        self.retention = retention
-        self._batch_size = batch_size
-        self._max_batches = max_batches
+        key: RequestKey,
+        operation: Callable[[], Awaitable[T]],
+        encode: Callable[[T], bytes],
+    ) -> bytes:
+        """Run an idempotent multi-transaction ``operation`` once per request:
+        :meth:`reserve`, then ``operation()``, then :meth:`complete` with its encoded
+        value; a stored response is replayed instead. When ``operation`` raises, the
+        reservation is released (:meth:`release`) and the error propagates.
 
-        async def source(after: str | None, limit: int) -> list[str]:
-            return await ledger.orgs(engine, after=after, limit=limit)
-
-        self._orgs = OrgRotation(source, batch=org_batch)
-
-    async def sweep_once(self) -> int:
-        """One pass over the next batch of orgs; returns the rows purged."""
-        async with transaction(self._engine, readonly=True) as conn:
-            cutoff = await db_now(conn) - self.retention
-        purged = 0
-        for org_id in await self._orgs.next_batch():
-            for _ in range(self._max_batches):
-                if self.stopping:
-                    return purged
-                n = await self.ledger.purge(
-                    self._engine, org_id, older_than=cutoff, limit=self._batch_size
-                )
-                purged += n
-                if n < self._batch_size:
-                    break
-        return purged
-
-    async def run_once(self) -> bool:
-        await self.sweep_once()
-        return False  # a slow duty: always wait the interval
+        Raises:
+            RequestIdReusedError: the id was used with another body (nothing ran).
+        """
+        stored = await self.reserve(engine, key)
+        if stored is not None and stored.payload is not None:
+            return stored.payload
+        try:
+            response = encode(await operation())
+        except Exception:
+            try:
+                await self.release(engine, key)
+            except Exception:  # the original error is the one the caller must see
+                log.warning("could not release request reservation %s", key.rpc, exc_info=True)
+            raise
+        return await self.complete(engine, key, response)

@@ -127,10 +127,7 @@ class DefinitionService(Db):
         Raises:
             RequestIdReusedError: the id was used with another body.
         """
-        stored = await self._ledger.reserve(self._engine, key)
-        if stored is not None and stored.payload is not None:
-            return stored.payload
-        return await self._ledger.complete(self._engine, key, encode(await operation()))
+        return await self._ledger.once(self._engine, key, operation, encode)
 
     # --- policies -------------------------------------------------------------------------
 

@@ -32,7 +32,8 @@ from services.auth import TrustedRuntimeWorkScope
 from services.background import IdleBackoff, LoopGroup
 from services.config import ServiceConfig
 from services.errors import FailedPreconditionError
-from services.request_dedupe import RequestLedger, RequestRetention
+from services.request_dedupe import RequestLedger
+from services.request_retention import RequestRetention
 
 __all__ = ["Background", "IdleBackoff", "start_background"]
 

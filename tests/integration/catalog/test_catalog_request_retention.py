@@ -13,7 +13,8 @@ from catalog_svc import schema
 from catalog_svc.app import start_catalog_background
 from services import db, migrate
 from services.config import ServiceName, load_config
-from services.request_dedupe import DedupeScope, RequestKey, RequestLedger, RequestRetention
+from services.request_dedupe import DedupeScope, RequestKey, RequestLedger
+from services.request_retention import RequestRetention
 
 
 async def test_the_catalog_background_purges_expired_request_rows(
