@@ -80,7 +80,7 @@ $(KUBE_VALIDATE):
 helm-schema: $(INSTALL_STAMP) ## Regenerate the charts' values.schema.json (scripts/helm_schema.py)
 	$(PY) scripts/helm_schema.py
 
-helm-check: $(INSTALL_STAMP) $(HELM) $(KUBE_VALIDATE) ## helm lint --strict, helm template (default + production TLS/MariaDB values), kubernetes-validate --strict
+helm-check: $(INSTALL_STAMP) $(HELM) $(KUBE_VALIDATE) ## helm lint --strict, helm template (default, production TLS/MariaDB and Galera example values), kubernetes-validate --strict
 	@set -euo pipefail; export $(HELM_ENV); out=$(TOOLS)/helm-render; rm -rf $$out; mkdir -p $$out; \
 	$(PY) scripts/helm_schema.py --check; \
 	for c in $(SERVICE_CHARTS); do \
@@ -93,6 +93,8 @@ helm-check: $(INSTALL_STAMP) $(HELM) $(KUBE_VALIDATE) ## helm lint --strict, hel
 	$(HELM) lint --strict --quiet helm/nexus-flow -f helm/nexus-flow/ci/production-tls-mariadb-values.yaml; \
 	$(HELM) template check helm/nexus-flow > $$out/nexus-flow-default.yaml; \
 	$(HELM) template prod helm/nexus-flow -n flow -f helm/nexus-flow/ci/production-tls-mariadb-values.yaml > $$out/nexus-flow-production.yaml; \
+	$(HELM) lint --strict --quiet helm/nexus-flow -f helm/examples/galera-values.yaml; \
+	$(HELM) template galera helm/nexus-flow -n flow -f helm/examples/galera-values.yaml > $$out/nexus-flow-galera.yaml; \
 	if $(HELM) template check helm/runtime --set extraEnv.FLOW_CRASH_AT=step_commit_returned >/dev/null 2>&1; then \
 	  echo "helm-check: the runtime schema accepted a fault hook (FLOW_CRASH_AT)"; exit 1; fi; \
 	for f in $$out/*.yaml; do \
@@ -104,7 +106,7 @@ helm-check: $(INSTALL_STAMP) $(HELM) $(KUBE_VALIDATE) ## helm lint --strict, hel
 image: ## Build the container image (IMAGE=name:tag); needs Docker/Podman/Buildah
 	@scripts/build_image.sh "$(IMAGE)"
 
-bench: $(PROTO_STAMP) ## Benchmarks: print figures and ratios (SQLite; MariaDB too when FLOW_TEST_MYSQL_URL is set)
+bench: $(PROTO_STAMP) ## Benchmarks: print figures and ratios (SQLite; MariaDB with FLOW_TEST_MYSQL_URL; a cluster with FLOW_BENCH_CLUSTER_URLS)
 	$(PY) -m bench
 
 db-upgrade: $(PROTO_STAMP) ## Migrate the three embedded databases to head

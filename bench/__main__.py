@@ -14,7 +14,10 @@ MariaDB:
   (``bench/durable_bench.py``);
 * record mutations per second with no Flow, with one 5-element Embedded Before-Save Flow
   and as Bounded Atomic runs, their ratios and the before-save overhead (target < 15%)
-  (``bench/sync_bench.py``).
+  (``bench/sync_bench.py``);
+* on a MySQL-protocol cluster, when ``FLOW_BENCH_CLUSTER_URLS`` lists its nodes: durable
+  steps/s with the workers spread over the nodes vs all on one, the certification-conflict
+  rate, and cross-node claim latency (``bench/cluster_bench.py``).
 
 Nothing here is asserted; figures depend on the machine.
 """
@@ -32,7 +35,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench import compile_bench, durable_bench, sync_bench
+from bench import cluster_bench, compile_bench, durable_bench, sync_bench
 from services import db
 from services.digest import versioned_digest
 
@@ -139,3 +142,4 @@ if __name__ == "__main__":
     asyncio.run(_main())
     durable_bench.run(_SECONDS)
     sync_bench.run(_SECONDS)
+    cluster_bench.run(_SECONDS)

@@ -64,6 +64,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.schema import PrimaryKeyConstraint, UniqueConstraint
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+from services.db_cluster import install_session_hooks
 from services.errors import CommitOutcomeUnknownError, ConflictError, FenceLostError
 
 __all__ = [
@@ -162,6 +163,13 @@ class DbErrorClass(enum.Enum):
 
 
 _RETRIED = frozenset({DbErrorClass.RETRYABLE_CONFLICT, DbErrorClass.LOCK_WAIT_TIMEOUT})
+#: Errors *at COMMIT* that prove the transaction rolled back: a deadlock/write conflict
+#: (on MariaDB Galera a certification failure at COMMIT is 1213; TiDB reports its
+#: commit-time write conflicts with its own codes) and a unique-key violation found at
+#: COMMIT (TiDB optimistic mode). Any other COMMIT failure — a lost connection, a node
+#: leaving the primary component (1047), "error during COMMIT" (1180) — leaves the
+#: outcome unknown: the write-set may have been certified elsewhere.
+_ROLLED_BACK_AT_COMMIT = frozenset({DbErrorClass.RETRYABLE_CONFLICT, DbErrorClass.DUPLICATE_KEY})
 
 # MySQL/MariaDB/TiDB server and client error numbers (pymysql ``err.args[0]``).
 _MYSQL_CODES: Mapping[int, DbErrorClass] = {
@@ -176,6 +184,8 @@ _MYSQL_CODES: Mapping[int, DbErrorClass] = {
     2006: DbErrorClass.OUTCOME_UNKNOWN,  # CR_SERVER_GONE_ERROR
     2013: DbErrorClass.OUTCOME_UNKNOWN,  # CR_SERVER_LOST
     2055: DbErrorClass.OUTCOME_UNKNOWN,  # CR_SERVER_LOST_EXTENDED
+    1927: DbErrorClass.OUTCOME_UNKNOWN,  # ER_CONNECTION_KILLED (MariaDB: server shutdown/KILL)
+    4031: DbErrorClass.OUTCOME_UNKNOWN,  # ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
     1062: DbErrorClass.DUPLICATE_KEY,  # ER_DUP_ENTRY
     1586: DbErrorClass.DUPLICATE_KEY,  # ER_DUP_ENTRY_WITH_KEY_NAME
 }
@@ -270,10 +280,6 @@ class DialectStrategy(abc.ABC):
         """Storage type of :class:`JsonText` able to hold ``max_bytes`` bytes."""
         return Text()
 
-    def migration_lock(self, name: str) -> tuple[str, str] | None:
-        """``(acquire, release)`` SQL serialising schema upgrades, or None when not needed."""
-        return None
-
 
 class _SqliteStrategy(DialectStrategy):
     drivers = frozenset({"sqlite+aiosqlite"})
@@ -340,9 +346,10 @@ class _MySqlStrategy(DialectStrategy):
         }
 
     def install_hooks(self, engine: Engine) -> None:
-        # Nothing to hook: the driver runs with autocommit off (the first statement opens
-        # the transaction), and isolation and lock-wait timeout are connect options.
-        return None
+        # The driver runs with autocommit off (the first statement opens the transaction),
+        # and isolation and lock-wait timeout are connect options. A Galera node also gets
+        # the cluster profile's per-connection settings (causal reads, TOI DDL).
+        install_session_hooks(engine)
 
     def datetime_type(self) -> TypeEngine[Any]:
         return mysql.DATETIME(fsp=6)
@@ -353,11 +360,6 @@ class _MySqlStrategy(DialectStrategy):
         if max_bytes <= 16_777_215:
             return mysql.MEDIUMTEXT()
         return mysql.LONGTEXT()
-
-    def migration_lock(self, name: str) -> tuple[str, str] | None:
-        # A session-level named lock survives the implicit commits of DDL; two replicas
-        # starting with FLOW_DB_AUTO_MIGRATE=true must not both run CREATE TABLE.
-        return (f"SELECT GET_LOCK('{name}', 120)", f"SELECT RELEASE_LOCK('{name}')")
 
 
 _STRATEGIES: Mapping[str, DialectStrategy] = {
@@ -435,8 +437,15 @@ async def transaction(
     ``readonly``, which must then not write); on MySQL autocommit is off, so the first
     statement opens the transaction and a ``FOR UPDATE`` never runs in autocommit.
 
+    Nothing a caller wrote is won before ``COMMIT`` returns: on a cluster (Galera) every
+    conditional UPDATE may report its row count and still lose at ``COMMIT``. A
+    ``COMMIT`` that fails with a proven rollback (:data:`_ROLLED_BACK_AT_COMMIT`)
+    re-raises the driver error (``run_in_transaction`` retries it whole); any other
+    ``COMMIT`` failure is an unknown outcome.
+
     Raises:
-        CommitOutcomeUnknownError: the connection was lost during COMMIT.
+        CommitOutcomeUnknownError: the connection was lost during COMMIT, or COMMIT failed
+            without a proven rollback.
     """
     conn = await engine.connect()
     try:
@@ -451,12 +460,18 @@ async def transaction(
         try:
             await conn.commit()
         except Exception as exc:
-            if classify_db_error(exc) is DbErrorClass.OUTCOME_UNKNOWN:
+            kind = classify_db_error(exc)
+            if kind not in _ROLLED_BACK_AT_COMMIT:
                 # A connection whose COMMIT outcome is unknown is never reused: its
                 # session may still hold the transaction (or be gone).
                 with contextlib.suppress(Exception):
                     await conn.invalidate()
-                raise CommitOutcomeUnknownError("connection lost during commit") from exc
+                message = (
+                    "connection lost during commit"
+                    if kind is DbErrorClass.OUTCOME_UNKNOWN
+                    else "commit failed without a proven rollback"
+                )
+                raise CommitOutcomeUnknownError(message) from exc
             await _rollback_quietly(conn)
             raise
     finally:

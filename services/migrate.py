@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -37,6 +38,8 @@ from sqlalchemy.sql.schema import ColumnCollectionConstraint
 
 from services.config import ServiceName, load_config
 from services.db import create_engine, strategy_for, transaction
+from services.db_cluster import ClusterSettingsError, check_cluster
+from services.schema_lock import LOCK_TABLE, SchemaLockTimeoutError, schema_lock
 
 __all__ = [
     "SERVICE_PACKAGES",
@@ -56,7 +59,17 @@ SERVICE_PACKAGES: dict[str, ServiceName] = {
     "effect_owner_svc": ServiceName.EFFECT_OWNER,
 }
 
-_COMPARE_OPTS: dict[str, Any] = {"compare_type": True, "compare_server_default": True}
+
+def _include_name(name: str | None, type_: str, _parent: Any) -> bool:
+    # The schema-upgrade lock's table (services.schema_lock) is not part of any schema.
+    return not (type_ == "table" and name == LOCK_TABLE)
+
+
+_COMPARE_OPTS: dict[str, Any] = {
+    "compare_type": True,
+    "compare_server_default": True,
+    "include_name": _include_name,
+}
 
 
 def _package(service_pkg: str) -> str:
@@ -105,27 +118,23 @@ def run_migrations(target_metadata: MetaData) -> None:
 
 async def _run_alembic(db_url: str, service_pkg: str, action: Callable[[Config], None]) -> None:
     cfg = _config(service_pkg)
-    engine = create_engine(db_url, pool_size=1)
-    lock = strategy_for(engine.dialect).migration_lock(f"flow_migrate_{service_pkg}")
+    # Two connections: the migration's and the schema lock's lease renewal.
+    engine = create_engine(db_url, pool_size=2)
     try:
-        async with engine.connect() as conn:
-            if lock is not None:
-                acquired = (await conn.exec_driver_sql(lock[0])).scalar()
-                await conn.commit()
-                if acquired != 1:
-                    raise TimeoutError(f"another process holds the schema lock of {service_pkg}")
-            try:
+        # A cluster node whose settings would break fencing gets no DDL either.
+        await check_cluster(engine)
+        if strategy_for(engine.dialect).transactional_ddl:
+            lock: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
+        else:
+            lock = schema_lock(engine, f"flow_migrate_{service_pkg}")
+        async with lock, engine.connect() as conn:
 
-                def _run(sync_conn: Connection) -> None:
-                    cfg.attributes["connection"] = sync_conn
-                    action(cfg)
+            def _run(sync_conn: Connection) -> None:
+                cfg.attributes["connection"] = sync_conn
+                action(cfg)
 
-                await conn.run_sync(_run)
-                await conn.commit()
-            finally:
-                if lock is not None:
-                    await conn.exec_driver_sql(lock[1])
-                    await conn.commit()
+            await conn.run_sync(_run)
+            await conn.commit()
     finally:
         await engine.dispose()
 
@@ -133,10 +142,12 @@ async def _run_alembic(db_url: str, service_pkg: str, action: Callable[[Config],
 async def upgrade(db_url: str, service_pkg: str, revision: str = "head") -> None:
     """Upgrade the service's database to ``revision`` (clean install when empty).
 
-    Upgrades of one database from several processes are serialised (a named lock on
-    MySQL/TiDB, the single SQLite writer lock), and a database already at ``revision`` is
-    left alone. Within one process run one Alembic command at a time: Alembic keeps its
-    migration context in a process-global.
+    Upgrades of one database from several processes are serialised (a lock row that
+    holds across every node of a cluster, :mod:`services.schema_lock`, on MySQL/MariaDB/
+    TiDB; the single SQLite writer lock), and a database already at ``revision`` is left
+    alone. A Galera node whose settings would break fencing is refused first
+    (:func:`services.db_cluster.check_cluster`). Within one process run one Alembic
+    command at a time: Alembic keeps its migration context in a process-global.
     """
     await _run_alembic(db_url, service_pkg, lambda cfg: command.upgrade(cfg, revision))
 
@@ -250,6 +261,9 @@ def main(argv: Sequence[str], service_pkg: str, db_url: str | None = None) -> in
         problems = asyncio.run(verify(url, service_pkg))
     except DBAPIError as exc:
         sys.stderr.write(f"{service_pkg}: database error: {exc.orig or exc}\n")
+        return 1
+    except (ClusterSettingsError, SchemaLockTimeoutError) as exc:
+        sys.stderr.write(f"{service_pkg}: refusing to migrate: {exc}\n")
         return 1
     if problems:
         out.write(f"{service_pkg}: schema differs from the models:\n")

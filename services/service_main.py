@@ -10,7 +10,8 @@ service's ``__main__`` only names itself and supplies factories for its
 servicers and (optionally) its background loops.
 
 Before migrating or serving, the database server's settings are checked
-(:func:`services.db_profiles.verify_database`): a MySQL-protocol server whose settings
+(:func:`services.db_profiles.verify_database`, and on a Galera node
+:func:`services.db_cluster.check_cluster`): a MySQL-protocol server whose settings
 would break the fencing assumptions makes the process exit 3 with a message naming the
 setting.
 """
@@ -26,7 +27,7 @@ from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services import db, db_profiles, faults, migrate
+from services import db, db_cluster, db_profiles, faults, migrate
 from services.config import ConfigError, ServiceConfig, ServiceName, load_config
 from services.grpc_server import ServiceRegistration, serve_forever
 from services.logging import configure_logging
@@ -76,6 +77,8 @@ async def _serve(
         settings = await db_profiles.verify_database(engine)
         if settings is not None:
             log.info("database server %s passed the settings check", settings.version)
+        # On a Galera node also the cluster profile's rules (services.db_cluster).
+        await db_cluster.check_cluster(engine)
         if cfg.db_auto_migrate:
             await migrate.upgrade(cfg.db_url, migrations_pkg)
         registrations = await factory(cfg, engine)
@@ -134,7 +137,7 @@ def run_service(
     except ConfigError as exc:  # e.g. key or TLS material a factory could not read
         log.error("configuration error: %s", exc)
         return 2
-    except db_profiles.UnsafeDatabaseSettingsError as exc:
+    except (db_profiles.UnsafeDatabaseSettingsError, db_cluster.ClusterSettingsError) as exc:
         log.error("refusing to start: %s", exc)
         return 3
     except RuntimeError as exc:

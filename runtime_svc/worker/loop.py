@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -239,6 +240,7 @@ class StepWorker:
         self._plans = OrderedDict()
         self._orgs = _rotation(engine, org_batch)
         self._binary = binary_check
+        self._rng = random.Random()  # noqa: S311 - claim order spread, not a secret
 
     # --- scheduling ----------------------------------------------------------------------
 
@@ -246,7 +248,12 @@ class StepWorker:
         """One bounded batch of due candidates of ``org_id``, each processed in turn."""
         done: list[Outcome] = []
         for queue in self._queues:
-            for candidate in await self.store.eligible_work(org_id, queue, limit=self._batch):
+            batch = await self.store.eligible_work(org_id, queue, limit=self._batch)
+            # The query's order is stable, so every replica fetches the same head; walking
+            # the batch in a random order spreads them over it instead of all racing for
+            # its first candidate (on a cluster each lost race is a failed COMMIT).
+            self._rng.shuffle(batch)
+            for candidate in batch:
                 done.append(await self.process(org_id, candidate))
         return done
 

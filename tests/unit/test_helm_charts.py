@@ -150,3 +150,19 @@ def test_the_production_example_sets_tls_and_database_secrets_for_every_service(
             else:
                 merged[key] = value
         jsonschema.validate(merged, _schema(chart))
+
+
+def test_the_galera_example_passes_every_schema_and_names_a_database_secret() -> None:
+    """``helm/examples/galera-values.yaml`` (docs/scale-out.md §5) stays valid for the
+    charts it configures."""
+    example = yaml.safe_load((HELM / "examples" / "galera-values.yaml").read_text())
+    for chart in CHARTS:
+        block = example[chart]
+        assert block["database"]["existingSecret"], chart
+        merged = copy.deepcopy(_values(chart))
+        for key, value in block.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+        jsonschema.validate(merged, _schema(chart))

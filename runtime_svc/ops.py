@@ -1,0 +1,96 @@
+"""Operator operations on the runtime database: ``python -m runtime_svc.ops``.
+
+Until the fenced ``RetryQuarantinedRun`` RPC exists (operator controls), an operator
+reconciles a commit-unknown quarantine here, with the runtime's own database settings
+(``FLOW_RUNTIME_DB_URL``; on a cluster any node — reads are causal)::
+
+    python -m runtime_svc.ops quarantine show  --org ORG --run RUN
+    python -m runtime_svc.ops quarantine retry --org ORG --run RUN --operator alice --reason INC-42
+    python -m runtime_svc.ops quarantine fail  --org ORG --run RUN --operator alice --reason INC-42
+
+``show`` prints the run state and the marker (JSON); ``retry`` and ``fail`` read the
+marker again under the run's locks and apply the decision with an audit record
+(:mod:`runtime_svc.kernel.store_reconcile`). Exit codes: 0 done, 1 refused or not
+found (the reason code is printed), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+
+from runtime_svc.kernel.reconcile import Resolution
+from runtime_svc.kernel.store_reconcile import inspect_quarantine, reconcile_quarantine
+from runtime_svc.worker.settings import WorkerSettings
+from services import db
+from services.config import ConfigError, ServiceName, load_config
+from services.errors import FlowError
+
+__all__ = ["main"]
+
+
+async def _run(args: argparse.Namespace, db_url: str, max_attempts: int) -> dict[str, object]:
+    engine = db.create_engine(db_url, pool_size=1)
+    try:
+        if args.action == "show":
+            return (await inspect_quarantine(engine, args.org, args.run)).as_dict()
+        result = await reconcile_quarantine(
+            engine,
+            args.org,
+            args.run,
+            Resolution(args.action),
+            operator=args.operator,
+            reason=args.reason,
+            max_attempts=max_attempts,
+        )
+        return {
+            **result.report.as_dict(),
+            "resolution": result.resolution.value,
+            "run_state": result.run_state.name,
+        }
+    finally:
+        await engine.dispose()
+
+
+def main(argv: Sequence[str] | None = None, *, db_url: str | None = None) -> int:
+    """Parse ``argv`` and run one operation; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m runtime_svc.ops")
+    groups = parser.add_subparsers(dest="group", required=True)
+    quarantine = groups.add_parser("quarantine", help="reconcile a commit-unknown quarantine")
+    actions = quarantine.add_subparsers(dest="action", required=True)
+    for name, text in (
+        ("show", "print the run and its marker"),
+        (Resolution.RETRY.value, "retry the step from its input checkpoint"),
+        (Resolution.FAIL.value, "fail the run terminally"),
+    ):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("--org", required=True)
+        action.add_argument("--run", required=True)
+        if name != "show":
+            action.add_argument("--operator", required=True, help="who decides (audited)")
+            action.add_argument("--reason", required=True, help="reason code or ticket")
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        cfg = load_config(ServiceName.RUNTIME)
+        url = db_url if db_url is not None else cfg.db_url
+        max_attempts = WorkerSettings.from_config(cfg).max_attempts
+    except (ConfigError, ValueError) as exc:
+        sys.stderr.write(f"configuration error: {exc}\n")
+        return 2
+    try:
+        out = asyncio.run(_run(args, url, max_attempts))
+    except FlowError as exc:
+        sys.stderr.write(f"{exc.reason}: {exc}\n")
+        return 1
+    sys.stdout.write(json.dumps(out, indent=2, sort_keys=True, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
