@@ -17,7 +17,11 @@ MariaDB:
   (``bench/sync_bench.py``);
 * on a MySQL-protocol cluster, when ``FLOW_BENCH_CLUSTER_URLS`` lists its nodes: durable
   steps/s with the workers spread over the nodes vs all on one, the certification-conflict
-  rate, and cross-node claim latency (``bench/cluster_bench.py``).
+  rate, and cross-node claim latency (``bench/cluster_bench.py``);
+* durable-wait wake latency (signal accepted → step Running) p50/p99 with 1,000 and
+  100,000 waiting runs and their ratio, the transactions and statements of one wake, and
+  the periodic reconciler's cost per sweep as the waiting population grows
+  (``bench/wait_bench.py``).
 
 Nothing here is asserted; figures depend on the machine.
 """
@@ -35,7 +39,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench import cluster_bench, compile_bench, durable_bench, sync_bench
+from bench import cluster_bench, compile_bench, durable_bench, sync_bench, wait_bench
 from services import db
 from services.digest import versioned_digest
 
@@ -142,4 +146,5 @@ if __name__ == "__main__":
     asyncio.run(_main())
     durable_bench.run(_SECONDS)
     sync_bench.run(_SECONDS)
+    wait_bench.run(_SECONDS)
     cluster_bench.run(_SECONDS)

@@ -7,7 +7,10 @@ catalog build --seal``, ``flowctl flow register`` and ``flowctl flow activate`` 
    :func:`flowctl.catalog.build_catalog` (publish the metadata view, register the work
    binding, open a generation, submit the entries, seal);
 2. registers the demo Flows (``examples/flows/``, :data:`DEMO_FLOWS`);
-3. compiles each against the sealed generation and activates the plan it yields.
+3. compiles each against the sealed generation and activates the plan it yields;
+4. starts one :data:`WAITING_FLOW` run and waits until it is parked on its durable wait;
+   the banner prints the ``flowctl signal send`` command that wakes it (every start of
+   the stack parks a new one: a signal is consumed once).
 
 Restarting ``make run`` on the same ``./.data`` is idempotent:
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -43,6 +47,7 @@ from typing import Any
 
 import grpc
 import yaml
+from google.protobuf.struct_pb2 import Struct
 
 from flowctl.catalog import BuildResult, build_catalog, parse_build_document
 from flowctl.common import CliError, channel_for
@@ -57,6 +62,7 @@ __all__ = [
     "DemoFlow",
     "DemoSeedError",
     "DemoSummary",
+    "WaitingRun",
     "local_target",
     "seed",
 ]
@@ -70,11 +76,26 @@ DEMO_CATALOG = _EXAMPLES / "catalog" / "demo.yaml"
 DEMO_FLOWS = (
     _EXAMPLES / "flows" / "normalize_contact_name.json",
     _EXAMPLES / "flows" / "welcome_contact.json",
+    _EXAMPLES / "flows" / "await_approval.json",
 )
+#: The demo Flow a waiting run is started for; the banner prints the signal that wakes it.
+WAITING_FLOW = "AwaitApproval"
+#: The signal kind and evidence that approve it (``examples/flows/await_approval.json``).
+APPROVAL_KIND = "external.signal"
+APPROVAL_EVIDENCE = '{"status": "approved"}'
 #: The file in the data dir that receives :meth:`DemoSummary.to_dict` as JSON.
 SUMMARY_FILE = "demo.json"
 
 _CALL_TIMEOUT_S = 30.0
+#: How long seeding waits for the demo run to park on its wait (polls, interval).
+_WAIT_POLLS, _WAIT_POLL_S = 150, 0.2
+_MOVING = frozenset(
+    {
+        common_v1.RunState.RUN_STATE_ACCEPTED,
+        common_v1.RunState.RUN_STATE_RUNNABLE,
+        common_v1.RunState.RUN_STATE_RUNNING,
+    }
+)
 _COMPILE_TIMEOUT_S = 60.0
 _MAX_PAGES = 100
 _TOKEN_TTL_S = 300
@@ -100,6 +121,18 @@ class DemoFlow:
 
 
 @dataclass(frozen=True)
+class WaitingRun:
+    """The demo run waiting for an approval signal, and the signal that wakes it."""
+
+    flow_run_id: str
+    state: str  # e.g. ``waiting``
+    producer_kind: str
+    producer_key: str
+    wake_token: str
+    evidence_json: str
+
+
+@dataclass(frozen=True)
 class DemoSummary:
     """What :func:`seed` left in the services."""
 
@@ -111,6 +144,7 @@ class DemoSummary:
     catalog_digest: str
     generation_reused: bool
     flows: tuple[DemoFlow, ...]
+    waiting_run: WaitingRun | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -301,6 +335,48 @@ def _activate_flow(
     )
 
 
+def _start_waiting_run(runtime_channel: grpc.Channel, md: Metadata) -> WaitingRun:
+    """Start an :data:`WAITING_FLOW` run (a fresh request each start) and wait, bounded,
+    until it is parked on its durable wait (or has moved on)."""
+    request = f"demo-{uuid.uuid4().hex[:8]}"
+    runs = runtime_v1.FlowRunServiceStub(runtime_channel)
+    with _step(f"starting a {WAITING_FLOW} run"):
+        inputs = Struct()
+        inputs.update({"requestId": request, "subject": "demo purchase order"})
+        run = runs.StartRun(
+            runtime_v1.StartRunRequest(
+                request_id=_request_id(),
+                flow=runtime_v1.FlowVersionSelector(flow_api_name=WAITING_FLOW),
+                input_variables=inputs,
+                idempotency_key=request,
+            ),
+            metadata=md,
+            timeout=_CALL_TIMEOUT_S,
+        ).run
+    waiting = common_v1.RunState.RUN_STATE_WAITING
+    with _step(f"waiting for the {WAITING_FLOW} run to reach its wait"):
+        for _ in range(_WAIT_POLLS):
+            if run.runtime_state not in _MOVING:
+                break
+            time.sleep(_WAIT_POLL_S)
+            run = runs.GetRun(
+                runtime_v1.GetRunRequest(flow_run_id=run.flow_run_id),
+                metadata=md,
+                timeout=_CALL_TIMEOUT_S,
+            ).run
+    if run.runtime_state != waiting:
+        _log.warning("the demo %s run is %s, not waiting", WAITING_FLOW, run.runtime_state)
+    state = common_v1.RunState.Name(run.runtime_state).removeprefix("RUN_STATE_").lower()
+    return WaitingRun(
+        flow_run_id=run.flow_run_id,
+        state=state,
+        producer_kind=APPROVAL_KIND,
+        producer_key=f"approval:{request}",
+        wake_token=f"approve-{request}",
+        evidence_json=APPROVAL_EVIDENCE,
+    )
+
+
 def seed(
     configs: Mapping[ServiceName, ServiceConfig],
     data_dir: Path,
@@ -391,6 +467,7 @@ def seed(
             _activate_flow(runtime, org_md, scoped_md, scope, f, generation_id, catalog_digest)
             for f in flows
         )
+        waiting = _start_waiting_run(runtime_channel, scoped_md) if WAITING_FLOW in names else None
     summary = DemoSummary(
         org_id=org,
         app_installation_id=inst,
@@ -400,6 +477,7 @@ def seed(
         catalog_digest=catalog_digest,
         generation_reused=reuse is not None,
         flows=activated,
+        waiting_run=waiting,
     )
     with _step(f"writing {data_dir / SUMMARY_FILE}"):
         (data_dir / SUMMARY_FILE).write_text(

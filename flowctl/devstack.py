@@ -31,7 +31,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from flowctl.common import CliError
 from flowctl.cookbook_setup import COOKBOOK_FILE, write_cookbook
-from flowctl.demo import SUMMARY_FILE, DemoSeedError, DemoSummary, local_target, seed
+from flowctl.demo import (
+    SUMMARY_FILE,
+    WAITING_FLOW,
+    DemoSeedError,
+    DemoSummary,
+    local_target,
+    seed,
+)
 from services.auth import (
     OPERATOR_ROLES,
     WorkloadClaims,
@@ -55,6 +62,7 @@ _READY_TIMEOUT_S = 90.0
 _STOP_TIMEOUT_S = 15.0
 _TOKEN_TTL_S = 12 * 3600
 _PLAN_SERVICE = "nexus.flow.runtime.v1.FlowDefinitionService"
+_RUN_SERVICE = "nexus.flow.runtime.v1.FlowRunService"
 
 Configs = Mapping[ServiceName, ServiceConfig]
 
@@ -309,6 +317,24 @@ def banner(configs: Configs, data_dir: Path, token_file: Path, demo: DemoSummary
     lines += [
         f"  {grpcurl} -plaintext {rt} list",
         f"  {grpcurl} -plaintext {cat} grpc.health.v1.Health/Check",
+    ]
+    w = demo.waiting_run
+    if w is not None:
+        lines += [
+            "",
+            f"A demo {WAITING_FLOW} run waits durably for an approval (run {w.flow_run_id},"
+            f" {w.state}); wake it with:",
+            f"  FLOW_DATA_DIR={data} {flowctl} signal send --target {rt} \\",
+            f"      --org {demo.org_id} --app-installation {demo.app_installation_id}"
+            f" --capability {demo.runtime_capability_id} \\",
+            f"      --binding-digest {demo.binding_digest} \\",
+            f"      --producer-kind {w.producer_kind} --producer-key {w.producer_key}"
+            f" --token {w.wake_token} \\",
+            f"      --evidence {shlex.quote(w.evidence_json)}",
+            f'  {grpcurl} -plaintext -H "authorization: Bearer $TOKEN" \\',
+            f'      -d \'{{"flow_run_id": "{w.flow_run_id}"}}\' {rt} {_RUN_SERVICE}/GetRunSupport',
+        ]
+    lines += [
         "",
         f"  grpcurl for every RPC, with this stack's ids: {data_dir / COOKBOOK_FILE}",
         "",

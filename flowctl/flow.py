@@ -68,6 +68,7 @@ from runtime_svc.compiler import (
 )
 from runtime_svc.definitions.inputs import CatalogSnapshot, build_compiler_inputs
 from runtime_svc.definitions.policy import DEFAULT_POLICY_DOCUMENT, FIRST_POLICY_VERSION
+from runtime_svc.waits.registry import ProducerRegistry
 from services.auth import TrustedRuntimeWorkScope
 from services.config import ServiceName, load_config
 from services.errors import FlowError
@@ -145,13 +146,12 @@ def _demo_generation(args: argparse.Namespace) -> tuple[str, str]:
         ) from exc
 
 
-def compile_against_catalog(flow_path: str, args: argparse.Namespace) -> ExecutionPlan:
-    """Compile locally against a sealed generation read from a running catalog.
+def catalog_inputs(flow: dict[str, Any], args: argparse.Namespace) -> CompilerInputs:
+    """Compiler inputs of a sealed generation read from a running catalog.
 
     The generation, its entries, binding and metadata view come from the catalog (the same
     reads activation makes); the policy is the runtime's default policy generation.
     """
-    flow = _load_flow(flow_path)
     generation, digest = _demo_generation(args)
     scope = work_scope(args, f"flow {args.command} against a catalog generation")
     trusted = TrustedRuntimeWorkScope(
@@ -178,36 +178,50 @@ def compile_against_catalog(flow_path: str, args: argparse.Namespace) -> Executi
         raise CliError(f"catalog generation {generation}: {exc}") from exc
     policy = {**DEFAULT_POLICY_DOCUMENT, "version": FIRST_POLICY_VERSION}
     version = flow.get("version")
-    inputs = build_compiler_inputs(
+    return build_compiler_inputs(
         snap,
         policy,
         flow_versions={str(flow.get("api_name")): version if isinstance(version, int) else 0},
     )
-    return compile_plan(flow, inputs)
 
 
-def _compile_any(args: argparse.Namespace) -> ExecutionPlan:
+def compile_against_catalog(flow_path: str, args: argparse.Namespace) -> ExecutionPlan:
+    """Compile locally against a sealed generation read from a running catalog."""
+    flow = _load_flow(flow_path)
+    return compile_plan(flow, catalog_inputs(flow, args))
+
+
+def _flow_and_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], CompilerInputs]:
+    """The Flow of ``args.file`` and the inputs it compiles against: ``--inputs``, else a
+    sealed generation of a running catalog."""
+    flow = _load_flow(args.file)
     if args.inputs:
-        return compile_file(args.file, args.inputs)
-    return compile_against_catalog(args.file, args)
+        return flow, load_inputs(args.inputs)
+    return flow, catalog_inputs(flow, args)
 
 
 def _compile_cmd(args: argparse.Namespace) -> int:
+    flow, inputs = _flow_and_inputs(args)
     try:
-        plan = _compile_any(args)
+        plan = compile_plan(flow, inputs)
     except PlanCompileError as exc:
         sys.stdout.write(format_issues(exc))
         return 1
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, sort_keys=True, ensure_ascii=False))
     else:
-        sys.stdout.write(explain(plan))
+        # Each dependency with its producer contract and the policy's wait bounds.
+        notes = ProducerRegistry(load_config(ServiceName.RUNTIME).runtime_signal_kinds).explainer(
+            inputs.policy
+        )
+        sys.stdout.write(explain(plan, notes))
     return 0
 
 
 def _plan_cmd(args: argparse.Namespace) -> int:
+    flow, inputs = _flow_and_inputs(args)
     try:
-        plan = _compile_any(args)
+        plan = compile_plan(flow, inputs)
     except PlanCompileError as exc:
         sys.stdout.write(format_issues(exc))
         return 1

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import sys
 
-from runtime_svc.app import build_services, start_runtime_background
+from runtime_svc.app import RuntimeApp
 from services.config import ServiceName
 from services.service_main import run_service
 
 if __name__ == "__main__":
+    app = RuntimeApp()
     sys.exit(
         run_service(
             ServiceName.RUNTIME,
             "runtime_svc",
-            build_services,
-            background=start_runtime_background,
+            app.build_services,
+            background=app.start_background,
         )
     )

@@ -75,6 +75,7 @@ __all__ = [
     "flow_checkpoints",
     "flow_dependencies",
     "flow_effect_links",
+    "flow_record_watches",
     "flow_runs",
     "flow_step_attempts",
     "flow_step_executions",
@@ -303,6 +304,8 @@ flow_runs = Table(
     Index("ix_flow_runs_migration", "org_id", "ownership_epoch", "runtime_state"),
     Index("ix_flow_runs_plan", "org_id", "plan_id"),
     Index("ix_flow_runs_history", "org_id", "flow_version_id", "created_at", "flow_run_id"),
+    # The wait repair sweep's bounded cursor over Waiting roots (revision 0008).
+    Index("ix_flow_runs_state_id", "org_id", "runtime_state", "flow_run_id"),
     **TABLE_OPTIONS,
 )
 
@@ -432,6 +435,10 @@ flow_dependencies = Table(
     Column("resolution_receipt", JsonText(MAX_SUMMARY_BYTES), nullable=True),
     _time("created_at"),
     _time("updated_at"),
+    # Bounded reconciliation probes made so far (§14.4; revision 0008).
+    Column("reconciliation_attempts", Integer, nullable=False, server_default=text("0")),
+    # The signal the resolution consumed (NULL: none, e.g. a timer; revision 0008).
+    _id("wake_signal_id", nullable=True),
     PrimaryKeyConstraint("org_id", "dependency_id"),
     UniqueConstraint(
         *WORK_SCOPE, "step_execution_id", "active_slot", name="uq_flow_dependencies_active"
@@ -465,6 +472,13 @@ flow_wake_signals = Table(
     _code("resolution_state"),  # Unmatched | Consumed | Expired
     _id("dependency_id", nullable=True),
     _bigint("state_version"),
+    # Revision 0008: the safe producer evidence (canonical JSON object, immutable), the
+    # producer-side match still owed (set at insert, cleared once a match attempt ran:
+    # a crash between signal commit and match leaves it for the repair sweep), and the
+    # consume time.
+    Column("evidence_json", JsonText(MAX_SUMMARY_BYTES), nullable=True),
+    _time("next_match_at", nullable=True),
+    _time("consumed_at", nullable=True),
     PrimaryKeyConstraint(*WORK_SCOPE, "wake_signal_id"),
     UniqueConstraint(
         *WORK_SCOPE,
@@ -474,6 +488,32 @@ flow_wake_signals = Table(
         name="uq_flow_wake_signals_token",
     ),
     Index("ix_flow_wake_signals_expiry", "org_id", "resolution_state", "expires_at"),
+    Index("ix_flow_wake_signals_match", "org_id", "next_match_at"),
+    **TABLE_OPTIONS,
+)
+
+#: Record-change producer registration (§14.1, revision 0008): the objects some plan of a
+#: work scope waits on with a record-condition wait. The record engine writes a wake
+#: signal for a record change only when its object is listed here (read through a
+#: per-process memo, so a write of an unwatched object costs no query). A wait commit
+#: refreshes its row; a maintenance sweep deletes rows idle past a window with no pending
+#: dependency.
+flow_record_watches = Table(
+    "flow_record_watches",
+    metadata,
+    _id("org_id"),
+    _id("object_name"),
+    _id("app_installation_id"),
+    _id("runtime_capability_id"),
+    _digest("runtime_work_binding_digest"),
+    _time("refreshed_at"),
+    PrimaryKeyConstraint(
+        "org_id",
+        "object_name",
+        "app_installation_id",
+        "runtime_capability_id",
+        "runtime_work_binding_digest",
+    ),
     **TABLE_OPTIONS,
 )
 

@@ -235,6 +235,13 @@ def runtime_only() -> dict[str, Any]:
             "idleMs": count(1),
             "sweepMs": count(1),
             "retentionDays": count(1),
+            "waitSweepMs": count(1),
+            "waitBatch": count(1),
+            "signalKinds": {
+                "type": "array",
+                "items": {"type": "string", "pattern": r"^[a-z][a-z0-9_.-]{0,63}$"},
+                "minItems": 1,
+            },
         }
     )
     return {

@@ -170,6 +170,18 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "30",
         "runtime: terminal runs older than this are physically purged (Flow lineage only)",
     ),
+    "FLOW_RUNTIME_WAIT_SWEEP_MS": (
+        "1000",
+        "runtime: period of the wake reconciler and the wait expiry/repair sweeps (jittered)",
+    ),
+    "FLOW_RUNTIME_WAIT_BATCH": (
+        "100",
+        "runtime: rows one wait sweep handles per org (bounds a sweep's cost)",
+    ),
+    "FLOW_RUNTIME_SIGNAL_KINDS": (
+        "external.signal",
+        "runtime: external signal producer kinds `SubmitWakeSignal` accepts (comma separated)",
+    ),
     "FLOW_RUNTIME_VIEW_FILE": (
         "",
         "tests/dev only: a metadata-view JSON used for every scope instead of the catalog",
@@ -212,6 +224,14 @@ def _int(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int:
     if value < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def _csv(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated list: sorted, distinct, blanks dropped (empty: the default)."""
+    values = {v.strip() for v in _get(env, name).split(",") if v.strip()}
+    if not values:
+        values = {v.strip() for v in ENV_VARS[name][0].split(",") if v.strip()}
+    return tuple(sorted(values))
 
 
 def _expand(value: str, data_dir: Path) -> str:
@@ -265,6 +285,10 @@ class ServiceConfig:
     runtime_sweep_ms: int = 1_000
     runtime_retention_days: int = 30
     runtime_view_file: str | None = None
+    runtime_wait_sweep_ms: int = 1_000
+    runtime_wait_batch: int = 100
+    #: External signal producer kinds ``SubmitWakeSignal`` accepts (sorted, distinct).
+    runtime_signal_kinds: tuple[str, ...] = ("external.signal",)
 
     @property
     def is_production(self) -> bool:
@@ -363,4 +387,7 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         runtime_sweep_ms=_int(e, "FLOW_RUNTIME_SWEEP_MS", minimum=1),
         runtime_retention_days=_int(e, "FLOW_RUNTIME_RETENTION_DAYS", minimum=1),
         runtime_view_file=_get(e, "FLOW_RUNTIME_VIEW_FILE") or None,
+        runtime_wait_sweep_ms=_int(e, "FLOW_RUNTIME_WAIT_SWEEP_MS", minimum=1),
+        runtime_wait_batch=_int(e, "FLOW_RUNTIME_WAIT_BATCH", minimum=1),
+        runtime_signal_kinds=_csv(e, "FLOW_RUNTIME_SIGNAL_KINDS"),
     )

@@ -65,6 +65,12 @@ class CrashPoint(StrEnum):
     AFTER_OUTBOX_ENQUEUE = "after_outbox_enqueue"
     AFTER_INBOX_ACCEPT = "after_inbox_accept"
     SERVER_STARTED = "server_started"
+    #: A producer's wake signal committed; its fresh match has not run (§14.2 step 2).
+    AFTER_SIGNAL_COMMIT = "after_signal_commit"
+    #: A wait's dependency committed; its fresh reconciliation has not run (step 4).
+    AFTER_WAIT_COMMIT = "after_wait_commit"
+    #: A dependency resolution committed; the scheduler has not claimed the step.
+    AFTER_RESOLUTION_COMMIT = "after_resolution_commit"
 
 
 class FaultHookError(ValueError):

@@ -138,6 +138,7 @@ FIELD_LIMITS: Mapping[str, int] = {
     "source_json": 2 * 1024 * 1024,
     "input_json": 4 * 1024 * 1024,
     "payload_json": 4 * 1024 * 1024,
+    "evidence_json": 16 * 1024,
 }
 
 #: Message-qualified overrides (``<full message name>.<field>``) where one field name

@@ -34,6 +34,7 @@ from runtime_svc.catalog_client import (
 from runtime_svc.definitions import DefinitionService
 from runtime_svc.definitions.activation import ActivationOutcome
 from runtime_svc.definitions.service import CompileOutcome
+from runtime_svc.waits.registry import ProducerRegistry
 from services.auth import TrustedRuntimeWorkScope, current_identity
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration
@@ -233,6 +234,7 @@ async def build_definition_service(
     catalog: CatalogPort | None = None,
     catalog_target: str | None = None,
     credentials: Callable[[TrustedRuntimeWorkScope], str] | None = None,
+    producers: ProducerRegistry | None = None,
 ) -> ServiceRegistration:
     """The FlowDefinitionService registration for ``runtime_svc.app.build_services``.
 
@@ -244,11 +246,12 @@ async def build_definition_service(
             listen address and port, ``FLOW_CATALOG_PORT``).
         credentials: mints the catalog credential of a work scope (default: signed with
             ``FLOW_AUTH_SIGNING_KEY``).
+        producers: the runtime's wait-producer registry (compile and activation checks).
     """
     if catalog is None:
         channel = catalog_channel(cfg, catalog_target)
         catalog = GrpcCatalogClient(channel, credentials or ScopedCredentials.from_config(cfg))
-    service = DefinitionService(engine, catalog)
+    service = DefinitionService(engine, catalog, producers=producers)
     return ServiceRegistration(
         SERVICE_NAME,
         runtime_v1.add_FlowDefinitionServiceServicer_to_server,

@@ -89,7 +89,7 @@ from runtime_svc.records import (
     prepare_delete,
     prepare_update,
 )
-from runtime_svc.records.engine import Transform
+from runtime_svc.records.engine import ChangeSink, Transform
 from runtime_svc.records.view import IMPLICIT_ID_FIELD
 from runtime_svc.runs.after_save import admit_after_save_runs_txn, select_after_save_plans
 from services.auth import TrustedRuntimeWorkScope, bearer_metadata, current_identity
@@ -657,6 +657,7 @@ async def build_record_service(
     *,
     catalog_target: str | None = None,
     credentials: Callable[[TrustedRuntimeWorkScope], str] | None = None,
+    changes: ChangeSink | None = None,
 ) -> ServiceRegistration:
     """The RecordService registration for ``runtime_svc.app.build_services``.
 
@@ -669,6 +670,7 @@ async def build_record_service(
             listen address and port).
         credentials: mints the catalog credential of a work scope (default: signed with
             ``FLOW_AUTH_SIGNING_KEY``).
+        changes: the record-change wake-signal producer (``None``: no signals).
     """
     if catalog is None:
         if credentials is None:
@@ -678,5 +680,5 @@ async def build_record_service(
     return ServiceRegistration(
         SERVICE_NAME,
         runtime_v1.add_RecordServiceServicer_to_server,
-        RecordServicer(RecordEngine(engine), catalog, engine),
+        RecordServicer(RecordEngine(engine, changes=changes), catalog, engine),
     )

@@ -31,6 +31,7 @@ from runtime_svc.api.runs_proto import (
 from runtime_svc.atomic import AtomicRunner
 from runtime_svc.catalog_client import ScopedCredentials, catalog_channel
 from runtime_svc.kernel import FlowRunStateStore
+from runtime_svc.records.engine import ChangeSink
 from runtime_svc.runs import PageTokenCodec, RunService, RunView, StartOutcome
 from runtime_svc.worker.settings import WorkerSettings
 from runtime_svc.worker.views import FixedViews, RecordViewSource
@@ -200,6 +201,7 @@ async def build_run_service(
     max_wait_s: float = 30.0,
     views: RecordViewSource | None = None,
     synchronous_atomic: bool = True,
+    changes: ChangeSink | None = None,
 ) -> ServiceRegistration:
     """The FlowRunService registration for ``runtime_svc.app.build_services``.
 
@@ -213,6 +215,7 @@ async def build_run_service(
             ``FLOW_RUNTIME_VIEW_FILE`` view when set, else the catalog's views).
         synchronous_atomic: execute Bounded Atomic runs inside ``StartRun`` (§18.3);
             ``False`` leaves them to the workers (tests of the accept path only).
+        changes: the record-change wake-signal producer of Bounded Atomic writes.
     """
     settings = WorkerSettings.from_config(cfg)
     store = store or FlowRunStateStore(engine, policy=settings.retry_policy())
@@ -227,7 +230,11 @@ async def build_run_service(
         store,
         PageTokenCodec(page_token_secret(cfg)),
         max_wait_s=max_wait_s,
-        atomic=AtomicRunner(engine, store, views, owner=owner) if views is not None else None,
+        atomic=(
+            AtomicRunner(engine, store, views, owner=owner, changes=changes)
+            if views is not None
+            else None
+        ),
     )
     return ServiceRegistration(
         SERVICE_NAME,

@@ -18,6 +18,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.struct_pb2 import Struct
 
 from runtime_svc.api.definitions_proto import plan_proto, profile_proto, timestamp
+from runtime_svc.api.signals import dependency_proto
 from runtime_svc.compiler.kinds import QueueClass, StepKind
 from runtime_svc.kernel import CompatibilityStatus, RunFilters, RunState
 from runtime_svc.kernel.model import AttemptRecord, CheckpointMeta, StepRecord
@@ -194,6 +195,7 @@ def support_proto(s: RunSupport) -> Any:
         else checkpoint_meta_proto(org, view.current_checkpoint),
         steps=[step_proto(x) for x in view.steps],
         attempts=[attempt_proto(a) for a in view.attempts],
+        dependencies=[dependency_proto(d) for d in s.dependencies],
         terminal_cause_code=view.run.terminal_cause_code or "",
     )
 

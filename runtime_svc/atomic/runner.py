@@ -37,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.kernel import FlowRunStateStore, RunRecord
 from runtime_svc.kernel.states import TERMINAL_RUN_STATES
+from runtime_svc.records.engine import ChangeSink
 from runtime_svc.worker.loop import Outcome, PhaseHook, StepWorker
 from runtime_svc.worker.views import RecordViewSource
 
@@ -62,6 +63,7 @@ class AtomicRunner:
         hook: test seam passed to the step worker.
         max_recent: how many of the latest attempt outcomes :attr:`outcomes` keeps (a
             long-lived process runs millions of attempts; the counts are kept in full).
+        changes: the record-change wake-signal producer of the run's record writes.
     """
 
     def __init__(
@@ -73,10 +75,17 @@ class AtomicRunner:
         owner: str = "atomic",
         hook: PhaseHook | None = None,
         max_recent: int = 1000,
+        changes: ChangeSink | None = None,
     ) -> None:
         self.store = store
         self._worker = StepWorker(
-            engine, store, views, owner=owner, queue_classes=(ATOMIC_QUEUE,), hook=hook
+            engine,
+            store,
+            views,
+            owner=owner,
+            queue_classes=(ATOMIC_QUEUE,),
+            hook=hook,
+            changes=changes,
         )
         self._recent: deque[Outcome] = deque(maxlen=max_recent)
         #: How many attempts ended with each outcome (metrics evidence).

@@ -27,6 +27,7 @@ from .language import (
     GetRecords,
     Loop,
     ReadMode,
+    RecordWait,
     Subflow,
     TimeWait,
     UpdateRecord,
@@ -117,6 +118,8 @@ def _node_access(node: Node) -> Access:
             reads |= _roots(p, [w.until])
         elif isinstance(w, EventWait):
             reads |= _roots(p, [w.key, w.condition])
+        elif isinstance(w, RecordWait):
+            reads |= _roots(p, [w.record_id, w.condition])
     return Access(frozenset(reads), frozenset(writes))
 
 

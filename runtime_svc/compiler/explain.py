@@ -6,10 +6,16 @@ and golden files show exactly what activation stored.
 
 from __future__ import annotations
 
-from .kinds import EdgeKind
-from .plan import BoundSummary, ExecutionPlan, PlanStep
+from collections.abc import Callable, Sequence
 
-__all__ = ["explain", "to_mermaid"]
+from .kinds import EdgeKind
+from .plan import BoundSummary, DependencyDecl, ExecutionPlan, PlanStep
+
+__all__ = ["DependencyNotes", "explain", "to_mermaid"]
+
+#: Extra lines explaining one dependency (its producer contract and policy bounds); the
+#: runtime's producer registry supplies them (``ProducerRegistry.explainer``).
+DependencyNotes = Callable[[DependencyDecl], Sequence[str]]
 
 
 def _n(v: int | None) -> str:
@@ -24,7 +30,7 @@ def _bounds(b: BoundSummary) -> str:
     )
 
 
-def _step_lines(s: PlanStep) -> list[str]:
+def _step_lines(s: PlanStep, notes: DependencyNotes | None = None) -> list[str]:
     head = f"  [{s.kind.value}] {s.key}"
     if s.queue_class is not None:
         head += f"  (queue {s.queue_class.value})"
@@ -56,6 +62,8 @@ def _step_lines(s: PlanStep) -> list[str]:
             f"      dependency: producer={d.producer_kind} key={d.key}{cond} "
             f"deadline={d.deadline or 'owner-governed'} expiry={d.expiry_policy.value}{fs}"
         )
+        if notes is not None:
+            lines += [f"        {line}" for line in notes(d)]
     if s.effect is not None:
         e = s.effect
         lines.append(
@@ -74,8 +82,11 @@ def _step_lines(s: PlanStep) -> list[str]:
     return lines
 
 
-def explain(plan: ExecutionPlan) -> str:
-    """Human explanation: profile, every step with kind and resource plan, proofs, diagnostics."""
+def explain(plan: ExecutionPlan, dependency_notes: DependencyNotes | None = None) -> str:
+    """Human explanation: profile, every step with kind and resource plan, proofs, diagnostics.
+
+    ``dependency_notes`` adds the producer contract and bounds under each dependency.
+    """
     f = plan.flow
     req = plan.requested_profile.value if plan.requested_profile else "none"
     lines = [
@@ -89,7 +100,7 @@ def explain(plan: ExecutionPlan) -> str:
     lines += [f"  unknown: {u}" for u in plan.bounds.unknown]
     lines.append(f"Steps (start: {plan.start_step}):")
     for s in plan.steps:
-        lines += _step_lines(s)
+        lines += _step_lines(s, dependency_notes)
     lines.append("Loops:" if plan.loops else "Loops: none")
     for lp in plan.loops:
         proof = "bound unknown" if lp.bound is None else f"{lp.kind} bound {lp.bound}"

@@ -50,6 +50,7 @@ from .catalog_inputs import (
 from .kinds import ExecutionProfile
 
 __all__ = [
+    "DEFAULT_WAIT_POLICY",
     "ActionMetadata",
     "ActionParam",
     "CapabilityDescriptor",
@@ -80,6 +81,7 @@ __all__ = [
     "SubflowSource",
     "TransactionPolicy",
     "TriggerSubscription",
+    "WaitPolicy",
     "WaitProducer",
 ]
 
@@ -400,8 +402,67 @@ class ProfileBounds:
 
 
 @dataclass(frozen=True)
+class WaitPolicy:
+    """Reconciliation bounds of durable waits (§14.4): how often and how many times the
+    periodic reconciler probes a pending dependency, and how long an unmatched signal
+    stays queryable beyond the maximum wait (the repair window, §10.6).
+
+    Probe ``n`` (1-based) is due ``min(probe_max_seconds, probe_initial_seconds *
+    2 ** (n - 1))`` seconds after the previous one, jittered; after
+    ``max_reconciliation_attempts`` probes a dependency is only woken by notifications
+    or its deadline — a missing producer never causes infinite polling.
+    """
+
+    max_reconciliation_attempts: int = 12
+    probe_initial_seconds: int = 5
+    probe_max_seconds: int = 600
+    signal_retention_seconds: int = 86_400
+
+    def __post_init__(self) -> None:
+        if self.max_reconciliation_attempts < 0:
+            raise FieldError("waits.max_reconciliation_attempts must be >= 0")
+        if not 0 < self.probe_initial_seconds <= self.probe_max_seconds:
+            raise FieldError("waits: need 0 < probe_initial_seconds <= probe_max_seconds")
+        if self.signal_retention_seconds < 0:
+            raise FieldError("waits.signal_retention_seconds must be >= 0")
+
+    def probe_delay_seconds(self, attempt: int) -> int:
+        """Seconds before probe ``attempt`` (1-based), before jitter."""
+        exponent = min(max(attempt - 1, 0), 30)
+        return min(self.probe_max_seconds, self.probe_initial_seconds * (1 << exponent))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Canonical form."""
+        return {
+            "max_reconciliation_attempts": self.max_reconciliation_attempts,
+            "probe_initial_seconds": self.probe_initial_seconds,
+            "probe_max_seconds": self.probe_max_seconds,
+            "signal_retention_seconds": self.signal_retention_seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> WaitPolicy:
+        """Decode from JSON (absent keys take the defaults)."""
+        default = cls()
+        unknown = sorted(set(d) - set(default.to_dict()))
+        if unknown:
+            raise FieldError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        values = {k: opt_int(d, k, where) for k in default.to_dict()}
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+
+#: The wait bounds of a policy document without a ``waits`` section.
+DEFAULT_WAIT_POLICY = WaitPolicy()
+
+
+@dataclass(frozen=True)
 class RuntimePolicy:
-    """A versioned runtime-policy generation: the bounds the compiler checks."""
+    """A versioned runtime-policy generation: the bounds the compiler checks.
+
+    ``max_wait_seconds`` is the maximum wait age; ``waits`` the reconciliation bounds
+    (``None``: :data:`DEFAULT_WAIT_POLICY`, and the section is left out of the canonical
+    form, so documents written before it existed keep their digest).
+    """
 
     version: int
     embedded_before_save: ProfileBounds
@@ -409,6 +470,12 @@ class RuntimePolicy:
     durable_orchestration: ProfileBounds
     max_wait_seconds: int
     legacy_atomic_mapping: LegacyAtomicMapping = LegacyAtomicMapping.REJECT
+    waits: WaitPolicy | None = None
+
+    @property
+    def wait_policy(self) -> WaitPolicy:
+        """The effective wait bounds."""
+        return self.waits or DEFAULT_WAIT_POLICY
 
     def bounds_for(self, profile: ExecutionProfile) -> ProfileBounds:
         """The bounds of ``profile``."""
@@ -427,6 +494,7 @@ class RuntimePolicy:
             "durable_orchestration": self.durable_orchestration.to_dict(),
             "max_wait_seconds": self.max_wait_seconds,
             "legacy_atomic_mapping": self.legacy_atomic_mapping.value,
+            **({} if self.waits is None else {"waits": self.waits.to_dict()}),
         }
 
     def policy_digest(self) -> str:
@@ -454,6 +522,11 @@ class RuntimePolicy:
             ),
             max_wait_seconds=req_int(d, "max_wait_seconds", where),
             legacy_atomic_mapping=legacy,
+            waits=(
+                None
+                if d.get("waits") is None
+                else WaitPolicy.from_dict(req_map(d, "waits", where), f"{where}.waits")
+            ),
         )
 
 

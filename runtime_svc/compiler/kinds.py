@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+#: Producer kind of a time wait (``Deadline``/``RunAfter`` of the dependency; §14.4).
+TIMER_PRODUCER = "runtime.timer"
+#: Producer kind of a record-condition wait: the record engine signals record changes.
+RECORD_CHANGE_PRODUCER = "record.change"
+#: Producer-kind family of an effect completion (the owner's completion receipts).
+EFFECT_COMPLETION_PRODUCER = "effect.completion"
+
 __all__ = [
+    "EFFECT_COMPLETION_PRODUCER",
+    "RECORD_CHANGE_PRODUCER",
+    "TIMER_PRODUCER",
     "EdgeKind",
     "ExecutionProfile",
     "ExpiryPolicy",

@@ -42,6 +42,7 @@ __all__ = [
     "LoopBoundDecl",
     "ProcessType",
     "ReadMode",
+    "RecordWait",
     "Subflow",
     "TimeWait",
     "Trigger",
@@ -498,11 +499,34 @@ class EventWait:
         }
 
 
+@dataclass(frozen=True)
+class RecordWait:
+    """Resume when record ``record_id`` of ``object`` matches ``condition``.
+
+    ``condition`` reads the record as ``$Event`` (``$Event.Status == 'Closed'``); it is
+    evaluated against the record itself, both when the wait starts and on every change
+    the record engine signals, so a record that already matches resumes at once.
+    """
+
+    object: str
+    record_id: Expr
+    condition: Expr
+
+    def to_dict(self) -> dict[str, Any]:
+        """Canonical form."""
+        return {
+            "kind": "record",
+            "object": self.object,
+            "record_id": unparse(self.record_id),
+            "condition": unparse(self.condition),
+        }
+
+
 @dataclass(frozen=True, kw_only=True)
 class Wait(Element):
     """A durable wait with a terminal deadline and an expiry policy."""
 
-    wait: TimeWait | EventWait
+    wait: TimeWait | EventWait | RecordWait
     deadline: str
     deadline_seconds: int
     expiry_policy: ExpiryPolicy

@@ -27,6 +27,7 @@ from .language import (
     Loop,
     LoopBoundDecl,
     ReadMode,
+    RecordWait,
     Subflow,
     TimeWait,
     UpdateRecord,
@@ -133,7 +134,7 @@ def _wait(r: _R, base: dict[str, Any]) -> Element | None:
     if spec is None:
         return None
     kind = spec.get("kind")
-    w: TimeWait | EventWait | None = None
+    w: TimeWait | EventWait | RecordWait | None = None
     if kind == "time":
         sr = _R(r.sink, spec, f"{r.path}.wait", frozenset({"kind", "duration", "until"}))
         duration, until = sr.text("duration", required=False), sr.expr("until", required=False)
@@ -163,8 +164,16 @@ def _wait(r: _R, base: dict[str, Any]) -> Element | None:
         key, cond = sr.expr("key"), sr.expr("condition", required=False)
         if producer is not None and key is not None:
             w = EventWait(producer, key, cond)
+    elif kind == "record":
+        sr = _R(
+            r.sink, spec, f"{r.path}.wait", frozenset({"kind", "object", "record_id", "condition"})
+        )
+        obj = sr.text("object", ident=True)
+        rid, cond = sr.expr("record_id"), sr.expr("condition")
+        if obj is not None and rid is not None and cond is not None:
+            w = RecordWait(obj, rid, cond)
     else:
-        r.err("wait.kind", "source.invalid_value", "wait.kind must be 'time' or 'event'")
+        r.err("wait.kind", "source.invalid_value", "wait.kind must be 'time', 'event' or 'record'")
     if w is None or deadline is None or not seconds or policy is None:
         return None
     return Wait(**base, wait=w, deadline=deadline, deadline_seconds=seconds, expiry_policy=policy)

@@ -194,10 +194,13 @@ class DependencyDecl:
     deadline_seconds: int | None
     expiry_policy: ExpiryPolicy
     fault_successor: str | None
+    #: The watched object of a record-condition wait (``None`` for every other
+    #: producer; left out of the canonical form then, so older plans keep their digest).
+    object: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical form."""
-        return {
+        out: dict[str, Any] = {
             "producer_kind": self.producer_kind,
             "key": self.key,
             "condition": self.condition,
@@ -207,6 +210,9 @@ class DependencyDecl:
             "expiry_policy": self.expiry_policy.value,
             "fault_successor": self.fault_successor,
         }
+        if self.object is not None:
+            out["object"] = self.object
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DependencyDecl:
@@ -220,6 +226,7 @@ class DependencyDecl:
             d["deadline_seconds"],
             ExpiryPolicy(d["expiry_policy"]),
             d["fault_successor"],
+            d.get("object"),
         )
 
 

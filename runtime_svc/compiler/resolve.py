@@ -34,6 +34,7 @@ from .language import (
     GetRecords,
     Loop,
     ProcessType,
+    RecordWait,
     Subflow,
     TimeWait,
     TriggerEvent,
@@ -116,7 +117,9 @@ def _fields_on(ctx: _Ctx, obj_name: str, segs: tuple[str, ...], path: str, what:
             obj = ctx.view.object(obj_name)
 
 
-def _check_ref(ctx: _Ctx, ref: Ref, path: str, *, allow_event: bool = False) -> None:
+def _check_ref(
+    ctx: _Ctx, ref: Ref, path: str, *, allow_event: bool = False, event_object: str | None = None
+) -> None:
     what = f"{ref.dotted()!r} (offset {ref.pos})"
     trig = ctx.flow.trigger
     if ref.root in ("$Record", "$Record__Prior"):
@@ -145,6 +148,9 @@ def _check_ref(ctx: _Ctx, ref: Ref, path: str, *, allow_event: bool = False) -> 
                 "expression.event_outside_wait",
                 f"{what}: $Event exists only in an event wait condition",
             )
+        elif event_object is not None and ref.path:
+            # A record wait's $Event is the watched record: its fields are checked.
+            _fields_on(ctx, event_object, ref.path, path, what)
         return
     var = ctx.flow.variable(ref.root)
     if var is None:
@@ -159,11 +165,18 @@ def _check_ref(ctx: _Ctx, ref: Ref, path: str, *, allow_event: bool = False) -> 
         _fields_on(ctx, var.object, ref.path, path, what)
 
 
-def _check_expr(ctx: _Ctx, e: Expr | None, path: str, *, allow_event: bool = False) -> None:
+def _check_expr(
+    ctx: _Ctx,
+    e: Expr | None,
+    path: str,
+    *,
+    allow_event: bool = False,
+    event_object: str | None = None,
+) -> None:
     if e is None:
         return
     for ref in references(e):
-        _check_ref(ctx, ref, path, allow_event=allow_event)
+        _check_ref(ctx, ref, path, allow_event=allow_event, event_object=event_object)
 
 
 def _var(
@@ -321,6 +334,22 @@ def _wait(ctx: _Ctx, inputs: CompilerInputs, el: Wait, path: str) -> None:
                 "wait.unregistered_producer",
                 f"no registered producer {w.producer_kind!r}: "
                 "the wait could never be resolved or reconciled",
+            )
+    elif isinstance(w, RecordWait):
+        if ctx.view.object(w.object) is None:
+            ctx.sink.error(
+                f"{path}.wait.object",
+                "metadata.unknown_object",
+                f"no object {w.object!r} in the metadata view",
+            )
+        else:
+            _check_expr(ctx, w.record_id, f"{path}.wait.record_id")
+            _check_expr(
+                ctx,
+                w.condition,
+                f"{path}.wait.condition",
+                allow_event=True,
+                event_object=w.object,
             )
     if el.deadline_seconds > inputs.policy.max_wait_seconds:
         ctx.sink.error(

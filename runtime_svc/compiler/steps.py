@@ -24,8 +24,18 @@ from .catalog_inputs import ExecutionClass, ReadContract
 from .dataflow import Access
 from .expressions import unparse
 from .graph import END, FAILED, FlowGraph, Node, NodeKind
-from .kinds import EdgeKind, ExecutionProfile, ExpiryPolicy, QueueClass, StepKind, TerminalOutcome
-from .language import End, EventWait, Fault, FlowDef, Loop, TimeWait, Wait
+from .kinds import (
+    EFFECT_COMPLETION_PRODUCER,
+    RECORD_CHANGE_PRODUCER,
+    TIMER_PRODUCER,
+    EdgeKind,
+    ExecutionProfile,
+    ExpiryPolicy,
+    QueueClass,
+    StepKind,
+    TerminalOutcome,
+)
+from .language import End, EventWait, Fault, FlowDef, Loop, RecordWait, TimeWait, Wait
 from .plan import (
     ActionPin,
     BoundSummary,
@@ -207,10 +217,13 @@ _QUEUE = {
 }
 
 
-def _condition_digest(producer: str, key: str, condition: str | None) -> str:
-    return versioned_digest(
-        "dependency-condition", {"producer_kind": producer, "key": key, "condition": condition}
-    )
+def _condition_digest(
+    producer: str, key: str, condition: str | None, obj: str | None = None
+) -> str:
+    rule: dict[str, str | None] = {"producer_kind": producer, "key": key, "condition": condition}
+    if obj is not None:
+        rule["object"] = obj
+    return versioned_digest("dependency-condition", rule)
 
 
 def _wait_dependency(node: Node, fault_step: str | None) -> DependencyDecl:
@@ -218,14 +231,22 @@ def _wait_dependency(node: Node, fault_step: str | None) -> DependencyDecl:
     if not isinstance(el, Wait):
         raise InvariantError("a wait dependency of a non-Wait element")
     w = el.wait
+    obj: str | None = None
     if isinstance(w, TimeWait):
-        producer, cond = "runtime.timer", None
+        producer, cond = TIMER_PRODUCER, None
         if w.duration is not None:
             key = f"duration:{w.duration}"
         else:
             if w.until is None:
                 raise InvariantError("a time wait with neither duration nor until")
             key = f"until:{unparse(w.until)}"
+    elif isinstance(w, RecordWait):
+        producer, key, cond, obj = (
+            RECORD_CHANGE_PRODUCER,
+            unparse(w.record_id),
+            unparse(w.condition),
+            w.object,
+        )
     else:
         if not isinstance(w, EventWait):
             raise InvariantError("a wait that is neither a time nor an event wait")
@@ -235,11 +256,12 @@ def _wait_dependency(node: Node, fault_step: str | None) -> DependencyDecl:
         producer_kind=producer,
         key=key,
         condition=cond,
-        condition_digest=_condition_digest(producer, key, cond),
+        condition_digest=_condition_digest(producer, key, cond, obj),
         deadline=el.deadline,
         deadline_seconds=el.deadline_seconds,
         expiry_policy=el.expiry_policy,
         fault_successor=fault_step if el.expiry_policy is ExpiryPolicy.FAULT_PATH else None,
+        object=obj,
     )
 
 
@@ -365,7 +387,7 @@ def _effect_pair(
     handled = next(
         (t for t in transitions if t.kind is EdgeKind.FAULT and t.label == "fault"), None
     )
-    producer = f"effect.completion:{owner.kind.value}/{owner.owner_id or '-'}"
+    producer = f"{EFFECT_COMPLETION_PRODUCER}:{owner.kind.value}/{owner.owner_id or '-'}"
     dep_key = f"handoff:{submit}"
     dep = DependencyDecl(
         producer_kind=producer,

@@ -8,6 +8,9 @@ Activation order, and why:
    diagnostics and fails with :class:`ActivationBlockedError` — no plan is written
    (§7.4, §9.2: no silent fallback); a compile that yields another digest means the
    plan is stale (policy or compiler changed) and the caller must compile again;
+   then check every dependency the plan declares against the runtime's producer
+   registry: an unregistered producer, or one with neither notification nor bounded
+   reconciliation, is a BLOCKED attempt naming the step (§10.5);
 2. register retention references (catalog generation and metadata view) through the
    catalog API, held by this activation — before the activation can serve admission;
 3. one transaction: lock the Flow's ACTIVE row, fence it to SUPERSEDED with the
@@ -40,6 +43,7 @@ from runtime_svc.definitions.inventory import DiagnosticValue, diagnostics_of
 from runtime_svc.definitions.policy import PolicyGeneration
 from runtime_svc.definitions.policy_store import PolicyStore
 from runtime_svc.schema import MAX_SUMMARY_BYTES
+from runtime_svc.waits.registry import ProducerRegistry
 from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now
 from services.digest import versioned_digest
@@ -93,6 +97,8 @@ class Activations(Db):
         policies: PolicyStore,
         flows: Callable[[str, str], Awaitable[repo.FlowVersionRow]],
         plans: Callable[[TrustedRuntimeWorkScope, str], Awaitable[PlanLookup]],
+        *,
+        producers: ProducerRegistry | None = None,
     ) -> None:
         super().__init__(engine)
         self._catalog = catalog
@@ -100,6 +106,7 @@ class Activations(Db):
         self._policies = policies
         self._flows = flows
         self._plans = plans
+        self._producers = producers or ProducerRegistry()
 
     async def activate(
         self,
@@ -162,6 +169,17 @@ class Activations(Db):
                 reason="plan_stale",
             )
         diagnostics = diagnostics_of(outcome)
+        # §10.5: every dependency names a registered producer with a notification or a
+        # bounded reconciliation; otherwise the wait could never resolve.
+        producer_issues = [
+            DiagnosticValue("error", f"steps[{i.step_key}]", i.code, i.message)
+            for i in self._producers.check_plan(outcome)
+        ]
+        if producer_issues:
+            attempt = await self._record_blocked(
+                scope, request_id, flow, row, policy, producer_issues
+            )
+            raise ActivationBlockedError(attempt, tuple(producer_issues))
 
         async def current_active(conn: AsyncConnection) -> repo.ActivationRow | None:
             return await repo.active_activation_txn(

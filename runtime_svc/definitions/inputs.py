@@ -40,12 +40,12 @@ __all__ = [
     "pin_subscription_versions",
 ]
 
-#: Wait-producer kinds the runtime itself can satisfy (§14.1): record changes it
-#: commits and effect-owner completions it receives. Deployments register more through
-#: ``build_definition_service(wait_producers=…)``.
+#: The external signal kinds event waits may name when the runtime is configured with
+#: its defaults (``runtime_svc.waits.registry.ProducerRegistry.compiler_producers``; the
+#: built-in timer, record-change and effect-completion producers are not event waits).
+#: Deployments configure more with ``FLOW_RUNTIME_SIGNAL_KINDS``.
 DEFAULT_WAIT_PRODUCERS: tuple[Mapping[str, str], ...] = (
-    {"kind": "effect_owner.completion", "reconciliation": "event"},
-    {"kind": "record_change", "reconciliation": "event"},
+    {"kind": "external.signal", "reconciliation": "event"},
 )
 
 

@@ -27,7 +27,7 @@ from runtime_svc.definitions._util import Db, clamp_page_size, decode_token, enc
 from runtime_svc.definitions.activation import ActivationOutcome, Activations, PlanLookup
 from runtime_svc.definitions.compiling import PlanCompiler
 from runtime_svc.definitions.errors import FlowVersionConflictError
-from runtime_svc.definitions.inputs import DEFAULT_WAIT_PRODUCERS, CatalogSnapshot
+from runtime_svc.definitions.inputs import CatalogSnapshot
 from runtime_svc.definitions.inventory import (
     DiagnosticValue,
     InventoryRow,
@@ -38,6 +38,7 @@ from runtime_svc.definitions.policy import PolicyGeneration
 from runtime_svc.definitions.policy_store import PolicyStore
 from runtime_svc.definitions.source import FlowSourceInfo, parse_source_json
 from runtime_svc.schema import LABEL_LEN, MAX_FLOW_SOURCE_BYTES, runtime_requests
+from runtime_svc.waits.registry import ProducerRegistry
 from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now
 from services.digest import is_digest
@@ -96,17 +97,29 @@ class DefinitionService(Db):
         catalog: CatalogPort,
         *,
         compiler_version: str = COMPILER_VERSION,
-        wait_producers: Sequence[Mapping[str, str]] = DEFAULT_WAIT_PRODUCERS,
+        wait_producers: Sequence[Mapping[str, str]] | None = None,
+        producers: ProducerRegistry | None = None,
     ) -> None:
         super().__init__(engine)
         self._catalog = catalog
         self._ledger = RequestLedger(runtime_requests)
         self.policies = PolicyStore(engine)
+        registry = producers or ProducerRegistry()
         self.compiler = PlanCompiler(
-            engine, compiler_version=compiler_version, wait_producers=wait_producers
+            engine,
+            compiler_version=compiler_version,
+            wait_producers=(
+                registry.compiler_producers() if wait_producers is None else wait_producers
+            ),
         )
         self.activations = Activations(
-            engine, catalog, self.compiler, self.policies, self._flow_version, self._lookup_plan
+            engine,
+            catalog,
+            self.compiler,
+            self.policies,
+            self._flow_version,
+            self._lookup_plan,
+            producers=registry,
         )
 
     # --- request deduplication -------------------------------------------------------------

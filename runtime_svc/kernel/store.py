@@ -108,6 +108,7 @@ from runtime_svc.kernel.store_rows import (
     new_id,
     prepare_checkpoint,
 )
+from runtime_svc.kernel.store_waits import cancel_step_dependencies_txn
 from runtime_svc.kernel.transitions import (
     decide_cancel,
     decide_cancel_cleanup,
@@ -546,6 +547,10 @@ class FlowRunStateStore:
                 if expected is None:
                     raise
                 raise StateVersionMismatchError(expected, exc.found_version) from exc
+            if isinstance(decision, CancelRecorded) and step is not None:
+                # §11.1/§14.3: a waiting step's dependency is cancelled in the same
+                # root-first transaction (root → step → attempt → dependency).
+                await cancel_step_dependencies_txn(conn, org_id, step, now)
         return decision
 
     async def pending_cancellations(self, org_id: str, *, limit: int = 100) -> list[str]:

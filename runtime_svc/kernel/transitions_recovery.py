@@ -361,14 +361,16 @@ def decide_resolve_wait(
 
 
 def decide_wait_expired(
-    root: RunRecord, step: StepRecord, now: datetime, *, quarantine: bool
+    root: RunRecord, step: StepRecord, now: datetime, *, quarantine: bool, cause: str | None = None
 ) -> WaitExpired | NoChange:
     """Dependency expiry under a terminal (``Failed``/``TerminalFailed``) or quarantine
-    policy. (The fault-path policy is a :func:`decide_resolve_wait` to the fault step.)"""
+    policy; ``cause`` overrides the default terminal cause (a deleted or missing
+    producer). The fault-path policy activates the fault step instead
+    (:mod:`runtime_svc.kernel.transitions_waits`)."""
     reason = _waiting(root, step)
     if reason is not None:
         return NoChange(reason)
-    run_to, step_to, cause, failure = (
+    run_to, step_to, default_cause, failure = (
         (
             RunState.QUARANTINED,
             StepState.QUARANTINED,
@@ -383,6 +385,7 @@ def decide_wait_expired(
             FailureClass.TERMINAL,
         )
     )
+    cause = cause or default_cause
     return WaitExpired(
         Transition(
             run=patch_root(

@@ -47,8 +47,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -104,6 +106,7 @@ from services.request_dedupe import Deduplicated, DuplicateRequestRace, RequestK
 
 __all__ = [
     "DEFAULT_MAX_REPLANS",
+    "ChangeSink",
     "EngineStats",
     "HeldLocks",
     "LockHook",
@@ -115,6 +118,32 @@ __all__ = [
     "get_record_txn",
     "plan_mutation",
 ]
+
+
+class ChangeSink(Protocol):
+    """Derived rows written for a record change inside its own transaction, after the
+    record, history, event and audit rows — the ``record.change`` wake-signal producer
+    (:class:`runtime_svc.waits.RecordChangeProducer`, §14.1: producer evidence shares the
+    database, so the signal commits with the change)."""
+
+    async def on_change_txn(
+        self, conn: AsyncConnection, org_id: str, record: RecordState, now: datetime
+    ) -> int:
+        """Write the derived rows of ``record``'s new state; returns how many."""
+        ...
+
+    def collect(self) -> AbstractContextManager[list[Any]]:
+        """Collect what the enclosed transaction wrote (for :meth:`flush`)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget what a rolled-back transaction attempt collected."""
+        ...
+
+    async def flush(self, written: list[Any]) -> None:
+        """After commit: follow-up of the collected rows (never fails the write)."""
+        ...
+
 
 #: The before-save hook of :meth:`RecordEngine.mutate`: ``(conn, mutation, stored row or
 #: None) -> mutation to write``.
@@ -218,8 +247,12 @@ async def apply_mutation_txn(
     actor: Actor,
     lineage: Lineage | None = None,
     request: RequestRef | None = None,
+    changes: ChangeSink | None = None,
 ) -> MutationResult:
     """Apply one validated mutation under locks the caller already holds.
+
+    ``changes`` (the record-change wake-signal producer) writes its derived rows last,
+    in this transaction.
 
     Assumes the caller took ``locks`` with :func:`acquire_locks_txn` on ``conn`` (and then
     any Flow lifecycle locks); writes only rows of ``locks.plan`` and appends the derived
@@ -349,6 +382,8 @@ async def apply_mutation_txn(
             attempt_id=lineage.attempt_id,
         ),
     )
+    if changes is not None:
+        await changes.on_change_txn(conn, org_id, after, locks.now)
     return MutationResult(after, sequence, event_id, audit_id, tuple(changed), prior=before)
 
 
@@ -396,6 +431,7 @@ class RecordEngine:
         lock_hook: awaited after each lock a write takes (test seam for interleavings;
             ``None`` in production).
         ledger: the request-dedupe ledger of :meth:`mutate_once` (``runtime_requests``).
+        changes: the record-change wake-signal producer (``None``: no signals).
     """
 
     def __init__(
@@ -407,10 +443,12 @@ class RecordEngine:
         max_replans: int = DEFAULT_MAX_REPLANS,
         lock_hook: LockHook | None = None,
         ledger: RequestLedger | None = None,
+        changes: ChangeSink | None = None,
     ) -> None:
         self._engine = engine
         self._ledger = ledger or RequestLedger(runtime_requests)
         self._lock_hook = lock_hook
+        self._changes = changes
         self._max_attempts = max_attempts
         self._backoff = backoff
         self._max_replans = max_replans
@@ -430,31 +468,46 @@ class RecordEngine:
             self._engine, read, max_attempts=self._max_attempts, readonly=True
         )
 
-    async def transact(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    async def transact(self, fn: Callable[[AsyncConnection], Awaitable[T]], *, key: str = "") -> T:
         """Run ``fn`` in one transaction of this engine's policy: a deadlock victim or
         lock-wait timeout runs again whole (counted in :attr:`stats`), late resource
         discovery and a lost request-ledger race restart with a fresh plan, a bounded
-        number of times.
+        number of times. The record-change signals the committed attempt wrote are
+        matched after the commit (§14.2 step 2); a rolled-back attempt's are forgotten.
 
         Raises:
-            ConflictError: still conflicting (or re-planning) after every attempt.
+            ConflictError: still conflicting (or re-planning) after every attempt
+                (``key`` names the record in the error).
         """
-        for _ in range(self._max_replans):
-            try:
-                return await run_in_transaction(
-                    self._engine,
-                    self._observed(fn),
-                    max_attempts=self._max_attempts,
-                    backoff=self._backoff,
-                )
-            except LateResourceDiscoveryError:
-                # Rolled back (the exception left the transaction); plan again from the
-                # same input: the next plain read sees the committed re-parenting.
-                self.stats.replans += 1
-            except DuplicateRequestRace:
-                continue  # a concurrent duplicate recorded first: the next attempt replays it
+        changes = self._changes
+
+        async def attempt(conn: AsyncConnection) -> T:
+            if changes is not None:
+                changes.reset()  # a retried attempt writes its signals again
+            return await fn(conn)
+
+        collector = nullcontext([]) if changes is None else changes.collect()
+        with collector as written:
+            for _ in range(self._max_replans):
+                try:
+                    result = await run_in_transaction(
+                        self._engine,
+                        self._observed(attempt),
+                        max_attempts=self._max_attempts,
+                        backoff=self._backoff,
+                    )
+                except LateResourceDiscoveryError:
+                    # Rolled back (the exception left the transaction); plan again from
+                    # the same input: the next plain read sees the committed re-parenting.
+                    self.stats.replans += 1
+                    continue
+                except DuplicateRequestRace:
+                    continue  # a concurrent duplicate recorded first: the next attempt replays
+                if changes is not None and written:
+                    await changes.flush(list(written))
+                return result
         raise ConflictError(
-            "the record's parents kept changing while it was written", entity=_ENTITY
+            "the record's parents kept changing while it was written", entity=_ENTITY, key=key
         )
 
     async def mutate_txn(
@@ -504,7 +557,7 @@ class RecordEngine:
             conn, org_id, view, plan, [write], on_locked=self._lock_hook
         )
         result = await apply_mutation_txn(
-            conn, org_id, view, write, locks, actor=actor, request=request
+            conn, org_id, view, write, locks, actor=actor, request=request, changes=self._changes
         )
         if on_applied is not None:
             await on_applied(conn, result)
@@ -540,7 +593,7 @@ class RecordEngine:
                 transform=transform,
             )
 
-        return await self.transact(attempt)
+        return await self.transact(attempt, key=f"{mutation.object_name}/{mutation.record_id}")
 
     async def mutate_once(
         self,
@@ -581,7 +634,7 @@ class RecordEngine:
         async def attempt(conn: AsyncConnection) -> Deduplicated[MutationResult]:
             return await self._ledger.execute_txn(conn, key, work, encode)
 
-        return await self.transact(attempt)
+        return await self.transact(attempt, key=f"{mutation.object_name}/{mutation.record_id}")
 
     def _observed(
         self, fn: Callable[[AsyncConnection], Awaitable[T]]

@@ -51,8 +51,9 @@ from runtime_svc.runs.resolve import (
 )
 from runtime_svc.runs.tokens import PageCursor, PageTokenCodec
 from runtime_svc.schema import execution_plans, runtime_requests
+from runtime_svc.waits.support import DependencySupport, dependency_support_txn
 from services.auth import CANCEL_ROLE, DELETE_ROLE, TrustedIdentity, TrustedRuntimeWorkScope
-from services.db import run_in_transaction, transaction
+from services.db import db_now, run_in_transaction, transaction
 from services.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -113,6 +114,8 @@ class RunSupport:
     plan_row: repo.PlanRow
     plan: ExecutionPlan
     subflow_version_ids: Mapping[tuple[str, int], str] = field(default_factory=dict)
+    #: Dependency correlation (§19): producer, age, probes, the consumed signal.
+    dependencies: tuple[DependencySupport, ...] = ()
 
 
 class StartResponder(Protocol):
@@ -479,7 +482,8 @@ class RunService:
                 )
                 if fv is not None:
                     ids[(pin.api_name, pin.version)] = fv.flow_version_id
-        return RunSupport(view, support, row, plan, ids)
+            deps = await dependency_support_txn(conn, org_id, flow_run_id, await db_now(conn))
+        return RunSupport(view, support, row, plan, ids, tuple(deps))
 
     # --- delete and cancel -------------------------------------------------------------
 

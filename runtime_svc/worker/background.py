@@ -2,8 +2,9 @@
 :mod:`services.background` (STYLE 12).
 
 ``start_background(cfg, engine)`` starts ``FLOW_RUNTIME_WORKERS`` worker loops and, when
-``FLOW_RUNTIME_SWEEPS`` is true, the recovery/cancellation sweep, the run-retention sweep
-and the request-dedupe retention sweep (``runtime_requests``), all in one
+``FLOW_RUNTIME_SWEEPS`` is true, the recovery/cancellation sweep, the wait sweeps (wake
+reconciler, expiry and repair, every ``FLOW_RUNTIME_WAIT_SWEEP_MS``), the run-retention
+sweep and the request-dedupe retention sweep (``runtime_requests``), all in one
 :class:`~services.background.LoopGroup`; ``await background.stop()`` asks them to finish
 their current iteration and waits (bounded) before cancelling. Idle loops back off with
 bounded, jittered exponential delays and hold no connection while sleeping. Other loops
@@ -17,6 +18,7 @@ import os
 import socket
 import uuid
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -34,6 +36,9 @@ from services.config import ServiceConfig
 from services.errors import FailedPreconditionError
 from services.request_dedupe import RequestLedger
 from services.request_retention import RequestRetention
+
+if TYPE_CHECKING:
+    from runtime_svc.waits.runtime import WaitRuntime
 
 __all__ = ["Background", "IdleBackoff", "start_background"]
 
@@ -60,6 +65,7 @@ async def start_background(
     views: RecordViewSource | None = None,
     settings: WorkerSettings | None = None,
     binary_check: BinaryCheck | None = None,
+    waits: WaitRuntime | None = None,
 ) -> LoopGroup:
     """Start this process's workers and sweeps (see the module docstring).
 
@@ -71,6 +77,9 @@ async def start_background(
         settings: overrides the settings ``cfg`` selects (tests).
         binary_check: verifies each plan with the catalog before the workers' first
             claim of it (§8.4); ``runtime_svc.app`` passes the catalog-backed one.
+        waits: the process's wait components (default: built here); workers execute
+            ``DependencyWait`` steps and signal record changes through them, and the
+            wait sweeps (reconciler, expiry, repair, retention) run with the sweeps.
     """
     if settings is not None:
         s = settings
@@ -86,6 +95,10 @@ async def start_background(
     else:
         source = _NoViews()
     store = FlowRunStateStore(engine, policy=s.retry_policy())
+    if waits is None:
+        from runtime_svc.waits.runtime import WaitRuntime  # the waits import the executor
+
+        waits = WaitRuntime.build(engine, signal_kinds=s.signal_kinds)
     group = LoopGroup()
     host = f"{socket.gethostname()}:{os.getpid()}"
     for i in range(s.workers):
@@ -97,6 +110,8 @@ async def start_background(
             batch_size=s.batch_size,
             org_batch=s.org_batch,
             binary_check=binary_check,
+            waits=waits.steps,
+            changes=waits.producer,
         )
 
         async def work(w: StepWorker = worker) -> bool:
@@ -111,6 +126,13 @@ async def start_background(
             return False  # sweeps always wait their interval
 
         group.spawn("flow-sweeps", sweep, s.sweep_ms / 1000)
+        wait_sweeper = waits.sweeper(batch=s.wait_batch)
+
+        async def wait_sweep() -> bool:
+            await wait_sweeper.sweep_once()
+            return False  # jittered period (IdleBackoff), never a tight loop
+
+        group.spawn("flow-wait-sweeps", wait_sweep, s.wait_sweep_ms / 1000)
         group.add(
             RetentionSweep(
                 engine,

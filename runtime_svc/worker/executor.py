@@ -80,7 +80,7 @@ from runtime_svc.records import (
     prepare_delete,
     prepare_update,
 )
-from runtime_svc.records.engine import LockHook
+from runtime_svc.records.engine import ChangeSink, LockHook
 from runtime_svc.records.model import RecordState
 from runtime_svc.records.store import query_children_txn
 from runtime_svc.resources import (
@@ -110,6 +110,7 @@ __all__ = [
     "StepBudgetExceeded",
     "StepFault",
     "StepOutcome",
+    "advance_to",
     "apply_intents_txn",
     "check_resource_bounds",
     "context_of",
@@ -340,6 +341,18 @@ def _advance_to(
         queue_class=(step.queue_class.value if step.queue_class else "durable_mutation"),
         invocation_ordinal=ordinal,
     )
+
+
+def advance_to(
+    plan: ExecutionPlan, target: str | None, fault_code: str | None, env: dict[str, Any]
+) -> Advance:
+    """How the root advances to plan step ``target`` (``None``: the run succeeds); a
+    revisited step gets its next invocation ordinal (counted in ``env``).
+
+    Raises:
+        StepFault: ``plan_target_missing``.
+    """
+    return _advance_to(plan, target, fault_code, env)
 
 
 def _exit_target(step: PlanStep, node_id: str, label: str | None) -> str | None:
@@ -692,6 +705,7 @@ async def apply_intents_txn(
     declared: Sequence[ResourceDecl] | None = None,
     observed: Mapping[tuple[str, str], int] | None = None,
     admitted: list[LockPlan] | None = None,
+    changes: ChangeSink | None = None,
 ) -> list[MutationResult]:
     """Validate, lock (one canonical-order acquisition) and apply ``intents`` inside the
     caller's transaction, before the caller enters the Flow lifecycle at the root.
@@ -707,6 +721,9 @@ async def apply_intents_txn(
     the discovered key added (§13.3); the error then carries that expanded plan as
     ``expanded_plan`` for the retry's evidence. ``admitted`` (when given) receives the
     lock plan the intents were applied under.
+
+    ``changes`` (the record-change wake-signal producer) writes its signals in this
+    transaction, after each mutation's derived rows.
 
     Raises:
         StepFault: a referenced record is missing, or a mutation is invalid.
@@ -761,7 +778,9 @@ async def apply_intents_txn(
         if before_writes is not None:
             await before_writes()
         return [
-            await apply_mutation_txn(conn, org_id, view, m, locks, actor=actor, lineage=lineage)
+            await apply_mutation_txn(
+                conn, org_id, view, m, locks, actor=actor, lineage=lineage, changes=changes
+            )
             for m in mutations
         ]
     except LateResourceDiscoveryError as exc:

@@ -45,7 +45,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -66,6 +66,8 @@ from runtime_svc.kernel import (
 from runtime_svc.kernel.decisions import (
     AlreadyCommitted,
     CancelCompleted,
+    FailRun,
+    FinishRun,
     NextStep,
     NoChange,
     Quarantined,
@@ -112,6 +114,10 @@ from services.errors import (
 from services.faults import CrashPoint, crash_point, raise_connection_lost_after_commit
 from services.invariants import InvariantError
 
+if TYPE_CHECKING:  # the waits package imports the executor of this one
+    from runtime_svc.records.engine import ChangeSink
+    from runtime_svc.waits.steps import PreparedWait, WaitSteps
+
 __all__ = [
     "DEFAULT_QUEUE_CLASSES",
     "Outcome",
@@ -123,8 +129,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Queue classes this worker serves: every lane a durable run's step can be on. A step the
-#: executor cannot run yet (a wait or effect completion) is claimed and fails closed
+#: Queue classes this worker serves (§16.1): mutation steps, synchronous-profile leftovers,
+#: woken waits and effect completions. A step the executor cannot run (e.g. an effect
+#: completion before the effect owner lands) is claimed and fails closed
 #: (``unsupported_step_kind``) rather than sitting on a lane nobody claims, which would
 #: leave its run ``Runnable`` for ever (issue 10, item 4).
 DEFAULT_QUEUE_CLASSES = (
@@ -206,6 +213,9 @@ class StepWorker:
         binary_check: verifies each plan with the catalog before its first claim
             (:mod:`runtime_svc.worker.binary`); ``None`` skips it (tests, view-file
             dev stacks without a catalog).
+        waits: executes ``DependencyWait`` steps (``None``: they fail closed with
+            ``unsupported_step_kind``).
+        changes: the record-change wake-signal producer of the step's record writes.
     """
 
     def __init__(
@@ -222,8 +232,12 @@ class StepWorker:
         heartbeat: bool = True,
         heartbeat_interval_s: float | None = None,
         binary_check: BinaryCheck | None = None,
+        waits: WaitSteps | None = None,
+        changes: ChangeSink | None = None,
     ) -> None:
         self._engine = engine
+        self._waits = waits
+        self._changes = changes
         self.store = store
         self._views = views
         self.owner = owner
@@ -236,7 +250,9 @@ class StepWorker:
             if heartbeat_interval_s is not None
             else store.policy.lease_duration_ms / 3000
         )
-        self._plans: OrderedDict[tuple[str, str], tuple[TrustedRuntimeWorkScope, ExecutionPlan]]
+        self._plans: OrderedDict[
+            tuple[str, str], tuple[TrustedRuntimeWorkScope, ExecutionPlan, int]
+        ]
         self._plans = OrderedDict()
         self._orgs = _rotation(engine, org_batch)
         self._binary = binary_check
@@ -274,7 +290,7 @@ class StepWorker:
         """
         if self._binary is not None and candidate.plan_id:
             try:
-                scope, plan = await self._plan(org_id, candidate.plan_id)
+                scope, plan, _ = await self._plan(org_id, candidate.plan_id)
             except NotFoundError:
                 return Outcome.NOT_ELIGIBLE
             if await self._binary.refusals(scope, plan):
@@ -324,7 +340,7 @@ class StepWorker:
                 payload, verification = await _checkpoint_txn(
                     conn, org_id, fence.flow_run_id, fence.input_checkpoint_id
                 )
-            scope, plan = await self._plan(org_id, run.plan_id)
+            scope, plan, policy_version = await self._plan(org_id, run.plan_id)
             step = plan.step(step_row.plan_step_key)
         except (NotFoundError, KeyError):
             # Deleted meanwhile (the fence will fail too) or a plan that lost its step.
@@ -333,6 +349,15 @@ class StepWorker:
         context: dict[str, Any] = json.loads(payload) or {}
         outcome: StepOutcome | None = None
         view: RecordView | None = None
+        if step.kind is StepKind.DEPENDENCY_WAIT and self._waits is not None:
+            # §14: enter the wait (dependency inserted with the commit) or resume it.
+            try:
+                outcome, wait = await self._waits.prepare(
+                    org_id, fence, scope, plan, policy_version, step, context
+                )
+            except StepFault as fault:
+                raise _Abort(fault.code) from None
+            return _Prepared(plan, step, context, snapshots, outcome, None, wait)
         if needs_transaction(step):
             try:
                 view = await self._views.view_for(scope)
@@ -398,6 +423,15 @@ class StepWorker:
         return task.result()
 
     async def _commit(self, org_id: str, fence: LeaseFence, prepared: _Prepared) -> Outcome:
+        if self._changes is None:
+            return await self._commit_once(org_id, fence, prepared, [])
+        with self._changes.collect() as signals:
+            outcome = await self._commit_once(org_id, fence, prepared, signals)
+        return outcome
+
+    async def _commit_once(
+        self, org_id: str, fence: LeaseFence, prepared: _Prepared, signals: list[Any]
+    ) -> Outcome:
         plan, step, context = prepared.plan, prepared.step, prepared.context
         outcome, view, snapshots = prepared.outcome, prepared.view, prepared.snapshots
         key = step.key
@@ -436,6 +470,7 @@ class StepWorker:
                         declared=step.resources,
                         observed=_first_versions(read),
                         admitted=admitted,
+                        changes=self._changes,
                     )
                 elif verify is not None:
                     await verify()
@@ -458,6 +493,10 @@ class StepWorker:
                     advance=outcome.advance,
                     evidence=_lock_plan_evidence(admitted),
                 )
+                if prepared.wait is not None and self._waits is not None:
+                    # §14: the dependency commits with the wait transition and the
+                    # checkpoint that is the resume point (after root/step/attempt).
+                    await self._waits.commit_txn(conn, prepared.wait)
                 crash_point(CrashPoint.BEFORE_STEP_COMMIT, key)
             raise_connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, key)
         except StepFault as fault:  # rolled back before any lifecycle write
@@ -488,6 +527,10 @@ class StepWorker:
             log.exception("step %s failed unexpectedly; rolled back, retrying later", key)
             return await self._retry(org_id, fence, "internal_error")
         crash_point(CrashPoint.AFTER_STEP_COMMIT, key)
+        if signals and self._changes is not None:
+            await self._changes.flush(list(signals))  # §14.2 step 2, after the commit
+        if prepared.wait is not None and self._waits is not None:
+            await self._waits.after_commit(prepared.wait)  # §14.2 step 4
         return Outcome.COMMITTED
 
     # --- outcomes ------------------------------------------------------------------------
@@ -539,7 +582,7 @@ class StepWorker:
 
     async def _plan(
         self, org_id: str, plan_id: str
-    ) -> tuple[TrustedRuntimeWorkScope, ExecutionPlan]:
+    ) -> tuple[TrustedRuntimeWorkScope, ExecutionPlan, int]:
         key = (org_id, plan_id)
         cached = self._plans.get(key)
         if cached is not None:
@@ -549,7 +592,7 @@ class StepWorker:
             row = await get_plan_txn(conn, org_id, plan_id)
         if row is None:
             raise NotFoundError("execution_plan", plan_id)
-        value = (row.scope, row.plan())
+        value = (row.scope, row.plan(), row.policy_version)
         self._plans[key] = value
         while len(self._plans) > _MAX_CACHED_PLANS:
             self._plans.popitem(last=False)
@@ -566,6 +609,7 @@ class _Prepared:
     snapshots: Mapping[str, Sequence[ReadToken]]
     outcome: StepOutcome | None
     view: RecordView | None
+    wait: PreparedWait | None = None
 
 
 async def _step_row_txn(conn: AsyncConnection, org_id: str, step_execution_id: str) -> _StepRow:
@@ -681,7 +725,7 @@ def _output(outcome: StepOutcome, verification: Any = None) -> CheckpointInput:
     context = dict(outcome.context)
     advance = outcome.advance
     cursor = {"next_step": advance.plan_step_key} if isinstance(advance, NextStep) else {}
-    if not isinstance(advance, NextStep):
+    if isinstance(advance, FinishRun | FailRun):
         # The run's output is the final variables, recorded once with the terminal commit.
         variables = context.get("variables") or {}
         context[RUN_OUTPUT_KEY] = {k: v for k, v in variables.items() if not k.startswith("$")}

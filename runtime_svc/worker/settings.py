@@ -33,6 +33,9 @@ class WorkerSettings:
         view_file: test/dev only: one ``MetadataViewInput`` JSON for every scope.
         retention_days: terminal runs older than this are purged (lineage only).
         request_retention_hours: request-dedupe rows older than this are purged.
+        wait_sweep_ms: period of the wake reconciler and the wait expiry/repair sweeps.
+        wait_batch: rows one wait sweep handles per org.
+        signal_kinds: external signal producer kinds ``SubmitWakeSignal`` accepts.
     """
 
     workers: int = 1
@@ -48,6 +51,9 @@ class WorkerSettings:
     view_file: str | None = None
     retention_days: int = 30
     request_retention_hours: int = 168
+    wait_sweep_ms: int = 1_000
+    wait_batch: int = 100
+    signal_kinds: tuple[str, ...] = ("external.signal",)
 
     @classmethod
     def from_config(cls, cfg: ServiceConfig) -> WorkerSettings:
@@ -64,6 +70,9 @@ class WorkerSettings:
             view_file=cfg.runtime_view_file,
             retention_days=cfg.runtime_retention_days,
             request_retention_hours=cfg.request_retention_hours,
+            wait_sweep_ms=cfg.runtime_wait_sweep_ms,
+            wait_batch=cfg.runtime_wait_batch,
+            signal_kinds=cfg.runtime_signal_kinds,
         )
 
     def retry_policy(self) -> RetryPolicy:

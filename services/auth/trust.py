@@ -38,6 +38,7 @@ __all__ = [
     "CANCEL_ROLE",
     "DELETE_ROLE",
     "OPERATOR_ROLES",
+    "SIGNALS_SUBMIT_ROLE",
     "TRUSTED_KEYS_VERSION",
     "UNCONSTRAINED",
     "KeyConstraints",
@@ -54,8 +55,10 @@ ANY = "*"
 CANCEL_ROLE = "flow.runs.cancel"
 #: May delete a Flow run (``FlowRunService.DeleteRun``).
 DELETE_ROLE = "flow.runs.delete"
+#: May submit a durable wake signal (``WakeSignalService.SubmitWakeSignal``).
+SIGNALS_SUBMIT_ROLE = "flow.signals.submit"
 #: Every role a service checks today; what an operator key of the dev stack may sign.
-OPERATOR_ROLES: tuple[str, ...] = (CANCEL_ROLE, DELETE_ROLE)
+OPERATOR_ROLES: tuple[str, ...] = (CANCEL_ROLE, DELETE_ROLE, SIGNALS_SUBMIT_ROLE)
 TRUSTED_KEYS_VERSION = 2
 _ENTRY_KEYS = frozenset({"public_key", "orgs", "audiences", "roles"})
 _AUDIENCES = frozenset(s.value for s in ServiceName)

@@ -46,6 +46,7 @@ class Child:
     proc: subprocess.Popen[bytes]
     log_path: Path
     _log: object = field(repr=False, default=None)
+    port: int = 0
 
     def log_text(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -81,24 +82,26 @@ class Harness:
     def marker(self) -> Path:
         return self.tmp / "crash_marker.txt"
 
-    def spawn(self, crash_at: str | None = None) -> Child:
+    def spawn(self, crash_at: str | None = None, env: dict[str, str] | None = None) -> Child:
         extra = dict(CHILD_ENV)
         extra["FLOW_RUNTIME_VIEW_FILE"] = view_file(self.tmp)
         extra["FLOW_DB_AUTO_MIGRATE"] = "false"
+        extra.update(env or {})
         if crash_at:
             extra["FLOW_CRASH_AT"] = crash_at
             extra["FLOW_CRASH_MARKER_FILE"] = str(self.marker)
-        env = service_env(self.tmp, "runtime", free_port(), db_url=self.db_url, extra=extra)
+        port = free_port()
+        child_env = service_env(self.tmp, "runtime", port, db_url=self.db_url, extra=extra)
         log_path = self.tmp / f"child{len(self.children)}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - closed in Child.stop()
         proc = subprocess.Popen(
             [sys.executable, "-m", RUNTIME_MODULE, "serve"],
             cwd=ROOT,
-            env=env,
+            env=child_env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        child = Child(proc, log_path, log)
+        child = Child(proc, log_path, log, port)
         self.children.append(child)
         return child
 

@@ -29,6 +29,7 @@ BANNER = "Nexus Flow Runtime is up"
 EXPECTED_PROFILES = {
     "NormalizeContactName": common_v1.ExecutionProfile.EXECUTION_PROFILE_EMBEDDED_BEFORE_SAVE,
     "WelcomeContact": common_v1.ExecutionProfile.EXECUTION_PROFILE_DURABLE_ORCHESTRATION,
+    "AwaitApproval": common_v1.ExecutionProfile.EXECUTION_PROFILE_DURABLE_ORCHESTRATION,
 }
 ACTIVE = runtime_v1.ActivationState.ACTIVATION_STATE_ACTIVE
 
@@ -273,6 +274,60 @@ def _struct(**values: Any) -> Struct:
     return out
 
 
+def _wake_command(banner: str) -> str:
+    """The ready-to-paste ``flowctl signal send`` command the banner prints."""
+    lines = banner.splitlines()
+    start = next(i for i, line in enumerate(lines) if "signal send" in line)
+    command = []
+    for line in lines[start:]:
+        command.append(line.strip().removesuffix("\\").strip())
+        if not line.rstrip().endswith("\\"):
+            break
+    return " ".join(command)
+
+
+def _assert_the_banner_command_wakes_the_waiting_run(
+    stack: Stack, banner: str, demo: dict[str, Any]
+) -> None:
+    """The demo run is parked on its durable wait; pasting the banner's command wakes it
+    and the run finishes (its confirmation Task written by the resumed step)."""
+    waiting = demo["waiting_run"]
+    assert waiting["state"] == "waiting", waiting
+    md = _md(
+        stack.data_dir,
+        app_installation_id=demo["app_installation_id"],
+        runtime_capability_id=demo["runtime_capability_id"],
+        runtime_work_binding_digest=demo["binding_digest"],
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOW_")}
+    pasted = subprocess.run(
+        ["bash", "-c", _wake_command(banner)],
+        cwd=stack.data_dir.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert pasted.returncode == 0, pasted.stderr
+    assert pasted.stdout.startswith("accepted "), pasted.stdout
+    assert "woke dependency" in pasted.stdout, pasted.stdout
+
+    def finished() -> bool:
+        with grpc.insecure_channel(f"127.0.0.1:{stack.runtime_port}") as channel:
+            run = (
+                runtime_v1.FlowRunServiceStub(channel)
+                .GetRun(
+                    runtime_v1.GetRunRequest(flow_run_id=waiting["flow_run_id"]),
+                    metadata=md,
+                    timeout=10,
+                )
+                .run
+            )
+        return run.runtime_state == common_v1.RunState.RUN_STATE_SUCCEEDED
+
+    wait_until(finished, timeout=60, interval=0.3, what="the woken demo run to finish")
+
+
 def _stop_cleanly(stack: Stack) -> None:
     children = stack.children()
     assert len(children) == 3, children
@@ -287,6 +342,8 @@ def test_devstack_seeds_the_demo_idempotently_and_stops_cleanly(tmp_path: Path) 
         for expected in (
             "NormalizeContactName: active, embedded_before_save",
             "WelcomeContact: active, durable_orchestration",
+            "AwaitApproval: active, durable_orchestration",
+            "waits durably for an approval",
             "flow inventory",
             "FlowDefinitionService/GetPlan",
             "(sealed now)",
@@ -295,6 +352,7 @@ def test_devstack_seeds_the_demo_idempotently_and_stops_cleanly(tmp_path: Path) 
         first = _assert_demo_active(stack)
         assert not first["generation_reused"]
         run_id = _assert_before_save_transforms(stack, first)
+        _assert_the_banner_command_wakes_the_waiting_run(stack, text, first)
         _assert_operator_tokens(stack, first, run_id)
         _stop_cleanly(stack)
 
@@ -307,6 +365,9 @@ def test_devstack_seeds_the_demo_idempotently_and_stops_cleanly(tmp_path: Path) 
         assert second["generation_reused"]
         for key in ("binding_digest", "catalog_generation_id", "catalog_digest", "flows"):
             assert second[key] == first[key], key
+        # Each start parks a new waiting run (the first one's signal was consumed).
+        assert second["waiting_run"]["flow_run_id"] != first["waiting_run"]["flow_run_id"]
+        _assert_the_banner_command_wakes_the_waiting_run(stack, text, second)
         _stop_cleanly(stack)
 
 

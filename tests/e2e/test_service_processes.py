@@ -117,12 +117,6 @@ def test_rpcs_require_a_credential_and_unimplemented_ones_say_so(tmp_path: Path)
                 effect_v1.GetReceiptRequest(), metadata=md, timeout=10
             ),
         ),
-        (
-            "runtime",
-            lambda ch, md: runtime_v1.WakeSignalServiceStub(ch).GetWakeSignal(
-                runtime_v1.GetWakeSignalRequest(), metadata=md, timeout=10
-            ),
-        ),
     ],
 )
 def test_unimplemented_rpc_answers_unimplemented_with_a_valid_credential(
@@ -137,6 +131,20 @@ def test_unimplemented_rpc_answers_unimplemented_with_a_valid_credential(
         with pytest.raises(grpc.RpcError) as err:
             call(channel, md)  # type: ignore[operator]
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_wake_signal_service_is_served_and_needs_a_complete_work_scope(tmp_path: Path) -> None:
+    with (
+        running_service(tmp_path, "runtime") as svc,
+        grpc.insecure_channel(f"127.0.0.1:{svc.port}") as channel,
+    ):
+        md = [("authorization", f"Bearer {_token(tmp_path, ServiceName.RUNTIME)}")]
+        with pytest.raises(grpc.RpcError) as err:
+            runtime_v1.WakeSignalServiceStub(channel).GetWakeSignal(
+                runtime_v1.GetWakeSignalRequest(wake_signal_id="sig_x"), metadata=md, timeout=10
+            )
+        # An org-only credential names no work scope: a signal is never read without one.
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_production_server_with_a_fault_hook_refuses_to_start(tmp_path: Path) -> None:

@@ -43,7 +43,11 @@ _START_TIMEOUT_S = 120.0
 
 _BUILD = {
     ServiceName.CATALOG: (catalog_svc.app.build_services, "catalog_svc", catalog_metadata),
-    ServiceName.RUNTIME: (runtime_svc.app.build_services, "runtime_svc", runtime_metadata),
+    ServiceName.RUNTIME: (
+        runtime_svc.app.RuntimeApp().build_services,
+        "runtime_svc",
+        runtime_metadata,
+    ),
     ServiceName.EFFECT_OWNER: (
         effect_owner_svc.app.build_services,
         "effect_owner_svc",

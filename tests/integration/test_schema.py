@@ -41,6 +41,7 @@ EXPECTED_TABLES = {
         "flow_checkpoints",
         "flow_dependencies",
         "flow_wake_signals",
+        "flow_record_watches",
         "flow_effect_links",
         "runtime_outbox",
         "records",
@@ -88,12 +89,13 @@ SPEC_FIELDS = {
         "org_id app_installation_id runtime_capability_id runtime_work_binding_digest "
         "dependency_id flow_run_id step_execution_id producer_kind producer_key "
         "condition_digest state wake_version wake_token deadline next_probe_at "
-        "expiry_policy resolved_at resolution_receipt"
+        "expiry_policy resolved_at resolution_receipt reconciliation_attempts wake_signal_id"
     ),
     ("runtime_svc", "flow_wake_signals"): (  # §10.6
         "org_id app_installation_id runtime_capability_id runtime_work_binding_digest "
         "wake_signal_id producer_kind producer_key wake_token wake_version evidence_digest "
-        "evidence_reference received_at expires_at resolution_state dependency_id"
+        "evidence_reference received_at expires_at resolution_state dependency_id "
+        "evidence_json next_match_at consumed_at"
     ),
     ("runtime_svc", "runtime_outbox"): (  # §10.7 + delivery state
         "org_id app_installation_id runtime_capability_id runtime_work_binding_digest "

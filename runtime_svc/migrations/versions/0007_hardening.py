@@ -11,7 +11,7 @@ identity is now scoped by the complete work scope (two installations of one org 
 a request id), which the ledger enforces.
 
 Revision ID: 0007_hardening
-Revises: 0006
+Revises: 0008_waits (main applied the waits revision first)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = "0007_hardening"
-down_revision = "0006"
+down_revision = "0008_waits"
 branch_labels = None
 depends_on = None
 

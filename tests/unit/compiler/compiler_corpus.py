@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime_svc.compiler import CompilerInputs, PlanCompileError, compile_plan, explain
+from runtime_svc.waits.registry import ProducerRegistry
 
 FLOWS = Path(__file__).resolve().parents[2] / "flows"
 INPUTS = FLOWS / "_inputs"
@@ -76,11 +77,17 @@ def case_inputs(name: str) -> CompilerInputs:
 def render_case(name: str) -> dict[str, str]:
     """Expected output files of one corpus case, rendered from a fresh compile."""
     source = read_json(FLOWS / name / "flow.json")
+    inputs = case_inputs(name)
     try:
-        plan = compile_plan(source, case_inputs(name))
+        plan = compile_plan(source, inputs)
     except PlanCompileError as exc:
         return {"diagnostics.json": render_json(exc.to_dict())}
-    return {"plan.json": render_json(plan.to_dict()), "explain.txt": explain(plan)}
+    # As ``flowctl flow compile --explain``: the runtime's producer registry annotates
+    # every dependency with its producer contract and the policy's wait bounds (here a
+    # runtime configured with the view's event producers as its external signal kinds).
+    kinds = [p.kind for p in inputs.metadata_view.wait_producers if p.reconciliation == "event"]
+    notes = ProducerRegistry(kinds).explainer(inputs.policy)
+    return {"plan.json": render_json(plan.to_dict()), "explain.txt": explain(plan, notes)}
 
 
 def autolaunched(

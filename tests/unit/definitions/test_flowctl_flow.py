@@ -58,3 +58,21 @@ def test_unusable_inputs_are_a_cli_error(
 ) -> None:
     assert main(["flow", "compile", CLOSE_WON, "--inputs", str(tmp_path)]) == 1
     assert "missing binding.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["durable_wait_record_condition", "durable_wait_event_terminal"])
+def test_compile_explain_shows_each_dependency_its_producer_and_bounds(
+    name: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The runtime accepts approval.decision signals; the explanation is the golden one.
+    monkeypatch.setenv("FLOW_RUNTIME_SIGNAL_KINDS", "approval.decision")
+    flow = str(corpus.FLOWS / name / "flow.json")
+    assert main(["flow", "compile", flow, "--inputs", INPUTS, "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert out == (corpus.FLOWS / name / "explain.txt").read_text(encoding="utf-8")
+    assert "dependency: producer=" in out and "bounds: max wait age" in out
+    # Unconfigured, the same Flow's producer would block activation, and explain says so.
+    if name == "durable_wait_event_terminal":
+        monkeypatch.delenv("FLOW_RUNTIME_SIGNAL_KINDS")
+        assert main(["flow", "compile", flow, "--inputs", INPUTS, "--explain"]) == 0
+        assert "approval.decision NOT REGISTERED (activation fails)" in capsys.readouterr().out

@@ -236,7 +236,7 @@ def test_dev_keys_migrate_the_deprecated_file_of_an_earlier_make_run(tmp_path: P
 async def test_a_production_runtime_without_its_service_key_does_not_start(
     tmp_path: Path,
 ) -> None:
-    from runtime_svc.app import build_services
+    from runtime_svc.app import RuntimeApp
 
     cfg = load_config(
         ServiceName.RUNTIME,
@@ -247,4 +247,4 @@ async def test_a_production_runtime_without_its_service_key_does_not_start(
         },
     )
     with pytest.raises(ConfigError, match="signing key"):
-        await build_services(cfg, None)  # type: ignore[arg-type]
+        await RuntimeApp().build_services(cfg, None)  # type: ignore[arg-type]

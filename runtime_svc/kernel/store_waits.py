@@ -1,0 +1,526 @@
+"""Wait transitions of the kernel (§14.2 step 6, §14.3, §11.1): the only writer of
+dependency and signal *state*, and of the root/step rows those transitions move.
+
+Every transition discovers its candidate without locks, then enters the lifecycle
+sub-order of §12 at the root: root → waiting step → (attempt) → dependency → signal
+(``SELECT … FOR UPDATE`` orders the locks; the fence is each conditional UPDATE's row
+count). It never locks a dependency or signal and then waits for the root. A lost
+compare-and-swap means a concurrent transition won: the whole transaction rolls back and
+the caller gets ``NoChange("lost_race")`` to re-read.
+
+Insertion helpers (``insert_dependency_txn``, ``insert_signal_txn``) run inside the
+caller's transaction: the worker's wait commit, the record engine's record transaction,
+the signal API's acceptance transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import ColumnElement, Table, func, select
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from runtime_svc.kernel.decisions import NoChange
+from runtime_svc.kernel.model import RunRecord, StepRecord
+from runtime_svc.kernel.store_rows import apply_transition, lock_run, lock_step
+from runtime_svc.kernel.transitions_waits import (
+    CAUSE_WAIT_EXPIRED,
+    WaitTransition,
+    cancel_dependency,
+    decide_expiry,
+    decide_repair,
+    decide_resolution,
+)
+from runtime_svc.kernel.wait_model import (
+    DependencyPatch,
+    DependencyRecord,
+    DependencyState,
+    ExpiryPolicyCode,
+    FaultSuccessor,
+    NewDependency,
+    NewSignal,
+    SignalPatch,
+    SignalRecord,
+    SignalState,
+    WorkScopeKey,
+)
+from runtime_svc.schema import flow_dependencies, flow_step_executions, flow_wake_signals
+from services.db import cas_update, insert_if_absent, run_in_transaction
+from services.errors import ConflictError, FenceLostError
+
+__all__ = [
+    "FaultStep",
+    "WaitStore",
+    "apply_wait_transition",
+    "cancel_step_dependencies_txn",
+    "dependency_from_row",
+    "insert_dependency_txn",
+    "insert_signal_txn",
+    "lock_dependency",
+    "lock_signal",
+    "new_dependency_id",
+    "read_dependency_txn",
+    "scope_predicates",
+    "signal_from_row",
+]
+
+T = TypeVar("T")
+Clock = Callable[[AsyncConnection], Awaitable[datetime]]
+_DEPS = "flow_dependencies"
+
+
+def _scope(r: RowMapping) -> WorkScopeKey:
+    return WorkScopeKey(
+        r["org_id"],
+        r["app_installation_id"],
+        r["runtime_capability_id"],
+        r["runtime_work_binding_digest"],
+    )
+
+
+def dependency_from_row(r: RowMapping) -> DependencyRecord:
+    """Decode one ``flow_dependencies`` row."""
+    return DependencyRecord(
+        scope=_scope(r),
+        dependency_id=r["dependency_id"],
+        flow_run_id=r["flow_run_id"],
+        step_execution_id=r["step_execution_id"],
+        producer_kind=r["producer_kind"],
+        producer_key=r["producer_key"],
+        condition_digest=r["condition_digest"],
+        state=DependencyState.from_code(r["state"]),
+        state_version=r["state_version"],
+        wake_version=r["wake_version"],
+        wake_token=r["wake_token"],
+        deadline=r["deadline"],
+        next_probe_at=r["next_probe_at"],
+        expiry_policy=ExpiryPolicyCode.from_code(r["expiry_policy"]),
+        resolved_at=r["resolved_at"],
+        resolution_receipt=r["resolution_receipt"],
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+        reconciliation_attempts=r["reconciliation_attempts"],
+        wake_signal_id=r["wake_signal_id"],
+    )
+
+
+def signal_from_row(r: RowMapping) -> SignalRecord:
+    """Decode one ``flow_wake_signals`` row."""
+    return SignalRecord(
+        scope=_scope(r),
+        wake_signal_id=r["wake_signal_id"],
+        producer_kind=r["producer_kind"],
+        producer_key=r["producer_key"],
+        wake_token=r["wake_token"],
+        wake_version=r["wake_version"],
+        evidence_digest=r["evidence_digest"],
+        evidence_reference=r["evidence_reference"],
+        evidence_json=r["evidence_json"],
+        received_at=r["received_at"],
+        expires_at=r["expires_at"],
+        state=SignalState.from_code(r["resolution_state"]),
+        dependency_id=r["dependency_id"],
+        state_version=r["state_version"],
+        next_match_at=r["next_match_at"],
+        consumed_at=r["consumed_at"],
+    )
+
+
+def scope_predicates(table: Table, scope: WorkScopeKey) -> list[ColumnElement[bool]]:
+    """The four work-scope equalities of ``table`` (every match uses all four, §10.0)."""
+    c = table.c
+    return [
+        c.org_id == scope.org_id,
+        c.app_installation_id == scope.app_installation_id,
+        c.runtime_capability_id == scope.runtime_capability_id,
+        c.runtime_work_binding_digest == scope.runtime_work_binding_digest,
+    ]
+
+
+# --- reads and locks ------------------------------------------------------------------------
+
+
+async def read_dependency_txn(
+    conn: AsyncConnection, org_id: str, dependency_id: str
+) -> DependencyRecord | None:
+    """The dependency ``(org_id, dependency_id)``, without a lock (discovery)."""
+    d = flow_dependencies.c
+    stmt = select(flow_dependencies).where(d.org_id == org_id, d.dependency_id == dependency_id)
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else dependency_from_row(row)
+
+
+async def lock_dependency(
+    conn: AsyncConnection, org_id: str, dependency_id: str
+) -> DependencyRecord | None:
+    """Lock and read one dependency (after its root and step)."""
+    d = flow_dependencies.c
+    stmt = (
+        select(flow_dependencies)
+        .where(d.org_id == org_id, d.dependency_id == dependency_id)
+        .with_for_update()
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else dependency_from_row(row)
+
+
+async def lock_signal(
+    conn: AsyncConnection, scope: WorkScopeKey, wake_signal_id: str
+) -> SignalRecord | None:
+    """Lock and read one signal of ``scope`` (last in the lifecycle sub-order)."""
+    w = flow_wake_signals.c
+    stmt = (
+        select(flow_wake_signals)
+        .where(*scope_predicates(flow_wake_signals, scope), w.wake_signal_id == wake_signal_id)
+        .with_for_update()
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else signal_from_row(row)
+
+
+# --- inserts (in the caller's transaction) ---------------------------------------------------
+
+
+def new_dependency_id() -> str:
+    return f"dep_{uuid.uuid4().hex}"
+
+
+async def insert_dependency_txn(
+    conn: AsyncConnection, scope: WorkScopeKey, dep: NewDependency, now: datetime
+) -> None:
+    """Insert a ``Pending`` dependency in the wait transaction (§14.2 step 3).
+
+    Raises:
+        ConflictError: the step already has an active dependency in this scope (at most
+            one per (work scope, waiting step), §10.5).
+    """
+    values = {
+        "org_id": scope.org_id,
+        "app_installation_id": scope.app_installation_id,
+        "runtime_capability_id": scope.runtime_capability_id,
+        "runtime_work_binding_digest": scope.runtime_work_binding_digest,
+        "dependency_id": dep.dependency_id,
+        "flow_run_id": dep.flow_run_id,
+        "step_execution_id": dep.step_execution_id,
+        "producer_kind": dep.producer_kind,
+        "producer_key": dep.producer_key,
+        "condition_digest": dep.condition_digest,
+        "state": DependencyState.PENDING.code,
+        "active_slot": 1,
+        "state_version": 0,
+        "wake_version": dep.wake_version,
+        "wake_token": None,
+        "deadline": dep.deadline,
+        "next_probe_at": dep.next_probe_at,
+        "expiry_policy": dep.expiry_policy.code,
+        "resolved_at": None,
+        "resolution_receipt": None,
+        "created_at": now,
+        "updated_at": now,
+        "reconciliation_attempts": 0,
+        "wake_signal_id": None,
+    }
+    if not await insert_if_absent(conn, flow_dependencies, values):
+        raise ConflictError(
+            "the step already has an active dependency", entity=_DEPS, key=dep.step_execution_id
+        )
+
+
+async def insert_signal_txn(
+    conn: AsyncConnection,
+    scope: WorkScopeKey,
+    signal: NewSignal,
+    now: datetime,
+    *,
+    expires_at: datetime,
+    match_at: datetime | None,
+) -> bool:
+    """Insert an ``Unmatched`` signal; ``False`` when its (scope, kind, key, token)
+    exists already (the caller reads the existing one back and compares).
+
+    ``match_at`` marks the producer-side match as owed (§14.2 step 2): the producer clears
+    it after its fresh match; a crash in between leaves it for the repair sweep.
+    """
+    values = {
+        "org_id": scope.org_id,
+        "app_installation_id": scope.app_installation_id,
+        "runtime_capability_id": scope.runtime_capability_id,
+        "runtime_work_binding_digest": scope.runtime_work_binding_digest,
+        "wake_signal_id": signal.wake_signal_id,
+        "producer_kind": signal.producer_kind,
+        "producer_key": signal.producer_key,
+        "wake_token": signal.wake_token,
+        "wake_version": signal.wake_version,
+        "evidence_digest": signal.evidence_digest,
+        "evidence_reference": signal.evidence_reference,
+        "evidence_json": signal.evidence_json,
+        "received_at": now,
+        "expires_at": expires_at,
+        "resolution_state": SignalState.UNMATCHED.code,
+        "dependency_id": None,
+        "state_version": 0,
+        "next_match_at": match_at,
+        "consumed_at": None,
+    }
+    return await insert_if_absent(conn, flow_wake_signals, values)
+
+
+# --- applying a wait transition ---------------------------------------------------------------
+
+
+async def _apply_dependency(conn: AsyncConnection, org_id: str, patch: DependencyPatch) -> None:
+    d = flow_dependencies.c
+    values = dict(patch.values)
+    values["state"] = patch.to_state.code
+    await cas_update(
+        conn,
+        flow_dependencies,
+        org_id=org_id,
+        key={"dependency_id": patch.dependency_id},
+        expected_version=patch.expected_version,
+        values=values,
+        extra_predicates=[d.state == patch.from_state.code],
+    )
+
+
+async def _apply_signal(conn: AsyncConnection, patch: SignalPatch) -> None:
+    w = flow_wake_signals.c
+    values = dict(patch.values)
+    values["resolution_state"] = patch.to_state.code
+    s = patch.scope
+    await cas_update(
+        conn,
+        flow_wake_signals,
+        org_id=s.org_id,
+        key={
+            "app_installation_id": s.app_installation_id,
+            "runtime_capability_id": s.runtime_capability_id,
+            "runtime_work_binding_digest": s.runtime_work_binding_digest,
+            "wake_signal_id": patch.wake_signal_id,
+        },
+        expected_version=patch.expected_version,
+        values=values,
+        extra_predicates=[w.resolution_state == patch.from_state.code],
+    )
+
+
+async def apply_wait_transition(
+    conn: AsyncConnection, org_id: str, wt: WaitTransition, now: datetime
+) -> None:
+    """Apply ``wt`` in §12 order: root, step (+ successor), dependency, signal.
+
+    Raises:
+        FenceLostError: any compare-and-swap matched no row (roll back, re-read).
+    """
+    await apply_transition(conn, org_id, wt.transition, now)
+    if wt.dependency is not None:
+        await _apply_dependency(conn, org_id, wt.dependency)
+    if wt.signal is not None:
+        await _apply_signal(conn, wt.signal)
+
+
+async def cancel_step_dependencies_txn(
+    conn: AsyncConnection, org_id: str, step: StepRecord, now: datetime
+) -> int:
+    """Inside a root cancellation that already locked root, step and attempt: lock the
+    step's dependencies (stable id order) and cancel the pending one (§11.1, §14.3)."""
+    d = flow_dependencies.c
+    stmt = (
+        select(flow_dependencies)
+        .where(d.org_id == org_id, d.step_execution_id == step.step_execution_id)
+        .order_by(d.dependency_id)
+        .with_for_update()
+    )
+    cancelled = 0
+    for row in (await conn.execute(stmt)).mappings().all():
+        patch = cancel_dependency(dependency_from_row(row), now)
+        if patch is not None:
+            await _apply_dependency(conn, org_id, patch)
+            cancelled += 1
+    return cancelled
+
+
+async def _next_ordinal_txn(
+    conn: AsyncConnection, org_id: str, flow_run_id: str, plan_step_key: str
+) -> int:
+    # Under the root lock: the next invocation ordinal of a plan step in this run.
+    s = flow_step_executions.c
+    last = (
+        await conn.execute(
+            select(func.max(s.invocation_ordinal)).where(
+                s.org_id == org_id, s.flow_run_id == flow_run_id, s.plan_step_key == plan_step_key
+            )
+        )
+    ).scalar_one()
+    return 0 if last is None else int(last) + 1
+
+
+@dataclass(frozen=True)
+class FaultStep:
+    """The compiled fault-path successor of a waiting step (from its immutable plan)."""
+
+    plan_step_key: str
+    step_kind: str
+    queue_class: str
+
+
+#: Finds the fault-path successor of a dependency's waiting step (a plan lookup, made
+#: outside the transaction: plans are immutable).
+FaultLookup = Callable[[RunRecord, DependencyRecord], Awaitable[FaultStep | None]]
+
+
+class WaitStore:
+    """Root-first wait transitions, one short transaction each.
+
+    Args:
+        engine: the runtime database.
+        clock: the durable clock (the run store's; tests shift it).
+    """
+
+    def __init__(self, engine: AsyncEngine, clock: Clock) -> None:
+        self._engine = engine
+        self._clock = clock
+
+    async def _run(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        return await run_in_transaction(self._engine, fn)
+
+    async def _locked(
+        self, conn: AsyncConnection, org_id: str, dependency_id: str
+    ) -> tuple[RunRecord, StepRecord | None, DependencyRecord] | None:
+        """Discover the dependency without a lock, then lock root → step → dependency."""
+        found = await read_dependency_txn(conn, org_id, dependency_id)
+        if found is None:
+            return None
+        root = await lock_run(conn, org_id, found.flow_run_id)
+        if root is None:
+            return None
+        step = await lock_step(conn, org_id, found.step_execution_id)
+        dep = await lock_dependency(conn, org_id, dependency_id)
+        if dep is None:
+            return None
+        return root, step, dep
+
+    async def _guarded(
+        self, fn: Callable[[AsyncConnection], Awaitable[WaitTransition | NoChange]]
+    ) -> WaitTransition | NoChange:
+        try:
+            return await self._run(fn)
+        except FenceLostError:  # a concurrent transition moved a row first: re-read
+            return NoChange("lost_race")
+
+    async def resolve(
+        self,
+        org_id: str,
+        dependency_id: str,
+        *,
+        receipt: dict[str, Any],
+        signal_id: str | None = None,
+        wake_version: int | None = None,
+        expected_version: int | None = None,
+        check: Callable[[DependencyRecord, SignalRecord | None], bool] | None = None,
+    ) -> WaitTransition | NoChange:
+        """§14.2 step 6 in one transaction: lock root, waiting step, dependency, signal;
+        consume the signal once, step ``Pending``, root ``Runnable``, every version +1.
+
+        ``check`` re-validates the satisfaction rule on the locked rows (``False``:
+        ``NoChange("condition_false")``); ``expected_version`` is the dependency version
+        the caller's discovery saw.
+        """
+
+        async def fn(conn: AsyncConnection) -> WaitTransition | NoChange:
+            now = await self._clock(conn)
+            locked = await self._locked(conn, org_id, dependency_id)
+            if locked is None:
+                return NoChange("missing")
+            root, step, dep = locked
+            if expected_version is not None and dep.state_version != expected_version:
+                return NoChange("superseded")
+            signal = None
+            if signal_id is not None:
+                signal = await lock_signal(conn, dep.scope, signal_id)
+                if signal is None:
+                    return NoChange("signal_missing")
+            if check is not None and not check(dep, signal):
+                return NoChange("condition_false")
+            decision = decide_resolution(
+                root, step, dep, signal, now, receipt=receipt, wake_version=wake_version
+            )
+            if isinstance(decision, WaitTransition):
+                await apply_wait_transition(conn, org_id, decision, now)
+            return decision
+
+        return await self._guarded(fn)
+
+    async def _fault(
+        self,
+        conn: AsyncConnection,
+        root: RunRecord,
+        dep: DependencyRecord,
+        lookup: FaultLookup | None,
+    ) -> FaultSuccessor | None:
+        if lookup is None or dep.expiry_policy is not ExpiryPolicyCode.FAULT_PATH:
+            return None
+        fault = await lookup(root, dep)
+        if fault is None:
+            return None
+        ordinal = await _next_ordinal_txn(conn, root.org_id, root.flow_run_id, fault.plan_step_key)
+        return FaultSuccessor(
+            f"step_{uuid.uuid4().hex}",
+            fault.plan_step_key,
+            fault.step_kind,
+            fault.queue_class,
+            ordinal,
+        )
+
+    async def expire(
+        self,
+        org_id: str,
+        dependency_id: str,
+        *,
+        cause: str = CAUSE_WAIT_EXPIRED,
+        fault_lookup: FaultLookup | None = None,
+        quarantine: bool = False,
+    ) -> WaitTransition | NoChange:
+        """§14.3 in one root-first transaction: the compiled expiry policy (fault path,
+        terminal failure, quarantine), or quarantine for a missing producer."""
+
+        async def fn(conn: AsyncConnection) -> WaitTransition | NoChange:
+            now = await self._clock(conn)
+            locked = await self._locked(conn, org_id, dependency_id)
+            if locked is None:
+                return NoChange("missing")
+            root, step, dep = locked
+            fault = await self._fault(conn, root, dep, fault_lookup)
+            decision = decide_expiry(
+                root, step, dep, now, cause=cause, fault=fault, quarantine=quarantine
+            )
+            if isinstance(decision, WaitTransition):
+                await apply_wait_transition(conn, org_id, decision, now)
+            return decision
+
+        return await self._guarded(fn)
+
+    async def repair(
+        self, org_id: str, dependency_id: str, *, fault_lookup: FaultLookup | None = None
+    ) -> WaitTransition | NoChange:
+        """§14.3 repair: replay the root-first finalizer for a terminal dependency whose
+        root is still ``Waiting`` on it (idempotent: a healthy pair is ``NoChange``)."""
+
+        async def fn(conn: AsyncConnection) -> WaitTransition | NoChange:
+            now = await self._clock(conn)
+            locked = await self._locked(conn, org_id, dependency_id)
+            if locked is None:
+                return NoChange("missing")
+            root, step, dep = locked
+            fault = await self._fault(conn, root, dep, fault_lookup)
+            decision = decide_repair(root, step, dep, now, fault=fault)
+            if isinstance(decision, WaitTransition):
+                await apply_wait_transition(conn, org_id, decision, now)
+            return decision
+
+        return await self._guarded(fn)

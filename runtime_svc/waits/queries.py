@@ -1,0 +1,362 @@
+"""Non-locking reads and bookkeeping writes of durable waits (discovery for §14.2-§14.3).
+
+Every query is scoped: dependency and signal matching by the complete work scope,
+sweeps by org, and each one is bounded by a ``limit`` over an index whose leading column
+is ``org_id`` — a sweep's cost follows its batch size, never the waiting population.
+
+The two bookkeeping writes here are not lifecycle transitions: rescheduling a probe and
+clearing a signal's owed match touch one row with a conditional UPDATE (no version
+bump, no other lock), so they can never sit between a root and its dependency in the
+§12 order. Signal expiry (``Unmatched -> Expired``) is a compare-and-swap on the signal
+alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import and_, delete, false, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from runtime_svc.kernel.states import RunState
+from runtime_svc.kernel.store_waits import (
+    dependency_from_row,
+    scope_predicates,
+    signal_from_row,
+)
+from runtime_svc.kernel.wait_model import (
+    DependencyRecord,
+    DependencyState,
+    SignalRecord,
+    SignalState,
+    WorkScopeKey,
+)
+from runtime_svc.schema import flow_dependencies, flow_runs, flow_wake_signals
+
+__all__ = [
+    "clear_signal_match_txn",
+    "dependencies_of_run_txn",
+    "dependency_of_step_txn",
+    "due_deadlines_txn",
+    "due_probes_txn",
+    "expire_signals_txn",
+    "latest_signal_txn",
+    "owed_signal_matches_txn",
+    "pending_for_key_txn",
+    "purge_expired_signals_txn",
+    "reschedule_probe_txn",
+    "signal_by_id_txn",
+    "signal_by_token_txn",
+    "unmatched_for_key_txn",
+    "waiting_roots_txn",
+]
+
+_PENDING = DependencyState.PENDING.code
+_UNMATCHED = SignalState.UNMATCHED.code
+
+
+# --- signals -----------------------------------------------------------------------------
+
+
+async def signal_by_id_txn(
+    conn: AsyncConnection, scope: WorkScopeKey, wake_signal_id: str
+) -> SignalRecord | None:
+    """The signal ``wake_signal_id`` of ``scope`` (another scope's answers ``None``)."""
+    w = flow_wake_signals.c
+    stmt = select(flow_wake_signals).where(
+        *scope_predicates(flow_wake_signals, scope), w.wake_signal_id == wake_signal_id
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else signal_from_row(row)
+
+
+async def signal_by_token_txn(
+    conn: AsyncConnection, scope: WorkScopeKey, kind: str, key: str, token: str
+) -> SignalRecord | None:
+    """The signal with natural key ``(scope, kind, key, token)``."""
+    w = flow_wake_signals.c
+    stmt = select(flow_wake_signals).where(
+        *scope_predicates(flow_wake_signals, scope),
+        w.producer_kind == kind,
+        w.producer_key == key,
+        w.wake_token == token,
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else signal_from_row(row)
+
+
+async def latest_signal_txn(
+    conn: AsyncConnection, scope: WorkScopeKey, kind: str, key: str
+) -> SignalRecord | None:
+    """The accepted signal of ``(scope, kind, key)`` with the highest wake version."""
+    w = flow_wake_signals.c
+    stmt = (
+        select(flow_wake_signals)
+        .where(
+            *scope_predicates(flow_wake_signals, scope),
+            w.producer_kind == kind,
+            w.producer_key == key,
+            w.wake_version.is_not(None),
+        )
+        .order_by(w.wake_version.desc())
+        .limit(1)
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else signal_from_row(row)
+
+
+async def unmatched_for_key_txn(
+    conn: AsyncConnection, scope: WorkScopeKey, kind: str, key: str, limit: int
+) -> list[SignalRecord]:
+    """Unmatched signals of ``(scope, kind, key)``: highest wake version first, then
+    acceptance order (over the unique key's ``(scope, kind, key)`` prefix)."""
+    w = flow_wake_signals.c
+    stmt = (
+        select(flow_wake_signals)
+        .where(
+            *scope_predicates(flow_wake_signals, scope),
+            w.producer_kind == kind,
+            w.producer_key == key,
+            w.resolution_state == _UNMATCHED,
+        )
+        .order_by(w.wake_version.desc(), w.received_at, w.wake_signal_id)
+        .limit(limit)
+    )
+    return [signal_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def owed_signal_matches_txn(
+    conn: AsyncConnection, org_id: str, now: datetime, limit: int
+) -> list[SignalRecord]:
+    """Signals whose producer-side match is owed and due (a producer crashed between
+    its signal commit and its match), over ``(org, next_match_at)``."""
+    w = flow_wake_signals.c
+    stmt = (
+        select(flow_wake_signals)
+        .where(w.org_id == org_id, w.next_match_at <= now)
+        .order_by(w.next_match_at, w.wake_signal_id)
+        .limit(limit)
+    )
+    return [signal_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def clear_signal_match_txn(conn: AsyncConnection, signal: SignalRecord) -> None:
+    """The producer-side match ran: the signal no longer needs the repair sweep."""
+    w = flow_wake_signals.c
+    await conn.execute(
+        update(flow_wake_signals)
+        .where(
+            *scope_predicates(flow_wake_signals, signal.scope),
+            w.wake_signal_id == signal.wake_signal_id,
+            w.next_match_at.is_not(None),
+        )
+        .values(next_match_at=None)
+    )
+
+
+async def expire_signals_txn(conn: AsyncConnection, org_id: str, now: datetime, limit: int) -> int:
+    """``Unmatched -> Expired`` for signals past their retention bound (CAS on each)."""
+    w = flow_wake_signals.c
+    stmt = (
+        select(flow_wake_signals)
+        .where(w.org_id == org_id, w.resolution_state == _UNMATCHED, w.expires_at < now)
+        .order_by(w.expires_at, w.wake_signal_id)
+        .limit(limit)
+    )
+    expired = 0
+    for row in (await conn.execute(stmt)).mappings().all():
+        s = signal_from_row(row)
+        result = await conn.execute(
+            update(flow_wake_signals)
+            .where(
+                *scope_predicates(flow_wake_signals, s.scope),
+                w.wake_signal_id == s.wake_signal_id,
+                w.state_version == s.state_version,
+                w.resolution_state == _UNMATCHED,
+            )
+            .values(
+                resolution_state=SignalState.EXPIRED.code,
+                state_version=s.state_version + 1,
+                next_match_at=None,
+            )
+        )
+        expired += result.rowcount
+    return expired
+
+
+async def purge_expired_signals_txn(
+    conn: AsyncConnection, org_id: str, before: datetime, limit: int
+) -> int:
+    """Physically delete ``Expired`` signals whose retention ended before ``before``."""
+    w = flow_wake_signals.c
+    ids = (
+        await conn.execute(
+            select(
+                w.app_installation_id,
+                w.runtime_capability_id,
+                w.runtime_work_binding_digest,
+                w.wake_signal_id,
+            )
+            .where(
+                w.org_id == org_id,
+                w.resolution_state == SignalState.EXPIRED.code,
+                w.expires_at < before,
+            )
+            .limit(limit)
+        )
+    ).all()
+    deleted = 0
+    for app, cap, digest, sid in ids:
+        result = await conn.execute(
+            delete(flow_wake_signals).where(
+                w.org_id == org_id,
+                w.app_installation_id == app,
+                w.runtime_capability_id == cap,
+                w.runtime_work_binding_digest == digest,
+                w.wake_signal_id == sid,
+                w.resolution_state == SignalState.EXPIRED.code,
+            )
+        )
+        deleted += result.rowcount
+    return deleted
+
+
+# --- dependencies ------------------------------------------------------------------------
+
+
+async def pending_for_key_txn(
+    conn: AsyncConnection, scope: WorkScopeKey, kind: str, key: str, limit: int
+) -> list[DependencyRecord]:
+    """Pending dependencies of ``(scope, kind, key)`` in creation order (over
+    ``ix_flow_dependencies_producer``)."""
+    d = flow_dependencies.c
+    stmt = (
+        select(flow_dependencies)
+        .where(
+            *scope_predicates(flow_dependencies, scope),
+            d.producer_kind == kind,
+            d.producer_key == key,
+            d.state == _PENDING,
+        )
+        .order_by(d.created_at, d.dependency_id)
+        .limit(limit)
+    )
+    return [dependency_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def dependency_of_step_txn(
+    conn: AsyncConnection, org_id: str, step_execution_id: str
+) -> DependencyRecord | None:
+    """The newest dependency of a step execution (over ``(org, step)``)."""
+    d = flow_dependencies.c
+    stmt = (
+        select(flow_dependencies)
+        .where(d.org_id == org_id, d.step_execution_id == step_execution_id)
+        .order_by(d.created_at.desc(), d.dependency_id.desc())
+        .limit(1)
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else dependency_from_row(row)
+
+
+async def dependencies_of_run_txn(
+    conn: AsyncConnection, org_id: str, flow_run_id: str, limit: int = 1000
+) -> list[DependencyRecord]:
+    """Every dependency of a run, by id (the support read, §19)."""
+    d = flow_dependencies.c
+    stmt = (
+        select(flow_dependencies)
+        .where(d.org_id == org_id, d.flow_run_id == flow_run_id)
+        .order_by(d.dependency_id)
+        .limit(limit)
+    )
+    return [dependency_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def _due_txn(
+    conn: AsyncConnection, org_id: str, column: str, now: datetime, limit: int
+) -> list[DependencyRecord]:
+    d = flow_dependencies.c
+    due = d[column]
+    stmt = (
+        select(flow_dependencies)
+        .where(d.org_id == org_id, d.state == _PENDING, due <= now)
+        .order_by(due, d.dependency_id)
+        .limit(limit)
+    )
+    return [dependency_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def due_probes_txn(
+    conn: AsyncConnection, org_id: str, now: datetime, limit: int
+) -> list[DependencyRecord]:
+    """Pending dependencies whose timer or reconciliation probe is due, oldest first,
+    over ``ix_flow_dependencies_probe (org, state, next_probe_at)``."""
+    return await _due_txn(conn, org_id, "next_probe_at", now, limit)
+
+
+async def due_deadlines_txn(
+    conn: AsyncConnection, org_id: str, now: datetime, limit: int
+) -> list[DependencyRecord]:
+    """Pending dependencies past their deadline, oldest first, over
+    ``ix_flow_dependencies_deadline (org, state, deadline)``."""
+    return await _due_txn(conn, org_id, "deadline", now, limit)
+
+
+async def reschedule_probe_txn(
+    conn: AsyncConnection, dep: DependencyRecord, next_probe_at: datetime | None
+) -> bool:
+    """Record one reconciliation probe: ``reconciliation_attempts + 1`` and the next due
+    time (``None``: probing is over). No version bump: a probe is bookkeeping, and a
+    concurrent resolution or expiry still wins on the dependency's version."""
+    d = flow_dependencies.c
+    result = await conn.execute(
+        update(flow_dependencies)
+        .where(
+            d.org_id == dep.org_id,
+            d.dependency_id == dep.dependency_id,
+            d.state == _PENDING,
+            d.state_version == dep.state_version,
+            d.reconciliation_attempts == dep.reconciliation_attempts,
+        )
+        .values(
+            next_probe_at=next_probe_at,
+            reconciliation_attempts=dep.reconciliation_attempts + 1,
+        )
+    )
+    return bool(result.rowcount == 1)
+
+
+async def waiting_roots_txn(
+    conn: AsyncConnection, org_id: str, after: str, limit: int
+) -> list[tuple[str, str | None]]:
+    """``(run id, current step id)`` of ``Waiting`` roots after ``after`` in id order (the
+    repair sweep's bounded cursor over ``(org, runtime_state, …)``)."""
+    r = flow_runs.c
+    stmt = (
+        select(r.flow_run_id, r.current_step_execution_id)
+        .where(
+            r.org_id == org_id,
+            r.runtime_state == RunState.WAITING.code,
+            r.flow_run_id > after,
+            r.is_deleted == false(),
+        )
+        .order_by(r.flow_run_id)
+        .limit(limit)
+    )
+    return [(str(a), b) for a, b in (await conn.execute(stmt)).all()]
+
+
+async def terminal_dependencies_of_steps_txn(
+    conn: AsyncConnection, org_id: str, step_ids: Sequence[str]
+) -> list[DependencyRecord]:
+    """Non-pending dependencies of the given steps (corruption candidates of a
+    ``Waiting`` root: a waiting step's dependency must be ``Pending``)."""
+    if not step_ids:
+        return []
+    d = flow_dependencies.c
+    stmt = select(flow_dependencies).where(
+        and_(d.org_id == org_id, d.step_execution_id.in_(list(step_ids)), d.state != _PENDING)
+    )
+    return [dependency_from_row(r) for r in (await conn.execute(stmt)).mappings()]

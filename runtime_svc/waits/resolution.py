@@ -1,0 +1,394 @@
+"""Matching: which evidence resolves which dependency (§14.2 steps 2, 4, 5).
+
+:class:`Matcher` is called from both sides of the notify-before-wait race and by the
+periodic reconciler:
+
+* **producer side** — :meth:`Matcher.match_signal`, in a fresh transaction after the
+  signal committed (§14.2 step 2): the pending dependencies of the signal's
+  ``(scope, kind, key)`` are tried in creation order;
+* **dependency side** — :meth:`Matcher.reconcile`, right after the wait committed
+  (§14.2 step 4), and from the reconciler's bounded probes.
+
+Either way :meth:`Matcher.match_dependency` reads the authoritative producer evidence
+without locks and, when the dependency is satisfied, hands one root-first resolution to
+the kernel (:class:`~runtime_svc.kernel.store_waits.WaitStore`), which re-validates every
+row under lock; a lost race answers ``NoChange`` and the caller re-reads. Per family:
+
+* ``runtime.timer`` — due when its ``next_probe_at`` has passed (database clock);
+* ``record.change`` — the record is read and the condition evaluated against it
+  (``$Event`` = its fields); a deleted record fails the producer's existence check and
+  the compiled expiry policy applies at once (``dependency_producer_deleted``);
+* external kinds and ``effect.completion`` — the unmatched signals of the key, highest
+  wake version first; an event condition is evaluated against each signal's evidence.
+
+A dependency whose producer kind is not registered quarantines
+(``dependency_producer_missing``, §10.5): it is never polled forever.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from runtime_svc.compiler import ExpressionEvalError, evaluate, parse_expression
+from runtime_svc.compiler.expressions import Expr, ExpressionError
+from runtime_svc.compiler.plan import DependencyDecl, ExecutionPlan
+from runtime_svc.kernel.decisions import NoChange
+from runtime_svc.kernel.model import RunRecord
+from runtime_svc.kernel.store_reads import get_checkpoint_txn, get_run_txn
+from runtime_svc.kernel.store_waits import (
+    FaultStep,
+    WaitStore,
+    read_dependency_txn,
+)
+from runtime_svc.kernel.transitions_waits import (
+    CAUSE_PRODUCER_DELETED,
+    CAUSE_PRODUCER_MISSING,
+    WaitTransition,
+)
+from runtime_svc.kernel.wait_model import (
+    DependencyRecord,
+    DependencyState,
+    WorkScopeKey,
+)
+from runtime_svc.records.store import read_record_txn
+from runtime_svc.schema import flow_step_executions
+from runtime_svc.waits import queries
+from runtime_svc.waits.plans import PlanSource, WaitBounds
+from runtime_svc.waits.registry import ProducerFamily, ProducerRegistry
+from runtime_svc.worker.executor import env_of
+from services.db import transaction
+from services.errors import NotFoundError
+from services.faults import CrashPoint, crash_point
+
+__all__ = ["Clock", "Matcher", "WaitContext", "evaluate_condition", "split_record_key"]
+
+#: The durable clock (the run store's; tests shift it).
+Clock = Callable[[AsyncConnection], Awaitable[datetime]]
+
+log = logging.getLogger(__name__)
+
+#: Candidates one match attempt considers (dependencies of a key, signals of a key).
+_CANDIDATES = 20
+
+
+@functools.lru_cache(maxsize=2048)
+def _parsed(text: str) -> Expr:
+    return parse_expression(text)
+
+
+def evaluate_condition(condition: str | None, env: Mapping[str, Any]) -> bool:
+    """Whether ``condition`` holds in ``env`` (no condition: true). A condition that does
+    not evaluate to ``true`` — ``null``, a non-boolean, an evaluation error on this
+    evidence — does not hold; the dependency keeps waiting."""
+    if not condition:
+        return True
+    try:
+        return evaluate(_parsed(condition), env) is True
+    except (ExpressionError, ExpressionEvalError):
+        return False
+
+
+def split_record_key(producer_key: str) -> tuple[str, str]:
+    """``(object, record id)`` of a ``record.change`` producer key ``<object>/<id>``."""
+    obj, _, rid = producer_key.partition("/")
+    return obj, rid
+
+
+@dataclass(frozen=True)
+class WaitContext:
+    """What a match needs about the waiting run (read without locks)."""
+
+    root: RunRecord
+    plan: ExecutionPlan
+    plan_step_key: str
+    decl: DependencyDecl | None
+    bounds: WaitBounds
+
+    def fault_step(self) -> FaultStep | None:
+        """The compiled fault-path successor of the waiting step, if any."""
+        if self.decl is None or self.decl.fault_successor is None:
+            return None
+        try:
+            target = self.plan.step(self.decl.fault_successor)
+        except (KeyError, LookupError):
+            return None
+        queue = target.queue_class.value if target.queue_class else "durable_mutation"
+        return FaultStep(target.key, target.kind.value, queue)
+
+
+class Matcher:
+    """Matches dependencies and signals and resolves through the kernel.
+
+    Args:
+        engine: the runtime database.
+        waits: the kernel's root-first wait transitions.
+        registry: the producer registry.
+        plans: plan and wait-bound caches.
+        clock: the durable clock (the run store's).
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        waits: WaitStore,
+        registry: ProducerRegistry,
+        plans: PlanSource,
+        clock: Clock,
+    ) -> None:
+        self._engine = engine
+        self.waits = waits
+        self.registry = registry
+        self.plans = plans
+        self._clock = clock
+
+    # --- context ------------------------------------------------------------------------
+
+    async def context_txn(self, conn: AsyncConnection, dep: DependencyRecord) -> WaitContext:
+        """The waiting run, its plan step's dependency declaration and wait bounds.
+
+        Raises:
+            NotFoundError: the run, step or plan is gone.
+        """
+        root = await get_run_txn(conn, dep.org_id, dep.flow_run_id, include_deleted=True)
+        s = flow_step_executions.c
+        key = (
+            await conn.execute(
+                flow_step_executions.select()
+                .with_only_columns(s.plan_step_key)
+                .where(s.org_id == dep.org_id, s.step_execution_id == dep.step_execution_id)
+            )
+        ).scalar_one_or_none()
+        if key is None:
+            raise NotFoundError("flow_step_execution", dep.step_execution_id)
+        row, plan = await self.plans.plan_txn(conn, dep.org_id, root.plan_id)
+        try:
+            decl = plan.step(str(key)).dependency
+        except (KeyError, LookupError):
+            decl = None
+        bounds = await self.plans.bounds_txn(conn, dep.org_id, row.policy_version)
+        return WaitContext(root, plan, str(key), decl, bounds)
+
+    async def _env(self, conn: AsyncConnection, root: RunRecord) -> dict[str, Any]:
+        """The run's variables at its resume point (conditions may read them)."""
+        if root.current_checkpoint_id is None:
+            return {}
+        checkpoint = await get_checkpoint_txn(
+            conn, root.org_id, root.flow_run_id, root.current_checkpoint_id
+        )
+        context = json.loads(checkpoint.context_json) or {}
+        return env_of(context) if isinstance(context, dict) else {}
+
+    # --- entry points -------------------------------------------------------------------
+
+    async def reconcile(self, org_id: str, dependency_id: str) -> WaitTransition | NoChange:
+        """Dependency side (§14.2 step 4): a fresh-snapshot match of one dependency."""
+        async with transaction(self._engine, readonly=True) as conn:
+            dep = await read_dependency_txn(conn, org_id, dependency_id)
+        if dep is None:
+            return NoChange("missing")
+        return await self.match_dependency(dep)
+
+    async def match_signal(self, scope: WorkScopeKey, signal_id: str) -> WaitTransition | NoChange:
+        """Producer side (§14.2 step 2): read the signal, its key's pending dependencies
+        (creation order) and their evidence in one fresh read-only transaction, then try
+        the resolutions in that order; the owed match is settled (a consumed signal's
+        mark is cleared by the consume itself)."""
+        async with transaction(self._engine, readonly=True) as conn:
+            signal = await queries.signal_by_id_txn(conn, scope, signal_id)
+            if signal is None:
+                return NoChange("missing")
+            deps = await queries.pending_for_key_txn(
+                conn, scope, signal.producer_kind, signal.producer_key, _CANDIDATES
+            )
+            planned = [(dep, await self._evidence(conn, dep)) for dep in deps]
+        result: WaitTransition | NoChange = NoChange("no_dependency")
+        for dep, (action, _bounds) in planned:
+            result = await action.run(self.waits, dep)
+            if isinstance(result, WaitTransition) and (
+                result.signal is None or result.signal.wake_signal_id == signal.wake_signal_id
+            ):
+                break
+        consumed = (
+            isinstance(result, WaitTransition)
+            and result.signal is not None
+            and result.signal.wake_signal_id == signal.wake_signal_id
+        )
+        if signal.next_match_at is not None and not consumed:
+            async with transaction(self._engine) as conn:
+                await queries.clear_signal_match_txn(conn, signal)
+        return result
+
+    async def match_dependency(self, dep: DependencyRecord) -> WaitTransition | NoChange:
+        """Resolve (or, for a failed existence check or a missing producer, expire)
+        ``dep`` when its producer's authoritative evidence satisfies it.
+
+        Evidence is read in one read-only transaction that is closed before the
+        root-first resolution transaction opens (no transaction waits on another)."""
+        result, _ = await self.probe(dep)
+        return result
+
+    async def probe(
+        self, dep: DependencyRecord
+    ) -> tuple[WaitTransition | NoChange, WaitBounds | None]:
+        """:meth:`match_dependency`, also returning the dependency's wait bounds (the
+        reconciler reschedules an unsuccessful probe with them)."""
+        if dep.state is not DependencyState.PENDING:
+            return NoChange(f"dependency_{dep.state.code.lower()}"), None
+        async with transaction(self._engine, readonly=True) as conn:
+            action, bounds = await self._evidence(conn, dep)
+        return await action.run(self.waits, dep), bounds
+
+    async def _evidence(
+        self, conn: AsyncConnection, dep: DependencyRecord
+    ) -> tuple[_Action, WaitBounds | None]:
+        """What the producer's evidence says about ``dep`` (read, never written)."""
+        spec = self.registry.spec(dep.producer_kind)
+        if spec is None:
+            log.warning(
+                "dependency %s: producer %s is not registered", dep.dependency_id, dep.producer_kind
+            )
+            return _Action(expire=CAUSE_PRODUCER_MISSING, quarantine=True), None
+        if spec.family is ProducerFamily.TIMER:
+            return await self._timer(conn, dep), None
+        try:
+            ctx = await self.context_txn(conn, dep)
+        except NotFoundError:
+            return _Action(NoChange("run_missing")), None
+        if spec.family is ProducerFamily.RECORD_CHANGE:
+            return await self._record(conn, dep, ctx), ctx.bounds
+        return await self._signals(conn, dep, ctx, spec.family), ctx.bounds
+
+    # --- families (evidence reads; the transitions run after the read closed) ----------
+
+    async def _timer(self, conn: AsyncConnection, dep: DependencyRecord) -> _Action:
+        now = await self._clock(conn)
+        due = dep.next_probe_at
+        if due is None or due > now:
+            return _Action(NoChange("not_due"))
+        receipt = {"producer": dep.producer_kind, "due_at": due.isoformat()}
+        return _Action(resolve=[(None, receipt, None)])
+
+    async def _record(
+        self, conn: AsyncConnection, dep: DependencyRecord, ctx: WaitContext
+    ) -> _Action:
+        obj, rid = split_record_key(dep.producer_key)
+        record = await read_record_txn(conn, dep.org_id, obj, rid)
+        if record is None:
+            # The producer's existence check failed: the condition can never hold.
+            return _Action(expire=CAUSE_PRODUCER_DELETED, fault=ctx.fault_step())
+        env = await self._env(conn, ctx.root)
+        env["$Event"] = {**record.fields, "Id": record.record_id}
+        if not evaluate_condition(None if ctx.decl is None else ctx.decl.condition, env):
+            return _Action(NoChange("condition_false"))
+        # The newest signal at or below the version just evaluated is consumed as the
+        # wake receipt; without one (the record matched before any signal), the record
+        # itself is the evidence.
+        candidates = await queries.unmatched_for_key_txn(
+            conn, dep.scope, dep.producer_kind, dep.producer_key, _CANDIDATES
+        )
+        signal = next(
+            (s for s in candidates if s.wake_version is None or s.wake_version <= record.version),
+            None,
+        )
+        receipt = {
+            "producer": dep.producer_kind,
+            "record_version": record.version,
+            "condition_digest": dep.condition_digest,
+        }
+        signal_id = None if signal is None else signal.wake_signal_id
+        return _Action(resolve=[(signal_id, receipt, record.version)])
+
+    async def _signals(
+        self,
+        conn: AsyncConnection,
+        dep: DependencyRecord,
+        ctx: WaitContext,
+        family: ProducerFamily,
+    ) -> _Action:
+        candidates = await queries.unmatched_for_key_txn(
+            conn, dep.scope, dep.producer_kind, dep.producer_key, _CANDIDATES
+        )
+        if not candidates:
+            return _Action(NoChange("no_signal"))
+        # An effect completion's plan condition is the owner receipt itself; an event
+        # wait's condition reads the signal's evidence as $Event.
+        condition = None
+        if family is ProducerFamily.EXTERNAL and ctx.decl is not None:
+            condition = ctx.decl.condition
+        env = await self._env(conn, ctx.root) if condition else {}
+        attempts: list[tuple[str | None, dict[str, Any], int | None]] = []
+        for signal in candidates:
+            if condition:
+                evidence = json.loads(signal.evidence_json) if signal.evidence_json else {}
+                if not evaluate_condition(condition, {**env, "$Event": evidence}):
+                    continue
+            receipt = {
+                "producer": dep.producer_kind,
+                "wake_signal_id": signal.wake_signal_id,
+                "wake_token": signal.wake_token,
+                "wake_version": signal.wake_version,
+                "evidence_digest": signal.evidence_digest,
+            }
+            attempts.append((signal.wake_signal_id, receipt, None))
+        if not attempts:
+            return _Action(NoChange("condition_false"))
+        return _Action(resolve=attempts)
+
+
+#: A signal that another dependency consumed (or that is stale) between the read and
+#: the resolution: the next candidate is tried.
+_NEXT_CANDIDATE = frozenset(
+    {"signal_consumed", "signal_mismatch", "stale_signal", "signal_expired"}
+)
+
+
+@dataclass(frozen=True)
+class _Action:
+    """What an evidence read decided: nothing, resolutions to try in order (signal id,
+    receipt, wake version), or an expiry (with its fault-path successor)."""
+
+    outcome: NoChange | None = None
+    resolve: list[tuple[str | None, dict[str, Any], int | None]] | None = None
+    expire: str | None = None
+    fault: FaultStep | None = None
+    quarantine: bool = False
+
+    async def run(self, waits: WaitStore, dep: DependencyRecord) -> WaitTransition | NoChange:
+        if self.expire is not None:
+            fault = self.fault
+
+            async def lookup(_root: RunRecord, _dep: DependencyRecord) -> FaultStep | None:
+                return fault
+
+            return await waits.expire(
+                dep.org_id,
+                dep.dependency_id,
+                cause=self.expire,
+                fault_lookup=lookup,
+                quarantine=self.quarantine,
+            )
+        result: WaitTransition | NoChange = self.outcome or NoChange("nothing")
+        for signal_id, receipt, version in self.resolve or ():
+            result = await waits.resolve(
+                dep.org_id,
+                dep.dependency_id,
+                receipt=receipt,
+                signal_id=signal_id,
+                wake_version=version,
+                expected_version=dep.state_version,
+            )
+            if isinstance(result, WaitTransition):
+                # Resolved and committed; the scheduler has not claimed the step yet.
+                crash_point(CrashPoint.AFTER_RESOLUTION_COMMIT, dep.producer_kind)
+                return result
+            if result.reason not in _NEXT_CANDIDATE:
+                return result
+        return result

@@ -1,0 +1,211 @@
+"""Wake-signal acceptance and reads behind ``WakeSignalService`` (§10.6, §14.2).
+
+:meth:`SignalService.submit` is the producer path of the resolution protocol:
+
+1. validate (nothing is written on bad input, :mod:`runtime_svc.waits.evidence`);
+2. one transaction: a version not above the producer key's newest accepted version is
+   *stale* — a no-op answered with that newer signal; otherwise insert the signal on its
+   unique ``(work scope, kind, key, token)``, or find it: the same token with the same
+   body is a *duplicate* answered with the stored signal, a different body is refused
+   (``FAILED_PRECONDITION``, ``wake_token_reused``) — a token names one notification;
+3. only after that commit (``CrashPoint.AFTER_SIGNAL_COMMIT``) the fresh-transaction
+   match against pending dependencies (§14.2 step 2), whose failure never fails the
+   acknowledged submit: the signal's owed match stays for the repair sweep.
+
+The work scope is always the caller's trusted one (the credential's, checked against its
+persisted binding by the API layer); a signal of another scope answers exactly like a
+missing one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from runtime_svc.kernel.store_waits import insert_signal_txn
+from runtime_svc.kernel.transitions_waits import WaitTransition
+from runtime_svc.kernel.wait_model import NewSignal, SignalRecord, SignalState, WorkScopeKey
+from runtime_svc.waits import queries
+from runtime_svc.waits.evidence import SignalSubmission, validate_submission
+from runtime_svc.waits.record_producer import MATCH_GRACE, SIGNAL_RETENTION
+from runtime_svc.waits.registry import ProducerRegistry
+from runtime_svc.waits.resolution import Matcher
+from services.db import run_in_transaction, transaction
+from services.errors import FailedPreconditionError, NotFoundError
+from services.faults import CrashPoint, crash_point
+from services.invariants import InvariantError
+
+__all__ = ["SignalService", "SubmitOutcome"]
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[AsyncConnection], Awaitable[datetime]]
+
+
+@dataclass(frozen=True)
+class SubmitOutcome:
+    """The durable receipt of one submission."""
+
+    signal: SignalRecord
+    duplicate: bool = False
+    stale: bool = False
+
+
+def _inserted(
+    scope: WorkScopeKey, new: NewSignal, now: datetime, expires_at: datetime
+) -> SignalRecord:
+    """The row :func:`insert_signal_txn` just wrote (no read-back needed)."""
+    return SignalRecord(
+        scope=scope,
+        wake_signal_id=new.wake_signal_id,
+        producer_kind=new.producer_kind,
+        producer_key=new.producer_key,
+        wake_token=new.wake_token,
+        wake_version=new.wake_version,
+        evidence_digest=new.evidence_digest,
+        evidence_reference=new.evidence_reference,
+        evidence_json=new.evidence_json,
+        received_at=now,
+        expires_at=expires_at,
+        state=SignalState.UNMATCHED,
+        dependency_id=None,
+        state_version=0,
+        next_match_at=now + MATCH_GRACE,
+        consumed_at=None,
+    )
+
+
+def _same_body(stored: SignalRecord, new: NewSignal) -> bool:
+    return (
+        stored.wake_version == new.wake_version
+        and stored.evidence_digest == new.evidence_digest
+        and stored.evidence_reference == new.evidence_reference
+        and stored.evidence_json == new.evidence_json
+    )
+
+
+class SignalService:
+    """Accept and read wake signals of trusted work scopes.
+
+    Args:
+        engine: the runtime database.
+        matcher: the producer-side matcher.
+        registry: the producer registry (what may be submitted).
+        clock: the durable clock.
+        retention: how long an unmatched signal stays queryable.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        matcher: Matcher,
+        registry: ProducerRegistry,
+        clock: Clock,
+        *,
+        retention: timedelta = SIGNAL_RETENTION,
+    ) -> None:
+        self._engine = engine
+        self._matcher = matcher
+        self._registry = registry
+        self._clock = clock
+        self._retention = retention
+
+    async def submit(self, scope: WorkScopeKey, submission: SignalSubmission) -> SubmitOutcome:
+        """Accept one notification (see the module docstring).
+
+        Raises:
+            InvalidArgumentError: invalid submission (nothing written).
+            FailedPreconditionError: the token was accepted with another body.
+        """
+        new = validate_submission(submission, self._registry)
+
+        async def txn(conn: AsyncConnection) -> tuple[SubmitOutcome, bool]:
+            now = await self._clock(conn)
+            existing = await queries.signal_by_token_txn(
+                conn, scope, new.producer_kind, new.producer_key, new.wake_token
+            )
+            if existing is None and new.wake_version is not None:
+                newest = await queries.latest_signal_txn(
+                    conn, scope, new.producer_kind, new.producer_key
+                )
+                if newest is not None and (newest.wake_version or 0) >= new.wake_version:
+                    return SubmitOutcome(newest, stale=True), False
+            if existing is None:
+                inserted = await insert_signal_txn(
+                    conn,
+                    scope,
+                    new,
+                    now,
+                    expires_at=now + self._retention,
+                    match_at=now + MATCH_GRACE,
+                )
+                if inserted:
+                    return SubmitOutcome(_inserted(scope, new, now, now + self._retention)), True
+                # A concurrent submit of the same token won the insert: read it back.
+                existing = await queries.signal_by_token_txn(
+                    conn, scope, new.producer_kind, new.producer_key, new.wake_token
+                )
+                if existing is None:  # pragma: no cover - the unique key just said so
+                    raise FailedPreconditionError("wake signal vanished", reason="internal")
+            if not _same_body(existing, new):
+                raise FailedPreconditionError(
+                    "wake_token was already accepted for this producer key with a different "
+                    "wake_version or evidence; a token names one notification",
+                    reason="wake_token_reused",
+                    field_path="wake_token",
+                )
+            return SubmitOutcome(existing, duplicate=True), False
+
+        outcome, fresh = await run_in_transaction(self._engine, txn)
+        if not fresh:
+            return outcome
+        crash_point(CrashPoint.AFTER_SIGNAL_COMMIT, new.producer_kind)
+        try:
+            result = await self._matcher.match_signal(scope, new.wake_signal_id)
+        except Exception:
+            # Acknowledged already: the owed match is the repair sweep's now.
+            log.warning("signal %s: match deferred to the sweep", new.wake_signal_id, exc_info=True)
+            return outcome
+        patch = result.signal if isinstance(result, WaitTransition) else None
+        if patch is None or patch.wake_signal_id != new.wake_signal_id:
+            return SubmitOutcome(replace(outcome.signal, next_match_at=None))
+        # Consumed by the resolution that just committed: what that transaction wrote.
+        return SubmitOutcome(
+            replace(
+                outcome.signal,
+                state=patch.to_state,
+                dependency_id=patch.values["dependency_id"],
+                consumed_at=patch.values["consumed_at"],
+                next_match_at=None,
+                state_version=outcome.signal.state_version + 1,
+            )
+        )
+
+    async def get(
+        self,
+        scope: WorkScopeKey,
+        *,
+        wake_signal_id: str | None = None,
+        natural_key: tuple[str, str, str] | None = None,
+    ) -> SignalRecord:
+        """One signal of ``scope`` by id or by ``(kind, key, token)``.
+
+        Raises:
+            NotFoundError: missing, or in another work scope (indistinguishable).
+        """
+        async with transaction(self._engine, readonly=True) as conn:
+            if wake_signal_id is not None:
+                found = await queries.signal_by_id_txn(conn, scope, wake_signal_id)
+                shown = wake_signal_id
+            else:
+                if natural_key is None:
+                    raise InvariantError("a signal lookup without an id or a natural key")
+                found = await queries.signal_by_token_txn(conn, scope, *natural_key)
+                shown = "/".join(natural_key)
+        if found is None:
+            raise NotFoundError("wake_signal", shown)
+        return found

@@ -1,0 +1,313 @@
+"""External-signal waits and the §14.2 resolution protocol on SQLite and MariaDB
+(§22.4: notification before dependency commit, periodic reconciliation, duplicate and
+stale notifications, deadline racing notification, work-scope isolation)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from runtime_svc.kernel import RunState
+from runtime_svc.kernel.decisions import NoChange
+from runtime_svc.kernel.store_waits import insert_dependency_txn
+from runtime_svc.kernel.transitions_waits import WaitTransition
+from runtime_svc.kernel.wait_model import (
+    DependencyState,
+    ExpiryPolicyCode,
+    NewDependency,
+    SignalState,
+)
+from runtime_svc.schema import flow_dependencies
+from services import db
+from services.errors import ConflictError, FailedPreconditionError, NotFoundError
+from tests.integration.waits.support import (
+    World,
+    approval,
+    events_of,
+    new_scope,
+    signal_flow,
+    signals,
+    task_subjects,
+)
+
+
+async def _waiting(world: World, key: str = "r1", version: int = 1, **flow: object) -> str:
+    source = signal_flow(**flow)  # type: ignore[arg-type]
+    source["version"] = version  # one org, two installations: two Flow versions
+    await world.seed(source)
+    run = await world.start("wait_signal", key=key)
+    assert (await world.drive(run.flow_run_id)).state is RunState.WAITING
+    return run.flow_run_id
+
+
+async def test_signal_wakes_a_waiting_run_exactly_once(world: World) -> None:
+    run_id = await _waiting(world)
+    outcome = await world.rt.signals.submit(world.work, approval("r1", "t1"))
+    assert not outcome.duplicate and not outcome.stale
+    # The producer-side match ran after the commit: consumed, run runnable.
+    assert outcome.signal.state is SignalState.CONSUMED
+    dep = await world.dependency(run_id)
+    assert dep.state is DependencyState.RESOLVED
+    assert outcome.signal.dependency_id == dep.dependency_id
+    assert dep.wake_signal_id == outcome.signal.wake_signal_id and dep.wake_token == "t1"
+    assert (await world.drive(run_id)).state is RunState.SUCCEEDED
+    assert await events_of(world.engine, world.org, run_id) == 1
+
+
+async def test_notification_arriving_before_the_dependency_commit_is_matched_by_the_wait(
+    world: World,
+) -> None:
+    await world.seed(signal_flow())
+    outcome = await world.rt.signals.submit(world.work, approval("r1", "early"))
+    assert outcome.signal.state is SignalState.UNMATCHED  # no dependency exists yet
+    run = await world.start("wait_signal", key="r1")
+    # The wait commits its dependency; the fresh reconciliation right after sees the
+    # committed signal and resolves.
+    await world.drive(run.flow_run_id)
+    assert (await world.dependency(run.flow_run_id)).state is DependencyState.RESOLVED
+    [signal] = await signals(world.engine, world.org)
+    assert signal.state is SignalState.CONSUMED
+    assert (await world.drive(run.flow_run_id)).state is RunState.SUCCEEDED
+
+
+async def test_duplicate_notification_answers_the_same_receipt_and_wakes_once(
+    world: World,
+) -> None:
+    run_id = await _waiting(world)
+    first = await world.rt.signals.submit(world.work, approval("r1", "t1"))
+    again = await world.rt.signals.submit(world.work, approval("r1", "t1"))
+    assert again.duplicate and not again.stale
+    assert again.signal.wake_signal_id == first.signal.wake_signal_id
+    assert len(await signals(world.engine, world.org)) == 1
+    assert (await world.drive(run_id)).state is RunState.SUCCEEDED
+    assert await task_subjects(world.engine, world.org) == ["resumed"]
+
+
+async def test_a_token_reused_with_another_body_is_refused_and_writes_nothing(
+    world: World,
+) -> None:
+    await world.rt.signals.submit(world.work, approval("r9", "t1", status="rejected"))
+    with pytest.raises(FailedPreconditionError) as err:
+        await world.rt.signals.submit(world.work, approval("r9", "t1", status="approved"))
+    assert err.value.reason == "wake_token_reused"
+    assert len(await signals(world.engine, world.org)) == 1
+
+
+async def test_stale_wake_version_after_a_newer_one_is_a_no_op(world: World) -> None:
+    newer = await world.rt.signals.submit(world.work, approval("r2", "v2", version=2))
+    stale = await world.rt.signals.submit(world.work, approval("r2", "v1", version=1))
+    assert stale.stale and not stale.duplicate
+    assert stale.signal.wake_signal_id == newer.signal.wake_signal_id
+    assert [s.wake_token for s in await signals(world.engine, world.org)] == ["v2"]
+    # Equal version, another token: also stale.
+    assert (await world.rt.signals.submit(world.work, approval("r2", "v2b", version=2))).stale
+    # A newer one is accepted.
+    assert not (await world.rt.signals.submit(world.work, approval("r2", "v3", version=3))).stale
+
+
+async def test_a_signal_whose_condition_does_not_hold_leaves_the_run_waiting(
+    world: World,
+) -> None:
+    run_id = await _waiting(world)
+    rejected = await world.rt.signals.submit(world.work, approval("r1", "t1", status="held"))
+    assert rejected.signal.state is SignalState.UNMATCHED
+    assert (await world.run(run_id)).state is RunState.WAITING
+    approved = await world.rt.signals.submit(world.work, approval("r1", "t2"))
+    assert approved.signal.state is SignalState.CONSUMED
+    assert (await world.dependency(run_id)).wake_token == "t2"
+
+
+async def test_periodic_reconciler_matches_a_signal_whose_producer_crashed_before_matching(
+    world: World,
+) -> None:
+    run_id = await _waiting(world)
+    # The dependency's own probes are long over (a wait of days)...
+    async with db.transaction(world.engine) as conn:
+        d = flow_dependencies.c
+        await conn.execute(
+            update(flow_dependencies)
+            .where(d.org_id == world.org, d.flow_run_id == run_id)
+            .values(next_probe_at=None, reconciliation_attempts=12)
+        )
+    # ... and the producer committed its signal but died before its match (the same rows
+    # ``SubmitWakeSignal`` commits before ``after_signal_commit``).
+    from runtime_svc.kernel.store_waits import insert_signal_txn
+    from runtime_svc.waits.evidence import validate_submission
+
+    new = validate_submission(approval("r1", "lost"), world.rt.registry)
+    async with db.transaction(world.engine) as conn:
+        now = await world.clock(conn)
+        assert await insert_signal_txn(
+            conn, world.work, new, now, expires_at=now + timedelta(days=31), match_at=now
+        )
+    assert (await world.run(run_id)).state is RunState.WAITING
+    world.clock.advance(seconds=3)
+    stats = await world.sweep()
+    assert stats.signals_matched == 1
+    assert (await world.dependency(run_id)).state is DependencyState.RESOLVED
+    [signal] = await signals(world.engine, world.org)
+    assert signal.state is SignalState.CONSUMED and signal.next_match_at is None
+
+
+async def test_periodic_reconciler_matches_an_old_unmatched_signal_from_the_dependency_side(
+    world: World,
+) -> None:
+    # The signal arrived long ago, its producer-side match found no dependency and was
+    # settled; then the wait committed and its process died before the fresh
+    # reconciliation: only the dependency's probe can still see the signal.
+    await world.seed(signal_flow())
+    await world.rt.signals.submit(world.work, approval("r5", "old"))
+    world.clock.advance(days=2)
+    run = await world.start("wait_signal", key="r5")
+    steps = world.rt.steps
+    reconcile = steps.after_commit
+
+    async def crashed(_wait: object) -> None:
+        return None  # the process "died": no fresh reconciliation
+
+    steps.after_commit = crashed  # type: ignore[method-assign]
+    try:
+        await world.drive(run.flow_run_id)
+    finally:
+        steps.after_commit = reconcile  # type: ignore[method-assign]
+    assert (await world.dependency(run.flow_run_id)).state is DependencyState.PENDING
+    world.clock.advance(minutes=1)
+    stats = await world.sweep()
+    assert stats.probes == 1 and stats.resolved == 1
+    assert (await world.dependency(run.flow_run_id)).wake_token == "old"
+
+
+async def test_deadline_and_notification_racing_from_two_connections_exactly_one_wins(
+    world: World,
+) -> None:
+    await world.seed(signal_flow(deadline="PT1H"))
+    runs = []
+    for i in range(6):
+        run = await world.start("wait_signal", key=f"race{i}")
+        await world.drive(run.flow_run_id)
+        runs.append(run.flow_run_id)
+    world.clock.advance(hours=2)  # every deadline has passed
+    # Insert the signals without their producer-side match, then race the expiry
+    # transition against the resolution on separate connections.
+    from runtime_svc.kernel.store_waits import insert_signal_txn
+    from runtime_svc.waits.evidence import validate_submission
+
+    for i in range(6):
+        new = validate_submission(approval(f"race{i}", "t"), world.rt.registry)
+        async with db.transaction(world.engine) as conn:
+            now = await world.clock(conn)
+            await insert_signal_txn(
+                conn, world.work, new, now, expires_at=now + timedelta(days=1), match_at=None
+            )
+    for run_id in runs:
+        dep = await world.dependency(run_id)
+        resolve, expire = await asyncio.gather(
+            world.rt.matcher.match_dependency(dep),
+            world.rt.matcher.waits.expire(world.org, dep.dependency_id),
+        )
+        winners = [r for r in (resolve, expire) if isinstance(r, WaitTransition)]
+        assert len(winners) == 1, (resolve, expire)
+        loser = resolve if isinstance(expire, WaitTransition) else expire
+        assert isinstance(loser, NoChange)  # the loser re-read the terminal fact
+        final = await world.dependency(run_id)
+        root = await world.run(run_id)
+        if winners[0].outcome == "resolved":
+            assert final.state is DependencyState.RESOLVED and root.state is RunState.RUNNABLE
+        else:
+            assert final.state is DependencyState.EXPIRED
+            assert root.state is RunState.TERMINAL_FAILED
+    consumed = [s for s in await signals(world.engine, world.org) if s.dependency_id]
+    resolved = [r for r in runs if (await world.dependency(r)).state is DependencyState.RESOLVED]
+    assert len(consumed) == len(resolved)
+
+
+async def test_identical_kind_key_token_in_two_installations_and_two_orgs_never_cross(
+    world: World,
+) -> None:
+    same_org = world.other(new_scope(world.org, installation="inst-crm-2"))
+    other_org = world.other(new_scope())
+    run_a = await _waiting(world, "shared")
+    run_b = await _waiting(same_org, "shared", version=2)
+    run_c = await _waiting(other_org, "shared")
+
+    # Same kind/key/token in scope A: it cannot dedupe against, match, or consume B's.
+    a = await world.rt.signals.submit(world.work, approval("shared", "tok"))
+    assert a.signal.state is SignalState.CONSUMED
+    assert (await world.dependency(run_a)).state is DependencyState.RESOLVED
+    assert (await same_org.dependency(run_b)).state is DependencyState.PENDING
+    assert (await other_org.dependency(run_c)).state is DependencyState.PENDING
+    # The same token in B is not a duplicate of A's: its own signal, its own wake.
+    b = await same_org.rt.signals.submit(same_org.work, approval("shared", "tok"))
+    assert not b.duplicate and b.signal.wake_signal_id != a.signal.wake_signal_id
+    assert (await same_org.dependency(run_b)).wake_signal_id == b.signal.wake_signal_id
+    # No disclosure: B and the other org cannot read A's signal by id or natural key.
+    for other in (same_org, other_org):
+        with pytest.raises(NotFoundError):
+            await other.rt.signals.get(other.work, wake_signal_id=a.signal.wake_signal_id)
+    with pytest.raises(NotFoundError):
+        await other_org.rt.signals.get(
+            other_org.work, natural_key=("external.signal", "approval:shared", "tok")
+        )
+    assert (await other_org.dependency(run_c)).state is DependencyState.PENDING
+
+
+async def test_a_step_has_at_most_one_active_dependency_per_work_scope(world: World) -> None:
+    run_id = await _waiting(world)
+    dep = await world.dependency(run_id)
+    second = NewDependency(
+        dependency_id="dep_second",
+        flow_run_id=run_id,
+        step_execution_id=dep.step_execution_id,
+        producer_kind="external.signal",
+        producer_key="approval:r1",
+        condition_digest=dep.condition_digest,
+        deadline=dep.deadline,
+        next_probe_at=None,
+        expiry_policy=ExpiryPolicyCode.QUARANTINE,
+    )
+    with pytest.raises(ConflictError):
+        async with db.transaction(world.engine) as conn:
+            await insert_dependency_txn(conn, world.work, second, await world.clock(conn))
+    assert len([await world.dependency(run_id)]) == 1
+
+
+async def test_signals_past_their_retention_expire_and_are_purged(world: World) -> None:
+    await world.rt.signals.submit(world.work, approval("gone", "t"))
+    world.clock.advance(days=32)
+    stats = await world.sweep()
+    assert stats.signals_expired == 1
+    [signal] = await signals(world.engine, world.org)
+    assert signal.state is SignalState.EXPIRED
+    world.clock.advance(days=8)
+    stats = await world.sweep()
+    assert stats.purged == 1
+    assert await signals(world.engine, world.org) == []
+
+
+async def test_the_sweep_discovers_an_org_whose_only_work_is_signal_retention(
+    world: World,
+) -> None:
+    # No waiting run, no owed match: only an unmatched signal past its retention bound.
+    from runtime_svc.kernel.store_waits import insert_signal_txn
+    from runtime_svc.waits.evidence import validate_submission
+    from runtime_svc.waits.reconciler import orgs_with_waits
+
+    new = validate_submission(approval("old", "t"), world.rt.registry)
+    async with db.transaction(world.engine) as conn:
+        now = await world.clock(conn)
+        await insert_signal_txn(
+            conn,
+            world.work,
+            new,
+            now - timedelta(days=40),
+            expires_at=now - timedelta(days=1),
+            match_at=None,
+        )
+    assert world.org in await orgs_with_waits(world.engine, after=world.org[:-1], limit=1000)
+    stats = await world.sweeper.sweep_once(org_limit=1000)
+    assert stats.signals_expired >= 1
+    [signal] = await signals(world.engine, world.org)
+    assert signal.state is SignalState.EXPIRED
