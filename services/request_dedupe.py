@@ -397,20 +397,23 @@ class RequestLedger:
         if not inserted:
             raise DuplicateRequestRace(key)
 
-    async def complete_txn(self, conn: AsyncConnection, key: RequestKey, response: bytes) -> bytes:
-        """Complete a reserved or provisional row with ``response``; returns the response
-        to answer with: ``response``, or the one a concurrent completion stored first."""
+    async def complete_txn(
+        self, conn: AsyncConnection, key: RequestKey, response: bytes, *, final: bool = True
+    ) -> bytes:
+        """Complete a reserved or provisional row with ``response`` (``final=False``:
+        store it as the provisional response); returns the response to answer with:
+        ``response``, or the one a concurrent completion stored first."""
         t = self.table
         result = await conn.execute(
             update(t)
             .where(*self._key_where(key), t.c.completed == false())
-            .values(response_payload=_encode(response), completed=True)
+            .values(response_payload=_encode(response), completed=final)
         )
         if result.rowcount == 1:
             return response
         stored = await self.lookup_txn(conn, key)
         if stored is None:  # purged meanwhile (a retention window shorter than the call)
-            await self.record_txn(conn, key, response)
+            await self.record_txn(conn, key, response, completed=final)
             return response
         return stored.payload if stored.payload is not None else response
 
@@ -421,15 +424,16 @@ class RequestLedger:
         work: Callable[[AsyncConnection], Awaitable[T]],
         encode: Callable[[T], bytes | None],
         *,
-        completed: bool = True,
+        completed: bool | Callable[[T], bool] = True,
     ) -> Deduplicated[T]:
         """Replay the stored response of ``key``, or run ``work`` and record its encoded
         response in the same transaction (``conn``).
 
         ``encode`` returning ``None`` records nothing (the service raises a refusal after
         the commit; a retry decides again). ``completed=False`` records a provisional
-        response that :meth:`complete` replaces later. A reserved row (no response yet)
-        is completed by this call.
+        response that :meth:`complete` replaces later; a callable decides per outcome
+        (``SubmitWakeSignal``: only a freshly accepted signal has a match still to run).
+        A reserved row (no response yet) takes the response.
 
         Raises:
             RequestIdReusedError: the id was used with another body (nothing ran).
@@ -443,11 +447,12 @@ class RequestLedger:
         response = encode(value)
         if response is None:
             return Deduplicated(value, None)
+        final = completed(value) if callable(completed) else completed
         if prior is None:
-            await self.record_txn(conn, key, response, completed=completed)
+            await self.record_txn(conn, key, response, completed=final)
         else:
-            response = await self.complete_txn(conn, key, response)
-        return Deduplicated(value, response, completed=completed)
+            response = await self.complete_txn(conn, key, response, final=final)
+        return Deduplicated(value, response, completed=final)
 
     # --- public operations (one transaction each) -------------------------------------------
 
@@ -458,7 +463,7 @@ class RequestLedger:
         work: Callable[[AsyncConnection], Awaitable[T]],
         encode: Callable[[T], bytes | None],
         *,
-        completed: bool = True,
+        completed: bool | Callable[[T], bool] = True,
     ) -> Deduplicated[T]:
         """:meth:`execute_txn` in its own transaction (whole-transaction retry on
         deadlocks; a lost insert race rolls back and replays the winner).
