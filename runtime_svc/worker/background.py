@@ -126,7 +126,7 @@ async def start_background(
             return False  # sweeps always wait their interval
 
         group.spawn("flow-sweeps", sweep, s.sweep_ms / 1000)
-        wait_sweeper = waits.sweeper(batch=s.wait_batch)
+        wait_sweeper = waits.sweeper(batch=s.wait_batch, org_batch=s.org_batch)
 
         async def wait_sweep() -> bool:
             await wait_sweeper.sweep_once()

@@ -8,7 +8,7 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 
 from runtime_svc.kernel import RunState
 from runtime_svc.kernel.decisions import NoChange
@@ -20,7 +20,7 @@ from runtime_svc.kernel.wait_model import (
     NewDependency,
     SignalState,
 )
-from runtime_svc.schema import flow_dependencies
+from runtime_svc.schema import flow_dependencies, flow_wake_signals
 from services import db
 from services.errors import ConflictError, FailedPreconditionError, NotFoundError
 from tests.integration.waits.support import (
@@ -31,6 +31,7 @@ from tests.integration.waits.support import (
     signal_flow,
     signals,
     task_subjects,
+    work_scope,
 )
 
 
@@ -311,3 +312,45 @@ async def test_the_sweep_discovers_an_org_whose_only_work_is_signal_retention(
     assert stats.signals_expired >= 1
     [signal] = await signals(world.engine, world.org)
     assert signal.state is SignalState.EXPIRED
+
+
+async def test_the_wait_sweeps_serve_every_org_in_rotation(world: World) -> None:
+    """Issue 10 item 1: the wait sweeps discover orgs through the shared
+    ``services.background.OrgRotation`` — with 500 orgs owing signal retention and 100
+    orgs per pass, each pass serves one bounded batch and every org is reached within
+    ceil(orgs / 100) passes (the org discovery was paged before too: this guards it)."""
+    from runtime_svc.kernel.store_waits import insert_signal_txn
+    from runtime_svc.waits.evidence import validate_submission
+    from runtime_svc.waits.reconciler import orgs_with_waits
+
+    new = validate_submission(approval("old", "t"), world.rt.registry)
+    orgs = [f"rot-{i:04d}" for i in range(500)]
+    async with db.transaction(world.engine) as conn:
+        now = await world.clock(conn)
+        for org in orgs:
+            await insert_signal_txn(
+                conn,
+                work_scope(new_scope(org)),
+                new,
+                now - timedelta(days=40),
+                expires_at=now - timedelta(days=1),
+                match_at=None,
+            )
+    # Other tests of this module share the database: count every org with waits.
+    total = len(await orgs_with_waits(world.engine, limit=100_000))
+    assert total >= len(orgs)
+    sweeper = world.rt.sweeper(batch=10, org_batch=100)
+
+    async def expired() -> int:
+        w = flow_wake_signals.c
+        async with db.transaction(world.engine, readonly=True) as conn:
+            query = select(func.count()).where(
+                w.org_id.in_(orgs), w.resolution_state == SignalState.EXPIRED.code
+            )
+            return int((await conn.execute(query)).scalar_one())
+
+    await sweeper.sweep_once()
+    assert 0 < await expired() <= 100  # one bounded batch per pass
+    for _ in range(-(-total // 100) - 1):
+        await sweeper.sweep_once()
+    assert await expired() == len(orgs)  # every org reached within ceil(orgs / batch)
