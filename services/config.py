@@ -163,7 +163,11 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     "FLOW_RUNTIME_LEASE_MS": ("60000", "runtime: claim lease duration"),
     "FLOW_RUNTIME_RETRY_BASE_MS": ("1000", "runtime: retry backoff base (jittered exponential)"),
     "FLOW_RUNTIME_RETRY_MAX_MS": ("300000", "runtime: retry backoff cap"),
-    "FLOW_RUNTIME_MAX_ATTEMPTS": ("5", "runtime: attempts per step before terminal failure"),
+    "FLOW_RUNTIME_MAX_ATTEMPTS": (
+        "5",
+        "runtime: attempts per step before a retryable failure is terminal (a step resumed "
+        "after its wait is claimed whatever its count)",
+    ),
     "FLOW_RUNTIME_IDLE_MS": ("500", "runtime: longest idle backoff of a worker with no work"),
     "FLOW_RUNTIME_SWEEP_MS": ("1000", "runtime: sweep interval"),
     "FLOW_RUNTIME_RETENTION_DAYS": (

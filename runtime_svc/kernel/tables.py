@@ -14,11 +14,12 @@ non-terminal with no transition left, issue 10 item 4):
   ``Running`` or ``Waiting``; a worker that keeps dying between claim and
   ``Claimed -> Running`` would otherwise cycle ``Claimed -> RetryScheduled`` forever.
   Recovery uses the extension only when the lease-expiry or attempt budget is spent.
-* ``Pending -> Failed``, ``RetryScheduled -> Failed`` (§11.2) with root
-  ``Runnable -> TerminalFailed`` (§11.1). A due step whose attempt budget is already
-  spent — the retry policy was lowered after it was scheduled — can never be claimed
-  again; the claim that finds it ends the step and the run (``retry_exhausted``) in the
-  same root→step transaction instead of leaving it ``Runnable`` and unclaimable for ever.
+* ``RetryScheduled -> Failed`` (§11.2) with root ``Runnable -> TerminalFailed`` (§11.1).
+  A due retry whose attempt budget is already spent — the retry policy was lowered after
+  it was scheduled — can never be claimed again; the claim that finds it ends the step
+  and the run (``retry_exhausted``) in the same root→step transaction instead of leaving
+  it ``Runnable`` and unclaimable for ever. (A ``Pending`` step — a first execution or a
+  step resumed after its wait — is always claimable: the budget bounds retries, §13.4.)
 """
 
 from __future__ import annotations
@@ -83,12 +84,12 @@ RUN_EXTENSION_ARROWS: frozenset[tuple[RunState, RunState]] = frozenset(
 )
 #: The arrows added to §11.2 (see the module docstring).
 STEP_EXTENSION_ARROWS: frozenset[tuple[StepState, StepState]] = frozenset(
-    {(_S.CLAIMED, _S.FAILED), (_S.PENDING, _S.FAILED), (_S.RETRY_SCHEDULED, _S.FAILED)}
+    {(_S.CLAIMED, _S.FAILED), (_S.RETRY_SCHEDULED, _S.FAILED)}
 )
 
 #: §11.2 plus :data:`STEP_EXTENSION_ARROWS`.
 STEP_TRANSITIONS: Mapping[StepState, frozenset[StepState]] = {
-    _S.PENDING: frozenset({_S.CLAIMED, _S.CANCELLED, _S.FAILED}),
+    _S.PENDING: frozenset({_S.CLAIMED, _S.CANCELLED}),
     _S.RETRY_SCHEDULED: frozenset({_S.CLAIMED, _S.CANCELLED, _S.FAILED}),
     _S.CLAIMED: frozenset(
         {_S.RUNNING, _S.PENDING, _S.RETRY_SCHEDULED, _S.CANCEL_REQUESTED, _S.FAILED}

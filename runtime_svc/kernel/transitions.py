@@ -13,8 +13,8 @@ Arrow coverage (§11.1 run / §11.2 step / §11.3 attempt):
 function                   arrows
 =========================  ==================================================================
 decide_claim               run Runnable→Running; step Pending|RetryScheduled→Claimed (a due
-                           step whose attempt budget is spent: step →Failed, run
-                           Runnable→TerminalFailed, ``retry_exhausted``)
+                           retry whose attempt budget is spent: step RetryScheduled→Failed,
+                           run Runnable→TerminalFailed, ``retry_exhausted``)
 decide_start_running       step Claimed→Running
 decide_commit              attempt Started→Committed; step Running→Succeeded|Waiting; run
                            Running→Runnable|Succeeded|TerminalFailed|Waiting
@@ -151,10 +151,15 @@ def decide_claim(
     The new attempt's ``RecoveryBackoffFloor`` is the deterministic jittered backoff of
     its attempt number, which is never below the ordinary retry floor of that attempt.
 
-    A due current step whose attempt budget is already spent (the policy was lowered after
-    it was scheduled) can never be claimed again: the decision ends it — step ``Failed``,
-    root ``TerminalFailed`` with ``retry_exhausted`` (a documented extension of §11, see
-    :mod:`runtime_svc.kernel.tables`) — instead of leaving the run unclaimable for ever.
+    The attempt budget bounds automatic *retries* (§13.4: "attempt count ... remain"):
+    only an eligible ``RetryScheduled`` step needs budget left (§12.1 step 3). A
+    ``Pending`` step is always claimable — a first execution, or a step resumed after its
+    wait resolved (``Waiting -> Pending``), which is no retry even when entering the wait
+    used the last attempt. A due ``RetryScheduled`` step whose budget is already spent
+    (the policy was lowered after it was scheduled) can never be claimed again: the
+    decision ends it — step ``Failed``, root ``TerminalFailed`` with ``retry_exhausted``
+    (a documented extension of §11, see :mod:`runtime_svc.kernel.tables`) — instead of
+    leaving the run unclaimable for ever.
     """
     checks: list[tuple[bool, str]] = [
         (root.execution_owner is not ExecutionOwner.FLOW_RUNTIME_V2, "not_v2_owned"),
@@ -171,7 +176,10 @@ def decide_claim(
         (step.state not in CLAIMABLE, "step_not_claimable"),
         (step.ownership_epoch != request.ownership_epoch, "epoch_mismatch"),
         (step.run_after is not None and step.run_after > now, "not_due"),
-        (step.attempt_count >= policy.max_attempts, "attempt_budget_spent"),
+        (
+            step.state is StepState.RETRY_SCHEDULED and step.attempt_count >= policy.max_attempts,
+            "attempt_budget_spent",
+        ),
     ]
     reason = next((why for failed, why in checks if failed), None)
     if reason == "attempt_budget_spent":

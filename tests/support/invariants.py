@@ -14,8 +14,9 @@ terminal or quarantined, or still has a future transition that some process will
 A non-terminal run is *stranded* when nothing can ever move it:
 
 * ``Runnable`` — its current step must be claimable (``Pending``/``RetryScheduled``) with
-  a due time; a step whose attempt budget is spent under the policy in force is claimed
-  into a terminal failure, so after a drain of due work none may remain;
+  a due time; a retry whose attempt budget is spent under the policy in force is claimed
+  into a terminal failure, so after a drain of due work none may remain (a ``Pending``
+  step — also one resumed after its wait — is claimable whatever its attempt count);
 * ``Running`` — its current step must hold a lease with a deadline (the worker commits or
   lease recovery fences it when the deadline passes);
 * ``CancelRequested`` — the cancellation cleanup sweep completes it;
@@ -192,7 +193,9 @@ def _why(
             return f"runnable_with_{step['state']}_step"
         if step["run_after"] is None:
             return "no_due_time"
-        if drained and step["attempt_count"] >= max_attempts:
+        # Only a retry needs budget left (a resumed or first Pending step is claimable).
+        retry = step["state"] == "RetryScheduled"
+        if drained and retry and step["attempt_count"] >= max_attempts:
             return "attempt_budget_spent"
         return None
     if state == "Running":

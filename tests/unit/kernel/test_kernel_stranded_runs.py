@@ -34,8 +34,10 @@ def _step(state: str, **kw: Any) -> dict[str, Any]:
         ("Runnable", _step("Pending"), [], True, None),
         ("Runnable", _step("RetryScheduled", attempt_count=1), [], True, None),
         ("Runnable", _step("Pending", run_after=None), [], False, "no_due_time"),
-        ("Runnable", _step("Pending", attempt_count=3), [], False, None),
-        ("Runnable", _step("Pending", attempt_count=3), [], True, "attempt_budget_spent"),
+        ("Runnable", _step("RetryScheduled", attempt_count=3), [], False, None),
+        ("Runnable", _step("RetryScheduled", attempt_count=3), [], True, "attempt_budget_spent"),
+        # A step resumed after its wait is Pending: claimable whatever its attempt count.
+        ("Runnable", _step("Pending", attempt_count=3), [], True, None),
         ("Runnable", _step("Waiting"), [], False, "runnable_with_Waiting_step"),
         ("Running", _step("Running", lease_until=NOW), [], False, None),
         ("Running", _step("Running"), [], False, "running_without_lease"),

@@ -95,7 +95,6 @@ def test_tables_hold_exactly_the_spec_arrows_plus_the_documented_extension() -> 
         assert set(table) == set(MACHINES[kind][0]), kind
     assert {
         (StepState.CLAIMED, StepState.FAILED),
-        (StepState.PENDING, StepState.FAILED),
         (StepState.RETRY_SCHEDULED, StepState.FAILED),
     } == STEP_EXTENSION_ARROWS
     assert {(RunState.RUNNABLE, RunState.TERMINAL_FAILED)} == RUN_EXTENSION_ARROWS

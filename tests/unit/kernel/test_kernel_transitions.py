@@ -172,10 +172,25 @@ def test_due_retry_scheduled_step_is_claimable() -> None:
     assert isinstance(decide_claim(m.root, m.steps["step_1"], T0, POLICY, request(m)), Claimed)
 
 
-@pytest.mark.parametrize("state", [StepState.PENDING, StepState.RETRY_SCHEDULED])
+def test_a_pending_step_is_claimed_whatever_its_attempt_count() -> None:
+    """Issue 10, item 4: a step resumed after its wait (``Waiting -> Pending``) is no
+    retry — entering the wait on the last attempt must not strand or fail the run."""
+    m = Model(
+        root=run(),
+        steps={
+            "step_1": step(state=StepState.PENDING, run_after=T0, attempt_count=POLICY.max_attempts)
+        },
+    )
+    decision = decide_claim(m.root, m.steps["step_1"], T0, POLICY, request(m))
+    assert isinstance(decision, Claimed)
+    assert decision.transition.new_attempt is not None
+    assert decision.transition.new_attempt.attempt_number == POLICY.max_attempts + 1
+
+
+@pytest.mark.parametrize("state", [StepState.RETRY_SCHEDULED])
 def test_a_due_step_with_a_spent_attempt_budget_ends_its_run(state: StepState) -> None:
-    """Issue 10, item 4: a policy lowered after the step was scheduled must not leave the
-    run Runnable and unclaimable for ever; the claim ends step and run terminally."""
+    """Issue 10, item 4: a policy lowered after the retry was scheduled must not leave
+    the run Runnable and unclaimable for ever; the claim ends step and run terminally."""
     m = Model(
         root=run(),
         steps={"step_1": step(state=state, run_after=T0, attempt_count=POLICY.max_attempts)},
