@@ -1,27 +1,150 @@
-"""Servicer wiring of the effect-owner service."""
+"""Servicer and background wiring of the effect-owner service.
+
+The process serves ``EffectOwnerService`` and runs (role flags permitting):
+
+* the command dispatcher (``FLOW_EFFECT_DISPATCHERS`` concurrent provider calls; 0 = off)
+  — accepted commands → providers → outcomes and completion receipts;
+* the owner-outbox dispatcher and repair sweep (``FLOW_OUTBOX_DISPATCHERS``; 0 = off) —
+  completion receipts → the runtime's ``WakeSignalService`` with the owner's own
+  workload credential (audience ``runtime``, role ``flow.signals.submit``);
+* the retention sweep of the request-dedupe ledger ``owner_requests``
+  (``FLOW_REQUEST_RETENTION_HOURS``).
+
+All of them are loops of one :class:`services.background.LoopGroup`.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
+import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.config import ServiceConfig
-from services.grpc_server import ServiceRegistration, unimplemented_servicer
-from services.proto import effect_v1
+from effect_owner_svc.api.servicer import SERVICE_NAME, build_effect_owner_service
+from effect_owner_svc.commands.model import CommandPolicy
+from effect_owner_svc.dispatcher.commands import CommandDispatcher
+from effect_owner_svc.providers.factory import ProviderSet, build_providers, served_kinds
+from effect_owner_svc.receipts.delivery import WakeSignalDelivery
+from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
+from effect_owner_svc.schema import owner_requests
+from services.background import BackgroundLoop, LoopGroup
+from services.config import (
+    EffectOwnerSettings,
+    OutboxSettings,
+    ServiceConfig,
+    ServiceName,
+    load_effect_owner_settings,
+    load_outbox_settings,
+)
+from services.effect_contract import EFFECT_COMPLETION_FAMILY, WAKE_SIGNAL_SUBMIT_ROLE
+from services.grpc_server import ServiceRegistration
+from services.outbox import DeliveryPolicy, FamilyRegistry, MessageFamily, OutboxDispatcher
+from services.peer_client import ScopedCredentials, peer_channel
+from services.request_dedupe import RequestLedger
+from services.request_retention import RequestRetention
 
-__all__ = ["SERVICE_NAMES", "build_services"]
+__all__ = ["SERVICE_NAMES", "OwnerBackground", "build_services", "start_owner_background"]
 
-SERVICE_NAMES = ("nexus.flow.effect.v1.EffectOwnerService",)
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (SERVICE_NAME,)
 
 
 async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[ServiceRegistration]:
-    """The effect-owner RPCs (UNIMPLEMENTED until the effect-protocol work lands)."""
-    del cfg, engine
-    return [
-        ServiceRegistration(
-            SERVICE_NAMES[0],
-            effect_v1.add_EffectOwnerServiceServicer_to_server,
-            unimplemented_servicer(effect_v1.EffectOwnerServiceServicer),
+    """The effect-owner RPCs."""
+    del cfg
+    return [build_effect_owner_service(engine, served_kinds(load_effect_owner_settings()))]
+
+
+def receipt_family(
+    cfg: ServiceConfig, settings: EffectOwnerSettings, outbox: OutboxSettings
+) -> tuple[MessageFamily, object]:
+    """The completion-receipt family and the channel it delivers over (to close)."""
+    channel = peer_channel(cfg, settings.runtime_target, audience=ServiceName.RUNTIME)
+    credentials = ScopedCredentials.from_config(
+        cfg,
+        audience=ServiceName.RUNTIME,
+        subject="effect-owner",
+        roles=(WAKE_SIGNAL_SUBMIT_ROLE,),
+    )
+    deliver = WakeSignalDelivery(channel, credentials, timeout_s=outbox.lease_ms / 1000 / 2)
+    policy = DeliveryPolicy(
+        max_attempts=settings.receipt_max_attempts,
+        base_delay_ms=outbox.retry_base_ms,
+        max_delay_ms=outbox.retry_max_ms,
+        lease_ms=outbox.lease_ms,
+        reconcile_max_attempts=outbox.reconcile_max_attempts,
+    )
+    return MessageFamily(EFFECT_COMPLETION_FAMILY, deliver, policy=policy), channel
+
+
+class OwnerBackground:
+    """The running loops of the owner process, and what they hold open."""
+
+    def __init__(self, loops: LoopGroup, providers: ProviderSet, channel: object) -> None:
+        self._loops, self._providers, self._channel = loops, providers, channel
+
+    async def stop(self) -> None:
+        """Stop the loops, then close providers and the runtime channel (idempotent)."""
+        await self._loops.stop()
+        await self._providers.aclose()
+        close = getattr(self._channel, "close", None)
+        if close is not None:
+            await close()
+
+
+async def start_owner_background(cfg: ServiceConfig, engine: AsyncEngine) -> OwnerBackground:
+    """Start the command dispatcher and the owner-outbox dispatcher (see the docstring)."""
+    settings = load_effect_owner_settings()
+    outbox = load_outbox_settings()
+    providers = build_providers(settings)
+    host = f"{socket.gethostname()}:{os.getpid()}/{uuid.uuid4().hex[:8]}"
+    tasks: list[BackgroundLoop] = []
+    if settings.dispatchers > 0 and providers:
+        dispatcher = CommandDispatcher(
+            engine,
+            providers,
+            CommandPolicy(
+                max_attempts=settings.max_attempts,
+                reconcile_max_attempts=settings.reconcile_max_attempts,
+                base_delay_ms=settings.retry_base_ms,
+                max_delay_ms=settings.retry_max_ms,
+                lease_ms=settings.lease_ms,
+            ),
+            owner=host,
+            concurrency=settings.dispatchers,
+            idle_s=settings.idle_ms / 1000,
         )
-    ]
+        tasks += dispatcher.loops()
+    family, channel = receipt_family(cfg, settings, outbox)
+    if outbox.dispatchers > 0:
+        receipts = OutboxDispatcher(
+            engine,
+            OWNER_OUTBOX,
+            FamilyRegistry([family]),
+            owner=host,
+            idle_s=outbox.idle_ms / 1000,
+            sweep_interval_s=outbox.sweep_ms / 1000,
+        )
+        tasks += receipts.loops("owner-outbox")
+    # The request-dedupe ledger of the owner's RPCs keeps FLOW_REQUEST_RETENTION_HOURS.
+    tasks.append(
+        RequestRetention(
+            engine,
+            RequestLedger(owner_requests),
+            retention=timedelta(hours=cfg.request_retention_hours),
+        )
+    )
+    loops = LoopGroup(tasks).start()
+    log.info(
+        "effect owner background: kinds=%s command dispatchers=%d outbox=%d runtime=%s",
+        ",".join(sorted(providers)),
+        settings.dispatchers,
+        outbox.dispatchers,
+        settings.runtime_target,
+    )
+    return OwnerBackground(loops, providers, channel)

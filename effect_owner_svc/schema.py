@@ -25,6 +25,7 @@ from sqlalchemy import (
     String,
     Table,
     UniqueConstraint,
+    text,
 )
 
 from services.db import (
@@ -34,6 +35,7 @@ from services.db import (
     KEY_LEN,
     TABLE_OPTIONS,
     TOKEN_LEN,
+    WORK_SCOPE,
     JsonText,
     UtcDateTime,
     new_metadata,
@@ -78,6 +80,12 @@ owner_inbox = Table(
     Column("state", String(CODE_LEN), nullable=False),  # ACCEPTED | REJECTED
     Column("external_command_id", String(ID_LEN), nullable=True),
     Column("decided_at", UtcDateTime(), nullable=False),
+    # Quarantine marker (revision 0003): a request naming this key with a different
+    # scope, payload digest or outbox identity failed closed against this row. Evidence
+    # for operators; the row's decision and attributes never change.
+    Column("quarantine_count", Integer, nullable=False, server_default=text("0")),
+    Column("quarantine_reason", String(CODE_LEN), nullable=True),
+    Column("quarantined_at", UtcDateTime(), nullable=True),
     PrimaryKeyConstraint("org_id", "effect_handoff_key"),
     **TABLE_OPTIONS,
 )
@@ -106,6 +114,18 @@ external_commands = Table(
     Column("lease_until", UtcDateTime(), nullable=True),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
+    # Revision 0003: envelope lineage (immutable), the provider idempotency key, the
+    # latest outcome's safe code/result digest, and OUTCOME_UNKNOWN reconciliation count.
+    Column("runtime_outbox_message_id", String(ID_LEN), nullable=True),
+    Column("flow_run_id", String(ID_LEN), nullable=True),
+    Column("step_execution_id", String(ID_LEN), nullable=True),
+    Column("submission_attempt_id", String(ID_LEN), nullable=True),
+    Column("deadline", UtcDateTime(), nullable=True),
+    Column("failure_policy", String(CODE_LEN), nullable=True),
+    Column("provider_idempotency_key", String(KEY_LEN), nullable=True),
+    Column("safe_error_code", String(ID_LEN), nullable=True),
+    Column("result_digest", String(DIGEST_LEN), nullable=True),
+    Column("reconcile_attempts", Integer, nullable=False, server_default=text("0")),
     PrimaryKeyConstraint("org_id", "external_command_id"),
     UniqueConstraint("org_id", "effect_handoff_key", name="uq_external_commands_handoff"),
     ForeignKeyConstraint(
@@ -113,6 +133,13 @@ external_commands = Table(
     ),
     Index("ix_external_commands_due", "org_id", "state", "next_attempt_at"),
     Index("ix_external_commands_lease", "org_id", "lease_until"),
+    # ListCommands: one work scope, by acceptance time then id (revision 0003).
+    Index(
+        "ix_external_commands_scope_created",
+        *WORK_SCOPE,
+        "created_at",
+        "external_command_id",
+    ),
     **TABLE_OPTIONS,
 )
 
@@ -186,7 +213,8 @@ owner_outbox = Table(
 )
 
 
-#: Request deduplication of the owner's mutating RPCs (``services.request_dedupe``;
-#: revision 0003_request_dedupe): (complete trusted scope, rpc, request_id) -> digest of
-#: the request body and the original response.
+#: Transport dedupe of mutating RPCs (``AcceptHandoff``, ``RejectIfUnaccepted``) on
+#: ``(complete trusted scope, RPC, request_id)`` (``services.request_dedupe``, revision
+#: 0003). The durable dedupe of the inbox is the handoff key; this only
+#: replays the original response bytes to a retried request.
 owner_requests = request_dedupe_table(metadata, "owner_requests")

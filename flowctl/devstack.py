@@ -1,11 +1,14 @@
 """``make run``: the three services on embedded SQLite under ``./.data``, with the demo.
 
-Starts ``catalog_svc``, ``runtime_svc`` and ``effect_owner_svc`` as child processes,
-waits (bounded) until each reports SERVING on the standard health service, seeds the
-demo through the public APIs (:func:`flowctl.demo.seed`: a sealed catalog generation and
-two ACTIVE Flows), prints how to reach everything, and stops the children on Ctrl-C /
-SIGTERM. A child that dies, a start-up timeout or a failed seeding takes the stack down
-with a non-zero exit.
+Starts a local SMTP sink (:mod:`flowctl.mailsink`, one ``.eml`` file per message under
+``FLOW_MAIL_SINK_DIR``, default ``./.data/mail``) on the effect owner's
+``FLOW_EFFECT_SMTP_PORT``, then ``catalog_svc``, ``runtime_svc`` and
+``effect_owner_svc`` as child processes, waits (bounded) until each reports SERVING on
+the standard health service, seeds the demo through the public APIs
+(:func:`flowctl.demo.seed`: a sealed catalog generation and two ACTIVE Flows), prints how
+to reach everything (and where the demo's e-mails land), and stops the children on
+Ctrl-C / SIGTERM. A child that dies, a start-up timeout or a failed seeding takes the
+stack down with a non-zero exit.
 
 This is a client of the services (it only uses their public gRPC APIs), so it lives in
 ``flowctl`` rather than in the shared kernel ``services``.
@@ -46,7 +49,13 @@ from services.auth import (
     load_signing_key,
     mint_credential,
 )
-from services.config import ServiceConfig, ServiceName, load_config
+from services.config import (
+    ServiceConfig,
+    ServiceName,
+    load_config,
+    load_effect_owner_settings,
+    mail_sink_dir,
+)
 
 __all__ = ["banner", "main"]
 
@@ -78,17 +87,47 @@ def _serving(cfg: ServiceConfig) -> bool:
         return False
 
 
-def _stop_all(children: Mapping[ServiceName, subprocess.Popen[bytes]]) -> None:
-    for proc in children.values():
+def _stop_all(children: list[subprocess.Popen[bytes]]) -> None:
+    for proc in children:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + _STOP_TIMEOUT_S
-    for proc in children.values():
+    for proc in children:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _start_mail_sink(env: Mapping[str, str], data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The dev SMTP sink on the effect owner's SMTP port; returns it and its address."""
+    smtp = load_effect_owner_settings(env).smtp
+    mail_dir = mail_sink_dir(env)
+    with open(data_dir / "mailsink.log", "ab") as log_file:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "flowctl.mailsink",
+                "--dir",
+                str(mail_dir),
+                "--host",
+                smtp.host,
+                "--port",
+                str(smtp.port),
+            ],
+            env=dict(env),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    return proc, f"smtp://{smtp.host}:{smtp.port} -> {mail_dir}/*.eml"
 
 
 def _mint_dev_token(signing_key: Path, key_id: str, data_dir: Path, demo: DemoSummary) -> Path:
@@ -192,6 +231,7 @@ def main() -> int:
     keys = ensure_dev_keys(data_dir, env=runtime_cfg.env, key_id=runtime_cfg.auth_signing_key_id)
 
     children: dict[ServiceName, subprocess.Popen[bytes]] = {}
+    sink: subprocess.Popen[bytes] | None = None
     stopping = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -202,6 +242,15 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
+        smtp = load_effect_owner_settings(env).smtp
+        sink, mail = _start_mail_sink(env, data_dir)
+        log.info("mail sink started (pid %d): %s", sink.pid, mail)
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while not _port_open(smtp.host, smtp.port):
+            if sink.poll() is not None or time.monotonic() > deadline:
+                log.error("the mail sink did not start; see %s", data_dir / "mailsink.log")
+                return 1
+            time.sleep(0.1)
         for svc, module in _MODULES.items():
             with open(data_dir / f"{module}.log", "ab") as log_file:  # the child keeps its copy
                 children[svc] = subprocess.Popen(
@@ -259,21 +308,29 @@ def main() -> int:
         token_file = _mint_dev_token(
             keys.signing_key, runtime_cfg.auth_signing_key_id, data_dir, demo
         )
-        print(banner(configs, data_dir, token_file, demo), flush=True)
+        print(banner(configs, data_dir, token_file, demo, mail), flush=True)
 
         while not stopping:
             for svc, proc in children.items():
                 if proc.poll() is not None:
                     log.error("%s exited with %s; stopping the stack", svc.value, proc.returncode)
                     return 1
+            if sink.poll() is not None:
+                log.error("the mail sink exited with %s; stopping the stack", sink.returncode)
+                return 1
             time.sleep(0.5)
         log.info("stopping")
         return 0
     finally:
-        _stop_all(children)
+        # Services first (the owner may still be handing a message to the sink).
+        _stop_all(list(children.values()))
+        if sink is not None:
+            _stop_all([sink])
 
 
-def banner(configs: Configs, data_dir: Path, token_file: Path, demo: DemoSummary) -> str:
+def banner(
+    configs: Configs, data_dir: Path, token_file: Path, demo: DemoSummary, mail: str = ""
+) -> str:
     """The text printed once the stack is up and the demo is seeded."""
     bin_dir = Path(sys.executable).parent
     grpcurl, flowctl = shlex.quote(str(bin_dir / "grpcurl")), shlex.quote(str(bin_dir / "flowctl"))
@@ -282,6 +339,8 @@ def banner(configs: Configs, data_dir: Path, token_file: Path, demo: DemoSummary
     data = shlex.quote(str(data_dir))
     lines = ["", f"Nexus Flow Runtime is up (embedded SQLite under {data_dir}):"]
     lines += [f"  {svc.value:<13} {local_target(configs[svc])}" for svc in _MODULES]
+    if mail:
+        lines += [f"  {'mail sink':<13} {mail}  (e-mails the demo Flows send land here)"]
     lines += [
         "",
         f"Demo ({demo.org_id} / {demo.app_installation_id} / {demo.runtime_capability_id}):",

@@ -182,6 +182,11 @@ def catalog_inputs(flow: dict[str, Any], args: argparse.Namespace) -> CompilerIn
         snap,
         policy,
         flow_versions={str(flow.get("api_name")): version if isinstance(version, int) else 0},
+        # The producers the runtime registers (FLOW_RUNTIME_SIGNAL_KINDS), as activation
+        # passes them: the same inputs give the same plan digest.
+        wait_producers=ProducerRegistry(
+            load_config(ServiceName.RUNTIME).runtime_signal_kinds
+        ).compiler_producers(),
     )
 
 

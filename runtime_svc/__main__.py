@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from runtime_svc.app import RuntimeApp
+from runtime_svc.outbox.table import RUNTIME_OUTBOX
 from services.config import ServiceName
 from services.service_main import run_service
 
@@ -20,6 +21,7 @@ if __name__ == "__main__":
             ServiceName.RUNTIME,
             "runtime_svc",
             app.build_services,
+            outbox=RUNTIME_OUTBOX,
             background=app.start_background,
         )
     )

@@ -17,6 +17,7 @@ from runtime_svc.api.records import CatalogRecordViews, build_record_service
 from runtime_svc.api.runs import build_run_service
 from runtime_svc.api.signals import wake_signal_registration
 from runtime_svc.catalog_client import GrpcCatalogClient, ScopedCredentials, catalog_channel
+from runtime_svc.outbox import RuntimeOutbox, start_runtime_outbox
 from runtime_svc.waits.runtime import WaitRuntime
 from runtime_svc.worker.background import start_background
 from runtime_svc.worker.binary import BinaryCheck
@@ -67,7 +68,7 @@ class RuntimeApp:
             # its calls to the catalog must not start (development keys appear on first start).
             load_signing_key(cfg.auth_service_key)
         settings = WorkerSettings.from_config(cfg)
-        views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
+        views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.for_service(cfg))
         run_views = None if settings.view_file else views
         bindings: RecordViewSource = (
             FixedViews.from_file(settings.view_file) if settings.view_file else views
@@ -81,7 +82,8 @@ class RuntimeApp:
         ]
 
     async def start_background(self, cfg: ServiceConfig, engine: AsyncEngine) -> Background:
-        """The workers and sweeps (``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS``).
+        """The workers and sweeps (``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS``) and the
+        canonical-outbox dispatcher (``FLOW_OUTBOX_DISPATCHERS``).
 
         Mutation steps validate against the metadata view of the run's work scope, read
         from the catalog (``FLOW_CATALOG_TARGET``) exactly as the record service reads
@@ -93,12 +95,12 @@ class RuntimeApp:
         binary_check = None
         if not settings.view_file:
             channel = catalog_channel(cfg)
-            credentials = ScopedCredentials.from_config(cfg)
+            credentials = ScopedCredentials.for_service(cfg)
             views = CatalogRecordViews(channel, credentials)
             # §8.4: before the first claim of a plan, verify with the catalog that this
             # binary executes exactly the sealed entries the plan pins.
             binary_check = BinaryCheck(GrpcCatalogClient(channel, credentials))
-        return await start_background(
+        workers = await start_background(
             cfg,
             engine,
             views=views,
@@ -106,3 +108,20 @@ class RuntimeApp:
             waits=self.waits(cfg, engine),
             binary_check=binary_check,
         )
+        # The Flow-side finalizer of flow.effect.submit is registered with the runtime's
+        # EffectSubmit/EffectCompletion work; until then rejected or unknown handoffs stay
+        # pre-final (never terminal non-delivery) and the repair sweep reports them.
+        outbox = await start_runtime_outbox(cfg, engine, finalizer=None)
+        return _RuntimeBackground(workers, outbox)
+
+
+class _RuntimeBackground:
+    """Workers/sweeps and the canonical-outbox dispatcher, stopped together."""
+
+    def __init__(self, workers: Background, outbox: RuntimeOutbox | None) -> None:
+        self._workers, self._outbox = workers, outbox
+
+    async def stop(self) -> None:
+        if self._outbox is not None:
+            await self._outbox.stop()
+        await self._workers.stop()

@@ -18,7 +18,6 @@ runtime's one error interceptor maps them again; catalog internals never leak.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,16 +28,14 @@ import grpc.aio
 
 from runtime_svc.definitions.inputs import CatalogSnapshot
 from services.auth import (
-    CredentialSource,
     TrustedRuntimeWorkScope,
-    WorkloadClaims,
     bearer_metadata,
-    load_signing_key,
 )
 from services.channels import client_channel
-from services.config import ConfigError, ServiceConfig, ServiceName
+from services.config import ServiceConfig, ServiceName
 from services.digest import versioned_digest
-from services.errors import FailedPreconditionError, FlowError, NotFoundError, UnavailableError
+from services.errors import FailedPreconditionError, FlowError, NotFoundError
+from services.peer_client import ScopedCredentials as PeerCredentials
 from services.proto import catalog_v1, common_v1
 from services.remote_errors import remote_error
 
@@ -341,54 +338,24 @@ def metadata_view_doc(view: Any) -> dict[str, Any]:
 # --- credentials -----------------------------------------------------------------------
 
 
-class ScopedCredentials:
-    """Mints (and reuses until near expiry) one credential per trusted work scope.
+class ScopedCredentials(PeerCredentials):
+    """Mints (and reuses until near expiry) one catalog credential per trusted work scope.
 
     The runtime calls the catalog *for* a request's complete trusted scope, so each
-    scope gets its own credential (audience ``catalog``, subject ``runtime``), signed
-    with the runtime's own service key (``FLOW_AUTH_SERVICE_KEY``), whose trusted-keys
-    entry limits it to the audiences the runtime calls and no roles. The signing key may
-    be given as a path; it is then read on first use (a development server creates its
-    keys only when it starts serving).
+    scope gets its own credential (audience ``catalog``, subject ``runtime``, no roles),
+    signed with the runtime's own service key (``FLOW_AUTH_SERVICE_KEY``): the one
+    per-scope minting of :class:`services.peer_client.ScopedCredentials` with the
+    catalog as audience. The signing key may be given as a path; it is then read on
+    first use (a development server creates its keys only when it starts serving).
     """
 
     def __init__(self, private_key: Any | Path, key_id: str, *, subject: str = "runtime") -> None:
-        self._key, self._kid, self._subject = private_key, key_id, subject
-        self._sources: OrderedDict[TrustedRuntimeWorkScope, CredentialSource] = OrderedDict()
+        super().__init__(private_key, key_id, audience=ServiceName.CATALOG, subject=subject)
 
     @classmethod
-    def from_config(cls, cfg: ServiceConfig) -> ScopedCredentials:
+    def for_service(cls, cfg: ServiceConfig) -> ScopedCredentials:
         """Sign with ``cfg.auth_service_key`` under ``cfg.auth_service_key_id``."""
         return cls(cfg.auth_service_key, cfg.auth_service_key_id)
-
-    def __call__(self, scope: TrustedRuntimeWorkScope) -> str:
-        if isinstance(self._key, Path):
-            try:
-                self._key = load_signing_key(self._key)
-            except ConfigError as exc:
-                # A deployment fault, not the caller's: the dependency is unusable.
-                _log.error("cannot read the runtime's service key: %s", exc)
-                raise UnavailableError(
-                    "this service cannot sign its calls to the catalog",
-                    reason="service_key_unreadable",
-                ) from exc
-        source = self._sources.get(scope)
-        if source is None:
-            claims = WorkloadClaims(
-                subject=self._subject,
-                audiences=(ServiceName.CATALOG,),
-                org_id=scope.org_id,
-                app_installation_id=scope.app_installation_id,
-                runtime_capability_id=scope.runtime_capability_id,
-                runtime_work_binding_digest=scope.runtime_work_binding_digest,
-            )
-            source = CredentialSource(self._key, self._kid, claims)
-            self._sources[scope] = source
-            while len(self._sources) > _MAX_CACHED_SCOPES:
-                self._sources.popitem(last=False)
-        else:
-            self._sources.move_to_end(scope)
-        return source()
 
 
 def catalog_channel(cfg: ServiceConfig, target: str | None = None) -> grpc.aio.Channel:

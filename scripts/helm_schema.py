@@ -212,6 +212,10 @@ def common(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: One `kind=host:port` entry of FLOW_EFFECT_OWNER_TARGETS (`*` = any kind).
+_TARGET = r"[a-z*][a-z0-9_.*-]*=[^\s:,=]+:\d+"
+
+
 def runtime_only() -> dict[str, Any]:
     worker = obj(
         {
@@ -246,8 +250,74 @@ def runtime_only() -> dict[str, Any]:
     )
     return {
         "catalogTarget": {"type": "string", "pattern": r"^([^\s:]+:\d+)?$"},
+        "effectOwnerTargets": {
+            "type": "string",
+            "pattern": rf"^({_TARGET}(,{_TARGET})*)?$",
+        },
+        "outbox": obj(
+            {
+                "dispatchers": count(),
+                "maxAttempts": count(1),
+                "reconcileMaxAttempts": count(1),
+                "retryBaseMs": count(1),
+                "retryMaxMs": count(1),
+                "leaseMs": count(100),
+                "idleMs": count(1),
+                "sweepMs": count(1),
+            }
+        ),
         "runtime": settings,
         "worker": worker,
+    }
+
+
+def effect_owner_only() -> dict[str, Any]:
+    return {
+        "runtimeTarget": {"type": "string", "pattern": r"^([^\s:]+:\d+)?$"},
+        "effects": obj(
+            {
+                "dispatchers": count(),
+                "providers": {
+                    "type": "object",
+                    "propertyNames": {"pattern": r"^[a-z][a-z0-9_.-]{0,63}$"},
+                    "additionalProperties": {"enum": ["email", "webhook"]},
+                },
+                "maxAttempts": count(1),
+                "reconcileMaxAttempts": count(1),
+                "retryBaseMs": count(1),
+                "retryMaxMs": count(1),
+                "leaseMs": count(100),
+                "idleMs": count(1),
+                "receiptMaxAttempts": count(1),
+            }
+        ),
+        "smtp": obj(
+            {
+                "host": STR,
+                "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                "from": STR,
+                "starttls": BOOL,
+                "username": STR,
+                "passwordSecret": STR,
+                "passwordKey": STR,
+                "timeoutSeconds": count(1),
+            }
+        ),
+        "webhook": obj(
+            {"url": STR, "statusUrl": STR, "timeoutSeconds": count(1), "idempotent": BOOL}
+        ),
+        "outbox": obj(
+            {
+                "dispatchers": count(),
+                "maxAttempts": count(1),
+                "reconcileMaxAttempts": count(1),
+                "retryBaseMs": count(1),
+                "retryMaxMs": count(1),
+                "leaseMs": count(100),
+                "idleMs": count(1),
+                "sweepMs": count(1),
+            }
+        ),
     }
 
 
@@ -256,6 +326,8 @@ def schema(name: str) -> dict[str, Any]:
     properties = common(name, spec)
     if name == "runtime":
         properties.update(runtime_only())
+    if name == "effect-owner":
+        properties.update(effect_owner_only())
     out = obj(properties)
     out = {
         "$schema": "http://json-schema.org/draft-07/schema#",

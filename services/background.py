@@ -5,9 +5,11 @@ A **loop** (:class:`BackgroundLoop`) calls one iteration — ``run_once()``, or 
 ``body`` it was given — until it is shut down. An iteration returns ``True`` when it did
 work (the next one starts at once) and ``False`` when it found none (the loop then waits
 a bounded, jittered, exponentially growing idle delay, :class:`IdleBackoff`, capped at
-``idle_s``). An iteration that raises is logged and treated as idle, so a failing
-dependency (database down) backs off instead of spinning. The loop holds no connection
-while it waits: an iteration opens and closes its own transactions.
+``idle_s``). A periodic duty (a sweep, retention) is an ``interval`` loop instead: it
+waits a jittered ``idle_s`` after every iteration. An iteration that raises is logged and
+treated as idle, so a failing dependency (database down) backs off instead of spinning.
+The loop holds no connection while it waits: an iteration opens and closes its own
+transactions.
 
 Lifecycle, the same for every loop and for a :class:`LoopGroup` of them:
 
@@ -16,8 +18,9 @@ Lifecycle, the same for every loop and for a :class:`LoopGroup` of them:
   waits a bounded grace period, then cancels;
 * ``async with loop:`` starts ``run()`` as a task and shuts it down on exit.
 
-A :class:`LoopGroup` owns several loops (the runtime's workers, sweeps, retention; a
-catalog's request sweep; later dispatchers and reconcilers). Its children are awaited
+A :class:`LoopGroup` owns several loops (the runtime's workers, sweeps, wait sweeps,
+retention and outbox dispatcher; the catalog's request sweep; the effect owner's command
+and outbox dispatchers). Its children are awaited
 with ``FIRST_EXCEPTION``: a child that dies of an error that escaped its iteration
 handler (a bug in the loop itself) stops the whole group and ``run()`` re-raises it.
 Add a loop with :meth:`LoopGroup.add` (or :meth:`LoopGroup.spawn` for a plain body);
@@ -30,7 +33,7 @@ survives between passes and wraps around, so every org is served within
 Example::
 
     group = LoopGroup()
-    group.spawn("flow-sweeps", sweeper.sweep_once_busy, idle_s=1.0)
+    group.spawn("flow-sweeps", sweeper.sweep_once_busy, idle_s=1.0, interval=True)
     group.add(RequestRetention(engine, ledger, retention=window))
     group.start()           # or: async with group: ...
     ...
@@ -84,6 +87,10 @@ class IdleBackoff:
         self._current = min(self._max, self._current * 2)
         return delay
 
+    def period(self) -> float:
+        """The jittered full period ``[max/2, max]`` (an interval loop's wait)."""
+        return self._max * (0.5 + self._rng.random() / 2)
+
 
 class BackgroundLoop:
     """One background loop (see the module docstring).
@@ -95,6 +102,8 @@ class BackgroundLoop:
         idle_s: the longest idle wait between iterations that found no work.
         body: the iteration, when not subclassing.
         grace_s: how long :meth:`shutdown` waits for the current iteration.
+        interval: a periodic duty (sweeps, retention): wait a jittered ``idle_s`` after
+            every iteration, busy or not, instead of the exponential idle backoff.
     """
 
     def __init__(
@@ -104,12 +113,14 @@ class BackgroundLoop:
         idle_s: float,
         body: Body | None = None,
         grace_s: float = DEFAULT_GRACE_S,
+        interval: bool = False,
     ) -> None:
         if idle_s <= 0:
             raise ValueError("idle_s must be > 0")
         self.name = name
         self._idle_s = idle_s
         self._body = body
+        self.interval = interval
         self._grace_s = grace_s
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -136,11 +147,16 @@ class BackgroundLoop:
             except Exception:
                 log.exception("%s: iteration failed; backing off", self.name)
                 busy = False
-            if busy:
+            if self.interval:
+                delay = backoff.period()
+            elif busy:
                 backoff.reset()
+                await asyncio.sleep(0)  # let the other loops run between busy iterations
                 continue
+            else:
+                delay = backoff.next_delay()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=backoff.next_delay())
+                await asyncio.wait_for(self._stop.wait(), timeout=delay)
 
     def start(self) -> asyncio.Task[None]:
         """Start :meth:`run` as a task (idempotent); :meth:`shutdown` awaits it."""
@@ -201,9 +217,14 @@ class LoopGroup:
             self._changed.set()
         return loop
 
-    def spawn(self, name: str, body: Body, idle_s: float) -> BackgroundLoop:
-        """Own a loop over ``body`` (``True`` when it did work)."""
-        return self.add(BackgroundLoop(name, idle_s=idle_s, body=body, grace_s=self._grace_s))
+    def spawn(
+        self, name: str, body: Body, idle_s: float, *, interval: bool = False
+    ) -> BackgroundLoop:
+        """Own a loop over ``body`` (``True`` when it did work; ``interval``: a periodic
+        duty, see :class:`BackgroundLoop`)."""
+        return self.add(
+            BackgroundLoop(name, idle_s=idle_s, body=body, grace_s=self._grace_s, interval=interval)
+        )
 
     def start(self) -> LoopGroup:
         """Start every child as a task (idempotent)."""

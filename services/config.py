@@ -23,9 +23,17 @@ from pathlib import Path
 __all__ = [
     "ENV_VARS",
     "ConfigError",
+    "EffectOwnerSettings",
+    "OutboxSettings",
     "ServiceConfig",
     "ServiceName",
+    "SmtpSettings",
+    "WebhookSettings",
     "load_config",
+    "load_effect_owner_settings",
+    "load_outbox_settings",
+    "mail_sink_dir",
+    "parse_kind_map",
 ]
 
 
@@ -198,6 +206,97 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     "FLOW_CRASH_MARKER_FILE": (
         "",
         "fault hook: file the process appends the crash point to (fsync) before it SIGKILLs itself",
+    ),
+    # --- transactional outbox (runtime and effect owner) ---------------------------------
+    "FLOW_OUTBOX_DISPATCHERS": (
+        "1",
+        "runtime and effect owner: run this process's outbox dispatcher and repair sweep (0 = off)",
+    ),
+    "FLOW_OUTBOX_MAX_ATTEMPTS": (
+        "8",
+        "outbox: delivery attempts before the budget is exhausted (then acceptance "
+        "reconciliation, §15.4)",
+    ),
+    "FLOW_OUTBOX_RECONCILE_MAX_ATTEMPTS": (
+        "10",
+        "outbox: `RejectIfUnaccepted` attempts before the handoff is AcceptanceUnknown",
+    ),
+    "FLOW_OUTBOX_RETRY_BASE_MS": ("500", "outbox: first retry delay (jittered exponential)"),
+    "FLOW_OUTBOX_RETRY_MAX_MS": ("60000", "outbox: retry delay cap"),
+    "FLOW_OUTBOX_LEASE_MS": (
+        "30000",
+        "outbox: delivery lease; a delivery call is cut off before it expires",
+    ),
+    "FLOW_OUTBOX_IDLE_MS": ("500", "outbox: longest idle backoff of the delivery loop"),
+    "FLOW_OUTBOX_SWEEP_MS": (
+        "1000",
+        "outbox: repair-sweep interval (expired leases, pre-finalization candidates)",
+    ),
+    "FLOW_EFFECT_OWNER_TARGETS": (
+        "",
+        "runtime: effect owners by kind, `kind=host:port,…` (`*` for any kind); "
+        "unset = every kind goes to 127.0.0.1:$FLOW_EFFECT_PORT",
+    ),
+    # --- effect owner -----------------------------------------------------------------
+    "FLOW_EFFECT_RUNTIME_TARGET": (
+        "",
+        "effect owner: host:port of the runtime that receives completion receipts "
+        "(default 127.0.0.1:$FLOW_RUNTIME_PORT)",
+    ),
+    "FLOW_EFFECT_DISPATCHERS": (
+        "1",
+        "effect owner: command-dispatcher tasks calling providers in this process (0 = off)",
+    ),
+    "FLOW_EFFECT_PROVIDERS": (
+        "email.smtp=email,webhook.http=webhook",
+        "effect owner: owner kinds served and their provider type, email or webhook "
+        "(`kind=type,…`)",
+    ),
+    "FLOW_EFFECT_MAX_ATTEMPTS": ("5", "effect owner: remote attempts per command"),
+    "FLOW_EFFECT_RECONCILE_MAX_ATTEMPTS": (
+        "10",
+        "effect owner: provider lookups of an OUTCOME_UNKNOWN command before quarantine",
+    ),
+    "FLOW_EFFECT_RETRY_BASE_MS": ("1000", "effect owner: first retry delay (jittered)"),
+    "FLOW_EFFECT_RETRY_MAX_MS": ("300000", "effect owner: retry delay cap"),
+    "FLOW_EFFECT_LEASE_MS": (
+        "60000",
+        "effect owner: command lease; provider calls time out well before it",
+    ),
+    "FLOW_EFFECT_IDLE_MS": ("500", "effect owner: longest idle backoff of a command dispatcher"),
+    "FLOW_EFFECT_RECEIPT_MAX_ATTEMPTS": (
+        "1000",
+        "effect owner: completion-receipt deliveries before the receipt is dead-lettered",
+    ),
+    "FLOW_EFFECT_SMTP_HOST": ("127.0.0.1", "effect owner: SMTP server of the email provider"),
+    "FLOW_EFFECT_SMTP_PORT": ("1025", "effect owner: SMTP port (`make run` starts a sink here)"),
+    "FLOW_EFFECT_SMTP_FROM": ("nexus-flow@localhost", "effect owner: sender address"),
+    "FLOW_EFFECT_SMTP_STARTTLS": ("false", "effect owner: upgrade the SMTP session with STARTTLS"),
+    "FLOW_EFFECT_SMTP_USERNAME": ("", "effect owner: SMTP AUTH user (empty = no AUTH)"),
+    "FLOW_EFFECT_SMTP_PASSWORD_FILE": (
+        "",
+        "effect owner: file holding the SMTP AUTH password (never logged or stored)",
+    ),
+    "FLOW_EFFECT_SMTP_TIMEOUT_S": ("10", "effect owner: SMTP connect/command timeout, seconds"),
+    "FLOW_EFFECT_WEBHOOK_URL": (
+        "",
+        "effect owner: endpoint the webhook provider POSTs to (owner configuration, never "
+        "Flow metadata; unset = the webhook kind is not served)",
+    ),
+    "FLOW_EFFECT_WEBHOOK_STATUS_URL": (
+        "",
+        "effect owner: optional lookup endpoint (GET with `Idempotency-Key`) used to "
+        "reconcile OUTCOME_UNKNOWN",
+    ),
+    "FLOW_EFFECT_WEBHOOK_TIMEOUT_S": ("10", "effect owner: webhook request timeout, seconds"),
+    "FLOW_EFFECT_WEBHOOK_IDEMPOTENT": (
+        "true",
+        "effect owner: the receiver honours `Idempotency-Key`, so an ambiguous attempt may "
+        "be replayed with the same key (false = quarantine instead)",
+    ),
+    "FLOW_MAIL_SINK_DIR": (
+        "$FLOW_DATA_DIR/mail",
+        "`make run`: directory where the dev mail sink writes one .eml file per message",
     ),
 }
 
@@ -395,3 +494,166 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         runtime_wait_batch=_int(e, "FLOW_RUNTIME_WAIT_BATCH", minimum=1),
         runtime_signal_kinds=_csv(e, "FLOW_RUNTIME_SIGNAL_KINDS"),
     )
+
+
+# --- outbox and effect owner -----------------------------------------------------------
+
+
+def parse_kind_map(raw: str, name: str) -> dict[str, str]:
+    """Parse ``kind=value,kind=value`` (``*`` allowed as a kind).
+
+    Raises:
+        ConfigError: an entry without ``=``, an empty part, or a kind named twice.
+    """
+    out: dict[str, str] = {}
+    for entry in raw.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        kind, sep, value = entry.partition("=")
+        kind, value = kind.strip(), value.strip()
+        if not sep or not kind or not value:
+            raise ConfigError(f"{name}: entries must be kind=value, got {entry!r}")
+        if kind in out:
+            raise ConfigError(f"{name}: kind {kind!r} is named twice")
+        out[kind] = value
+    return out
+
+
+@dataclass(frozen=True)
+class OutboxSettings:
+    """``FLOW_OUTBOX_*`` and the runtime's owner routing (``FLOW_EFFECT_OWNER_TARGETS``)."""
+
+    dispatchers: int
+    max_attempts: int
+    reconcile_max_attempts: int
+    retry_base_ms: int
+    retry_max_ms: int
+    lease_ms: int
+    idle_ms: int
+    sweep_ms: int
+    #: owner kind (or ``*``) -> gRPC target of the effect owner serving it.
+    owner_targets: Mapping[str, str]
+
+
+def load_outbox_settings(env: Mapping[str, str] | None = None) -> OutboxSettings:
+    """Read the outbox settings (see :data:`ENV_VARS`).
+
+    Raises:
+        ConfigError: a malformed value.
+    """
+    e: Mapping[str, str] = os.environ if env is None else env
+    base = _int(e, "FLOW_OUTBOX_RETRY_BASE_MS", minimum=1)
+    targets = parse_kind_map(_get(e, "FLOW_EFFECT_OWNER_TARGETS"), "FLOW_EFFECT_OWNER_TARGETS")
+    if not targets:
+        targets = {"*": f"127.0.0.1:{_int(e, 'FLOW_EFFECT_PORT')}"}
+    return OutboxSettings(
+        dispatchers=_int(e, "FLOW_OUTBOX_DISPATCHERS"),
+        max_attempts=_int(e, "FLOW_OUTBOX_MAX_ATTEMPTS", minimum=1),
+        reconcile_max_attempts=_int(e, "FLOW_OUTBOX_RECONCILE_MAX_ATTEMPTS", minimum=1),
+        retry_base_ms=base,
+        retry_max_ms=_int(e, "FLOW_OUTBOX_RETRY_MAX_MS", minimum=base),
+        lease_ms=_int(e, "FLOW_OUTBOX_LEASE_MS", minimum=100),
+        idle_ms=_int(e, "FLOW_OUTBOX_IDLE_MS", minimum=1),
+        sweep_ms=_int(e, "FLOW_OUTBOX_SWEEP_MS", minimum=1),
+        owner_targets=targets,
+    )
+
+
+@dataclass(frozen=True)
+class SmtpSettings:
+    """The email provider's SMTP server (owner configuration, never Flow metadata)."""
+
+    host: str
+    port: int
+    sender: str
+    starttls: bool
+    username: str
+    password_file: Path | None
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """The webhook provider's endpoint (owner configuration, never Flow metadata)."""
+
+    url: str
+    status_url: str
+    timeout_s: float
+    idempotent_receiver: bool
+
+
+@dataclass(frozen=True)
+class EffectOwnerSettings:
+    """``FLOW_EFFECT_*``: the owner's dispatcher, providers and receipt delivery."""
+
+    runtime_target: str
+    dispatchers: int
+    #: owner kind -> provider type (``email`` | ``webhook``).
+    providers: Mapping[str, str]
+    max_attempts: int
+    reconcile_max_attempts: int
+    retry_base_ms: int
+    retry_max_ms: int
+    lease_ms: int
+    idle_ms: int
+    receipt_max_attempts: int
+    smtp: SmtpSettings
+    webhook: WebhookSettings
+
+
+_PROVIDER_TYPES = frozenset({"email", "webhook"})
+
+
+def load_effect_owner_settings(env: Mapping[str, str] | None = None) -> EffectOwnerSettings:
+    """Read the effect owner's settings (see :data:`ENV_VARS`).
+
+    Raises:
+        ConfigError: a malformed value or an unknown provider type.
+    """
+    e: Mapping[str, str] = os.environ if env is None else env
+    providers = parse_kind_map(_get(e, "FLOW_EFFECT_PROVIDERS"), "FLOW_EFFECT_PROVIDERS")
+    bad = sorted(set(providers.values()) - _PROVIDER_TYPES)
+    if bad or "*" in providers:
+        raise ConfigError(
+            f"FLOW_EFFECT_PROVIDERS: provider types must be email or webhook for named kinds,"
+            f" got {bad or ['*']}"
+        )
+    base = _int(e, "FLOW_EFFECT_RETRY_BASE_MS", minimum=1)
+    password = _get(e, "FLOW_EFFECT_SMTP_PASSWORD_FILE")
+    data_dir = Path(_get(e, "FLOW_DATA_DIR"))
+    return EffectOwnerSettings(
+        runtime_target=_get(e, "FLOW_EFFECT_RUNTIME_TARGET")
+        or f"127.0.0.1:{_int(e, 'FLOW_RUNTIME_PORT')}",
+        dispatchers=_int(e, "FLOW_EFFECT_DISPATCHERS"),
+        providers=providers,
+        max_attempts=_int(e, "FLOW_EFFECT_MAX_ATTEMPTS", minimum=1),
+        reconcile_max_attempts=_int(e, "FLOW_EFFECT_RECONCILE_MAX_ATTEMPTS", minimum=1),
+        retry_base_ms=base,
+        retry_max_ms=_int(e, "FLOW_EFFECT_RETRY_MAX_MS", minimum=base),
+        lease_ms=_int(e, "FLOW_EFFECT_LEASE_MS", minimum=1000),
+        idle_ms=_int(e, "FLOW_EFFECT_IDLE_MS", minimum=1),
+        receipt_max_attempts=_int(e, "FLOW_EFFECT_RECEIPT_MAX_ATTEMPTS", minimum=1),
+        smtp=SmtpSettings(
+            host=_get(e, "FLOW_EFFECT_SMTP_HOST"),
+            port=_int(e, "FLOW_EFFECT_SMTP_PORT", minimum=1),
+            sender=_get(e, "FLOW_EFFECT_SMTP_FROM"),
+            starttls=_bool(e, "FLOW_EFFECT_SMTP_STARTTLS"),
+            username=_get(e, "FLOW_EFFECT_SMTP_USERNAME"),
+            password_file=Path(_expand(password, data_dir)) if password else None,
+            timeout_s=float(_int(e, "FLOW_EFFECT_SMTP_TIMEOUT_S", minimum=1)),
+        ),
+        webhook=WebhookSettings(
+            url=_get(e, "FLOW_EFFECT_WEBHOOK_URL"),
+            status_url=_get(e, "FLOW_EFFECT_WEBHOOK_STATUS_URL"),
+            timeout_s=float(_int(e, "FLOW_EFFECT_WEBHOOK_TIMEOUT_S", minimum=1)),
+            idempotent_receiver=_bool(e, "FLOW_EFFECT_WEBHOOK_IDEMPOTENT"),
+        ),
+    )
+
+
+def mail_sink_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``FLOW_MAIL_SINK_DIR`` (the dev stack's mail sink), expanded."""
+    e: Mapping[str, str] = os.environ if env is None else env
+    data_dir = Path(_get(e, "FLOW_DATA_DIR"))
+    return Path(_expand(_get(e, "FLOW_MAIL_SINK_DIR"), data_dir))

@@ -63,7 +63,20 @@ class CrashPoint(StrEnum):
     AFTER_STEP_COMMIT = "after_step_commit"
     DURING_RECOVERY = "during_recovery"
     AFTER_OUTBOX_ENQUEUE = "after_outbox_enqueue"
+    #: Owner: the inbox acceptance (fence row + command) committed, before the response.
     AFTER_INBOX_ACCEPT = "after_inbox_accept"
+    #: Any outbox dispatcher: the consumer acknowledged the message, before the row is
+    #: marked delivered (qualifier: message family). Redelivery must dedupe.
+    AFTER_OUTBOX_DELIVERY = "after_outbox_delivery"
+    #: Owner: the remote attempt is recorded in flight, before the provider is called
+    #: (qualifier: effect owner kind).
+    BEFORE_PROVIDER_CALL = "before_provider_call"
+    #: Owner: the provider answered, before the outcome is recorded (qualifier: effect
+    #: owner kind). Recovery must not send the effect a second time blindly.
+    AFTER_PROVIDER_ACCEPTED = "after_provider_accepted"
+    #: Owner: the outcome, completion receipt and owner-outbox message committed,
+    #: before the receipt is delivered to the runtime.
+    AFTER_RECEIPT_COMMIT = "after_receipt_commit"
     SERVER_STARTED = "server_started"
     #: A producer's wake signal committed; its fresh match has not run (§14.2 step 2).
     AFTER_SIGNAL_COMMIT = "after_signal_commit"

@@ -54,7 +54,7 @@ class RequestRetention(BackgroundLoop):
     ) -> None:
         if retention <= timedelta(0) or batch_size < 1 or max_batches < 1:
             raise ValueError("retention, batch_size and max_batches must be positive")
-        super().__init__(f"{ledger.table.name}-retention", idle_s=interval_s)
+        super().__init__(f"{ledger.table.name}-retention", idle_s=interval_s, interval=True)
         self._engine = engine
         self.ledger = ledger
         self.retention = retention

@@ -5,7 +5,9 @@ first when ``FLOW_DB_AUTO_MIGRATE`` is true) and the service's background loops;
 ``python -m <service> worker`` (services with background loops) runs only those loops,
 with a gRPC server that answers health and reflection and serves no RPC, so worker-only
 replicas scale apart from the API replicas and still have probes;
-``python -m <service> db upgrade|verify|current`` manages the schema. Each
+``python -m <service> db upgrade|verify|current`` manages the schema;
+``python -m <service> outbox counts|list|show`` reads the service's outbox (when it has
+one; ``services.outbox.cli``). Each
 service's ``__main__`` only names itself and supplies factories for its
 servicers and (optionally) its background loops.
 
@@ -31,6 +33,7 @@ from services import db, db_cluster, db_profiles, faults, migrate
 from services.config import ConfigError, ServiceConfig, ServiceName, load_config
 from services.grpc_server import ServiceRegistration, serve_forever
 from services.logging import configure_logging
+from services.outbox.store import OutboxTable
 
 __all__ = ["Background", "BackgroundFactory", "RegistrationFactory", "run_service"]
 
@@ -98,6 +101,7 @@ def run_service(
     argv: Sequence[str] | None = None,
     *,
     background: BackgroundFactory | None = None,
+    outbox: OutboxTable | None = None,
 ) -> int:
     """Parse ``argv`` and serve or manage the schema of ``service``; returns the exit code."""
     parser = argparse.ArgumentParser(prog=f"python -m {migrations_pkg}")
@@ -111,6 +115,11 @@ def run_service(
     db_parser.add_argument(
         "db_args", nargs=argparse.REMAINDER, help="upgrade [--revision R] | verify | current"
     )
+    if outbox is not None:
+        outbox_parser = sub.add_parser("outbox", help="operator reads of the outbox")
+        outbox_parser.add_argument(
+            "outbox_args", nargs=argparse.REMAINDER, help="counts | list | show (--org ORG)"
+        )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
 
     try:
@@ -122,6 +131,10 @@ def run_service(
 
     if args.command == "db":
         return migrate.main(list(args.db_args), migrations_pkg, cfg.db_url)
+    if args.command == "outbox" and outbox is not None:
+        from services.outbox import cli
+
+        return cli.main(list(args.outbox_args), migrations_pkg, outbox, cfg.db_url)
 
     try:
         faults.assert_hooks_allowed(cfg.env)

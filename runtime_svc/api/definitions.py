@@ -250,7 +250,7 @@ async def build_definition_service(
     """
     if catalog is None:
         channel = catalog_channel(cfg, catalog_target)
-        catalog = GrpcCatalogClient(channel, credentials or ScopedCredentials.from_config(cfg))
+        catalog = GrpcCatalogClient(channel, credentials or ScopedCredentials.for_service(cfg))
     service = DefinitionService(engine, catalog, producers=producers)
     return ServiceRegistration(
         SERVICE_NAME,

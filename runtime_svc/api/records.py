@@ -674,7 +674,7 @@ async def build_record_service(
     """
     if catalog is None:
         if credentials is None:
-            credentials = ScopedCredentials.from_config(cfg)
+            credentials = ScopedCredentials.for_service(cfg)
         channel = catalog_channel(cfg, catalog_target)
         catalog = CatalogRecordViews(channel, credentials)
     return ServiceRegistration(

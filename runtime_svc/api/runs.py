@@ -223,7 +223,7 @@ async def build_run_service(
         if settings.view_file:
             views = FixedViews.from_file(settings.view_file)
         else:
-            views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
+            views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.for_service(cfg))
     owner = f"{socket.gethostname()}:{os.getpid()}/atomic/{uuid.uuid4().hex[:8]}"
     service = RunService(
         engine,

@@ -68,6 +68,7 @@ from services.background import BackgroundLoop, OrgRotation, OrgSource
 from services.db import WORK_SCOPE, db_now, run_in_transaction, transaction
 from services.digest import canonical_json
 from services.errors import FenceLostError, NotFoundError
+from services.outbox import TERMINAL_STATES as OUTBOX_TERMINAL_STATES
 
 __all__ = [
     "TERMINAL_DEPENDENCY_STATES",
@@ -90,9 +91,9 @@ TERMINAL_DEPENDENCY_STATES = frozenset({"Resolved", "Expired", "Quarantined", "C
 #: FlowWakeSignal resolution states that are final (§10.6); ``Unmatched`` is live.
 TERMINAL_WAKE_SIGNAL_STATES = frozenset({"Consumed", "Expired"})
 #: Runtime outbox delivery states that end transport delivery (§15.1, common/v1
-#: ``OutboxDeliveryState``); ``Pending``, ``AcceptanceReconciling`` and
-#: ``AcceptanceUnknown`` are live.
-TERMINAL_OUTBOX_DELIVERY_STATES = frozenset({"Delivered", "HandoffRejected", "DeadLettered"})
+#: ``OutboxDeliveryState``; the generic outbox's ``TERMINAL_STATES``); every other state,
+#: pre-finalization included, is live.
+TERMINAL_OUTBOX_DELIVERY_STATES = frozenset(s.value for s in OUTBOX_TERMINAL_STATES)
 
 _TERMINAL_RUN_CODES = frozenset(s.code for s in TERMINAL_RUN_STATES)
 _TERMINAL_STEP_CODES = frozenset(s.code for s in TERMINAL_STEP_STATES)
@@ -641,7 +642,7 @@ class RetentionSweep(BackgroundLoop):
         _check_retention(retention, batch_size)
         if max_batches < 1 or interval_s <= 0:
             raise ValueError("max_batches must be >= 1 and interval_s > 0")
-        super().__init__("flow-retention", idle_s=interval_s)
+        super().__init__("flow-retention", idle_s=interval_s, interval=True)
         self._engine = engine
         self.retention = retention
 

@@ -125,14 +125,14 @@ async def start_background(
             await sweeper.sweep_once()
             return False  # sweeps always wait their interval
 
-        group.spawn("flow-sweeps", sweep, s.sweep_ms / 1000)
+        group.spawn("flow-sweeps", sweep, s.sweep_ms / 1000, interval=True)
         wait_sweeper = waits.sweeper(batch=s.wait_batch, org_batch=s.org_batch)
 
         async def wait_sweep() -> bool:
             await wait_sweeper.sweep_once()
             return False  # jittered period (IdleBackoff), never a tight loop
 
-        group.spawn("flow-wait-sweeps", wait_sweep, s.wait_sweep_ms / 1000)
+        group.spawn("flow-wait-sweeps", wait_sweep, s.wait_sweep_ms / 1000, interval=True)
         group.add(
             RetentionSweep(
                 engine,

@@ -87,6 +87,7 @@ from .tls import channel_credentials, server_credentials
 from .trust import (
     CANCEL_ROLE,
     DELETE_ROLE,
+    HANDOFF_SUBMIT_ROLE,
     OPERATOR_ROLES,
     SIGNALS_SUBMIT_ROLE,
     UNCONSTRAINED,
@@ -103,6 +104,7 @@ __all__ = [
     "DEV_OPERATOR_CONSTRAINTS",
     "DEV_SIGNING_KEY_FILE",
     "EXEMPT_METHOD_PREFIXES",
+    "HANDOFF_SUBMIT_ROLE",
     "OPERATOR_ROLES",
     "SIGNALS_SUBMIT_ROLE",
     "TRUSTED_KEYS_FILE",

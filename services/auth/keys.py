@@ -19,7 +19,9 @@ from services.config import ConfigError, ServiceName
 
 from .trust import (
     ANY,
+    HANDOFF_SUBMIT_ROLE,
     OPERATOR_ROLES,
+    SIGNALS_SUBMIT_ROLE,
     UNCONSTRAINED,
     KeyConstraints,
     TrustedKey,
@@ -115,6 +117,12 @@ DEV_SERVICE_AUDIENCES: Mapping[ServiceName, tuple[ServiceName, ...]] = {
     ServiceName.RUNTIME: (ServiceName.CATALOG, ServiceName.EFFECT_OWNER),
     ServiceName.EFFECT_OWNER: (ServiceName.RUNTIME,),
 }
+#: The roles each service's own key may sign in the development stack: the runtime hands
+#: effects to the owner, the owner submits completion receipts as wake signals.
+DEV_SERVICE_ROLES: Mapping[ServiceName, tuple[str, ...]] = {
+    ServiceName.RUNTIME: (HANDOFF_SUBMIT_ROLE,),
+    ServiceName.EFFECT_OWNER: (SIGNALS_SUBMIT_ROLE,),
+}
 #: What the development operator key (``flowctl``, ``make run``'s token) may sign.
 DEV_OPERATOR_CONSTRAINTS = KeyConstraints(
     orgs=frozenset({ANY}),
@@ -137,7 +145,20 @@ def _dev_service_constraints(service: ServiceName) -> KeyConstraints:
     return KeyConstraints(
         orgs=frozenset({ANY}),
         audiences=frozenset(a.value for a in DEV_SERVICE_AUDIENCES[service]),
-        roles=frozenset(),
+        roles=frozenset(DEV_SERVICE_ROLES[service]),
+    )
+
+
+def _widened(have: KeyConstraints, want: KeyConstraints) -> KeyConstraints:
+    """``have`` plus whatever of ``want`` it lacks (a wildcard stays a wildcard)."""
+
+    def union(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+        return frozenset({ANY}) if ANY in a else a | b
+
+    return KeyConstraints(
+        orgs=union(have.orgs, want.orgs),
+        audiences=union(have.audiences, want.audiences),
+        roles=union(have.roles, want.roles),
     )
 
 
@@ -174,12 +195,15 @@ def ensure_dev_keys(data_dir: Path, *, env: str, key_id: str = "dev") -> DevKeyF
       :data:`~services.auth.trust.OPERATOR_ROLES`;
     * ``runtime_service_key.pem`` / ``effect-owner_service_key.pem`` — each service's own
       key (``FLOW_AUTH_SERVICE_KEY``), trusted as ``<service>-service`` for every org,
-      only the audiences that service calls, and no roles;
+      only the audiences that service calls and the one role its calls need
+      (:data:`DEV_SERVICE_ROLES`);
     * ``trusted_keys.json`` — version 2 (see :mod:`services.auth.trust`). A file in the
       deprecated ``{key_id: PEM}`` form is migrated (module ``trust`` docstring).
 
-    Existing keys are kept and missing entries added; an entry whose key differs from
-    its file is an error. Safe when several services start at once on one data dir: the
+    Existing keys are kept and missing entries added; the constraints of an entry this
+    function generates are widened to what this version needs (a new role a service
+    checks reaches an existing dev stack); an entry whose key differs from its file is an
+    error. Safe when several services start at once on one data dir: the
     first writer of each key wins and the others read it, and every process writes the
     same merged file. Files are created ``0600`` in a ``0700`` directory.
 
@@ -214,6 +238,8 @@ def ensure_dev_keys(data_dir: Path, *, env: str, key_id: str = "dev") -> DevKeyF
             entries[kid] = (pem, constraints)
         elif entries[kid][0].strip() != pem.strip():
             raise ConfigError(f"{trusted_path} holds a different key for {kid!r} than {path}")
+        else:
+            entries[kid] = (pem, _widened(entries[kid][1], constraints))
     document = json.dumps(trusted_keys_document(entries), indent=2)
     if document != raw_before:
         _replace_file(trusted_path, document.encode())

@@ -37,6 +37,7 @@ __all__ = [
     "ANY",
     "CANCEL_ROLE",
     "DELETE_ROLE",
+    "HANDOFF_SUBMIT_ROLE",
     "OPERATOR_ROLES",
     "SIGNALS_SUBMIT_ROLE",
     "TRUSTED_KEYS_VERSION",
@@ -57,6 +58,9 @@ CANCEL_ROLE = "flow.runs.cancel"
 DELETE_ROLE = "flow.runs.delete"
 #: May submit a durable wake signal (``WakeSignalService.SubmitWakeSignal``).
 SIGNALS_SUBMIT_ROLE = "flow.signals.submit"
+#: May hand an effect to an effect owner (``AcceptHandoff``/``RejectIfUnaccepted``): the
+#: runtime's own service credential only.
+HANDOFF_SUBMIT_ROLE = "effects.handoff.submit"
 #: Every role a service checks today; what an operator key of the dev stack may sign.
 OPERATOR_ROLES: tuple[str, ...] = (CANCEL_ROLE, DELETE_ROLE, SIGNALS_SUBMIT_ROLE)
 TRUSTED_KEYS_VERSION = 2

@@ -20,7 +20,9 @@ from google.protobuf.struct_pb2 import Struct
 
 from services.auth import WorkloadClaims, load_signing_key, mint_credential
 from services.config import ServiceName
-from services.proto import common_v1, runtime_v1
+from services.effect_contract import HANDOFF_SUBMIT_ROLE, provider_idempotency_key
+from services.proto import common_v1, effect_v1, runtime_v1
+from tests.integration.effects.harness import Scope, envelope
 from tests.support.procs import ROOT, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -43,6 +45,7 @@ class Stack:
     runtime_port: int
     out: Path
     err: Path
+    effect_port: int = 0
 
     def output(self) -> str:
         return self.out.read_text(errors="replace") + self.err.read_text(errors="replace")
@@ -77,7 +80,7 @@ class Stack:
 
 
 def _env(data_dir: Path, extra: Mapping[str, str] | None = None) -> tuple[dict[str, str], int]:
-    catalog, runtime, effect = free_port(), free_port(), free_port()
+    catalog, runtime, effect, smtp = free_port(), free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOW_")}
     env.update(
         {
@@ -86,24 +89,27 @@ def _env(data_dir: Path, extra: Mapping[str, str] | None = None) -> tuple[dict[s
             "FLOW_CATALOG_PORT": str(catalog),
             "FLOW_RUNTIME_PORT": str(runtime),
             "FLOW_EFFECT_PORT": str(effect),
+            "FLOW_EFFECT_SMTP_PORT": str(smtp),
             "FLOW_CATALOG_TARGET": f"127.0.0.1:{catalog}",
             "FLOW_SHUTDOWN_GRACE_S": "2",
             "PYTHONUNBUFFERED": "1",
         }
     )
     env.update(extra or {})
+    env["_EFFECT_PORT"] = str(effect)  # read back by devstack(); not a FLOW_* setting
     return env, runtime
 
 
 @contextmanager
 def devstack(data_dir: Path, name: str, extra: Mapping[str, str] | None = None) -> Iterator[Stack]:
     env, runtime_port = _env(data_dir, extra)
+    effect_port = int(env.pop("_EFFECT_PORT"))
     out, err = data_dir.parent / f"{name}.out", data_dir.parent / f"{name}.err"
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen(
             [sys.executable, "-m", "flowctl.devstack"], cwd=ROOT, env=env, stdout=o, stderr=e
         )
-    stack = Stack(proc, data_dir, runtime_port, out, err)
+    stack = Stack(proc, data_dir, runtime_port, out, err, effect_port)
     try:
         yield stack
     finally:
@@ -328,9 +334,50 @@ def _assert_the_banner_command_wakes_the_waiting_run(
     wait_until(finished, timeout=60, interval=0.3, what="the woken demo run to finish")
 
 
+def _assert_owner_mail_lands_in_the_sink(stack: Stack, demo: dict[str, Any]) -> None:
+    """An effect handed to the effect owner (as the runtime's dispatcher hands it) is
+    sent by the owner's email provider to the dev sink: one .eml under data/mail."""
+    scope = Scope(
+        "org-demo",
+        demo["app_installation_id"],
+        demo["runtime_capability_id"],
+        demo["binding_digest"],
+    )
+    # Signed as the runtime signs it: with the runtime's own service key, the only key of
+    # the dev stack whose trusted-keys entry may claim the handoff role.
+    key = load_signing_key(stack.data_dir / "auth" / "runtime_service_key.pem")
+    claims = WorkloadClaims(
+        subject="runtime",
+        audiences=(ServiceName.EFFECT_OWNER,),
+        org_id=scope.org_id,
+        app_installation_id=scope.app_installation_id,
+        runtime_capability_id=scope.runtime_capability_id,
+        runtime_work_binding_digest=scope.runtime_work_binding_digest,
+        roles=(HANDOFF_SUBMIT_ROLE,),
+    )
+    token = mint_credential(key, "runtime-service", claims, ttl_s=300)
+    md = [("authorization", f"Bearer {token}")]
+    env = envelope(scope, run=f"run-{uuid.uuid4().hex[:8]}")
+    with grpc.insecure_channel(f"127.0.0.1:{stack.effect_port}") as channel:
+        effect_v1.EffectOwnerServiceStub(channel).AcceptHandoff(
+            effect_v1.AcceptHandoffRequest(
+                request_id=uuid.uuid4().hex, scope=scope.proto(), envelope=env
+            ),
+            metadata=md,
+            timeout=30,
+        )
+    key_id = provider_idempotency_key("email.smtp", env.effect_handoff_key)
+
+    def landed() -> list[Path]:
+        return [p for p in (stack.data_dir / "mail").glob("*.eml") if key_id in p.read_text()]
+
+    [mail] = wait_until(landed, timeout=60, what="the e-mail in the dev mail sink")
+    assert "Subject: Welcome, ada!" in mail.read_text()
+
+
 def _stop_cleanly(stack: Stack) -> None:
     children = stack.children()
-    assert len(children) == 3, children
+    assert len(children) == 4, children  # three services and the mail sink
     assert stack.stop() == 0, stack.output()[-4000:]
     wait_until(lambda: _gone(children), timeout=10, what="the service processes to exit")
 
@@ -347,6 +394,8 @@ def test_devstack_seeds_the_demo_idempotently_and_stops_cleanly(tmp_path: Path) 
             "flow inventory",
             "FlowDefinitionService/GetPlan",
             "(sealed now)",
+            "mail sink     smtp://127.0.0.1:",
+            f"{data_dir / 'mail'}/*.eml",
         ):
             assert expected in text, text
         first = _assert_demo_active(stack)
@@ -354,6 +403,7 @@ def test_devstack_seeds_the_demo_idempotently_and_stops_cleanly(tmp_path: Path) 
         run_id = _assert_before_save_transforms(stack, first)
         _assert_the_banner_command_wakes_the_waiting_run(stack, text, first)
         _assert_operator_tokens(stack, first, run_id)
+        _assert_owner_mail_lands_in_the_sink(stack, first)
         _stop_cleanly(stack)
 
     # Same data dir again: the unchanged catalog reuses the generation the plans pin, so

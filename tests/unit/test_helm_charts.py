@@ -31,11 +31,15 @@ NOT_DEPLOYED = {
     "FLOW_CRASH_AT": "fault hook: refused in production, forbidden by the schemas",
     "FLOW_CRASH_MARKER_FILE": "fault hook bookkeeping for the crash tests",
     "FLOW_RUNTIME_VIEW_FILE": "tests/dev only: replaces the catalog's metadata views",
+    "FLOW_MAIL_SINK_DIR": "`make run` only: where the dev SMTP sink writes its .eml files",
 }
 #: Variables whose owner is not the service their prefix names.
 OWNERS = {
     "FLOW_CATALOG_TARGET": {"runtime"},  # where the runtime dials the catalog
+    "FLOW_EFFECT_OWNER_TARGETS": {"runtime"},  # where the runtime dials the effect owners
 }
+#: Settings of the transactional outbox: the runtime and the effect owner have one.
+OUTBOX_OWNERS = {"runtime", "effect-owner"}
 _PREFIX_OWNER = {
     "FLOW_CATALOG_": "catalog",
     "FLOW_RUNTIME_": "runtime",
@@ -46,6 +50,8 @@ _PREFIX_OWNER = {
 def owners(name: str) -> set[str]:
     if name in OWNERS:
         return OWNERS[name]
+    if name.startswith("FLOW_OUTBOX_"):
+        return OUTBOX_OWNERS
     for prefix, chart in _PREFIX_OWNER.items():
         if name.startswith(prefix):
             return {chart}

@@ -138,6 +138,11 @@ FLOW_REQUEST_RETENTION_HOURS: {{ .Values.requestRetentionHours | int64 | quote }
   secret:
     secretName: {{ required "tls.secretName is required when tls.enabled" .Values.tls.secretName }}
 {{- end }}
+{{- if and .Values.smtp .Values.smtp.passwordSecret }}
+- name: smtp-password
+  secret:
+    secretName: {{ .Values.smtp.passwordSecret }}
+{{- end }}
 {{- end -}}
 
 {{- define "nexus.volumeMounts" -}}
@@ -149,6 +154,11 @@ FLOW_REQUEST_RETENTION_HOURS: {{ .Values.requestRetentionHours | int64 | quote }
 {{- if include "nexus.signingKeySecret" . }}
 - name: signing-key
   mountPath: /etc/nexus/auth/signing
+  readOnly: true
+{{- end }}
+{{- if and .Values.smtp .Values.smtp.passwordSecret }}
+- name: smtp-password
+  mountPath: /etc/nexus/smtp
   readOnly: true
 {{- end }}
 {{- if .Values.tls.enabled }}

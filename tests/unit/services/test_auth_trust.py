@@ -16,7 +16,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from services.auth import (
     CANCEL_ROLE,
     DELETE_ROLE,
+    HANDOFF_SUBMIT_ROLE,
     OPERATOR_ROLES,
+    SIGNALS_SUBMIT_ROLE,
     CredentialVerifier,
     KeyConstraints,
     TrustedKey,
@@ -182,8 +184,10 @@ def test_dev_keys_constrain_the_operator_and_each_service_key(tmp_path: Path) ->
     runtime = keys["runtime-service"].constraints
     assert runtime.orgs == {"*"}
     assert runtime.audiences == {"catalog", "effect-owner"}
-    assert runtime.roles == frozenset()
+    # Each service key may sign only the one role its calls need.
+    assert runtime.roles == {HANDOFF_SUBMIT_ROLE}
     assert keys["effect-owner-service"].constraints.audiences == {"runtime"}
+    assert keys["effect-owner-service"].constraints.roles == {SIGNALS_SUBMIT_ROLE}
 
     # The runtime's own key cannot act as an operator.
     runtime_key = load_signing_key(files.runtime_service_key)
@@ -191,6 +195,22 @@ def test_dev_keys_constrain_the_operator_and_each_service_key(tmp_path: Path) ->
     claims = _claims(roles=(CANCEL_ROLE,))
     with pytest.raises(UnauthenticatedError):
         verifier.verify(mint_credential(runtime_key, "runtime-service", claims, ttl_s=60, now=NOW))
+
+
+def test_dev_keys_widen_an_existing_dev_entry_to_the_roles_this_version_needs(
+    tmp_path: Path,
+) -> None:
+    """A dev stack whose trusted-keys file predates a role keeps working after upgrade."""
+    files = ensure_dev_keys(tmp_path, env="development")
+    doc = json.loads(files.trusted_keys.read_text(encoding="utf-8"))
+    doc["keys"]["runtime-service"]["roles"] = []
+    doc["keys"]["dev"]["roles"] = [CANCEL_ROLE]
+    files.trusted_keys.write_text(json.dumps(doc), encoding="utf-8")
+
+    ensure_dev_keys(tmp_path, env="development")
+    keys = load_trusted_keys(files.trusted_keys, allow_unconstrained=False)
+    assert keys["runtime-service"].constraints.roles == {HANDOFF_SUBMIT_ROLE}
+    assert keys["dev"].constraints.roles == frozenset(OPERATOR_ROLES)
 
 
 def test_config_defaults_name_the_dev_service_keys(tmp_path: Path) -> None:

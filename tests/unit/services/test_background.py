@@ -109,6 +109,33 @@ def test_idle_backoff_is_bounded_jittered_and_resets() -> None:
     assert b.next_delay() <= 0.01
 
 
+def test_the_interval_period_is_jittered_within_its_bounds() -> None:
+    b = IdleBackoff(2.0, random.Random(7))
+    periods = [b.period() for _ in range(50)]
+    assert all(1.0 <= p <= 2.0 for p in periods) and len(set(periods)) > 1
+
+
+async def test_an_interval_loop_waits_its_period_even_after_a_busy_iteration() -> None:
+    """A sweep or retention duty (``interval=True``) never spins, busy or not; shutdown
+    interrupts the wait at once."""
+    calls: list[int] = []
+    ran = asyncio.Event()
+
+    async def busy() -> bool:
+        calls.append(1)
+        ran.set()
+        return True
+
+    group = LoopGroup()
+    group.spawn("sweep", busy, idle_s=3600, interval=True)
+    async with group:
+        await asyncio.wait_for(ran.wait(), 30)
+        for _ in range(20):
+            await asyncio.sleep(0)
+    assert calls == [1]  # waiting its (half-hour or more) period, not spinning
+    assert group.stopping
+
+
 def _source(orgs: list[str]) -> OrgSource:
     async def source(after: str | None, limit: int) -> list[str]:
         ordered = sorted(orgs)

@@ -1,0 +1,477 @@
+"""Command transactions of the owner's dispatcher, and the scoped command reads.
+
+Each dispatcher step is one short fenced transaction; provider calls happen between
+them, never inside (§15.1: the network call runs after acceptance committed)::
+
+    claim_txn          command CAS (version, state, due) + lease and fencing token;
+                       ACCEPTED/DISPATCHING → a new remote attempt IN_FLIGHT (Started);
+                       an attempt still IN_FLIGHT from a dead dispatcher, or an
+                       OUTCOME_UNKNOWN command → Reconciling (the in-flight attempt is
+                       recorded OUTCOME_UNKNOWN: nobody saw its answer)
+    record_attempt_txn attempt outcome + command CAS under the lease token
+                       (+ receipt and owner-outbox message when terminal)
+    record_lookup_txn  the reconciliation decision under the lease token (+ receipt, or a
+                       replay attempt with the same idempotency key)
+
+A stale dispatcher (its lease expired and the command was re-claimed) loses the final
+fence and writes nothing. Reads are scoped by the complete work scope.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from effect_owner_svc.commands.model import (
+    DUE_COMMAND_STATES,
+    AttemptOutcome,
+    CommandState,
+    Complete,
+    LookupAgainAt,
+    Reconcile,
+    Replay,
+    RetryAt,
+    attempt_outcome_for,
+)
+from effect_owner_svc.commands.records import (
+    AttemptRecord,
+    CommandRecord,
+    ReceiptRecord,
+    attempt_from_row,
+    command_from_row,
+)
+from effect_owner_svc.providers.base import ProviderOutcome
+from effect_owner_svc.receipts.store import write_receipt_txn
+from effect_owner_svc.schema import external_commands, remote_attempts
+from services.auth import TrustedRuntimeWorkScope
+from services.db import cas_update
+from services.effect_contract import CompletionEvidence
+from services.errors import FenceLostError
+
+__all__ = [
+    "Reconciling",
+    "Started",
+    "attempts_txn",
+    "claim_txn",
+    "due_commands_txn",
+    "get_command_txn",
+    "list_commands_txn",
+    "orgs_with_due_commands_txn",
+    "record_attempt_txn",
+    "record_lookup_txn",
+]
+
+_C = external_commands.c
+_A = remote_attempts.c
+
+
+@dataclass(frozen=True)
+class Started:
+    """A leased command with a new remote attempt IN_FLIGHT: call the provider."""
+
+    command: CommandRecord
+    attempt: AttemptRecord
+
+
+@dataclass(frozen=True)
+class Reconciling:
+    """A leased OUTCOME_UNKNOWN command: reconcile through the provider."""
+
+    command: CommandRecord
+
+
+# --- discovery (no locks) -------------------------------------------------------------
+
+
+def _due(kinds: Iterable[str], now: datetime) -> list[ColumnElement[bool]]:
+    return [
+        _C.state.in_(sorted(s.value for s in DUE_COMMAND_STATES)),
+        _C.next_attempt_at <= now,
+        _C.effect_owner_kind.in_(sorted(kinds)),
+    ]
+
+
+async def orgs_with_due_commands_txn(
+    conn: AsyncConnection, kinds: Iterable[str], now: datetime, limit: int
+) -> list[str]:
+    """Orgs with a due command of a served owner kind (bounded)."""
+    stmt = select(_C.org_id).where(*_due(kinds, now)).distinct().limit(limit)
+    return [str(v) for v in (await conn.execute(stmt)).scalars()]
+
+
+async def due_commands_txn(
+    conn: AsyncConnection, org_id: str, kinds: Iterable[str], now: datetime, limit: int
+) -> list[CommandRecord]:
+    """Due commands of one org, oldest ``next_attempt_at`` first."""
+    stmt = (
+        select(external_commands)
+        .where(_C.org_id == org_id, *_due(kinds, now))
+        .order_by(_C.next_attempt_at, _C.external_command_id)
+        .limit(limit)
+    )
+    return [command_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+# --- fenced steps -----------------------------------------------------------------------
+
+
+async def _reread(conn: AsyncConnection, org_id: str, command_id: str) -> CommandRecord:
+    row = (
+        (
+            await conn.execute(
+                select(external_commands).where(
+                    _C.org_id == org_id, _C.external_command_id == command_id
+                )
+            )
+        )
+        .mappings()
+        .one()
+    )
+    return command_from_row(row)
+
+
+async def _latest_attempt(
+    conn: AsyncConnection, org_id: str, command_id: str
+) -> AttemptRecord | None:
+    row = (
+        (
+            await conn.execute(
+                select(remote_attempts)
+                .where(_A.org_id == org_id, _A.external_command_id == command_id)
+                .order_by(_A.attempt_number.desc())
+                .limit(1)
+            )
+        )
+        .mappings()
+        .first()
+    )
+    return None if row is None else attempt_from_row(row)
+
+
+async def _insert_attempt(
+    conn: AsyncConnection, command: CommandRecord, number: int, now: datetime
+) -> AttemptRecord:
+    attempt_id = f"att_{uuid.uuid4().hex}"
+    await conn.execute(
+        remote_attempts.insert().values(
+            org_id=command.org_id,
+            remote_attempt_id=attempt_id,
+            external_command_id=command.command_id,
+            attempt_number=number,
+            provider_idempotency_key=command.provider_idempotency_key,
+            outcome=AttemptOutcome.IN_FLIGHT.value,
+            safe_error_code=None,
+            response_digest=None,
+            state_version=1,
+            started_at=now,
+            finished_at=None,
+        )
+    )
+    return AttemptRecord(
+        org_id=command.org_id,
+        remote_attempt_id=attempt_id,
+        command_id=command.command_id,
+        attempt_number=number,
+        provider_idempotency_key=command.provider_idempotency_key,
+        outcome=AttemptOutcome.IN_FLIGHT,
+        safe_error_code=None,
+        response_digest=None,
+        state_version=1,
+        started_at=now,
+        finished_at=None,
+    )
+
+
+async def _finish_attempt(
+    conn: AsyncConnection,
+    attempt: AttemptRecord,
+    outcome: AttemptOutcome,
+    code: str,
+    response_digest: str,
+    now: datetime,
+) -> None:
+    result = await conn.execute(
+        update(remote_attempts)
+        .where(
+            _A.org_id == attempt.org_id,
+            _A.remote_attempt_id == attempt.remote_attempt_id,
+            _A.state_version == attempt.state_version,
+            _A.outcome == AttemptOutcome.IN_FLIGHT.value,
+        )
+        .values(
+            outcome=outcome.value,
+            safe_error_code=code or None,
+            response_digest=response_digest or None,
+            state_version=_A.state_version + 1,
+            finished_at=now,
+        )
+    )
+    if result.rowcount != 1:
+        raise FenceLostError(
+            "remote_attempt", attempt.remote_attempt_id, attempt.state_version, None
+        )
+
+
+async def claim_txn(
+    conn: AsyncConnection,
+    command: CommandRecord,
+    *,
+    owner: str,
+    lease_until: datetime,
+    now: datetime,
+) -> Started | Reconciling:
+    """Lease a due command and decide what to do with it (see the module docstring).
+
+    Raises:
+        FenceLostError: another dispatcher claimed or changed it first.
+    """
+    latest = await _latest_attempt(conn, command.org_id, command.command_id)
+    interrupted = latest is not None and latest.outcome is AttemptOutcome.IN_FLIGHT
+    reconcile = command.state is CommandState.OUTCOME_UNKNOWN or interrupted
+    values: dict[str, Any] = {
+        "lease_owner": owner,
+        "lease_token": uuid.uuid4().hex,
+        "lease_until": lease_until,
+        # Due again only when the lease is over: a dead dispatcher's command comes back.
+        "next_attempt_at": lease_until,
+        "updated_at": now,
+    }
+    if reconcile:
+        values["state"] = CommandState.OUTCOME_UNKNOWN.value
+        if interrupted:
+            values["safe_error_code"] = "owner_interrupted"
+    else:
+        values["state"] = CommandState.DISPATCHING.value
+        values["attempt_count"] = command.attempt_count + 1
+    await cas_update(
+        conn,
+        external_commands,
+        org_id=command.org_id,
+        key={"external_command_id": command.command_id},
+        expected_version=command.state_version,
+        values=values,
+        extra_predicates=[_C.state == command.state.value, _C.next_attempt_at <= now],
+    )
+    leased = await _reread(conn, command.org_id, command.command_id)
+    if reconcile:
+        if interrupted and latest is not None:
+            # Nobody saw this attempt's answer (the dispatcher died or stalled past its
+            # lease): its outcome is unknown, never assumed.
+            await _finish_attempt(
+                conn, latest, AttemptOutcome.OUTCOME_UNKNOWN, "owner_interrupted", "", now
+            )
+        return Reconciling(leased)
+    attempt = await _insert_attempt(conn, leased, leased.attempt_count, now)
+    return Started(leased, attempt)
+
+
+async def _fence_leased(
+    conn: AsyncConnection, leased: CommandRecord, values: dict[str, Any], now: datetime
+) -> CommandRecord:
+    await cas_update(
+        conn,
+        external_commands,
+        org_id=leased.org_id,
+        key={"external_command_id": leased.command_id},
+        expected_version=leased.state_version,
+        values={**values, "updated_at": now},
+        extra_predicates=[_C.lease_token == leased.lease_token],
+    )
+    return await _reread(conn, leased.org_id, leased.command_id)
+
+
+_RELEASE = {"lease_owner": None, "lease_token": None, "lease_until": None}
+
+
+async def _fence_complete(
+    conn: AsyncConnection, leased: CommandRecord, decision: Complete, now: datetime
+) -> tuple[CommandRecord, CompletionEvidence]:
+    version = leased.outcome_version + 1
+    command = await _fence_leased(
+        conn,
+        leased,
+        {
+            **_RELEASE,
+            "state": decision.state.value,
+            "outcome_version": version,
+            "safe_error_code": decision.safe_error_code or None,
+            "result_digest": decision.result_digest or None,
+            "next_attempt_at": None,
+        },
+        now,
+    )
+    evidence = CompletionEvidence(
+        command_id=command.command_id,
+        outcome_version=version,
+        outcome=decision.outcome,
+        effect_owner_kind=command.effect_owner_kind,
+        effect_handoff_key=command.effect_handoff_key,
+        safe_error_code=decision.safe_error_code,
+        result_digest=decision.result_digest,
+    )
+    return command, evidence
+
+
+async def record_attempt_txn(
+    conn: AsyncConnection,
+    started: Started,
+    outcome: ProviderOutcome,
+    decision: Complete | RetryAt | Reconcile,
+    now: datetime,
+) -> ReceiptRecord | None:
+    """Record one remote attempt's outcome and the command's next state.
+
+    Lock order: command (fenced on the lease token) → attempt → receipt → outbox.
+
+    Returns:
+        The completion receipt when the command became terminal.
+
+    Raises:
+        FenceLostError: the lease was lost (a newer claim owns the command).
+    """
+    leased = started.command
+    completed: tuple[CommandRecord, CompletionEvidence] | None = None
+    match decision:
+        case Complete():
+            completed = await _fence_complete(conn, leased, decision, now)
+        case RetryAt(when, code):
+            values = {"state": CommandState.DISPATCHING.value, "next_attempt_at": when}
+            await _fence_leased(conn, leased, {**_RELEASE, **values, "safe_error_code": code}, now)
+        case Reconcile(code):
+            values = {"state": CommandState.OUTCOME_UNKNOWN.value, "next_attempt_at": now}
+            await _fence_leased(conn, leased, {**_RELEASE, **values, "safe_error_code": code}, now)
+    await _finish_attempt(
+        conn,
+        started.attempt,
+        attempt_outcome_for(outcome),
+        outcome.safe_error_code,
+        outcome.result_digest,
+        now,
+    )
+    if completed is None:
+        return None
+    return await write_receipt_txn(conn, *completed, now)
+
+
+async def record_lookup_txn(
+    conn: AsyncConnection,
+    reconciling: Reconciling,
+    decision: Complete | Replay | LookupAgainAt,
+    now: datetime,
+) -> ReceiptRecord | Started | None:
+    """Record a reconciliation decision (§15.3).
+
+    Returns:
+        The receipt (terminal), a :class:`Started` replay attempt with the same
+        idempotency key (the lease is kept), or None (look up again later).
+
+    Raises:
+        FenceLostError: the lease was lost.
+    """
+    leased = reconciling.command
+    match decision:
+        case Complete():
+            command, evidence = await _fence_complete(conn, leased, decision, now)
+            return await write_receipt_txn(conn, command, evidence, now)
+        case Replay(code):
+            command = await _fence_leased(
+                conn,
+                leased,
+                {
+                    "state": CommandState.DISPATCHING.value,
+                    "attempt_count": leased.attempt_count + 1,
+                    "safe_error_code": code,
+                },
+                now,
+            )
+            attempt = await _insert_attempt(conn, command, command.attempt_count, now)
+            return Started(command, attempt)
+        case LookupAgainAt(when, code):
+            await _fence_leased(
+                conn,
+                leased,
+                {
+                    **_RELEASE,
+                    "reconcile_attempts": leased.reconcile_attempts + 1,
+                    "next_attempt_at": when,
+                    "safe_error_code": code,
+                },
+                now,
+            )
+    return None
+
+
+# --- scoped reads ---------------------------------------------------------------------
+
+
+def _scope(scope: TrustedRuntimeWorkScope) -> list[ColumnElement[bool]]:
+    return [
+        _C.org_id == scope.org_id,
+        _C.app_installation_id == scope.app_installation_id,
+        _C.runtime_capability_id == scope.runtime_capability_id,
+        _C.runtime_work_binding_digest == scope.runtime_work_binding_digest,
+    ]
+
+
+async def get_command_txn(
+    conn: AsyncConnection,
+    scope: TrustedRuntimeWorkScope,
+    *,
+    command_id: str | None = None,
+    effect_handoff_key: str | None = None,
+) -> CommandRecord | None:
+    """A command of exactly ``scope`` by id or handoff key (None: absent *in scope*)."""
+    preds = _scope(scope)
+    if command_id is not None:
+        preds.append(_C.external_command_id == command_id)
+    elif effect_handoff_key is not None:
+        preds.append(_C.effect_handoff_key == effect_handoff_key)
+    else:
+        raise ValueError("command_id or effect_handoff_key is required")
+    row = (await conn.execute(select(external_commands).where(*preds))).mappings().first()
+    return None if row is None else command_from_row(row)
+
+
+async def list_commands_txn(
+    conn: AsyncConnection,
+    scope: TrustedRuntimeWorkScope,
+    *,
+    states: Sequence[CommandState] = (),
+    flow_run_id: str = "",
+    after: tuple[datetime, str] | None = None,
+    limit: int = 50,
+) -> list[CommandRecord]:
+    """Commands of exactly ``scope`` by acceptance time then id (keyset ``after``)."""
+    preds = _scope(scope)
+    if states:
+        preds.append(_C.state.in_(sorted(s.value for s in states)))
+    if flow_run_id:
+        preds.append(_C.flow_run_id == flow_run_id)
+    if after is not None:
+        at, cid = after
+        preds.append(
+            or_(_C.created_at > at, and_(_C.created_at == at, _C.external_command_id > cid))
+        )
+    stmt = (
+        select(external_commands)
+        .where(*preds)
+        .order_by(_C.created_at, _C.external_command_id)
+        .limit(limit)
+    )
+    return [command_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def attempts_txn(conn: AsyncConnection, org_id: str, command_id: str) -> list[AttemptRecord]:
+    """Remote attempts of a command (already scope-checked by the caller), by number."""
+    stmt = (
+        select(remote_attempts)
+        .where(_A.org_id == org_id, _A.external_command_id == command_id)
+        .order_by(_A.attempt_number)
+    )
+    return [attempt_from_row(r) for r in (await conn.execute(stmt)).mappings()]

@@ -1,0 +1,234 @@
+"""The owner's command dispatcher: accepted commands → provider calls → outcomes and
+completion receipts (spec §15.1-§15.3; seam rule 5).
+
+One command, end to end (:meth:`CommandDispatcher.process`)::
+
+    claim_txn (lease + fencing token; a new remote attempt IN_FLIGHT) ─► COMMIT
+      ─► crash_point(before_provider_call, kind)
+      ─► provider.submit(command)        no transaction open; bounded below the lease
+      ─► crash_point(after_provider_accepted, kind)        [SUCCEEDED, not recorded]
+      ─► record_attempt_txn (attempt outcome, command CAS under the lease token,
+           terminal: receipt + owner-outbox message) ─► COMMIT
+      ─► crash_point(after_receipt_commit, kind)
+
+A dispatcher killed after the provider accepted but before recording leaves the attempt
+``IN_FLIGHT``; when its lease expires the next claim records that attempt's outcome as
+unknown and reconciles: the provider's ``lookup`` where it has one, a replay with the
+same idempotency key where the provider deduplicates on it, and quarantine otherwise —
+never a blind second send. The network call is never made before the acceptance that
+created the command committed (the command row only exists after that commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from datetime import timedelta
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from effect_owner_svc.commands.model import (
+    CommandPolicy,
+    decide_after_attempt,
+    decide_after_lookup,
+)
+from effect_owner_svc.commands.records import CommandRecord, ReceiptRecord
+from effect_owner_svc.commands.store import (
+    Reconciling,
+    Started,
+    claim_txn,
+    due_commands_txn,
+    orgs_with_due_commands_txn,
+    record_attempt_txn,
+    record_lookup_txn,
+)
+from effect_owner_svc.providers.base import (
+    Provider,
+    ProviderCommand,
+    ProviderOutcome,
+    ProviderOutcomeKind,
+)
+from effect_owner_svc.providers.factory import ProviderSet
+from services.background import BackgroundLoop
+from services.db import db_now, run_in_transaction
+from services.errors import FenceLostError
+from services.faults import CrashPoint, crash_point
+
+__all__ = ["CommandDispatcher"]
+
+log = logging.getLogger(__name__)
+
+_ORG_LIMIT = 100
+
+
+class CommandDispatcher:
+    """Calls providers for due commands of the kinds in ``providers``.
+
+    Args:
+        engine: the owner database.
+        providers: providers by effect owner kind (the kinds this process serves).
+        policy: attempt budget, backoff and lease.
+        owner: lease owner name, diagnostics only.
+        batch_size: commands claimed per org and pass.
+        concurrency: provider calls in flight at once.
+        idle_s: longest idle backoff of the loop.
+        rng: jitter source.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        providers: ProviderSet,
+        policy: CommandPolicy,
+        *,
+        owner: str,
+        batch_size: int = 20,
+        concurrency: int = 8,
+        idle_s: float = 0.5,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._engine = engine
+        self._providers = providers
+        self._policy = policy
+        self._owner = owner
+        self._batch = max(1, batch_size)
+        self._gate = asyncio.Semaphore(max(1, concurrency))
+        self._idle_s = idle_s
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
+
+    async def run_once(self) -> int:
+        """One pass over every org with due commands; returns how many were processed."""
+        kinds = sorted(self._providers)
+        if not kinds:
+            return 0
+
+        async def discover(conn: AsyncConnection) -> list[CommandRecord]:
+            now = await db_now(conn)
+            found: list[CommandRecord] = []
+            for org in await orgs_with_due_commands_txn(conn, kinds, now, _ORG_LIMIT):
+                found += await due_commands_txn(conn, org, kinds, now, self._batch)
+            return found
+
+        due = await run_in_transaction(self._engine, discover, readonly=True)
+        if not due:
+            return 0
+        return sum(await asyncio.gather(*(self._guarded(c) for c in due)))
+
+    async def _guarded(self, command: CommandRecord) -> int:
+        async with self._gate:
+            try:
+                return 1 if await self.process(command) else 0
+            except Exception:
+                log.exception("command %s: dispatch failed", command.command_id)
+                return 0
+
+    async def process(self, command: CommandRecord) -> bool:
+        """Claim one due command and drive it as far as this pass can.
+
+        Returns:
+            False when another dispatcher won the claim.
+        """
+        provider = self._providers[command.effect_owner_kind]
+
+        async def claim(conn: AsyncConnection) -> Started | Reconciling:
+            now = await db_now(conn)
+            until = now + timedelta(milliseconds=self._policy.lease_ms)
+            return await claim_txn(conn, command, owner=self._owner, lease_until=until, now=now)
+
+        try:
+            step: Started | Reconciling | None = await run_in_transaction(self._engine, claim)
+        except FenceLostError:
+            return False
+        while step is not None:
+            try:
+                if isinstance(step, Started):
+                    await self._attempt(provider, step)
+                    step = None
+                else:
+                    step = await self._reconcile(provider, step)
+            except FenceLostError:
+                log.info("command %s: lease lost; a newer claim owns it", command.command_id)
+                return True
+        return True
+
+    def _call_timeout(self) -> float:
+        return self._policy.lease_ms / 1000 * 0.8
+
+    async def _attempt(self, provider: Provider, started: Started) -> None:
+        command = started.command
+        kind = command.effect_owner_kind
+        crash_point(CrashPoint.BEFORE_PROVIDER_CALL, kind)
+        outcome = await self._submit(provider, command)
+        if outcome.kind is ProviderOutcomeKind.SUCCEEDED:
+            crash_point(CrashPoint.AFTER_PROVIDER_ACCEPTED, kind)
+
+        async def record(conn: AsyncConnection) -> ReceiptRecord | None:
+            now = await db_now(conn)
+            decision = decide_after_attempt(
+                started.attempt.attempt_number, outcome, self._policy, now=now, rng=self._rng
+            )
+            return await record_attempt_txn(conn, started, outcome, decision, now)
+
+        receipt = await run_in_transaction(self._engine, record)
+        if receipt is not None:
+            crash_point(CrashPoint.AFTER_RECEIPT_COMMIT, kind)
+
+    async def _submit(self, provider: Provider, command: CommandRecord) -> ProviderOutcome:
+        request = ProviderCommand(
+            org_id=command.org_id,
+            command_id=command.command_id,
+            effect_owner_kind=command.effect_owner_kind,
+            idempotency_key=command.provider_idempotency_key,
+            payload_schema_version=command.payload_schema_version,
+            payload=json.loads(command.payload),
+        )
+        try:
+            return await asyncio.wait_for(provider.submit(request), self._call_timeout())
+        except TimeoutError:
+            return ProviderOutcome.unknown("provider_call_timeout")
+        except Exception:
+            # The call may have reached the remote side before failing here.
+            log.exception("provider %s raised for %s", provider.name, command.command_id)
+            return ProviderOutcome.unknown("provider_error")
+
+    async def _reconcile(self, provider: Provider, reconciling: Reconciling) -> Started | None:
+        command = reconciling.command
+        try:
+            found = await asyncio.wait_for(
+                provider.lookup(command.provider_idempotency_key), self._call_timeout()
+            )
+        except TimeoutError:
+            found = ProviderOutcome.unknown("lookup_timeout")
+        except Exception:
+            log.exception("provider %s lookup raised for %s", provider.name, command.command_id)
+            found = ProviderOutcome.unknown("lookup_error")
+
+        async def record(conn: AsyncConnection) -> ReceiptRecord | Started | None:
+            now = await db_now(conn)
+            decision = decide_after_lookup(
+                found,
+                replay_safe=provider.replay_safe,
+                attempt_count=command.attempt_count,
+                reconcile_attempts=command.reconcile_attempts,
+                policy=self._policy,
+                now=now,
+                rng=self._rng,
+            )
+            return await record_lookup_txn(conn, reconciling, decision, now)
+
+        result = await run_in_transaction(self._engine, record)
+        if isinstance(result, Started):
+            return result
+        if result is not None:
+            crash_point(CrashPoint.AFTER_RECEIPT_COMMIT, command.effect_owner_kind)
+        return None
+
+    def loops(self, name: str = "effect-commands") -> list[BackgroundLoop]:
+        """The dispatch loop (``services.background``)."""
+
+        async def body() -> bool:
+            return await self.run_once() > 0
+
+        return [BackgroundLoop(name, idle_s=self._idle_s, body=body)]

@@ -1,0 +1,122 @@
+"""Completion receipts and their delivery message (spec §15.2, §14.1).
+
+:func:`write_receipt_txn` runs inside the transaction that records a command's terminal
+outcome: it inserts the immutable receipt keyed by ``(command, outcome_version)`` and,
+last, enqueues the ``effect.completion.receipt`` message into the owner's producer
+outbox (``OWNER_OUTBOX``) — so outcome, receipt and delivery intent commit together or
+not at all. The message payload is exactly the ``SubmitWakeSignal`` request body of the
+contract in :mod:`services.effect_contract` (the scope travels in the row's columns).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from effect_owner_svc.commands.records import CommandRecord, ReceiptRecord, receipt_from_row
+from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
+from effect_owner_svc.schema import completion_receipts
+from services.auth import TrustedRuntimeWorkScope
+from services.digest import canonical_json, versioned_digest
+from services.effect_contract import (
+    EFFECT_COMPLETION_FAMILY,
+    EFFECT_COMPLETION_PRODUCER_KIND,
+    CompletionEvidence,
+)
+from services.outbox import NewOutboxMessage, enqueue_txn
+
+__all__ = ["get_receipt_txn", "wake_request_doc", "write_receipt_txn"]
+
+
+def wake_request_doc(evidence: CompletionEvidence) -> dict[str, Any]:
+    """The ``SubmitWakeSignal`` body (without scope and request id) of a receipt."""
+    return {
+        "producer_kind": EFFECT_COMPLETION_PRODUCER_KIND,
+        "producer_key": evidence.effect_handoff_key,
+        "wake_token": evidence.wake_token,
+        "wake_version": evidence.outcome_version,
+        "evidence_json": evidence.to_json(),
+        "evidence_digest": evidence.digest(),
+    }
+
+
+def _message_id(command: CommandRecord, outcome_version: int) -> str:
+    digest = versioned_digest("owner-outbox-message", [command.command_id, outcome_version])
+    return "oom_" + digest.rsplit(":", 1)[1][:32]
+
+
+async def write_receipt_txn(
+    conn: AsyncConnection, command: CommandRecord, evidence: CompletionEvidence, now: datetime
+) -> ReceiptRecord:
+    """Insert the receipt of ``evidence`` and enqueue its delivery (caller's transaction;
+    the command row must already be fenced by the caller)."""
+    await conn.execute(
+        completion_receipts.insert().values(
+            org_id=command.org_id,
+            app_installation_id=command.app_installation_id,
+            runtime_capability_id=command.runtime_capability_id,
+            runtime_work_binding_digest=command.runtime_work_binding_digest,
+            external_command_id=command.command_id,
+            outcome_version=evidence.outcome_version,
+            effect_handoff_key=command.effect_handoff_key,
+            outcome=evidence.outcome.value,
+            outcome_payload=evidence.to_json(),
+            outcome_digest=evidence.digest(),
+            created_at=now,
+        )
+    )
+    body = canonical_json(wake_request_doc(evidence)).decode("utf-8")
+    await enqueue_txn(
+        conn,
+        OWNER_OUTBOX,
+        NewOutboxMessage(
+            org_id=command.org_id,
+            app_installation_id=command.app_installation_id,
+            runtime_capability_id=command.runtime_capability_id,
+            runtime_work_binding_digest=command.runtime_work_binding_digest,
+            message_id=_message_id(command, evidence.outcome_version),
+            family=EFFECT_COMPLETION_FAMILY,
+            key=evidence.wake_token,
+            payload=body,
+            payload_digest=versioned_digest("owner-outbox-payload", body),
+        ),
+        now=now,
+    )
+    return ReceiptRecord(
+        org_id=command.org_id,
+        app_installation_id=command.app_installation_id,
+        runtime_capability_id=command.runtime_capability_id,
+        runtime_work_binding_digest=command.runtime_work_binding_digest,
+        command_id=command.command_id,
+        outcome_version=evidence.outcome_version,
+        effect_handoff_key=command.effect_handoff_key,
+        outcome=evidence.outcome.value,
+        evidence_json=evidence.to_json(),
+        evidence_digest=evidence.digest(),
+        created_at=now,
+    )
+
+
+async def get_receipt_txn(
+    conn: AsyncConnection,
+    scope: TrustedRuntimeWorkScope,
+    command_id: str,
+    outcome_version: int = 0,
+) -> ReceiptRecord | None:
+    """The receipt of ``command_id`` in exactly ``scope`` (latest when version is 0)."""
+    t = completion_receipts.c
+    stmt = select(completion_receipts).where(
+        t.org_id == scope.org_id,
+        t.app_installation_id == scope.app_installation_id,
+        t.runtime_capability_id == scope.runtime_capability_id,
+        t.runtime_work_binding_digest == scope.runtime_work_binding_digest,
+        t.external_command_id == command_id,
+    )
+    if outcome_version:
+        stmt = stmt.where(t.outcome_version == outcome_version)
+    stmt = stmt.order_by(t.outcome_version.desc()).limit(1)
+    row = (await conn.execute(stmt)).mappings().first()
+    return None if row is None else receipt_from_row(row)

@@ -1,0 +1,368 @@
+"""The generic outbox dispatcher: claim → deliver → record, reconciliation, finalizer,
+repair sweep (spec §10.7, §15.1, §15.4; seam rule 6: at-least-once, consumers dedupe).
+
+One pass of :meth:`OutboxDispatcher.deliver_once`::
+
+    discover due rows (no locks) ─► claim_txn (fenced, lease + fencing token) ─► COMMIT
+      ─► family.deliver(message) / family.reconcile(message)   (no transaction open)
+      ─► crash_point(after_outbox_delivery, family)      [delivered, not yet recorded]
+      ─► apply_txn (fenced on version + lease token) ─► COMMIT
+      ─► pre-final? ─► family.finalizer.finalize(ticket)   (its own transaction)
+
+A remote call never runs inside a transaction. A dispatcher that dies between delivery
+and recording leaves the row ``Delivering``; the repair sweep (:meth:`sweep_once`)
+returns an expired delivery lease to ``Retrying`` (counting the attempt), so the same
+message — same key, same payload — is delivered again and the consumer deduplicates.
+The sweep also re-drives every pre-finalization candidate through its family finalizer.
+
+The dispatcher holds no connection while it waits for a consumer, and every delivery
+call is bounded by the family's lease (a call outliving its lease could otherwise race
+the repair sweep's redelivery; it would still lose the final fence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services.background import BackgroundLoop, LoopGroup
+from services.db import db_now, run_in_transaction
+from services.errors import FenceLostError
+from services.faults import CrashPoint, crash_point
+from services.outbox.families import FamilyRegistry, FinalizationTicket, MessageFamily
+from services.outbox.model import (
+    PRE_FINAL_STATES,
+    Delivered,
+    DeliveryResult,
+    DeliveryState,
+    Disposition,
+    ReconcileResult,
+    RetryLater,
+    Transition,
+    UnknownReceipt,
+    decide_after_delivery,
+    decide_after_reconcile,
+)
+from services.outbox.store import (
+    OutboxMessage,
+    OutboxTable,
+    apply_txn,
+    claim_txn,
+    due_messages,
+    expire_lease_txn,
+    expired_deliveries,
+    orgs_with_due,
+    orgs_with_repair_work,
+    pre_final_messages,
+)
+
+__all__ = ["OutboxDispatcher", "SweepReport"]
+
+log = logging.getLogger(__name__)
+
+_ORG_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What one repair pass did."""
+
+    leases_expired: int = 0
+    finalized: int = 0
+    pre_final_waiting: int = 0
+
+
+class OutboxDispatcher:
+    """Delivers the registered families of one outbox table.
+
+    Args:
+        engine: the database holding the table.
+        spec: the outbox table.
+        families: the families this dispatcher serves.
+        owner: lease owner name (host/pid/instance), diagnostics only.
+        batch_size: rows claimed per org and pass.
+        concurrency: deliveries in flight at once.
+        idle_s: longest idle backoff of the delivery loop.
+        sweep_interval_s: repair-sweep interval.
+        rng: jitter source (tests pass a seeded one).
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        spec: OutboxTable,
+        families: FamilyRegistry,
+        *,
+        owner: str,
+        batch_size: int = 20,
+        concurrency: int = 8,
+        idle_s: float = 0.5,
+        sweep_interval_s: float = 1.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._engine = engine
+        self._spec = spec
+        self._families = families
+        self._owner = owner
+        self._batch = max(1, batch_size)
+        self._gate = asyncio.Semaphore(max(1, concurrency))
+        self._idle_s = idle_s
+        self._sweep_s = sweep_interval_s
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
+        self._loops: LoopGroup | None = None
+
+    @property
+    def spec(self) -> OutboxTable:
+        return self._spec
+
+    # --- delivery ---------------------------------------------------------------------
+
+    async def deliver_once(self) -> int:
+        """One pass over every org with due messages; returns how many were processed."""
+
+        async def discover(conn: AsyncConnection) -> list[OutboxMessage]:
+            now = await db_now(conn)
+            found: list[OutboxMessage] = []
+            for org in await orgs_with_due(conn, self._spec, self._families, now, _ORG_LIMIT):
+                found += await due_messages(conn, self._spec, org, self._families, now, self._batch)
+            return found
+
+        candidates = await run_in_transaction(self._engine, discover, readonly=True)
+        if not candidates:
+            return 0
+        results = await asyncio.gather(*(self._guarded(m) for m in candidates))
+        return sum(results)
+
+    async def _guarded(self, message: OutboxMessage) -> int:
+        async with self._gate:
+            try:
+                return 1 if await self.process(message) else 0
+            except Exception:
+                log.exception(
+                    "outbox %s: processing %s failed", self._spec.table.name, message.message_id
+                )
+                return 0
+
+    async def process(self, message: OutboxMessage) -> bool:
+        """Claim, deliver or reconcile, and record one due message.
+
+        Returns:
+            False when another dispatcher won the claim.
+        """
+        family = self._families[message.family]
+        leased = await self._claim(message, family)
+        if leased is None:
+            return False
+        timeout_s = family.policy.lease_ms / 1000 * 0.8
+        decide: Callable[[datetime], Transition]
+        if leased.delivery_state is DeliveryState.RECONCILING:
+            result_r = await self._bounded_reconcile(family, leased, timeout_s)
+
+            def decide(now: datetime) -> Transition:
+                return decide_after_reconcile(
+                    leased.delivery_attempts,
+                    result_r,
+                    family.policy,
+                    now=now,
+                    deadline=leased.deadline,
+                    rng=self._rng,
+                )
+        else:
+            result_d = await self._bounded_deliver(family, leased, timeout_s)
+            if isinstance(result_d, Delivered):
+                crash_point(CrashPoint.AFTER_OUTBOX_DELIVERY, family.name)
+
+            def decide(now: datetime) -> Transition:
+                return decide_after_delivery(
+                    leased.delivery_attempts,
+                    result_d,
+                    family.policy,
+                    reconciles=family.reconcile is not None,
+                    finalizes=family.finalizer is not None,
+                    now=now,
+                    deadline=leased.deadline,
+                    rng=self._rng,
+                )
+
+        recorded = await self._apply(leased, decide)
+        if recorded is not None and recorded.delivery_state in PRE_FINAL_STATES:
+            await self.finalize(recorded)
+        return True
+
+    async def _claim(self, message: OutboxMessage, family: MessageFamily) -> OutboxMessage | None:
+        async def fn(conn: AsyncConnection) -> OutboxMessage:
+            now = await db_now(conn)
+            until = now + timedelta(milliseconds=family.policy.lease_ms)
+            return await claim_txn(
+                conn, self._spec, message, owner=self._owner, lease_until=until, now=now
+            )
+
+        try:
+            return await run_in_transaction(self._engine, fn)
+        except FenceLostError:
+            return None
+
+    async def _bounded_deliver(
+        self, family: MessageFamily, message: OutboxMessage, timeout_s: float
+    ) -> DeliveryResult:
+        try:
+            return await asyncio.wait_for(family.deliver(message), timeout=timeout_s)
+        except TimeoutError:
+            return RetryLater("delivery_timeout")
+        except Exception:
+            log.exception("outbox family %s: deliver raised", family.name)
+            return RetryLater("delivery_error")
+
+    async def _bounded_reconcile(
+        self, family: MessageFamily, message: OutboxMessage, timeout_s: float
+    ) -> ReconcileResult:
+        if family.reconcile is None:
+            # Only reachable if the family lost its reconciler across a deployment.
+            return UnknownReceipt("no_reconciler")
+        try:
+            return await asyncio.wait_for(family.reconcile(message), timeout=timeout_s)
+        except TimeoutError:
+            return RetryLater("reconcile_timeout")
+        except Exception:
+            log.exception("outbox family %s: reconcile raised", family.name)
+            return RetryLater("reconcile_error")
+
+    async def _apply(
+        self, leased: OutboxMessage, decide: Callable[[datetime], Transition]
+    ) -> OutboxMessage | None:
+        # The decision is taken inside the recording transaction, on the database clock.
+        async def fn(conn: AsyncConnection) -> OutboxMessage:
+            now = await db_now(conn)
+            return await apply_txn(conn, self._spec, leased, decide(now), now=now)
+
+        try:
+            return await run_in_transaction(self._engine, fn)
+        except FenceLostError:
+            # The lease expired and the sweep (or another dispatcher) moved on; the
+            # consumer deduplicates whatever this delivery did.
+            log.info("outbox %s: lease of %s lost", self._spec.table.name, leased.message_id)
+            return None
+
+    # --- finalization -------------------------------------------------------------------
+
+    async def finalize(self, message: OutboxMessage) -> bool:
+        """Call the family finalizer of a pre-final message (no transaction, no lock).
+
+        Returns:
+            True when the message is terminal afterwards.
+        """
+        family = self._families[message.family]
+        if family.finalizer is None:
+            log.warning(
+                "outbox %s: %s is %s and family %s has no finalizer; it stays pre-final",
+                self._spec.table.name,
+                message.message_id,
+                message.delivery_state.value,
+                family.name,
+            )
+            return False
+        disposition = (
+            Disposition.REJECTED
+            if message.delivery_state is DeliveryState.REJECTED
+            else Disposition.UNKNOWN
+        )
+        try:
+            await family.finalizer.finalize(FinalizationTicket(message, disposition, self._spec))
+        except FenceLostError:
+            return False  # a concurrent finalizer won; the sweep re-reads
+        except Exception:
+            log.exception("outbox family %s: finalizer failed", family.name)
+            return False
+        return True
+
+    # --- repair sweep ------------------------------------------------------------------
+
+    async def sweep_once(self) -> SweepReport:
+        """Repair expired delivery leases and re-drive pre-finalization candidates."""
+
+        async def discover(
+            conn: AsyncConnection,
+        ) -> tuple[list[OutboxMessage], list[OutboxMessage]]:
+            now = await db_now(conn)
+            expired: list[OutboxMessage] = []
+            pre_final: list[OutboxMessage] = []
+            for org in await orgs_with_repair_work(
+                conn, self._spec, self._families, now, _ORG_LIMIT
+            ):
+                expired += await expired_deliveries(
+                    conn, self._spec, org, self._families, now, self._batch
+                )
+                pre_final += await pre_final_messages(
+                    conn, self._spec, org, self._families, self._batch
+                )
+            return expired, pre_final
+
+        expired, pre_final = await run_in_transaction(self._engine, discover, readonly=True)
+        repaired = 0
+        for message in expired:
+            moved = await self._expire(message)
+            if moved is None:
+                continue
+            repaired += 1
+            if moved.delivery_state in PRE_FINAL_STATES:
+                pre_final.append(moved)
+        finalized = 0
+        for message in pre_final:
+            if await self.finalize(message):
+                finalized += 1
+        return SweepReport(repaired, finalized, len(pre_final) - finalized)
+
+    async def _expire(self, message: OutboxMessage) -> OutboxMessage | None:
+        family = self._families[message.family]
+
+        async def fn(conn: AsyncConnection) -> OutboxMessage:
+            now = await db_now(conn)
+            transition = decide_after_delivery(
+                message.delivery_attempts,
+                RetryLater("lease_expired"),
+                family.policy,
+                reconciles=family.reconcile is not None,
+                finalizes=family.finalizer is not None,
+                now=now,
+                deadline=message.deadline,
+                rng=self._rng,
+            )
+            return await expire_lease_txn(conn, self._spec, message, transition, now=now)
+
+        try:
+            return await run_in_transaction(self._engine, fn)
+        except FenceLostError:
+            return None
+
+    # --- lifecycle (STYLE 12) ---------------------------------------------------------
+
+    def loops(self, name: str) -> list[BackgroundLoop]:
+        """The delivery loop and the periodic repair sweep (``services.background``)."""
+
+        async def deliver() -> bool:
+            return await self.deliver_once() > 0
+
+        async def sweep() -> bool:
+            await self.sweep_once()
+            return False
+
+        return [
+            BackgroundLoop(f"{name}-deliver", idle_s=self._idle_s, body=deliver),
+            BackgroundLoop(f"{name}-sweep", idle_s=self._sweep_s, body=sweep, interval=True),
+        ]
+
+    async def run(self) -> None:
+        """Deliver and sweep until :meth:`shutdown`."""
+        self._loops = LoopGroup(self.loops(self._spec.table.name))
+        await self._loops.run()
+
+    async def shutdown(self) -> None:
+        """Stop after the current iteration (idempotent)."""
+        if self._loops is not None:
+            await self._loops.shutdown()

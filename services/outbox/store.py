@@ -1,0 +1,627 @@
+"""Transactional outbox store over any table built with ``outbox_delivery_columns()``.
+
+One implementation serves the runtime's canonical ``runtime_outbox`` (§10.7) and the
+effect owner's ``owner_outbox`` (§15.2): an :class:`OutboxTable` names the columns that
+differ (message id, dedupe key, scope columns of the keys, optional deadline).
+
+Writes are ``_txn`` helpers that run inside the caller's transaction:
+
+* :func:`enqueue_txn` — the one enqueue API. It runs *last* in the caller's transaction
+  (§15.1 step 4): an ``INSERT`` on the unique dedupe key, a duplicate read back and
+  compared (same immutable message → the caller's own earlier commit; different →
+  :class:`~services.errors.ConflictError`). It takes no lock before the insert and never
+  calls back into a root mutator.
+* :func:`claim_txn`, :func:`apply_txn`, :func:`expire_lease_txn`, :func:`finalize_txn` —
+  each one fenced ``UPDATE`` (``services.db.cas_update``) on ``state_version``, plus the
+  lease token where a lease is held, so a stale dispatcher can never overwrite a newer
+  decision (fencing token).
+
+Reads are org-scoped (``org_id`` leads every predicate; §10.0): discovery
+(:func:`orgs_with_due`, :func:`due_messages`, :func:`expired_deliveries`,
+:func:`pre_final_messages`) takes no locks — a claim is won by the fenced update — and
+the operator read path (:func:`get_message`, :func:`list_messages`,
+:func:`count_by_state`) never crosses an org.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Table, and_, func, or_, select
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.db import WORK_SCOPE, cas_update, db_now, insert_if_absent
+from services.errors import ConflictError
+from services.outbox.model import (
+    DUE_STATES,
+    PRE_FINAL_STATES,
+    DeliveryState,
+    Transition,
+    terminal_state_for,
+)
+
+__all__ = [
+    "EnqueueResult",
+    "NewOutboxMessage",
+    "OutboxMessage",
+    "OutboxTable",
+    "apply_txn",
+    "claim_txn",
+    "count_by_state",
+    "due_messages",
+    "enqueue_txn",
+    "expire_lease_txn",
+    "expired_deliveries",
+    "finalize_txn",
+    "get_message",
+    "list_messages",
+    "orgs_with_due",
+    "orgs_with_repair_work",
+    "pre_final_messages",
+]
+
+_DELIVERY_COLUMNS = frozenset(
+    {
+        "delivery_state",
+        "delivery_attempts",
+        "next_attempt_at",
+        "lease_owner",
+        "lease_token",
+        "lease_until",
+        "last_error_code",
+        "delivered_at",
+        "state_version",
+        "created_at",
+        "updated_at",
+    }
+)
+
+
+@dataclass(frozen=True)
+class OutboxTable:
+    """How one outbox table spells the generic message.
+
+    Attributes:
+        table: the table (``*work_scope_columns()``, ``*outbox_delivery_columns()``,
+            ``message_family``, ``payload``, ``payload_digest``, ``created_at``,
+            ``updated_at`` plus the columns named here).
+        id_column: the message identity column.
+        key_column: the dedupe key column (unique with the family and the scope columns).
+        pk_scope_columns: scope columns that precede ``id_column`` in the primary key.
+        dedupe_scope_columns: scope columns of the unique dedupe key.
+        deadline_column: optional convergence deadline (§15.4).
+    """
+
+    table: Table
+    id_column: str
+    key_column: str
+    pk_scope_columns: tuple[str, ...] = ("org_id",)
+    dedupe_scope_columns: tuple[str, ...] = ("org_id",)
+    deadline_column: str | None = None
+
+    @property
+    def immutable_columns(self) -> tuple[str, ...]:
+        """Columns written once at enqueue (compared on a duplicate enqueue)."""
+        fixed = {*WORK_SCOPE, self.id_column, self.key_column, "message_family"}
+        return tuple(
+            c.name
+            for c in self.table.columns
+            if c.name not in _DELIVERY_COLUMNS and c.name not in fixed
+        )
+
+    def pk_key(self, message: OutboxMessage) -> dict[str, Any]:
+        """The primary key without ``org_id`` (``cas_update``'s ``key``)."""
+        key = {c: getattr(message, c) for c in self.pk_scope_columns if c != "org_id"}
+        key[self.id_column] = message.message_id
+        return key
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    """One outbox row. ``extra`` holds the table's family-specific immutable columns."""
+
+    org_id: str
+    app_installation_id: str
+    runtime_capability_id: str
+    runtime_work_binding_digest: str
+    message_id: str
+    family: str
+    key: str
+    payload: str
+    payload_digest: str
+    delivery_state: DeliveryState
+    delivery_attempts: int
+    next_attempt_at: datetime
+    lease_owner: str | None
+    lease_token: str | None
+    lease_until: datetime | None
+    last_error_code: str | None
+    delivered_at: datetime | None
+    state_version: int
+    created_at: datetime
+    updated_at: datetime
+    deadline: datetime | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NewOutboxMessage:
+    """What a caller enqueues. ``payload`` is canonical JSON text (no credentials)."""
+
+    org_id: str
+    app_installation_id: str
+    runtime_capability_id: str
+    runtime_work_binding_digest: str
+    message_id: str
+    family: str
+    key: str
+    payload: str
+    payload_digest: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """``created`` is False when the same message was already enqueued."""
+
+    message_id: str
+    created: bool
+
+
+def _message(spec: OutboxTable, row: RowMapping) -> OutboxMessage:
+    extra = {
+        c: row[c]
+        for c in spec.immutable_columns
+        if c not in ("payload", "payload_digest") and c != spec.deadline_column
+    }
+    return OutboxMessage(
+        org_id=row["org_id"],
+        app_installation_id=row["app_installation_id"],
+        runtime_capability_id=row["runtime_capability_id"],
+        runtime_work_binding_digest=row["runtime_work_binding_digest"],
+        message_id=row[spec.id_column],
+        family=row["message_family"],
+        key=row[spec.key_column],
+        payload=row["payload"],
+        payload_digest=row["payload_digest"],
+        delivery_state=DeliveryState(row["delivery_state"]),
+        delivery_attempts=int(row["delivery_attempts"]),
+        next_attempt_at=row["next_attempt_at"],
+        lease_owner=row["lease_owner"],
+        lease_token=row["lease_token"],
+        lease_until=row["lease_until"],
+        last_error_code=row["last_error_code"],
+        delivered_at=row["delivered_at"],
+        state_version=int(row["state_version"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        deadline=row[spec.deadline_column] if spec.deadline_column else None,
+        extra=extra,
+    )
+
+
+# --- enqueue ------------------------------------------------------------------------
+
+
+async def enqueue_txn(
+    conn: AsyncConnection,
+    spec: OutboxTable,
+    message: NewOutboxMessage,
+    *,
+    now: datetime | None = None,
+) -> EnqueueResult:
+    """Enqueue ``message`` in the caller's transaction; call it after every other lock.
+
+    Insert on the unique key plus catching the duplicate (ARCHITECTURE §2): no read
+    before, no lock before. A duplicate is read back by the dedupe key.
+
+    Args:
+        conn: the caller's connection inside its transaction.
+        spec: the outbox table.
+        message: the immutable message.
+        now: the database time of the caller's transaction (read once when omitted).
+
+    Returns:
+        Whether this call created the row.
+
+    Raises:
+        ConflictError: the dedupe key (or the message id) already holds a different
+            message.
+    """
+    when = now if now is not None else await db_now(conn)
+    t = spec.table
+    unknown = set(message.extra) - set(spec.immutable_columns)
+    if unknown:
+        raise ValueError(f"{t.name} has no columns {sorted(unknown)}")
+    values: dict[str, Any] = {
+        "org_id": message.org_id,
+        "app_installation_id": message.app_installation_id,
+        "runtime_capability_id": message.runtime_capability_id,
+        "runtime_work_binding_digest": message.runtime_work_binding_digest,
+        spec.id_column: message.message_id,
+        "message_family": message.family,
+        spec.key_column: message.key,
+        "payload": message.payload,
+        "payload_digest": message.payload_digest,
+        **message.extra,
+        "delivery_state": DeliveryState.PENDING.value,
+        "delivery_attempts": 0,
+        "next_attempt_at": when,
+        "lease_owner": None,
+        "lease_token": None,
+        "lease_until": None,
+        "last_error_code": None,
+        "delivered_at": None,
+        "state_version": 1,
+        "created_at": when,
+        "updated_at": when,
+    }
+    if await insert_if_absent(conn, t, values):
+        return EnqueueResult(message.message_id, True)
+    dedupe = [t.c[c] == values[c] for c in spec.dedupe_scope_columns]
+    row = (
+        (
+            await conn.execute(
+                select(t).where(
+                    *dedupe,
+                    t.c.message_family == message.family,
+                    t.c[spec.key_column] == message.key,
+                )
+            )
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise ConflictError(
+            "outbox message id already names another message", entity=t.name, key=message.message_id
+        )
+    same = row[spec.id_column] == message.message_id and all(
+        row[c] == values[c] for c in ("payload_digest", *WORK_SCOPE, *message.extra)
+    )
+    if not same:
+        raise ConflictError(
+            "outbox key already holds a different message", entity=t.name, key=message.key
+        )
+    return EnqueueResult(message.message_id, False)
+
+
+# --- discovery (no locks) -------------------------------------------------------------
+
+
+def _families(spec: OutboxTable, families: Iterable[str]) -> ColumnElement[bool]:
+    return spec.table.c.message_family.in_(sorted(families))
+
+
+async def orgs_with_due(
+    conn: AsyncConnection, spec: OutboxTable, families: Iterable[str], now: datetime, limit: int
+) -> list[str]:
+    """Orgs with at least one due message of ``families`` (bounded)."""
+    t = spec.table
+    stmt = (
+        select(t.c.org_id)
+        .where(
+            t.c.delivery_state.in_(sorted(s.value for s in DUE_STATES)),
+            t.c.next_attempt_at <= now,
+            _families(spec, families),
+        )
+        .distinct()
+        .limit(limit)
+    )
+    return [str(r) for r in (await conn.execute(stmt)).scalars()]
+
+
+async def due_messages(
+    conn: AsyncConnection,
+    spec: OutboxTable,
+    org_id: str,
+    families: Iterable[str],
+    now: datetime,
+    limit: int,
+) -> list[OutboxMessage]:
+    """Due messages of one org, oldest ``next_attempt_at`` first."""
+    t = spec.table
+    stmt = (
+        select(t)
+        .where(
+            t.c.org_id == org_id,
+            t.c.delivery_state.in_(sorted(s.value for s in DUE_STATES)),
+            t.c.next_attempt_at <= now,
+            _families(spec, families),
+        )
+        .order_by(t.c.next_attempt_at, t.c[spec.id_column])
+        .limit(limit)
+    )
+    return [_message(spec, r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def orgs_with_repair_work(
+    conn: AsyncConnection, spec: OutboxTable, families: Iterable[str], now: datetime, limit: int
+) -> list[str]:
+    """Orgs with an expired delivery lease or a pre-finalization message (bounded)."""
+    t = spec.table
+    stmt = (
+        select(t.c.org_id)
+        .where(
+            _families(spec, families),
+            or_(
+                and_(
+                    t.c.delivery_state == DeliveryState.DELIVERING.value,
+                    t.c.lease_until < now,
+                ),
+                t.c.delivery_state.in_(sorted(s.value for s in PRE_FINAL_STATES)),
+            ),
+        )
+        .distinct()
+        .limit(limit)
+    )
+    return [str(r) for r in (await conn.execute(stmt)).scalars()]
+
+
+async def expired_deliveries(
+    conn: AsyncConnection,
+    spec: OutboxTable,
+    org_id: str,
+    families: Iterable[str],
+    now: datetime,
+    limit: int,
+) -> list[OutboxMessage]:
+    """``Delivering`` rows whose lease expired (their dispatcher died or stalled)."""
+    t = spec.table
+    stmt = (
+        select(t)
+        .where(
+            t.c.org_id == org_id,
+            t.c.delivery_state == DeliveryState.DELIVERING.value,
+            t.c.lease_until < now,
+            _families(spec, families),
+        )
+        .order_by(t.c.lease_until, t.c[spec.id_column])
+        .limit(limit)
+    )
+    return [_message(spec, r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def pre_final_messages(
+    conn: AsyncConnection, spec: OutboxTable, org_id: str, families: Iterable[str], limit: int
+) -> list[OutboxMessage]:
+    """Pre-finalization candidates of one org (owner receipt persisted, not finalized)."""
+    t = spec.table
+    stmt = (
+        select(t)
+        .where(
+            t.c.org_id == org_id,
+            t.c.delivery_state.in_(sorted(s.value for s in PRE_FINAL_STATES)),
+            _families(spec, families),
+        )
+        .order_by(t.c.updated_at, t.c[spec.id_column])
+        .limit(limit)
+    )
+    return [_message(spec, r) for r in (await conn.execute(stmt)).mappings()]
+
+
+# --- fenced transitions ---------------------------------------------------------------
+
+
+async def _reread(
+    conn: AsyncConnection, spec: OutboxTable, message: OutboxMessage
+) -> OutboxMessage:
+    t = spec.table
+    key = spec.pk_key(message)
+    row = (
+        (
+            await conn.execute(
+                select(t).where(
+                    t.c.org_id == message.org_id, *(t.c[k] == v for k, v in key.items())
+                )
+            )
+        )
+        .mappings()
+        .one()
+    )
+    return _message(spec, row)
+
+
+async def claim_txn(
+    conn: AsyncConnection,
+    spec: OutboxTable,
+    message: OutboxMessage,
+    *,
+    owner: str,
+    lease_until: datetime,
+    now: datetime,
+) -> OutboxMessage:
+    """Lease a due message: ``Pending``/``Retrying`` → ``Delivering``; a reconciling
+    message keeps its state and gets the lease. ``next_attempt_at`` moves to the lease
+    end, so a claimer that dies makes the row due again (reconciliation) or an expired
+    delivery for the repair sweep.
+
+    Raises:
+        FenceLostError: another dispatcher claimed (or changed) the row first.
+    """
+    t = spec.table
+    state = message.delivery_state
+    target = (
+        DeliveryState.RECONCILING
+        if state is DeliveryState.RECONCILING
+        else DeliveryState.DELIVERING
+    )
+    await cas_update(
+        conn,
+        t,
+        org_id=message.org_id,
+        key=spec.pk_key(message),
+        expected_version=message.state_version,
+        values={
+            "delivery_state": target.value,
+            "lease_owner": owner,
+            "lease_token": uuid.uuid4().hex,
+            "lease_until": lease_until,
+            "next_attempt_at": lease_until,
+            "updated_at": now,
+        },
+        extra_predicates=[t.c.delivery_state == state.value, t.c.next_attempt_at <= now],
+    )
+    return await _reread(conn, spec, message)
+
+
+def _transition_values(transition: Transition, now: datetime) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "delivery_state": transition.state.value,
+        "delivery_attempts": transition.attempts,
+        "next_attempt_at": transition.next_attempt_at,
+        "last_error_code": transition.error_code,
+        "lease_owner": None,
+        "lease_token": None,
+        "lease_until": None,
+        "updated_at": now,
+    }
+    if transition.delivered:
+        values["delivered_at"] = now
+    return values
+
+
+async def apply_txn(
+    conn: AsyncConnection,
+    spec: OutboxTable,
+    leased: OutboxMessage,
+    transition: Transition,
+    *,
+    now: datetime,
+) -> OutboxMessage:
+    """Apply a delivery/reconciliation result under the lease that produced it.
+
+    Raises:
+        FenceLostError: the lease was lost (expired and repaired, or re-claimed).
+    """
+    t = spec.table
+    if leased.lease_token is None:
+        raise ValueError("apply_txn needs a leased message")
+    await cas_update(
+        conn,
+        t,
+        org_id=leased.org_id,
+        key=spec.pk_key(leased),
+        expected_version=leased.state_version,
+        values=_transition_values(transition, now),
+        extra_predicates=[t.c.lease_token == leased.lease_token],
+    )
+    return await _reread(conn, spec, leased)
+
+
+async def expire_lease_txn(
+    conn: AsyncConnection,
+    spec: OutboxTable,
+    message: OutboxMessage,
+    transition: Transition,
+    *,
+    now: datetime,
+) -> OutboxMessage:
+    """Repair an expired ``Delivering`` lease (the sweep); fenced on the version and on
+    the lease still being expired.
+
+    Raises:
+        FenceLostError: the row moved on (its dispatcher finished after all).
+    """
+    t = spec.table
+    await cas_update(
+        conn,
+        t,
+        org_id=message.org_id,
+        key=spec.pk_key(message),
+        expected_version=message.state_version,
+        values=_transition_values(transition, now),
+        extra_predicates=[
+            t.c.delivery_state == DeliveryState.DELIVERING.value,
+            t.c.lease_until < now,
+        ],
+    )
+    return await _reread(conn, spec, message)
+
+
+async def finalize_txn(
+    conn: AsyncConnection, spec: OutboxTable, message: OutboxMessage, *, now: datetime
+) -> OutboxMessage:
+    """Move a pre-finalization message to its terminal non-delivery state.
+
+    Called by a family finalizer inside *its* transaction, after its root-first locks
+    (through :class:`~services.outbox.families.FinalizationTicket`).
+
+    Raises:
+        FenceLostError: the message changed since the finalizer read it.
+        ValueError: the message is not in a pre-finalization state.
+    """
+    t = spec.table
+    terminal = terminal_state_for(message.delivery_state)
+    await cas_update(
+        conn,
+        t,
+        org_id=message.org_id,
+        key=spec.pk_key(message),
+        expected_version=message.state_version,
+        values={"delivery_state": terminal.value, "updated_at": now},
+        extra_predicates=[t.c.delivery_state == message.delivery_state.value],
+    )
+    return await _reread(conn, spec, message)
+
+
+# --- operator read path (org-scoped) --------------------------------------------------
+
+
+async def get_message(
+    conn: AsyncConnection, spec: OutboxTable, org_id: str, message_id: str
+) -> OutboxMessage | None:
+    """One message of ``org_id`` (None when absent in this org)."""
+    t = spec.table
+    row = (
+        (
+            await conn.execute(
+                select(t)
+                .where(t.c.org_id == org_id, t.c[spec.id_column] == message_id)
+                .order_by(*(t.c[c] for c in spec.pk_scope_columns))
+                .limit(1)
+            )
+        )
+        .mappings()
+        .first()
+    )
+    return None if row is None else _message(spec, row)
+
+
+async def list_messages(
+    conn: AsyncConnection,
+    spec: OutboxTable,
+    org_id: str,
+    *,
+    states: Sequence[DeliveryState] = (),
+    family: str | None = None,
+    after_id: str | None = None,
+    limit: int = 50,
+) -> list[OutboxMessage]:
+    """Messages of ``org_id`` by message id (keyset paging with ``after_id``)."""
+    t = spec.table
+    preds: list[ColumnElement[bool]] = [t.c.org_id == org_id]
+    if states:
+        preds.append(t.c.delivery_state.in_(sorted(s.value for s in states)))
+    if family:
+        preds.append(t.c.message_family == family)
+    if after_id:
+        preds.append(t.c[spec.id_column] > after_id)
+    stmt = select(t).where(*preds).order_by(t.c[spec.id_column]).limit(max(1, min(limit, 500)))
+    return [_message(spec, r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def count_by_state(conn: AsyncConnection, spec: OutboxTable, org_id: str) -> dict[str, int]:
+    """``{delivery_state: count}`` of ``org_id``."""
+    t = spec.table
+    stmt = (
+        select(t.c.delivery_state, func.count())
+        .where(t.c.org_id == org_id)
+        .group_by(t.c.delivery_state)
+    )
+    return {str(state): int(n) for state, n in (await conn.execute(stmt)).all()}
