@@ -58,11 +58,11 @@ from runtime_svc.kernel import (
 )
 from runtime_svc.records import (
     Actor,
+    MutationResult,
     RecordEngine,
     RecordMutation,
     RecordState,
     RecordView,
-    RequestRef,
     prepare_create,
 )
 from runtime_svc.runs.resolve import first_step_of
@@ -71,6 +71,7 @@ from runtime_svc.worker import FixedViews
 from services import db, migrate
 from services.auth import TrustedRuntimeWorkScope
 from services.digest import versioned_digest
+from services.request_dedupe import DedupeScope, RequestKey
 from tests.support.plans import store_plan
 from tests.unit.compiler.compiler_corpus import inputs_doc, merge_patch
 
@@ -214,8 +215,10 @@ async def _setup(engine: AsyncEngine) -> _Setup:
     inputs = CompilerInputs.from_dict(doc)
     before = await _store(engine, BEFORE_SAVE_FLOW, inputs, activate=True)
     atomic = await _store(engine, ATOMIC_FLOW, inputs, activate=True)
-    assert before.plan.profile is ExecutionProfile.EMBEDDED_BEFORE_SAVE, before.plan.profile
-    assert atomic.plan.profile is ExecutionProfile.BOUNDED_ATOMIC, atomic.plan.profile
+    if before.plan.profile is not ExecutionProfile.EMBEDDED_BEFORE_SAVE:
+        raise BenchCheckError(f"before-save Flow compiled to {before.plan.profile}")
+    if atomic.plan.profile is not ExecutionProfile.BOUNDED_ATOMIC:
+        raise BenchCheckError(f"atomic Flow compiled to {atomic.plan.profile}")
     view_input = MetadataViewInput.from_dict(doc["metadata_view"])
     return _Setup(
         org=org,
@@ -223,6 +226,10 @@ async def _setup(engine: AsyncEngine) -> _Setup:
         request=RequestBoundView(before.plan.binding, view_input),
         atomic=atomic,
     )
+
+
+class BenchCheckError(RuntimeError):
+    """A variant did not do the work it is timed for (the figures would be meaningless)."""
 
 
 class _Variants:
@@ -240,19 +247,23 @@ class _Variants:
         fields = {"Name": f"Deal {i}", "Amount": _AMOUNT, "StageName": "Prospecting"}
         return prepare_create(self._setup.view, _OBJECT, "", fields)
 
-    @staticmethod
-    def _request(i: int) -> RequestRef:
-        """The request reference every RecordService write carries (replay check and
-        marker in the same transaction), so both record variants pay for it alike."""
+    def _request(self, i: int) -> RequestKey:
+        """The request key every RecordService write carries (ledger lookup and row in the
+        same transaction), so both record variants pay for it alike."""
         request_id = f"req-{uuid.uuid4().hex}"
-        return RequestRef("CreateRecord", request_id, versioned_digest("bench", [request_id, i]))
+        scope = DedupeScope(self._setup.org)
+        return RequestKey(scope, "CreateRecord", request_id, versioned_digest("bench", [i]))
+
+    @staticmethod
+    def _encode(result: MutationResult) -> bytes:
+        return result.record.record_id.encode()
 
     async def bare(self, i: int) -> None:
         s = self._setup
-        result = await self._records.mutate(
-            s.org, s.view, self._create(i), actor=_ACTOR, request=self._request(i)
+        done = await self._records.mutate_once(
+            s.org, s.view, self._create(i), actor=_ACTOR, key=self._request(i), encode=self._encode
         )
-        self.last_record = result.record
+        self.last_record = None if done.value is None else done.value.record
 
     async def before_save(self, i: int) -> None:
         s, dispatcher = self._setup, self._dispatcher
@@ -262,15 +273,16 @@ class _Variants:
         ) -> RecordMutation:
             return await dispatcher.transform_txn(conn, s.org, s.request, s.view, m, current)
 
-        result = await self._records.mutate(
+        done = await self._records.mutate_once(
             s.org,
             s.view,
             self._create(i),
             actor=_ACTOR,
-            request=self._request(i),
+            key=self._request(i),
+            encode=self._encode,
             transform=transform,
         )
-        self.last_record = result.record
+        self.last_record = None if done.value is None else done.value.record
 
     async def atomic(self, i: int) -> None:
         stored = self._setup.atomic
@@ -308,18 +320,22 @@ async def _check(engine: AsyncEngine, setup: _Setup, v: _Variants) -> None:
     """One write per variant, verified, before anything is timed (a bench of a Flow that
     silently did not run would measure the bare write twice)."""
     await v.bare(-1)
-    assert v.last_record is not None and "Priority" not in v.last_record.fields
+    if v.last_record is None or "Priority" in v.last_record.fields:
+        raise BenchCheckError("the bare write returned no record, or a transformed one")
     await v.before_save(-2)
     rec = v.last_record
-    assert rec is not None, "before-save write returned no record"
+    if rec is None:
+        raise BenchCheckError("before-save write returned no record")
     expected = {"Priority": "High", "Description": "DEAL -2 / HIGH"}
     got = {k: rec.fields.get(k) for k in expected}
-    assert got == expected and rec.fields.get("Discount") is not None, (
-        f"the before-save Flow did not transform the record: {dict(rec.fields)}"
-    )
+    if got != expected or rec.fields.get("Discount") is None:
+        raise BenchCheckError(
+            f"the before-save Flow did not transform the record: {dict(rec.fields)}"
+        )
     before = await _opportunities(engine, setup.org)
     await v.atomic(-3)
-    assert await _opportunities(engine, setup.org) == before + 1, "atomic run wrote no record"
+    if await _opportunities(engine, setup.org) != before + 1:
+        raise BenchCheckError("atomic run wrote no record")
 
 
 async def _rates(variants: list[Callable[[int], Awaitable[None]]], seconds: float) -> list[float]:

@@ -153,9 +153,11 @@ async def _wake(world: World, key: str) -> _Wake:
         t1 = time.perf_counter()
     with _Counter(world.engine) as claim:
         candidate = await world.store.candidate_for_run(world.org, run.flow_run_id)
-        assert candidate is not None, "the woken run is not claimable"
+        if candidate is None:
+            raise RuntimeError("the woken run is not claimable")
         fence = await world.store.claim(world.org, candidate, lease_owner="bench")
-        assert not isinstance(fence, NotEligible), fence
+        if isinstance(fence, NotEligible):
+            raise RuntimeError(f"the woken run's claim was refused: {fence.reason}")
         await world.store.mark_running(world.org, fence)
         t2 = time.perf_counter()
     await world.store.request_cancel(world.org, run.flow_run_id)  # out of the population

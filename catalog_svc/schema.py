@@ -27,6 +27,7 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     String,
     Table,
+    text,
 )
 
 from services.db import (
@@ -42,13 +43,13 @@ from services.db import (
     new_metadata,
     work_scope_columns,
 )
+from services.request_dedupe import request_dedupe_table
 
 __all__ = [
     "MAX_CAPABILITY_DESCRIPTOR_BYTES",
     "MAX_ENTRY_PAYLOAD_BYTES",
     "MAX_METADATA_VIEW_BYTES",
     "MAX_REJECTION_PAYLOAD_BYTES",
-    "MAX_REQUEST_RESPONSE_BYTES",
     "capability_catalog_entries",
     "capability_catalog_generations",
     "catalog_references",
@@ -71,8 +72,6 @@ MAX_CAPABILITY_DESCRIPTOR_BYTES = 32 * 1024
 MAX_ENTRY_PAYLOAD_BYTES = 128 * 1024
 #: Upper bound of the §8.3 diagnostics that rejected a generation.
 MAX_REJECTION_PAYLOAD_BYTES = 64 * 1024
-#: Upper bound of one stored response of a deduplicated mutating request.
-MAX_REQUEST_RESPONSE_BYTES = 1024 * 1024
 
 metadata = new_metadata()
 _GENERATION = (*WORK_SCOPE, "catalog_generation_id")
@@ -116,7 +115,10 @@ runtime_work_bindings = Table(
 )
 
 #: ``FlowActionCatalogGeneration`` (§8.4): OPEN while the builder adds entries, then SEALED
-#: (``state_version`` fences the one OPEN -> SEALED transition); immutable once sealed.
+#: (``state_version`` fences the one OPEN -> SEALED transition); its content is immutable
+#: once sealed. On a SEALED generation ``state_version`` keeps serving as the fence between
+#: reference registration (advances it by a conditional UPDATE) and deletion (deletes only
+#: at the version it checked), so the two always conflict on the row.
 capability_catalog_generations = Table(
     "capability_catalog_generations",
     metadata,
@@ -210,7 +212,10 @@ handler_availability = Table(
 #: Which installations published a content-addressed metadata view (revision 0003). The
 #: view content is stored once per org (``metadata_views``); visibility is per
 #: installation, so identical content published by two installations of one org never
-#: discloses one installation's view to the other.
+#: discloses one installation's view to the other. ``state_version`` (revision 0004) is the
+#: publication's fence: a reference registration or binding registration advances it by a
+#: conditional UPDATE and a withdrawal deletes only at the version it checked, so the two
+#: conflict on the row itself (ARCHITECTURE §2) instead of relying on a locked read.
 metadata_view_installations = Table(
     "metadata_view_installations",
     metadata,
@@ -219,6 +224,7 @@ metadata_view_installations = Table(
     Column("runtime_metadata_view_digest", String(DIGEST_LEN), nullable=False),
     Column("schema_generation", BigInteger, nullable=False),
     Column("created_at", UtcDateTime(), nullable=False),
+    Column("state_version", BigInteger, nullable=False, server_default=text("0")),
     PrimaryKeyConstraint("org_id", "app_installation_id", "runtime_metadata_view_digest"),
     ForeignKeyConstraint(
         ["org_id", "runtime_metadata_view_digest"],
@@ -242,19 +248,7 @@ runtime_releases = Table(
     **TABLE_OPTIONS,
 )
 
-#: Request deduplication of mutating RPCs (revision 0003): ``(org, rpc, request_id)`` ->
-#: digest of the request body and the original response (NULL when the RPC replays by
-#: re-executing its naturally idempotent effect).
-catalog_requests = Table(
-    "catalog_requests",
-    metadata,
-    Column("org_id", String(ID_LEN), nullable=False),
-    Column("rpc_name", String(CODE_LEN), nullable=False),
-    Column("request_id", String(TOKEN_LEN), nullable=False),
-    Column("request_digest", String(DIGEST_LEN), nullable=False),
-    Column("response_payload", JsonText(MAX_REQUEST_RESPONSE_BYTES), nullable=True),
-    Column("created_at", UtcDateTime(), nullable=False),
-    PrimaryKeyConstraint("org_id", "rpc_name", "request_id"),
-    Index("ix_catalog_requests_created", "org_id", "created_at"),
-    **TABLE_OPTIONS,
-)
+#: Request deduplication of mutating RPCs (``services.request_dedupe``; revision 0004):
+#: (complete trusted scope, rpc, request_id) -> digest of the request body and the
+#: original response.
+catalog_requests = request_dedupe_table(metadata, "catalog_requests")

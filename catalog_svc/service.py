@@ -69,10 +69,8 @@ from catalog_svc.store import (
     EntryRecord,
     GenerationRecord,
     InstallationScope,
-    MutationOutcome,
     ReferenceIdentity,
     ReferenceRecord,
-    RequestKey,
     SealResult,
     SubmitResult,
     ViewRecord,
@@ -85,6 +83,7 @@ from services.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
+from services.request_dedupe import Deduplicated, RequestKey
 
 from .api.issues import catalog_error, invalid
 
@@ -309,9 +308,9 @@ def _generation_rejected(
 # -- the service ---------------------------------------------------------------------------
 
 
-def _response(outcome: MutationOutcome[Any]) -> bytes:
+def _response(outcome: Deduplicated[Any]) -> bytes:
     if outcome.response is None:  # encoders decline only for outcomes raised above
-        raise AssertionError("mutation produced no response")
+        raise FailedPreconditionError("the request produced no response", reason="internal")
     return outcome.response
 
 

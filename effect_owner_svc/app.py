@@ -6,7 +6,11 @@ The process serves ``EffectOwnerService`` and runs (role flags permitting):
   — accepted commands → providers → outcomes and completion receipts;
 * the owner-outbox dispatcher and repair sweep (``FLOW_OUTBOX_DISPATCHERS``; 0 = off) —
   completion receipts → the runtime's ``WakeSignalService`` with the owner's own
-  workload credential (audience ``runtime``, role ``flow.signals.submit``).
+  workload credential (audience ``runtime``, role ``flow.signals.submit``);
+* the retention sweep of the request-dedupe ledger ``owner_requests``
+  (``FLOW_REQUEST_RETENTION_HOURS``).
+
+All of them are loops of one :class:`services.background.LoopGroup`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -25,6 +30,8 @@ from effect_owner_svc.dispatcher.commands import CommandDispatcher
 from effect_owner_svc.providers.factory import ProviderSet, build_providers, served_kinds
 from effect_owner_svc.receipts.delivery import WakeSignalDelivery
 from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
+from effect_owner_svc.schema import owner_requests
+from services.background import BackgroundLoop, LoopGroup
 from services.config import (
     EffectOwnerSettings,
     OutboxSettings,
@@ -37,7 +44,8 @@ from services.effect_contract import EFFECT_COMPLETION_FAMILY, WAKE_SIGNAL_SUBMI
 from services.grpc_server import ServiceRegistration
 from services.outbox import DeliveryPolicy, FamilyRegistry, MessageFamily, OutboxDispatcher
 from services.peer_client import ScopedCredentials, peer_channel
-from services.polling import BackgroundLoops, LoopTask
+from services.request_dedupe import RequestLedger
+from services.request_retention import RequestRetention
 
 __all__ = ["SERVICE_NAMES", "OwnerBackground", "build_services", "start_owner_background"]
 
@@ -77,7 +85,7 @@ def receipt_family(
 class OwnerBackground:
     """The running loops of the owner process, and what they hold open."""
 
-    def __init__(self, loops: BackgroundLoops, providers: ProviderSet, channel: object) -> None:
+    def __init__(self, loops: LoopGroup, providers: ProviderSet, channel: object) -> None:
         self._loops, self._providers, self._channel = loops, providers, channel
 
     async def stop(self) -> None:
@@ -95,7 +103,7 @@ async def start_owner_background(cfg: ServiceConfig, engine: AsyncEngine) -> Own
     outbox = load_outbox_settings()
     providers = build_providers(settings)
     host = f"{socket.gethostname()}:{os.getpid()}/{uuid.uuid4().hex[:8]}"
-    tasks: list[LoopTask] = []
+    tasks: list[BackgroundLoop] = []
     if settings.dispatchers > 0 and providers:
         dispatcher = CommandDispatcher(
             engine,
@@ -111,7 +119,7 @@ async def start_owner_background(cfg: ServiceConfig, engine: AsyncEngine) -> Own
             concurrency=settings.dispatchers,
             idle_s=settings.idle_ms / 1000,
         )
-        tasks += dispatcher.loop_tasks()
+        tasks += dispatcher.loops()
     family, channel = receipt_family(cfg, settings, outbox)
     if outbox.dispatchers > 0:
         receipts = OutboxDispatcher(
@@ -122,8 +130,16 @@ async def start_owner_background(cfg: ServiceConfig, engine: AsyncEngine) -> Own
             idle_s=outbox.idle_ms / 1000,
             sweep_interval_s=outbox.sweep_ms / 1000,
         )
-        tasks += receipts.loop_tasks("owner-outbox")
-    loops = await BackgroundLoops(tasks).start()
+        tasks += receipts.loops("owner-outbox")
+    # The request-dedupe ledger of the owner's RPCs keeps FLOW_REQUEST_RETENTION_HOURS.
+    tasks.append(
+        RequestRetention(
+            engine,
+            RequestLedger(owner_requests),
+            retention=timedelta(hours=cfg.request_retention_hours),
+        )
+    )
+    loops = LoopGroup(tasks).start()
     log.info(
         "effect owner background: kinds=%s command dispatchers=%d outbox=%d runtime=%s",
         ",".join(sorted(providers)),

@@ -212,8 +212,9 @@ owner_outbox = Table(
     **TABLE_OPTIONS,
 )
 
+
 #: Transport dedupe of mutating RPCs (``AcceptHandoff``, ``RejectIfUnaccepted``) on
-#: ``(trusted scope, RPC, request_id)`` (``services.request_dedupe``, revision 0003). The
-#: durable dedupe of the inbox is the handoff key; this only replays the original
-#: response bytes to a retried request.
+#: ``(complete trusted scope, RPC, request_id)`` (``services.request_dedupe``, revision
+#: 0003). The durable dedupe of the inbox is the handoff key; this only
+#: replays the original response bytes to a retried request.
 owner_requests = request_dedupe_table(metadata, "owner_requests")

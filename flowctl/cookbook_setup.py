@@ -34,6 +34,7 @@ from services.auth import (
 )
 from services.config import ServiceConfig, ServiceName
 from services.effect_contract import FLOW_EFFECT_SUBMIT_FAMILY, FLOW_EFFECT_SUBMIT_FAMILY_VERSION
+from services.invariants import InvariantError
 from services.proto import catalog_v1, common_v1, effect_v1, runtime_v1
 
 __all__ = ["COOKBOOK_FILE", "write_cookbook"]
@@ -154,7 +155,8 @@ def _catalog_side(
     catalog_digest = twin.generation.catalog_digest
     entry = twin.entries[0]
     view = catalog_v1.MetadataView()
-    assert plan.view is not None
+    if plan.view is None:
+        raise InvariantError("the cookbook catalog plan has no metadata view")
     view.CopyFrom(plan.view)
     view.org_id, view.app_installation_id = org, CB_INST
     submit = catalog_v1.SubmitEntryRequest()

@@ -72,7 +72,6 @@ from runtime_svc.definitions.inputs import CatalogSnapshot, build_compiler_input
 from runtime_svc.definitions.policy import default_policy_generation
 from runtime_svc.definitions.source import SubflowRef, collect_subflows, subflow_refs
 from runtime_svc.waits.registry import ProducerRegistry
-from runtime_svc.worker.settings import signal_kinds_from_env
 from services.auth import TrustedRuntimeWorkScope
 from services.config import ServiceName, load_config
 from services.errors import FlowError
@@ -237,7 +236,11 @@ def catalog_inputs(flow: dict[str, Any], args: argparse.Namespace) -> CompilerIn
         default_policy_generation(args.org).compiler_document(),
         subflows,
         flow_versions={str(flow.get("api_name")): version if isinstance(version, int) else 0},
-        wait_producers=ProducerRegistry(signal_kinds_from_env()).compiler_producers(),
+        # The producers the runtime registers (FLOW_RUNTIME_SIGNAL_KINDS), as activation
+        # passes them: the same inputs give the same plan digest.
+        wait_producers=ProducerRegistry(
+            load_config(ServiceName.RUNTIME).runtime_signal_kinds
+        ).compiler_producers(),
     )
 
 
@@ -267,7 +270,9 @@ def _compile_cmd(args: argparse.Namespace) -> int:
         print(json.dumps(plan.to_dict(), indent=2, sort_keys=True, ensure_ascii=False))
     else:
         # Each dependency with its producer contract and the policy's wait bounds.
-        notes = ProducerRegistry(signal_kinds_from_env()).explainer(inputs.policy)
+        notes = ProducerRegistry(load_config(ServiceName.RUNTIME).runtime_signal_kinds).explainer(
+            inputs.policy
+        )
         sys.stdout.write(explain(plan, notes))
     return 0
 

@@ -389,7 +389,6 @@ def _watch(args: argparse.Namespace) -> int:
                 metadata=md,
                 timeout=_CALL_TIMEOUT_S,
             ).run
-            assert run is not None
             seen = (run.runtime_state, run.current_step_execution_id, run.state_version)
             if seen != last:
                 last = seen

@@ -16,10 +16,11 @@ from runtime_svc.api.definitions import build_definition_service
 from runtime_svc.api.records import CatalogRecordViews, build_record_service
 from runtime_svc.api.runs import build_run_service
 from runtime_svc.api.signals import wake_signal_registration
-from runtime_svc.catalog_client import ScopedCredentials, catalog_channel
+from runtime_svc.catalog_client import GrpcCatalogClient, ScopedCredentials, catalog_channel
 from runtime_svc.outbox import RuntimeOutbox, start_runtime_outbox
 from runtime_svc.waits.runtime import WaitRuntime
 from runtime_svc.worker.background import start_background
+from runtime_svc.worker.binary import BinaryCheck
 from runtime_svc.worker.settings import WorkerSettings
 from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import load_signing_key
@@ -44,10 +45,10 @@ class RuntimeApp:
     def __init__(self) -> None:
         self._waits: WaitRuntime | None = None
 
-    def waits(self, engine: AsyncEngine) -> WaitRuntime:
+    def waits(self, cfg: ServiceConfig, engine: AsyncEngine) -> WaitRuntime:
         """This process's wait components (built on first use)."""
         if self._waits is None:
-            settings = WorkerSettings.from_env()
+            settings = WorkerSettings.from_config(cfg)
             self._waits = WaitRuntime.build(engine, signal_kinds=settings.signal_kinds)
         return self._waits
 
@@ -66,13 +67,13 @@ class RuntimeApp:
             # Production keys are provisioned, never generated: a runtime that cannot sign
             # its calls to the catalog must not start (development keys appear on first start).
             load_signing_key(cfg.auth_service_key)
-        settings = WorkerSettings.from_env()
+        settings = WorkerSettings.from_config(cfg)
         views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.for_service(cfg))
         run_views = None if settings.view_file else views
         bindings: RecordViewSource = (
             FixedViews.from_file(settings.view_file) if settings.view_file else views
         )
-        waits = self.waits(engine)
+        waits = self.waits(cfg, engine)
         return [
             await build_definition_service(cfg, engine, producers=waits.registry),
             await build_run_service(cfg, engine, views=run_views, changes=waits.producer),
@@ -86,14 +87,26 @@ class RuntimeApp:
 
         Mutation steps validate against the metadata view of the run's work scope, read
         from the catalog (``FLOW_CATALOG_TARGET``) exactly as the record service reads
-        it; only a test/dev ``FLOW_RUNTIME_VIEW_FILE`` replaces it.
+        it, and each plan is verified with the catalog before its first claim (§8.4);
+        only a test/dev ``FLOW_RUNTIME_VIEW_FILE`` replaces both.
         """
-        settings = WorkerSettings.from_env()
+        settings = WorkerSettings.from_config(cfg)
         views = None
+        binary_check = None
         if not settings.view_file:
-            views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.for_service(cfg))
+            channel = catalog_channel(cfg)
+            credentials = ScopedCredentials.for_service(cfg)
+            views = CatalogRecordViews(channel, credentials)
+            # §8.4: before the first claim of a plan, verify with the catalog that this
+            # binary executes exactly the sealed entries the plan pins.
+            binary_check = BinaryCheck(GrpcCatalogClient(channel, credentials))
         workers = await start_background(
-            cfg, engine, views=views, settings=settings, waits=self.waits(engine)
+            cfg,
+            engine,
+            views=views,
+            settings=settings,
+            waits=self.waits(cfg, engine),
+            binary_check=binary_check,
         )
         # The Flow-side finalizer of flow.effect.submit is registered with the runtime's
         # EffectSubmit/EffectCompletion work; until then rejected or unknown handoffs stay

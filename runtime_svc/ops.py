@@ -77,8 +77,9 @@ def main(argv: Sequence[str] | None = None, *, db_url: str | None = None) -> int
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        url = db_url if db_url is not None else load_config(ServiceName.RUNTIME).db_url
-        max_attempts = WorkerSettings.from_env().max_attempts
+        cfg = load_config(ServiceName.RUNTIME)
+        url = db_url if db_url is not None else cfg.db_url
+        max_attempts = WorkerSettings.from_config(cfg).max_attempts
     except (ConfigError, ValueError) as exc:
         sys.stderr.write(f"configuration error: {exc}\n")
         return 2

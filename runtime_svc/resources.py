@@ -224,6 +224,9 @@ class LateResourceDiscoveryError(ConflictError):
             entity=key.object_or_namespace,
         )
         self.resource_key, self.role = key, role
+        #: The admitted plan plus the discovered key, set by the step executor once it is
+        #: proven within the step's declared bounds (the retry's expanded plan, §13.3).
+        self.expanded_plan: LockPlan | None = None
         self.attributes["resource_class"] = key.resource_class.name
         if role is not None:
             self.attributes["role"] = role.value

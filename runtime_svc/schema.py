@@ -55,6 +55,7 @@ from services.db import (
     outbox_delivery_columns,
     work_scope_columns,
 )
+from services.request_dedupe import request_dedupe_table
 
 __all__ = [
     "LABEL_LEN",
@@ -86,6 +87,7 @@ __all__ = [
     "records",
     "runtime_outbox",
     "runtime_policies",
+    "runtime_requests",
 ]
 
 #: Display labels.
@@ -622,8 +624,9 @@ business_events = Table(
     _id("step_execution_id", nullable=True),
     _id("attempt_id", nullable=True),
     _time("occurred_at"),
-    # Caller request of an RPC-driven mutation: the event is the mutation's outcome marker,
-    # so a retried request finds it and is not applied twice (dedupe on org, RPC, id).
+    # Caller request of an RPC-driven mutation (evidence: which request wrote the event).
+    # The dedupe authority is ``runtime_requests``, keyed by the complete trusted scope;
+    # revision 0007 dropped the org-wide unique key over these columns.
     _id("request_rpc", nullable=True),
     Column("request_id", String(KEY_LEN), nullable=True),
     _digest("request_digest", nullable=True),
@@ -631,7 +634,6 @@ business_events = Table(
     UniqueConstraint(
         "org_id", "object_name", "record_id", "history_sequence", name="uq_business_events_sequence"
     ),
-    UniqueConstraint("org_id", "request_rpc", "request_id", name="uq_business_events_request"),
     ForeignKeyConstraint(
         ["org_id", "object_name", "record_id"],
         ["records.org_id", "records.object_name", "records.record_id"],
@@ -661,3 +663,11 @@ audit_records = Table(
     Index("ix_audit_records_run", "org_id", "flow_run_id", "occurred_at"),
     **TABLE_OPTIONS,
 )
+
+
+# --- request deduplication -----------------------------------------------------------
+
+#: Request deduplication of every mutating RPC (``services.request_dedupe``; revision
+#: 0007): (complete trusted scope, rpc, request_id) -> digest of the request body and the
+#: original response. Purged by the runtime's retention sweep.
+runtime_requests = request_dedupe_table(metadata, "runtime_requests")

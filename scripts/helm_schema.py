@@ -112,6 +112,10 @@ def common(name: str, spec: dict[str, Any]) -> dict[str, Any]:
             "description": "FLOW_ENV; production refuses fault hooks and development keys",
         },
         "logLevel": {"enum": ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]},
+        "requestRetentionHours": {
+            **count(1),
+            "description": "FLOW_REQUEST_RETENTION_HOURS; the request_id dedupe window",
+        },
         "port": {"type": "integer", "minimum": 1, "maximum": 65535},
         "grpc": obj(
             {"maxMessageBytes": count(1024), "shutdownGraceSeconds": count()},

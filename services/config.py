@@ -7,9 +7,9 @@ appears in the README).
 
 A service builds one :class:`ServiceConfig` at start-up with
 :func:`load_config` and passes it down; nothing else reads ``os.environ``
-except the fault hooks, which must be readable before any config exists, and
-the runtime's worker settings (``runtime_svc.worker.settings``, the
-``FLOW_RUNTIME_*`` rows of :data:`ENV_VARS`).
+except the fault hooks, which must be readable before any config exists. The
+runtime's worker settings (``runtime_svc.worker.settings.WorkerSettings``) are
+derived from the ``runtime_*`` fields here.
 """
 
 from __future__ import annotations
@@ -171,7 +171,11 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     "FLOW_RUNTIME_LEASE_MS": ("60000", "runtime: claim lease duration"),
     "FLOW_RUNTIME_RETRY_BASE_MS": ("1000", "runtime: retry backoff base (jittered exponential)"),
     "FLOW_RUNTIME_RETRY_MAX_MS": ("300000", "runtime: retry backoff cap"),
-    "FLOW_RUNTIME_MAX_ATTEMPTS": ("5", "runtime: attempts per step before terminal failure"),
+    "FLOW_RUNTIME_MAX_ATTEMPTS": (
+        "5",
+        "runtime: attempts per step before a retryable failure is terminal (a step resumed "
+        "after its wait is claimed whatever its count)",
+    ),
     "FLOW_RUNTIME_IDLE_MS": ("500", "runtime: longest idle backoff of a worker with no work"),
     "FLOW_RUNTIME_SWEEP_MS": ("1000", "runtime: sweep interval"),
     "FLOW_RUNTIME_RETENTION_DAYS": (
@@ -193,6 +197,11 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     "FLOW_RUNTIME_VIEW_FILE": (
         "",
         "tests/dev only: a metadata-view JSON used for every scope instead of the catalog",
+    ),
+    "FLOW_REQUEST_RETENTION_HOURS": (
+        "168",
+        "how long a mutating request's `request_id` replays its original response (dedupe "
+        "rows older than this are purged)",
     ),
     "FLOW_CRASH_MARKER_FILE": (
         "",
@@ -320,6 +329,14 @@ def _int(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int:
     return value
 
 
+def _csv(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated list: sorted, distinct, blanks dropped (empty: the default)."""
+    values = {v.strip() for v in _get(env, name).split(",") if v.strip()}
+    if not values:
+        values = {v.strip() for v in ENV_VARS[name][0].split(",") if v.strip()}
+    return tuple(sorted(values))
+
+
 def _expand(value: str, data_dir: Path) -> str:
     return value.replace("$FLOW_DATA_DIR", str(data_dir))
 
@@ -357,6 +374,24 @@ class ServiceConfig:
     auth_service_key: Path = field(default=Path("auth/service_key.pem"))
     auth_service_key_id: str = field(default="service")
     crash_at: str = field(default="")
+    #: ``FLOW_REQUEST_RETENTION_HOURS``: the request-dedupe window (every service).
+    request_retention_hours: int = 168
+    #: ``FLOW_RUNTIME_*``: the runtime's worker/sweep roles and timings (read by
+    #: ``runtime_svc.worker.settings.WorkerSettings.from_config``).
+    runtime_workers: int = 1
+    runtime_sweeps: bool = True
+    runtime_lease_ms: int = 60_000
+    runtime_retry_base_ms: int = 1_000
+    runtime_retry_max_ms: int = 300_000
+    runtime_max_attempts: int = 5
+    runtime_idle_ms: int = 500
+    runtime_sweep_ms: int = 1_000
+    runtime_retention_days: int = 30
+    runtime_view_file: str | None = None
+    runtime_wait_sweep_ms: int = 1_000
+    runtime_wait_batch: int = 100
+    #: External signal producer kinds ``SubmitWakeSignal`` accepts (sorted, distinct).
+    runtime_signal_kinds: tuple[str, ...] = ("external.signal",)
 
     @property
     def is_production(self) -> bool:
@@ -401,6 +436,10 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
                 "FLOW_CLIENT_TLS=false contradicts FLOW_CLIENT_TLS_CA/FLOW_CLIENT_TLS_CERT"
             )
         client_tls = True
+    retry_base = _int(e, "FLOW_RUNTIME_RETRY_BASE_MS", minimum=1)
+    retry_max = max(_int(e, "FLOW_RUNTIME_RETRY_MAX_MS", minimum=1), retry_base)
+    if e.get("FLOW_RUNTIME_RETRY_MAX_MS") and retry_max != _int(e, "FLOW_RUNTIME_RETRY_MAX_MS"):
+        raise ConfigError("FLOW_RUNTIME_RETRY_MAX_MS must be >= FLOW_RUNTIME_RETRY_BASE_MS")
 
     port_var = _PORT_VARS[service]
     port = _int(e, port_var)
@@ -440,6 +479,20 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
             _expand(_get(e, "FLOW_AUTH_SERVICE_KEY"), data_dir).replace("<service>", service.value)
         ),
         auth_service_key_id=_get(e, "FLOW_AUTH_SERVICE_KEY_ID").replace("<service>", service.value),
+        request_retention_hours=_int(e, "FLOW_REQUEST_RETENTION_HOURS", minimum=1),
+        runtime_workers=_int(e, "FLOW_RUNTIME_WORKERS"),
+        runtime_sweeps=_bool(e, "FLOW_RUNTIME_SWEEPS"),
+        runtime_lease_ms=_int(e, "FLOW_RUNTIME_LEASE_MS", minimum=1),
+        runtime_retry_base_ms=retry_base,
+        runtime_retry_max_ms=retry_max,
+        runtime_max_attempts=_int(e, "FLOW_RUNTIME_MAX_ATTEMPTS", minimum=1),
+        runtime_idle_ms=_int(e, "FLOW_RUNTIME_IDLE_MS", minimum=1),
+        runtime_sweep_ms=_int(e, "FLOW_RUNTIME_SWEEP_MS", minimum=1),
+        runtime_retention_days=_int(e, "FLOW_RUNTIME_RETENTION_DAYS", minimum=1),
+        runtime_view_file=_get(e, "FLOW_RUNTIME_VIEW_FILE") or None,
+        runtime_wait_sweep_ms=_int(e, "FLOW_RUNTIME_WAIT_SWEEP_MS", minimum=1),
+        runtime_wait_batch=_int(e, "FLOW_RUNTIME_WAIT_BATCH", minimum=1),
+        runtime_signal_kinds=_csv(e, "FLOW_RUNTIME_SIGNAL_KINDS"),
     )
 
 

@@ -53,6 +53,12 @@ class CrashPoint(StrEnum):
 
     AFTER_CLAIM_COMMIT = "after_claim"
     AFTER_RUNNING_COMMIT = "after_running"
+    #: Inside the step's business transaction, after BEGIN and its current reads, before
+    #: any business lock or write (§22.2 "after begin").
+    AFTER_STEP_BEGIN = "after_step_begin"
+    #: Inside the step's business transaction, after its business writes, before the
+    #: root/step/attempt fence (§22.2 "before fence").
+    BEFORE_STEP_FENCE = "before_step_fence"
     BEFORE_STEP_COMMIT = "before_step_commit"
     AFTER_STEP_COMMIT = "after_step_commit"
     DURING_RECOVERY = "during_recovery"

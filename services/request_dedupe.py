@@ -31,13 +31,16 @@ One mechanism serves every service:
    it records the body digest so a different body is refused before any side effect, and
    returns a stored response to replay — then do their work and finish with
    :meth:`RequestLedger.complete`; the first completed response is the original one.
+   :meth:`RequestLedger.once` does all three and releases the reservation when the
+   operation fails, so a refused request leaves no row.
    A mutation may also record a *provisional* response in its own transaction
    (``execute(..., completed=False)``) and complete it later (``StartRun``: accepted in
    one transaction, terminal result after the synchronous execution).
-5. **Retention.** Rows older than the service's request-retention window are purged in
-   bounded batches by :meth:`RequestLedger.purge` (the runtime's retention sweep and
-   the catalog's request sweep call it per org). A retry after the window is a new
-   request.
+5. **Retention.** Rows older than the service's request-retention window
+   (``FLOW_REQUEST_RETENTION_HOURS``) are purged in bounded batches, org by org in
+   rotation, by a :class:`services.request_retention.RequestRetention` loop each service
+   runs in its background group (:mod:`services.background`). A retry after the window
+   is a new request.
 
 Responses are stored as the serialized response message (base64 text, at most
 :data:`MAX_RESPONSE_BYTES`); errors are never stored: a request that failed is executed
@@ -53,9 +56,9 @@ Usage in a servicer::
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Generic, Protocol, TypeVar
 
 from google.protobuf import json_format
@@ -72,7 +75,6 @@ from sqlalchemy import (
     delete,
     false,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -110,6 +112,8 @@ __all__ = [
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
+
+log = logging.getLogger(__name__)
 
 #: Longest accepted ``request_id`` (the column width).
 MAX_REQUEST_ID_LEN = KEY_LEN
@@ -393,20 +397,23 @@ class RequestLedger:
         if not inserted:
             raise DuplicateRequestRace(key)
 
-    async def complete_txn(self, conn: AsyncConnection, key: RequestKey, response: bytes) -> bytes:
-        """Complete a reserved or provisional row with ``response``; returns the response
-        to answer with: ``response``, or the one a concurrent completion stored first."""
+    async def complete_txn(
+        self, conn: AsyncConnection, key: RequestKey, response: bytes, *, final: bool = True
+    ) -> bytes:
+        """Complete a reserved or provisional row with ``response`` (``final=False``:
+        store it as the provisional response); returns the response to answer with:
+        ``response``, or the one a concurrent completion stored first."""
         t = self.table
         result = await conn.execute(
             update(t)
             .where(*self._key_where(key), t.c.completed == false())
-            .values(response_payload=_encode(response), completed=True)
+            .values(response_payload=_encode(response), completed=final)
         )
         if result.rowcount == 1:
             return response
         stored = await self.lookup_txn(conn, key)
         if stored is None:  # purged meanwhile (a retention window shorter than the call)
-            await self.record_txn(conn, key, response)
+            await self.record_txn(conn, key, response, completed=final)
             return response
         return stored.payload if stored.payload is not None else response
 
@@ -417,15 +424,16 @@ class RequestLedger:
         work: Callable[[AsyncConnection], Awaitable[T]],
         encode: Callable[[T], bytes | None],
         *,
-        completed: bool = True,
+        completed: bool | Callable[[T], bool] = True,
     ) -> Deduplicated[T]:
         """Replay the stored response of ``key``, or run ``work`` and record its encoded
         response in the same transaction (``conn``).
 
         ``encode`` returning ``None`` records nothing (the service raises a refusal after
         the commit; a retry decides again). ``completed=False`` records a provisional
-        response that :meth:`complete` replaces later. A reserved row (no response yet)
-        is completed by this call.
+        response that :meth:`complete` replaces later; a callable decides per outcome
+        (``SubmitWakeSignal``: only a freshly accepted signal has a match still to run).
+        A reserved row (no response yet) takes the response.
 
         Raises:
             RequestIdReusedError: the id was used with another body (nothing ran).
@@ -439,11 +447,12 @@ class RequestLedger:
         response = encode(value)
         if response is None:
             return Deduplicated(value, None)
+        final = completed(value) if callable(completed) else completed
         if prior is None:
-            await self.record_txn(conn, key, response, completed=completed)
+            await self.record_txn(conn, key, response, completed=final)
         else:
-            response = await self.complete_txn(conn, key, response)
-        return Deduplicated(value, response, completed=completed)
+            response = await self.complete_txn(conn, key, response, final=final)
+        return Deduplicated(value, response, completed=final)
 
     # --- public operations (one transaction each) -------------------------------------------
 
@@ -454,7 +463,7 @@ class RequestLedger:
         work: Callable[[AsyncConnection], Awaitable[T]],
         encode: Callable[[T], bytes | None],
         *,
-        completed: bool = True,
+        completed: bool | Callable[[T], bool] = True,
     ) -> Deduplicated[T]:
         """:meth:`execute_txn` in its own transaction (whole-transaction retry on
         deadlocks; a lost insert race rolls back and replays the winner).
@@ -513,51 +522,47 @@ class RequestLedger:
         attempt completed first; returns the response to answer with (the first)."""
         return await run_in_transaction(engine, lambda conn: self.complete_txn(conn, key, response))
 
-    # --- retention -------------------------------------------------------------------------
-
-    async def orgs(self, engine: AsyncEngine, *, after: str | None, limit: int) -> list[str]:
-        """Orgs holding ledger rows, in org order after ``after`` (bounded: a retention
-        sweep walks every org with a cursor instead of re-reading the first ``limit``)."""
+    async def release(self, engine: AsyncEngine, key: RequestKey) -> None:
+        """Drop the reservation of an operation that failed: a refused request leaves no
+        row behind, and its retry decides again. A row that already holds a response
+        (completed, or provisional) is kept."""
         t = self.table
-        stmt = select(t.c.org_id).group_by(t.c.org_id).order_by(t.c.org_id).limit(limit)
-        if after is not None:
-            stmt = stmt.where(t.c.org_id > after)
-        async with transaction(engine, readonly=True) as conn:
-            return [str(o) for o in (await conn.execute(stmt)).scalars()]
 
-    async def purge(
-        self,
-        engine: AsyncEngine,
-        org_id: str,
-        *,
-        older_than: datetime,
-        limit: int = 500,
-    ) -> int:
-        """Delete up to ``limit`` of ``org_id``'s rows created before ``older_than``
-        (one bounded transaction, by primary key); returns how many went."""
-        if limit < 1:
-            raise ValueError("limit must be >= 1")
-        t = self.table
-        pk = [t.c[name] for name in (*WORK_SCOPE, "rpc_name", "request_id")]
-
-        async def fn(conn: AsyncConnection) -> int:
-            rows = (
-                await conn.execute(
-                    select(*pk)
-                    .where(t.c.org_id == org_id, t.c.created_at < older_than)
-                    .order_by(t.c.created_at)
-                    .limit(limit)
-                )
-            ).all()
-            if not rows:
-                return 0
-            result = await conn.execute(
+        async def fn(conn: AsyncConnection) -> None:
+            await conn.execute(
                 delete(t).where(
-                    t.c.org_id == org_id,
-                    t.c.created_at < older_than,
-                    tuple_(*pk).in_([tuple(r) for r in rows]),
+                    *self._key_where(key),
+                    t.c.request_digest == key.request_digest,
+                    t.c.response_payload.is_(None),
                 )
             )
-            return int(result.rowcount)
 
-        return await run_in_transaction(engine, fn)
+        await run_in_transaction(engine, fn)
+
+    async def once(
+        self,
+        engine: AsyncEngine,
+        key: RequestKey,
+        operation: Callable[[], Awaitable[T]],
+        encode: Callable[[T], bytes],
+    ) -> bytes:
+        """Run an idempotent multi-transaction ``operation`` once per request:
+        :meth:`reserve`, then ``operation()``, then :meth:`complete` with its encoded
+        value; a stored response is replayed instead. When ``operation`` raises, the
+        reservation is released (:meth:`release`) and the error propagates.
+
+        Raises:
+            RequestIdReusedError: the id was used with another body (nothing ran).
+        """
+        stored = await self.reserve(engine, key)
+        if stored is not None and stored.payload is not None:
+            return stored.payload
+        try:
+            response = encode(await operation())
+        except Exception:
+            try:
+                await self.release(engine, key)
+            except Exception:  # the original error is the one the caller must see
+                log.warning("could not release request reservation %s", key.rpc, exc_info=True)
+            raise
+        return await self.complete(engine, key, response)

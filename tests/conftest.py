@@ -14,13 +14,12 @@ Sub-directory ``conftest.py`` files add their own fixtures on top of these.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import pymysql
 import pytest
-from sqlalchemy.engine import make_url
+
+from tests.support.databases import mariadb_database
 
 MYSQL_URL_ENV = "FLOW_TEST_MYSQL_URL"
 
@@ -46,27 +45,8 @@ def mariadb_server_url() -> str:
 @pytest.fixture
 def mariadb_url(mariadb_server_url: str) -> Iterator[str]:
     """URL of a new, empty database on the MariaDB server, dropped after the test."""
-    server = make_url(mariadb_server_url)
-    name = f"flow_test_{uuid.uuid4().hex[:16]}"
-    # Plain pymysql (what aiomysql wraps): the fixture works for sync and async tests alike.
-    admin = pymysql.connect(
-        host=server.host or "127.0.0.1",
-        port=server.port or 3306,
-        user=server.username or "root",
-        password=server.password or "",
-        charset="utf8mb4",
-        autocommit=True,
-    )
-    try:
-        with admin.cursor() as cursor:
-            cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        yield server.set(database=name, query={"charset": "utf8mb4"}).render_as_string(
-            hide_password=False
-        )
-        with admin.cursor() as cursor:
-            cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
-    finally:
-        admin.close()
+    with mariadb_database(mariadb_server_url) as url:
+        yield url
 
 
 @pytest.fixture(

@@ -11,9 +11,6 @@ import base64
 import binascii
 import json
 
-from google.protobuf import json_format
-from google.protobuf.message import Message
-
 from catalog_svc.domain import (
     BindingGap,
     CatalogEntry,
@@ -29,7 +26,6 @@ from catalog_svc.store import (
     ReferenceRecord,
     ReferentKind,
 )
-from services.digest import versioned_digest
 from services.errors import InvalidArgumentError
 from services.proto import catalog_v1, common_v1
 
@@ -48,7 +44,6 @@ __all__ = [
     "generation_to_proto",
     "reference_to_proto",
     "registered_binding_to_proto",
-    "request_digest",
     "scope_from_proto",
     "scope_to_proto",
 ]
@@ -69,13 +64,6 @@ _STATE_TO_PROTO = {
     "SEALED": catalog_v1.GenerationState.GENERATION_STATE_SEALED,
     "REJECTED": catalog_v1.GenerationState.GENERATION_STATE_REJECTED,
 }
-
-
-def request_digest(request: Message) -> str:
-    """Digest of a request body without its ``request_id`` (request deduplication)."""
-    body = json_format.MessageToDict(request, preserving_proto_field_name=True)
-    body.pop("request_id", None)
-    return versioned_digest("catalog_request", body)
 
 
 # -- scope and binding ------------------------------------------------------------------

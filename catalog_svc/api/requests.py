@@ -25,15 +25,17 @@ from catalog_svc.domain import (
     normalize_handler_ref,
 )
 from catalog_svc.service import EntryRequest, EntrySource
-from catalog_svc.store import HolderKind, ReferenceIdentity, ReferentKind, RequestKey
+from catalog_svc.store import HolderKind, ReferenceIdentity, ReferentKind
+from services.auth import TrustedIdentity
 from services.db import DIGEST_LEN, ID_LEN, KEY_LEN, TOKEN_LEN
 from services.digest import is_digest
 from services.errors import InvalidArgumentError
 from services.proto import catalog_v1
+from services.request_dedupe import DedupeScope, RequestKey
 
 from .capability_mapping import descriptor_from_proto, handler_binding_from_proto
 from .issues import require_text
-from .mapping import HOLDER_FROM_PROTO, request_digest
+from .mapping import HOLDER_FROM_PROTO
 
 __all__ = [
     "ReferenceRequest",
@@ -46,11 +48,10 @@ __all__ = [
 ]
 
 
-def request_key(rpc: str, request: Message, *, store_response: bool = True) -> RequestKey:
-    """The deduplication key of a mutating request (``request_id`` is required)."""
-    rid: str = getattr(request, "request_id")  # noqa: B009 - every mutating request has it
-    require_text(rid, "request_id", max_length=TOKEN_LEN)
-    return RequestKey(rpc, rid, request_digest(request), store_response)
+def request_key(identity: TrustedIdentity, rpc: str, request: Message) -> RequestKey:
+    """The deduplication key of a mutating request: the caller's complete trusted scope
+    (every component its credential carries), the RPC and ``request_id`` (required)."""
+    return RequestKey.of(DedupeScope.of_identity(identity), rpc, request)
 
 
 def generation_id(value: str, path: str = "catalog_generation_id") -> str:

@@ -8,10 +8,9 @@ it), decodes the request into domain values (:mod:`.requests`, :mod:`.mapping`),
 nothing here sets a status code.
 
 Mutating RPCs hand the service an encoder, because the response is recorded with the
-request's ``request_id`` inside the mutation's transaction: a retry gets the original
-bytes back. Reference registration/release and view publication are naturally
-idempotent and re-execute on a retry instead (a view response can be megabytes, and
-re-executing a reference change reflects the caller's latest intent).
+request's ``request_id`` (keyed by the caller's complete trusted scope) inside the
+mutation's transaction (``services.request_dedupe``): a retry gets the original bytes
+back, a reuse of the id with another body is ``INVALID_ARGUMENT``.
 """
 
 from __future__ import annotations
@@ -126,7 +125,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
     async def RegisterWorkBinding(
         self, request: catalog_v1.RegisterWorkBindingRequest, context: Any
     ) -> catalog_v1.RegisterWorkBindingResponse:
-        key = request_key("RegisterWorkBinding", request)
+        key = request_key(current_identity(), "RegisterWorkBinding", request)
         require_text(request.org_id, "org_id", max_length=ID_LEN)
         _required_message(request, "binding")
 
@@ -151,7 +150,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
     async def PublishMetadataView(
         self, request: catalog_v1.PublishMetadataViewRequest, context: Any
     ) -> catalog_v1.PublishMetadataViewResponse:
-        key = request_key("PublishMetadataView", request, store_response=False)
+        key = request_key(current_identity(), "PublishMetadataView", request)
         require_text(request.org_id, "org_id", max_length=ID_LEN)
         _required_message(request, "view")
         scope = installation_scope(
@@ -192,7 +191,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
     async def DeleteMetadataView(
         self, request: catalog_v1.DeleteMetadataViewRequest, context: Any
     ) -> catalog_v1.DeleteMetadataViewResponse:
-        key = request_key("DeleteMetadataView", request)
+        key = request_key(current_identity(), "DeleteMetadataView", request)
         scope = installation_scope(
             current_identity(),
             request.org_id,
@@ -218,7 +217,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
     async def OpenGeneration(
         self, request: catalog_v1.OpenGenerationRequest, context: Any
     ) -> catalog_v1.OpenGenerationResponse:
-        key = request_key("OpenGeneration", request)
+        key = request_key(current_identity(), "OpenGeneration", request)
 
         def build(record: GenerationRecord) -> Message:
             return catalog_v1.OpenGenerationResponse(generation=generation_to_proto(record))
@@ -235,7 +234,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
     async def SubmitEntry(
         self, request: catalog_v1.SubmitEntryRequest, context: Any
     ) -> catalog_v1.SubmitEntryResponse:
-        key = request_key("SubmitEntry", request)
+        key = request_key(current_identity(), "SubmitEntry", request)
         scope = scope_from_proto(request.scope)
         gid = generation_id(request.catalog_generation_id)
         entry = entry_request(request)
@@ -257,7 +256,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
     async def SealGeneration(
         self, request: catalog_v1.SealGenerationRequest, context: Any
     ) -> catalog_v1.SealGenerationResponse:
-        key = request_key("SealGeneration", request)
+        key = request_key(current_identity(), "SealGeneration", request)
         scope = scope_from_proto(request.scope)
         gid = generation_id(request.catalog_generation_id)
 
@@ -333,7 +332,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
     async def DeleteGeneration(
         self, request: catalog_v1.DeleteGenerationRequest, context: Any
     ) -> catalog_v1.DeleteGenerationResponse:
-        key = request_key("DeleteGeneration", request)
+        key = request_key(current_identity(), "DeleteGeneration", request)
         data = await self._svc.delete_generation(
             current_identity(),
             scope_from_proto(request.scope),
@@ -349,7 +348,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
     async def RegisterReference(
         self, request: catalog_v1.RegisterReferenceRequest, context: Any
     ) -> catalog_v1.RegisterReferenceResponse:
-        key = request_key("RegisterReference", request, store_response=False)
+        key = request_key(current_identity(), "RegisterReference", request)
         scope = scope_from_proto(request.scope)
         _required_message(request, "reference")
         ref = reference_request(request.reference, register=True)
@@ -371,7 +370,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
     async def ReleaseReference(
         self, request: catalog_v1.ReleaseReferenceRequest, context: Any
     ) -> catalog_v1.ReleaseReferenceResponse:
-        key = request_key("ReleaseReference", request, store_response=False)
+        key = request_key(current_identity(), "ReleaseReference", request)
         scope = scope_from_proto(request.scope)
         _required_message(request, "reference")
         ref = reference_request(request.reference, register=False)
@@ -389,7 +388,7 @@ class CatalogServicer(catalog_v1.CatalogServiceServicer):
     async def PublishHandlerAvailability(
         self, request: catalog_v1.PublishHandlerAvailabilityRequest, context: Any
     ) -> catalog_v1.PublishHandlerAvailabilityResponse:
-        key = request_key("PublishHandlerAvailability", request)
+        key = request_key(current_identity(), "PublishHandlerAvailability", request)
         scope = scope_from_proto(request.scope)
         release = require_text(request.runtime_release_id, "runtime_release_id", max_length=ID_LEN)
         if request.supported_capability_version < 1:

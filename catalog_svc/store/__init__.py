@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from ._requests import Encoder
 from ._rows import ArtifactIntegrityError
 from .records import (
     BindingRecord,
+    Encoder,
     EntryPage,
     EntryRecord,
     GenerationRecord,
     HolderKind,
     InstallationScope,
-    MutationOutcome,
     ReferenceIdentity,
     ReferenceRecord,
     ReferentKind,
     ReleaseRecord,
-    RequestKey,
     ViewRecord,
 )
 from .repository import CatalogRepository, SealResult, SubmitResult
@@ -31,12 +29,10 @@ __all__ = [
     "GenerationRecord",
     "HolderKind",
     "InstallationScope",
-    "MutationOutcome",
     "ReferenceIdentity",
     "ReferenceRecord",
     "ReferentKind",
     "ReleaseRecord",
-    "RequestKey",
     "SealResult",
     "SubmitResult",
     "ViewRecord",

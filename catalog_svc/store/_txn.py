@@ -28,8 +28,6 @@ from ._rows import (
     dump_json,
     generation_where,
     read_generation,
-    read_view,
-    read_view_content,
     scope_where,
 )
 from .records import (
@@ -42,9 +40,10 @@ from .records import (
 
 __all__ = [
     "advance",
+    "fence_referent",
+    "fence_view_publication",
     "holders",
     "live",
-    "lock_referent",
     "must_read_generation",
     "read_release",
     "reference_where",
@@ -182,41 +181,59 @@ def reference_where(
     ]
 
 
-async def lock_referent(
+async def fence_view_publication(
+    conn: AsyncConnection, scope: InstallationScope, digest: str
+) -> None:
+    """Advance the installation's publication of view ``digest`` by a conditional UPDATE
+    (row count 1), so a concurrent withdrawal that checked the older version fails.
+
+    Raises:
+        NotFoundError: the installation does not publish the view.
+    """
+    m = t.metadata_view_installations
+    result = await conn.execute(
+        update(m)
+        .where(
+            m.c.org_id == scope.org_id,
+            m.c.app_installation_id == scope.app_installation_id,
+            m.c.runtime_metadata_view_digest == digest,
+        )
+        .values(state_version=m.c.state_version + 1)
+    )
+    if result.rowcount != 1:
+        raise NotFoundError("metadata view", digest)
+
+
+async def fence_referent(
     conn: AsyncConnection,
     scope: RuntimeWorkScope,
     identity: ReferenceIdentity,
     catalog_digest: str | None,
 ) -> None:
-    """Lock the referent of a new reference (a SEALED generation with ``catalog_digest``,
-    or the installation's view publication) so a concurrent delete serializes with it.
+    """The referent of a new reference must still exist: one conditional UPDATE of its
+    fence version — a SEALED generation with ``catalog_digest``, or the installation's
+    publication of the view — whose row count must be 1. A concurrent delete that checked
+    the older version then deletes nothing (its own conditional DELETE fails), whatever
+    happened to the locks (ARCHITECTURE §2: never a locked read plus a Python check).
 
     Raises:
         NotFoundError: no such referent in the scope.
     """
     if identity.referent_kind is ReferentKind.METADATA_VIEW:
         view_scope = InstallationScope(scope.org_id, scope.app_installation_id)
-        if (
-            await read_view_content(conn, scope.org_id, identity.referent_id, for_update=True)
-            is None
-        ):
-            raise NotFoundError("metadata view", identity.referent_id)
-        if await read_view(conn, view_scope, identity.referent_id, for_update=True) is None:
-            raise NotFoundError("metadata view", identity.referent_id)
+        await fence_view_publication(conn, view_scope, identity.referent_id)
         return
     g = t.capability_catalog_generations
-    row = (
-        await conn.execute(
-            select(g.c.state, g.c.catalog_digest)
-            .where(*generation_where(g, scope, identity.referent_id))
-            .with_for_update()
+    result = await conn.execute(
+        update(g)
+        .where(
+            *generation_where(g, scope, identity.referent_id),
+            g.c.state == GenerationState.SEALED.name,
+            g.c.catalog_digest == catalog_digest,
         )
-    ).first()
-    if (
-        row is None
-        or row.state != GenerationState.SEALED.name
-        or row.catalog_digest != catalog_digest
-    ):
+        .values(state_version=g.c.state_version + 1)
+    )
+    if result.rowcount != 1:
         raise NotFoundError("catalog generation", identity.referent_id)
 
 

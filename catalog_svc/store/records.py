@@ -7,11 +7,11 @@ The repository never returns rows; it returns these frozen records, whose domain
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from catalog_svc.domain import (
     CatalogEntry,
@@ -25,21 +25,25 @@ from catalog_svc.domain import (
 
 __all__ = [
     "BindingRecord",
+    "Encoder",
     "EntryPage",
     "EntryRecord",
     "GenerationRecord",
     "HolderKind",
     "InstallationScope",
-    "MutationOutcome",
     "ReferenceIdentity",
     "ReferenceRecord",
     "ReferentKind",
     "ReleaseRecord",
-    "RequestKey",
     "ViewRecord",
 ]
 
 T = TypeVar("T")
+
+#: Serializes a mutation's fresh result into its response bytes inside the mutation's
+#: transaction; ``None`` = record no response (the service raises a refusal for this
+#: outcome after the commit, and a retry decides again).
+Encoder = Callable[[T], bytes | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,40 +67,6 @@ class HolderKind(StrEnum):
     PLAN = "PLAN"
     FLOW_RUN = "FLOW_RUN"
     DIAGNOSTIC = "DIAGNOSTIC"
-
-
-@dataclass(frozen=True, slots=True)
-class RequestKey:
-    """Deduplication key of one mutating request: ``(trusted org, rpc, request_id)`` plus
-    the digest of the request body (a reuse with another body is refused).
-
-    Attributes:
-        rpc: RPC name (``OpenGeneration``).
-        request_id: the caller's idempotency token.
-        request_digest: digest of the request without ``request_id``.
-        store_response: False for RPCs whose effect is naturally idempotent and whose
-            response is large (a metadata view): a retry re-executes instead of replaying
-            stored bytes, and only the body digest is kept.
-    """
-
-    rpc: str
-    request_id: str
-    request_digest: str
-    store_response: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class MutationOutcome(Generic[T]):
-    """Result of a deduplicated mutation.
-
-    Attributes:
-        value: the fresh result; ``None`` when the response was replayed from storage.
-        response: the serialized response to send; ``None`` when the encoder declined
-            (an outcome the service turns into an error after the commit).
-    """
-
-    value: T | None
-    response: bytes | None
 
 
 @dataclass(frozen=True, slots=True)

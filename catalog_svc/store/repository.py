@@ -8,10 +8,15 @@ Rules every method follows:
   nothing is ever looked up by an id or digest alone (§8.4, §10.0);
 * it opens exactly one transaction (``run_in_transaction``: whole-transaction retry on
   deadlocks and write conflicts); mutating methods record their request in the same
-  transaction (:mod:`._requests`);
+  transaction (``services.request_dedupe``: the original response is replayed on retry);
 * inserts of identity rows are insert-if-absent (``INSERT`` + duplicate key), and every
   change of a generation is fenced by a compare-and-swap on its ``state_version`` after
   the row was locked (``SELECT … FOR UPDATE``), so concurrent builders serialize;
+* existence and "no live reference" are decided by conditional writes with row counts,
+  never by a locked read plus a check in Python (TiDB can lose a pessimistic lock): a
+  reference or binding registration advances its referent's fence version
+  (:func:`._txn.fence_referent`), a delete removes the generation or view publication only
+  at the version it checked and only ``WHERE NOT EXISTS`` a live reference;
 * pure decisions (the §8.2/§8.3 builder) are made by the caller's ``decide`` function on
   the state read inside the transaction; the repository only applies them.
 """
@@ -22,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import ColumnElement, delete, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from catalog_svc import schema as t
@@ -41,9 +46,9 @@ from catalog_svc.domain import (
 )
 from catalog_svc.domain import open_generation as open_draft
 from services.db import db_now, insert_if_absent, run_in_transaction
-from services.errors import FailedPreconditionError, NotFoundError
+from services.errors import FailedPreconditionError, FenceLostError, NotFoundError
+from services.request_dedupe import Deduplicated, RequestKey, RequestLedger
 
-from ._requests import Encoder, run_mutation
 from ._rows import (
     ArtifactIntegrityError,
     diagnostics_to_json,
@@ -57,9 +62,10 @@ from ._rows import (
 )
 from ._txn import (
     advance,
+    fence_referent,
+    fence_view_publication,
     holders,
     live,
-    lock_referent,
     must_read_generation,
     read_release,
     reference_where,
@@ -70,15 +76,14 @@ from ._txn import (
 )
 from .records import (
     BindingRecord,
+    Encoder,
     GenerationRecord,
     HolderKind,
     InstallationScope,
-    MutationOutcome,
     ReferenceIdentity,
     ReferenceRecord,
     ReferentKind,
     ReleaseRecord,
-    RequestKey,
     ViewRecord,
 )
 
@@ -109,12 +114,44 @@ class CatalogRepository:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
+        self._ledger = RequestLedger(t.catalog_requests)
+
+    @property
+    def requests(self) -> RequestLedger:
+        """The request-dedupe ledger (its retention sweep purges it)."""
+        return self._ledger
+
+    @staticmethod
+    async def _refuse_if_held(
+        conn: AsyncConnection,
+        references: Sequence[ColumnElement[bool]],
+        bindings: Sequence[ColumnElement[bool]] | None,
+    ) -> None:
+        """Raise the ``artifact_referenced`` refusal when live references (or bindings)
+        match; the caller's conditional delete re-decides on the row itself."""
+        held = await holders(conn, references)
+        if held:
+            raise referenced(
+                "metadata view" if bindings is not None else "catalog generation", held
+            )
+        if bindings is None:
+            return
+        b = t.runtime_work_bindings
+        bound = (
+            await conn.execute(select(func.count()).select_from(b).where(*bindings))
+        ).scalar_one()
+        if bound:
+            raise FailedPreconditionError(
+                "the metadata view is bound by a registered runtime work binding",
+                reason="artifact_referenced",
+                attributes={"holder_kinds": "runtime_work_binding", "holders": str(bound)},
+            )
 
     # -- bindings ----------------------------------------------------------------------
 
     async def register_binding(
         self, binding: RuntimeWorkBinding, key: RequestKey, encode: Encoder[BindingRecord]
-    ) -> MutationOutcome[BindingRecord]:
+    ) -> Deduplicated[BindingRecord]:
         """Register ``binding`` (idempotent); its view must be published by its installation.
 
         Raises:
@@ -125,14 +162,9 @@ class CatalogRepository:
         view_scope = InstallationScope(binding.org_id, binding.app_installation_id)
 
         async def work(conn: AsyncConnection) -> BindingRecord:
-            # Lock the installation's view publication so a concurrent delete serializes.
-            if (
-                await read_view(
-                    conn, view_scope, binding.runtime_metadata_view_digest, for_update=True
-                )
-                is None
-            ):
-                raise NotFoundError("metadata view", binding.runtime_metadata_view_digest)
+            # The installation's view publication must still exist: advancing its fence
+            # makes a concurrent withdrawal (which deletes at the version it checked) fail.
+            await fence_view_publication(conn, view_scope, binding.runtime_metadata_view_digest)
             await insert_if_absent(
                 conn,
                 t.runtime_work_bindings,
@@ -147,7 +179,7 @@ class CatalogRepository:
                 raise ArtifactIntegrityError()
             return record
 
-        return await run_mutation(self._engine, binding.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def get_binding(self, scope: RuntimeWorkScope) -> BindingRecord | None:
         """The binding of the complete ``scope``."""
@@ -166,7 +198,7 @@ class CatalogRepository:
         schema_generation: int,
         key: RequestKey,
         encode: Encoder[ViewRecord],
-    ) -> MutationOutcome[ViewRecord]:
+    ) -> Deduplicated[ViewRecord]:
         """Publish ``view`` for the installation; identical content is idempotent.
 
         The content is stored once per org; the installation's publication records the
@@ -229,7 +261,7 @@ class CatalogRepository:
                 )
             return record
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def get_view(self, scope: InstallationScope, digest: str) -> ViewRecord | None:
         """The view ``digest`` as published by the installation of ``scope``."""
@@ -241,7 +273,7 @@ class CatalogRepository:
 
     async def delete_view(
         self, scope: InstallationScope, digest: str, key: RequestKey, encode: Encoder[bool]
-    ) -> MutationOutcome[bool]:
+    ) -> Deduplicated[bool]:
         """Withdraw the installation's publication of a view (and the content once no
         installation publishes it); ``False`` when it was already absent.
 
@@ -254,72 +286,61 @@ class CatalogRepository:
             content = await read_view_content(conn, scope.org_id, digest, for_update=True)
             if content is None:
                 return False
-            if await read_view(conn, scope, digest, for_update=True) is None:
+            m, r, b = t.metadata_view_installations, t.catalog_references, t.runtime_work_bindings
+            publication = [
+                m.c.org_id == scope.org_id,
+                m.c.app_installation_id == scope.app_installation_id,
+                m.c.runtime_metadata_view_digest == digest,
+            ]
+            version = (
+                await conn.execute(select(m.c.state_version).where(*publication).with_for_update())
+            ).scalar_one_or_none()
+            if version is None:
                 return False
             now = await db_now(conn)
-            r = t.catalog_references
-            held = await holders(
-                conn,
-                [
-                    r.c.org_id == scope.org_id,
-                    r.c.referent_kind == ReferentKind.METADATA_VIEW.value,
-                    r.c.referent_id == digest,
-                    r.c.app_installation_id == scope.app_installation_id,
-                    live(now),
-                ],
-            )
-            if held:
-                raise referenced("metadata view", held)
-            b = t.runtime_work_bindings
-            bound = (
-                await conn.execute(
-                    select(func.count())
-                    .select_from(b)
-                    .where(
-                        b.c.org_id == scope.org_id,
-                        b.c.runtime_metadata_view_digest == digest,
-                        b.c.app_installation_id == scope.app_installation_id,
-                    )
-                )
-            ).scalar_one()
-            if bound:
-                raise FailedPreconditionError(
-                    "the metadata view is bound by a registered runtime work binding",
-                    reason="artifact_referenced",
-                    attributes={"holder_kinds": "runtime_work_binding", "holders": str(bound)},
-                )
-            m = t.metadata_view_installations
-            await conn.execute(
+            held_where = [
+                r.c.org_id == scope.org_id,
+                r.c.referent_kind == ReferentKind.METADATA_VIEW.value,
+                r.c.referent_id == digest,
+                r.c.app_installation_id == scope.app_installation_id,
+                live(now),
+            ]
+            bound_where = [
+                b.c.org_id == scope.org_id,
+                b.c.runtime_metadata_view_digest == digest,
+                b.c.app_installation_id == scope.app_installation_id,
+            ]
+            await self._refuse_if_held(conn, held_where, bound_where)
+            # The withdrawal itself decides: at the version checked, and only while no live
+            # reference or binding holds the view (row count 1).
+            result = await conn.execute(
                 delete(m).where(
-                    m.c.org_id == scope.org_id,
-                    m.c.app_installation_id == scope.app_installation_id,
-                    m.c.runtime_metadata_view_digest == digest,
+                    *publication,
+                    m.c.state_version == version,
+                    ~exists().where(*held_where),
+                    ~exists().where(*bound_where),
                 )
             )
-            others = (
-                await conn.execute(
-                    select(func.count())
-                    .select_from(m)
-                    .where(m.c.org_id == scope.org_id, m.c.runtime_metadata_view_digest == digest)
+            if result.rowcount != 1:
+                await self._refuse_if_held(conn, held_where, bound_where)
+                raise FenceLostError("metadata_view_installations", digest, version, None)
+            # The content goes once no installation publishes it and no binding names it.
+            v = t.metadata_views
+            await conn.execute(
+                delete(v).where(
+                    v.c.org_id == scope.org_id,
+                    v.c.runtime_metadata_view_digest == digest,
+                    ~exists().where(
+                        m.c.org_id == scope.org_id, m.c.runtime_metadata_view_digest == digest
+                    ),
+                    ~exists().where(
+                        b.c.org_id == scope.org_id, b.c.runtime_metadata_view_digest == digest
+                    ),
                 )
-            ).scalar_one()
-            bindings = (
-                await conn.execute(
-                    select(func.count())
-                    .select_from(b)
-                    .where(b.c.org_id == scope.org_id, b.c.runtime_metadata_view_digest == digest)
-                )
-            ).scalar_one()
-            if not others and not bindings:
-                v = t.metadata_views
-                await conn.execute(
-                    delete(v).where(
-                        v.c.org_id == scope.org_id, v.c.runtime_metadata_view_digest == digest
-                    )
-                )
+            )
             return True
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     # -- generations -------------------------------------------------------------------
 
@@ -330,7 +351,7 @@ class CatalogRepository:
         contract_version: int,
         key: RequestKey,
         encode: Encoder[GenerationRecord],
-    ) -> MutationOutcome[GenerationRecord]:
+    ) -> Deduplicated[GenerationRecord]:
         """Open an empty generation bound to the registered binding of ``scope``.
 
         Raises:
@@ -361,7 +382,7 @@ class CatalogRepository:
             )
             return await must_read_generation(conn, scope, generation_id)
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def submit_entry(
         self,
@@ -370,7 +391,7 @@ class CatalogRepository:
         decide: Callable[[GenerationDraft, RuntimeMetadataView], SubmitDecision],
         key: RequestKey,
         encode: Encoder[SubmitResult],
-    ) -> MutationOutcome[SubmitResult]:
+    ) -> Deduplicated[SubmitResult]:
         """Apply ``decide(draft, bound view)`` to the locked generation.
 
         ``Accepted`` inserts (or, binding a contract, replaces) the entry; a ``Rejected``
@@ -410,7 +431,7 @@ class CatalogRepository:
                 return SubmitResult(decision, record)
             return SubmitResult(decision, await must_read_generation(conn, scope, generation_id))
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def seal_generation(
         self,
@@ -419,7 +440,7 @@ class CatalogRepository:
         decide: Callable[[GenerationDraft], SealDecision],
         key: RequestKey,
         encode: Encoder[SealResult],
-    ) -> MutationOutcome[SealResult]:
+    ) -> Deduplicated[SealResult]:
         """Apply ``decide(draft)``; a fresh ``Sealed`` stores SEALED, digest and seal time.
 
         Raises:
@@ -445,7 +466,7 @@ class CatalogRepository:
             )
             return SealResult(decision, await must_read_generation(conn, scope, generation_id))
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def get_generation(
         self, scope: RuntimeWorkScope, generation_id: str
@@ -464,7 +485,7 @@ class CatalogRepository:
         check: Callable[[GenerationRecord], None],
         key: RequestKey,
         encode: Encoder[bool],
-    ) -> MutationOutcome[bool]:
+    ) -> Deduplicated[bool]:
         """Delete an unreferenced generation; ``False`` when already absent.
 
         ``check`` vets the locked generation (e.g. its catalog digest) and raises to refuse.
@@ -474,38 +495,41 @@ class CatalogRepository:
         """
 
         async def work(conn: AsyncConnection) -> bool:
-            g = t.capability_catalog_generations
-            locked = (
-                await conn.execute(
-                    select(g.c.state_version)
-                    .where(*generation_where(g, scope, generation_id))
-                    .with_for_update()
-                )
-            ).first()
-            if locked is None:
+            record = await read_generation(conn, scope, generation_id, for_update=True)
+            if record is None:
                 return False
-            record = await must_read_generation(conn, scope, generation_id)
             check(record)
             now = await db_now(conn)
-            r = t.catalog_references
+            g, r = t.capability_catalog_generations, t.catalog_references
             referent = [
                 *scope_where(r, scope),
                 r.c.referent_kind == ReferentKind.CATALOG_GENERATION.value,
                 r.c.referent_id == generation_id,
             ]
-            held = await holders(conn, [*referent, live(now)])
-            if held:
-                raise referenced("catalog generation", held)
-            # Children first (foreign keys), then the generation; expired references go too.
+            await self._refuse_if_held(conn, [*referent, live(now)], None)
+            # Children first (foreign keys); expired references go too; live ones never.
             for child in (t.handler_availability, t.capability_catalog_entries):
                 await conn.execute(
                     delete(child).where(*generation_where(child, scope, generation_id))
                 )
-            await conn.execute(delete(r).where(*referent))
-            await conn.execute(delete(g).where(*generation_where(g, scope, generation_id)))
+            await conn.execute(delete(r).where(*referent, ~live(now)))
+            # The delete itself decides: at the version checked (a reference registered
+            # since advanced it) and only while no live reference exists (row count 1).
+            result = await conn.execute(
+                delete(g).where(
+                    *generation_where(g, scope, generation_id),
+                    g.c.state_version == record.state_version,
+                    ~exists().where(*referent, live(now)),
+                )
+            )
+            if result.rowcount != 1:
+                await self._refuse_if_held(conn, [*referent, live(now)], None)
+                raise FenceLostError(
+                    "capability_catalog_generations", generation_id, record.state_version, None
+                )
             return True
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     # -- retention references ----------------------------------------------------------
 
@@ -517,19 +541,20 @@ class CatalogRepository:
         catalog_digest: str | None,
         key: RequestKey,
         encode: Encoder[ReferenceRecord],
-    ) -> MutationOutcome[ReferenceRecord]:
+    ) -> Deduplicated[ReferenceRecord]:
         """Register a reference (idempotent on its identity; a repeat returns the stored one).
 
         The referent must exist in the scope: a SEALED generation with ``catalog_digest``,
-        or a view published by the scope's installation. It is locked, so a concurrent
-        delete either sees this reference or wins before it.
+        or a view published by the scope's installation. Its fence version advances in
+        this transaction (a conditional UPDATE, row count 1), so a concurrent delete either
+        sees this reference or fails its own conditional delete.
 
         Raises:
             NotFoundError: no such referent in the scope.
         """
 
         async def work(conn: AsyncConnection) -> ReferenceRecord:
-            await lock_referent(conn, scope, identity, catalog_digest)
+            await fence_referent(conn, scope, identity, catalog_digest)
             r = t.catalog_references
             await insert_if_absent(
                 conn,
@@ -547,7 +572,7 @@ class CatalogRepository:
             row = (await conn.execute(select(r).where(*reference_where(scope, identity)))).one()
             return ReferenceRecord(identity, catalog_digest, row.expires_at, row.created_at)
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def release_reference(
         self,
@@ -555,7 +580,7 @@ class CatalogRepository:
         identity: ReferenceIdentity,
         key: RequestKey,
         encode: Encoder[bool],
-    ) -> MutationOutcome[bool]:
+    ) -> Deduplicated[bool]:
         """Release a reference; ``False`` when it was already absent."""
 
         async def work(conn: AsyncConnection) -> bool:
@@ -564,7 +589,7 @@ class CatalogRepository:
             )
             return bool(result.rowcount)
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     # -- runtime handler availability --------------------------------------------------
 
@@ -576,7 +601,7 @@ class CatalogRepository:
         tuples: Sequence[RuntimeHandlerTuple],
         key: RequestKey,
         encode: Encoder[int],
-    ) -> MutationOutcome[int]:
+    ) -> Deduplicated[int]:
         """Replace the release's publication within ``scope`` by ``tuples``.
 
         Raises:
@@ -622,7 +647,7 @@ class CatalogRepository:
                 )
             return len(tuples)
 
-        return await run_mutation(self._engine, scope.org_id, key, work, encode)
+        return await self._ledger.execute(self._engine, key, work, encode)
 
     async def verification_inputs(
         self, scope: RuntimeWorkScope, release_id: str, generation_ids: Sequence[str]

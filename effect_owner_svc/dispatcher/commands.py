@@ -25,7 +25,6 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Sequence
 from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -52,10 +51,10 @@ from effect_owner_svc.providers.base import (
     ProviderOutcomeKind,
 )
 from effect_owner_svc.providers.factory import ProviderSet
+from services.background import BackgroundLoop
 from services.db import db_now, run_in_transaction
 from services.errors import FenceLostError
 from services.faults import CrashPoint, crash_point
-from services.polling import LoopTask
 
 __all__ = ["CommandDispatcher"]
 
@@ -226,10 +225,10 @@ class CommandDispatcher:
             crash_point(CrashPoint.AFTER_RECEIPT_COMMIT, command.effect_owner_kind)
         return None
 
-    def loop_tasks(self, name: str = "effect-commands") -> Sequence[LoopTask]:
-        """The dispatch loop as a :class:`LoopTask`."""
+    def loops(self, name: str = "effect-commands") -> list[BackgroundLoop]:
+        """The dispatch loop (``services.background``)."""
 
         async def body() -> bool:
             return await self.run_once() > 0
 
-        return [LoopTask(name, body, self._idle_s)]
+        return [BackgroundLoop(name, idle_s=self._idle_s, body=body)]

@@ -15,10 +15,12 @@ to the compiler's document, which lacks the write rules — required, max length
 picklists, precision, read-only — so this module reads the view proto itself, with the
 same scoped credentials.)
 
-**Request ids.** Mutating requests carry ``request_id`` (required). The engine stores it
-with the mutation's business event, so a retry of an applied request returns the
-record's *current* state without applying the mutation again, and a reuse of the id with
-another body fails ``INVALID_ARGUMENT`` (dedupe scope: trusted org, RPC, request id).
+**Request ids.** Mutating requests carry ``request_id`` (required). The response is
+recorded with it in the record transaction (``RecordEngine.mutate_once``,
+``services.request_dedupe``), keyed by the caller's complete trusted scope: a retry of an
+applied request replays the *original* response (the record as that write left it, and
+the runs it started) without touching the record, a reuse of the id with another body
+fails ``INVALID_ARGUMENT``. The ledger is read inside the one record transaction.
 
 **After-save triggers** (issue 5, "Starting runs"). The view source also returns the
 request-bound binding (:class:`~runtime_svc.definitions.RequestBoundView`). When that view
@@ -27,9 +29,9 @@ plans *before* the record transaction
 (:func:`~runtime_svc.runs.select_after_save_plans`; a refusal fails the request before
 anything is written) and accepts their runs *inside* it, after the business rows
 (:func:`~runtime_svc.runs.admit_after_save_runs_txn` through
-``RecordEngine.mutate(on_applied=…)``). Run keys derive from the mutation, so a replayed
-request returns the runs its first attempt started. A write the view subscribes nothing
-to skips admission entirely: no query beyond the record transaction itself.
+``RecordEngine.mutate_once(on_applied=…)``). Run keys derive from the mutation; a retried
+request replays the run ids of its first application from the ledger. A write the view
+subscribes nothing to skips admission entirely: no query beyond the record transaction.
 
 **Before-save triggers** (issue 6). When the view subscribes a before-save Flow to the
 write's object and event, the record engine runs
@@ -83,7 +85,6 @@ from runtime_svc.records import (
     RecordMutation,
     RecordState,
     RecordView,
-    RequestRef,
     prepare_create,
     prepare_delete,
     prepare_update,
@@ -93,11 +94,11 @@ from runtime_svc.records.view import IMPLICIT_ID_FIELD
 from runtime_svc.runs.after_save import admit_after_save_runs_txn, select_after_save_plans
 from services.auth import TrustedRuntimeWorkScope, bearer_metadata, current_identity
 from services.config import ServiceConfig
-from services.digest import versioned_digest
 from services.errors import FailedPreconditionError, FlowError, InvalidArgumentError
 from services.grpc_server import ServiceRegistration
 from services.proto import catalog_v1, common_v1, runtime_v1
 from services.remote_errors import remote_error
+from services.request_dedupe import DedupeScope, RequestKey
 
 __all__ = [
     "SERVICE_NAME",
@@ -449,22 +450,12 @@ def _fields(request: Any) -> dict[str, Any]:
     return value
 
 
-def _request_ref(rpc: str, request: Any) -> RequestRef:
-    request_id: str = request.request_id
-    if not request_id:
-        raise InvalidArgumentError("request_id is required", field_path="request_id")
-    if len(request_id) > 200:
-        raise InvalidArgumentError("request_id is too long", field_path="request_id")
-    body = type(request)()
-    body.CopyFrom(request)
-    body.request_id = ""
-    # The body as the caller sent it (an empty record_id stays empty), so a retry of a
-    # create with a server-generated id matches its first attempt.
-    digest = versioned_digest(
-        "record-request",
-        {"rpc": rpc, "body": json_format.MessageToDict(body, preserving_proto_field_name=True)},
-    )
-    return RequestRef(rpc, request_id, digest)
+def _request_key(rpc: str, request: Any) -> RequestKey:
+    """The dedupe key: the caller's complete trusted scope, the RPC and ``request_id``
+    (required, at most 200 characters). The body is digested as the caller sent it (an
+    empty ``record_id`` stays empty), so a retry of a create with a server-generated id
+    matches its first attempt."""
+    return RequestKey.of(DedupeScope.of_identity(current_identity()), rpc, request)
 
 
 def _require(value: str, field_path: str) -> str:
@@ -531,101 +522,118 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
 
         return transform
 
-    async def _mutate(
+    async def _write(
         self,
-        ctx: _WriteContext,
-        mutation: RecordMutation,
-        ref: RequestRef,
-        on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
-    ) -> MutationResult:
-        """One record transaction: before-save Flows, the write, ``on_applied``."""
+        rpc: str,
+        request: Any,
+        prepare: Callable[[RecordView], RecordMutation],
+        respond: Callable[[MutationResult, list[str]], Any],
+    ) -> bytes:
+        """One deduplicated record write: admit after-save plans, then — in one
+        transaction — replay the original response of a retried request, or run the
+        before-save Flows, mutate, accept the after-save runs and record the response."""
+        key = _request_key(rpc, request)
+        # The ledger is read inside the record transaction (one transaction per write, the
+        # before-save hot path); a retry's view comes from the cache.
+        ctx = await self._context()
+        mutation = prepare(ctx.view)
+        event = mutation.kind.value
+        run_ids: list[str] = []
+        admit: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None
+        if ctx.bound.subscribes_after_save(mutation.object_name, event):
+            selection: TriggerSelection = await select_after_save_plans(
+                self._db, ctx.scope, mutation.object_name, event, ctx.bound.request
+            )
+            if selection.plans:
+
+                async def admit(conn: AsyncConnection, applied: MutationResult) -> None:
+                    ids = await admit_after_save_runs_txn(
+                        conn, self._runs, ctx.scope, selection, applied, event=event
+                    )
+                    # Replaced, not extended: a whole-transaction retry runs this again.
+                    run_ids[:] = ids
+
+        def encode(result: MutationResult) -> bytes:
+            data: bytes = respond(result, list(run_ids)).SerializeToString(deterministic=True)
+            return data
+
         try:
-            return await self._engine.mutate(
+            done = await self._engine.mutate_once(
                 ctx.org,
                 ctx.view,
                 mutation,
                 actor=ctx.actor,
-                request=ref,
-                on_applied=on_applied,
+                key=key,
+                encode=encode,
+                on_applied=admit,
                 transform=self._before_save(ctx, mutation),
             )
         except BeforeSaveFailedError as exc:
             # Rolled back: nothing was written. The evidence is the engine's audit row.
             await record_failure(self._db, exc.evidence, ctx.actor)
             raise
-
-    async def _write(
-        self, ctx: _WriteContext, mutation: RecordMutation, ref: RequestRef
-    ) -> tuple[MutationResult, list[str]]:
-        """Admit after-save plans, then run before-save Flows, mutate and accept the
-        after-save runs, all in one transaction."""
-        event = mutation.kind.value
-        if not ctx.bound.subscribes_after_save(mutation.object_name, event):
-            # Nothing to admit after save: no query beyond the record transaction.
-            return await self._mutate(ctx, mutation, ref), []
-        selection: TriggerSelection = await select_after_save_plans(
-            self._db, ctx.scope, mutation.object_name, event, ctx.bound.request
-        )
-        if not selection.plans:
-            return await self._mutate(ctx, mutation, ref), []
-        run_ids: list[str] = []
-
-        async def admit(conn: AsyncConnection, applied: MutationResult) -> None:
-            ids = await admit_after_save_runs_txn(
-                conn, self._runs, ctx.scope, selection, applied, event=event
-            )
-            # Replaced, not extended: a whole-transaction retry runs this again.
-            run_ids[:] = ids
-
-        result = await self._mutate(ctx, mutation, ref, admit)
-        return result, list(run_ids)
+        if done.response is None:  # pragma: no cover - the encoder always answers
+            raise FailedPreconditionError("the write produced no response", reason="internal")
+        return done.response
 
     async def CreateRecord(self, request: Any, context: Context) -> Any:
         """Validate against the scope's view and create the record at version 1."""
-        ref = _request_ref("CreateRecord", request)
-        ctx = await self._context()
-        mutation = prepare_create(
-            ctx.view,
-            request.object_api_name,
-            request.record_id,
-            _fields(request),
-            [
-                ParentRef(p.relationship_name, p.parent_object_api_name, p.parent_record_id)
-                for p in request.parent_refs
-            ],
-        )
-        result, run_ids = await self._write(ctx, mutation, ref)
-        return runtime_v1.CreateRecordResponse(
-            record=_record(result), triggered_flow_run_ids=run_ids
-        )
+
+        def prepare(view: RecordView) -> RecordMutation:
+            return prepare_create(
+                view,
+                request.object_api_name,
+                request.record_id,
+                _fields(request),
+                [
+                    ParentRef(p.relationship_name, p.parent_object_api_name, p.parent_record_id)
+                    for p in request.parent_refs
+                ],
+            )
+
+        def respond(result: MutationResult, run_ids: list[str]) -> Any:
+            return runtime_v1.CreateRecordResponse(
+                record=_record(result), triggered_flow_run_ids=run_ids
+            )
+
+        data = await self._write("CreateRecord", request, prepare, respond)
+        return runtime_v1.CreateRecordResponse.FromString(data)
 
     async def UpdateRecord(self, request: Any, context: Context) -> Any:
         """Compare-and-swap on ``expected_version``; a mismatch fails ``ABORTED``."""
-        ref = _request_ref("UpdateRecord", request)
-        ctx = await self._context()
-        mutation = prepare_update(
-            ctx.view,
-            request.object_api_name,
-            request.record_id,
-            request.expected_version,
-            _fields(request),
-        )
-        result, run_ids = await self._write(ctx, mutation, ref)
-        return runtime_v1.UpdateRecordResponse(
-            record=_record(result), triggered_flow_run_ids=run_ids
-        )
+
+        def prepare(view: RecordView) -> RecordMutation:
+            return prepare_update(
+                view,
+                request.object_api_name,
+                request.record_id,
+                request.expected_version,
+                _fields(request),
+            )
+
+        def respond(result: MutationResult, run_ids: list[str]) -> Any:
+            return runtime_v1.UpdateRecordResponse(
+                record=_record(result), triggered_flow_run_ids=run_ids
+            )
+
+        data = await self._write("UpdateRecord", request, prepare, respond)
+        return runtime_v1.UpdateRecordResponse.FromString(data)
 
     async def DeleteRecord(self, request: Any, context: Context) -> Any:
         """Soft delete with compare-and-swap; the response carries ``is_deleted`` true."""
-        ref = _request_ref("DeleteRecord", request)
-        ctx = await self._context()
-        mutation = prepare_delete(
-            ctx.view, request.object_api_name, request.record_id, request.expected_version
-        )
-        result, run_ids = await self._write(ctx, mutation, ref)
-        return runtime_v1.DeleteRecordResponse(
-            record=_record(result), triggered_flow_run_ids=run_ids
-        )
+
+        def prepare(view: RecordView) -> RecordMutation:
+            return prepare_delete(
+                view, request.object_api_name, request.record_id, request.expected_version
+            )
+
+        def respond(result: MutationResult, run_ids: list[str]) -> Any:
+            return runtime_v1.DeleteRecordResponse(
+                record=_record(result), triggered_flow_run_ids=run_ids
+            )
+
+        data = await self._write("DeleteRecord", request, prepare, respond)
+        return runtime_v1.DeleteRecordResponse.FromString(data)
 
     async def GetRecord(self, request: Any, context: Context) -> Any:
         """A live record of the caller's org; deleted or other-org records are NOT_FOUND."""

@@ -32,7 +32,7 @@ from runtime_svc.atomic import AtomicRunner
 from runtime_svc.catalog_client import ScopedCredentials, catalog_channel
 from runtime_svc.kernel import FlowRunStateStore
 from runtime_svc.records.engine import ChangeSink
-from runtime_svc.runs import PageTokenCodec, RunService
+from runtime_svc.runs import PageTokenCodec, RunService, RunView, StartOutcome
 from runtime_svc.worker.settings import WorkerSettings
 from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import current_identity
@@ -41,6 +41,7 @@ from services.errors import InvalidArgumentError
 from services.grpc_server import ServiceRegistration
 from services.paging import DEFAULT_CLIENT_MAX_BYTES, fit_page, response_budget
 from services.proto import runtime_v1
+from services.request_dedupe import DedupeScope, RequestKey
 
 __all__ = ["SERVICE_NAME", "FlowRunServicer", "build_run_service", "page_token_secret"]
 
@@ -56,8 +57,57 @@ def _require(request: Any, name: str) -> str:
     return value
 
 
+def _request_key(rpc: str, request: Any) -> RequestKey:
+    """The dedupe key: the caller's complete trusted scope, the RPC and ``request_id``."""
+    return RequestKey.of(DedupeScope.of_identity(current_identity()), rpc, request)
+
+
+def _expected_version(request: Any) -> int | None:
+    """The expected root version of a delete/cancel: the presence-aware
+    ``expected_state_version_value`` (which can expect 0), else the legacy field (0 = no
+    expectation)."""
+    legacy = int(request.expected_state_version) or None
+    if not request.HasField("expected_state_version_value"):
+        return legacy
+    value = int(request.expected_state_version_value.value)
+    if legacy is not None and legacy != value:
+        raise InvalidArgumentError(
+            "expected_state_version and expected_state_version_value disagree",
+            reason="inconsistent",
+            field_path="expected_state_version_value",
+        )
+    return value
+
+
+def _encode_view(cls: Any) -> Any:
+    def encode(view: RunView) -> bytes:
+        data: bytes = cls(run=run_proto(view)).SerializeToString(deterministic=True)
+        return data
+
+    return encode
+
+
+class _StartResponses:
+    """:class:`~runtime_svc.runs.service.StartResponder` over ``StartRunResponse``."""
+
+    def encode(self, outcome: StartOutcome) -> bytes:
+        return runtime_v1.StartRunResponse(
+            run=run_proto(outcome.view),
+            completed=outcome.completed,
+            existing_run=outcome.existing_run,
+        ).SerializeToString(deterministic=True)
+
+    def accepted(self, response: bytes) -> tuple[str, bool]:
+        msg = runtime_v1.StartRunResponse.FromString(response)
+        return msg.run.flow_run_id, msg.existing_run
+
+
 class FlowRunServicer(runtime_v1.FlowRunServiceServicer):
-    """Start, read, list, support-read, delete and cancel Flow runs (§10.1, §18, §19)."""
+    """Start, read, list, support-read, delete and cancel Flow runs (§10.1, §18, §19).
+
+    Mutating RPCs are deduplicated on ``request_id`` (``services.request_dedupe``): a
+    retry gets the original response bytes, a reuse with another body is refused.
+    """
 
     def __init__(
         self, service: RunService, *, max_response_bytes: int = DEFAULT_CLIENT_MAX_BYTES
@@ -66,20 +116,18 @@ class FlowRunServicer(runtime_v1.FlowRunServiceServicer):
         self._max_response = max_response_bytes
 
     async def StartRun(self, request: Any, context: Context) -> Any:
-        _require(request, "request_id")
+        key = _request_key("StartRun", request)
         scope = current_identity().require_work_scope()
-        outcome = await self._svc.start_run(
+        data = await self._svc.start_run_once(
             scope,
+            key,
+            _StartResponses(),
             target_from_request(request),
             input_variables_from_request(request),
             idempotency_key=request.idempotency_key,
             wait_budget_s=wait_budget_seconds(request),
         )
-        return runtime_v1.StartRunResponse(
-            run=run_proto(outcome.view),
-            completed=outcome.completed,
-            existing_run=outcome.existing_run,
-        )
+        return runtime_v1.StartRunResponse.FromString(data)
 
     async def GetRun(self, request: Any, context: Context) -> Any:
         run_id = _require(request, "flow_run_id")
@@ -110,20 +158,28 @@ class FlowRunServicer(runtime_v1.FlowRunServiceServicer):
         )
 
     async def DeleteRun(self, request: Any, context: Context) -> Any:
-        _require(request, "request_id")
+        key = _request_key("DeleteRun", request)
         run_id = _require(request, "flow_run_id")
-        view = await self._svc.delete_run(
-            current_identity(), run_id, expected_state_version=request.expected_state_version
+        data = await self._svc.delete_run_once(
+            current_identity(),
+            run_id,
+            key,
+            _encode_view(runtime_v1.DeleteRunResponse),
+            expected_state_version=_expected_version(request),
         )
-        return runtime_v1.DeleteRunResponse(run=run_proto(view))
+        return runtime_v1.DeleteRunResponse.FromString(data)
 
     async def CancelRun(self, request: Any, context: Context) -> Any:
-        _require(request, "request_id")
+        key = _request_key("CancelRun", request)
         run_id = _require(request, "flow_run_id")
-        view = await self._svc.cancel_run(
-            current_identity(), run_id, expected_state_version=request.expected_state_version
+        data = await self._svc.cancel_run_once(
+            current_identity(),
+            run_id,
+            key,
+            _encode_view(runtime_v1.CancelRunResponse),
+            expected_state_version=_expected_version(request),
         )
-        return runtime_v1.CancelRunResponse(run=run_proto(view))
+        return runtime_v1.CancelRunResponse.FromString(data)
 
 
 def page_token_secret(cfg: ServiceConfig) -> bytes:
@@ -161,7 +217,7 @@ async def build_run_service(
             ``False`` leaves them to the workers (tests of the accept path only).
         changes: the record-change wake-signal producer of Bounded Atomic writes.
     """
-    settings = WorkerSettings.from_env()
+    settings = WorkerSettings.from_config(cfg)
     store = store or FlowRunStateStore(engine, policy=settings.retry_policy())
     if views is None and synchronous_atomic:
         if settings.view_file:

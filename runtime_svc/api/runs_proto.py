@@ -20,9 +20,9 @@ from google.protobuf.struct_pb2 import Struct
 from runtime_svc.api.definitions_proto import plan_proto, profile_proto, timestamp
 from runtime_svc.api.signals import dependency_proto
 from runtime_svc.compiler.kinds import QueueClass, StepKind
-from runtime_svc.kernel import CompatibilityStatus, RunState
+from runtime_svc.kernel import CompatibilityStatus, RunFilters, RunState
 from runtime_svc.kernel.model import AttemptRecord, CheckpointMeta, StepRecord
-from runtime_svc.runs import ListFilters, RunSupport, RunView, caller_key
+from runtime_svc.runs import RunSupport, RunView, caller_key
 from runtime_svc.runs.resolve import FlowTarget
 from services.errors import InvalidArgumentError
 from services.json_limits import MAX_JSON_DEPTH, JsonLimitError, loads_bounded
@@ -263,7 +263,7 @@ def wait_budget_seconds(request: Any) -> float:
     return seconds
 
 
-def list_filters_from_request(request: Any) -> ListFilters:
+def list_filters_from_request(request: Any) -> RunFilters:
     """``ListRunsRequest`` filters.
 
     Raises:
@@ -276,7 +276,7 @@ def list_filters_from_request(request: Any) -> ListFilters:
                 "runtime_states must not contain UNSPECIFIED", field_path="runtime_states"
             )
         states.append(RunState(value))
-    return ListFilters(
+    return RunFilters(
         flow_api_name=request.flow_api_name or None,
         flow_version_id=request.flow_version_id or None,
         plan_id=request.plan_id or None,

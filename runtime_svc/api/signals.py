@@ -5,8 +5,10 @@ The producer's trusted work scope is the credential's complete scope, checked ag
 its persisted binding (the catalog's ``GetWorkBinding``, through the same view source the
 record service uses) — never a body field: the auth interceptor already refused a body
 ``scope`` that disagrees. ``SubmitWakeSignal`` also needs the role
-``flow.signals.submit``. A signal of another scope answers ``NOT_FOUND`` exactly like a
-missing one. Servicer methods are thin: decode → service → encode.
+``flow.signals.submit``; a retry with the same ``request_id`` replays the original answer
+(``services.request_dedupe``, keyed by the complete scope). A signal of another scope
+answers ``NOT_FOUND`` exactly like a missing one. Servicer methods are thin: decode →
+service → encode.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from runtime_svc.kernel.wait_model import (
 )
 from runtime_svc.waits.evidence import SignalSubmission
 from runtime_svc.waits.registry import SIGNAL_SUBMIT_ROLE
-from runtime_svc.waits.signals import SignalService
+from runtime_svc.waits.signals import SignalService, SubmitOutcome
 from runtime_svc.waits.support import DependencySupport
 from services.auth import TrustedRuntimeWorkScope, current_identity
 from services.errors import InvalidArgumentError, PermissionDeniedError
 from services.grpc_server import ServiceRegistration
 from services.proto import common_v1, runtime_v1
+from services.request_dedupe import DedupeScope, RequestKey
 
 __all__ = [
     "SERVICE_NAME",
@@ -122,6 +125,13 @@ def dependency_proto(support: DependencySupport) -> Any:
     )
 
 
+def _submit_response(outcome: SubmitOutcome) -> bytes:
+    msg = runtime_v1.SubmitWakeSignalResponse(
+        signal=signal_proto(outcome.signal), duplicate=outcome.duplicate, stale=outcome.stale
+    )
+    return bytes(msg.SerializeToString(deterministic=True))
+
+
 def _scope(scope: TrustedRuntimeWorkScope) -> WorkScopeKey:
     return WorkScopeKey(
         scope.org_id,
@@ -151,9 +161,9 @@ class WakeSignalServicer(runtime_v1.WakeSignalServiceServicer):
         return _scope(scope)
 
     async def SubmitWakeSignal(self, request: Any, context: Context) -> Any:
-        if not request.request_id:
-            raise InvalidArgumentError("request_id is required", field_path="request_id")
         identity = current_identity()
+        # Validates request_id; the dedupe scope is the credential's complete scope.
+        key = RequestKey.of(DedupeScope.of_identity(identity), "SubmitWakeSignal", request)
         if SIGNAL_SUBMIT_ROLE not in identity.roles:
             raise PermissionDeniedError(
                 f"the workload credential may not submit wake signals "
@@ -161,7 +171,7 @@ class WakeSignalServicer(runtime_v1.WakeSignalServiceServicer):
                 reason="role_missing",
             )
         scope = await self._trusted_scope()
-        outcome = await self._svc.submit(
+        data = await self._svc.submit_once(
             scope,
             SignalSubmission(
                 producer_kind=request.producer_kind,
@@ -172,12 +182,10 @@ class WakeSignalServicer(runtime_v1.WakeSignalServiceServicer):
                 evidence_reference=request.evidence_reference,
                 evidence_json=request.evidence_json,
             ),
+            key,
+            _submit_response,
         )
-        return runtime_v1.SubmitWakeSignalResponse(
-            signal=signal_proto(outcome.signal),
-            duplicate=outcome.duplicate,
-            stale=outcome.stale,
-        )
+        return runtime_v1.SubmitWakeSignalResponse.FromString(data)
 
     async def GetWakeSignal(self, request: Any, context: Context) -> Any:
         scope = await self._trusted_scope()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter, deque
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -60,6 +61,8 @@ class AtomicRunner:
         views: record views by work scope.
         owner: lease-owner name of this process's synchronous executor.
         hook: test seam passed to the step worker.
+        max_recent: how many of the latest attempt outcomes :attr:`outcomes` keeps (a
+            long-lived process runs millions of attempts; the counts are kept in full).
         changes: the record-change wake-signal producer of the run's record writes.
     """
 
@@ -71,6 +74,7 @@ class AtomicRunner:
         *,
         owner: str = "atomic",
         hook: PhaseHook | None = None,
+        max_recent: int = 1000,
         changes: ChangeSink | None = None,
     ) -> None:
         self.store = store
@@ -83,8 +87,18 @@ class AtomicRunner:
             hook=hook,
             changes=changes,
         )
-        #: Outcomes of every processed attempt, in order (test and metrics evidence).
-        self.outcomes: list[Outcome] = []
+        self._recent: deque[Outcome] = deque(maxlen=max_recent)
+        #: How many attempts ended with each outcome (metrics evidence).
+        self.counts: Counter[Outcome] = Counter()
+
+    @property
+    def outcomes(self) -> list[Outcome]:
+        """The latest ``max_recent`` attempt outcomes, oldest first (test evidence)."""
+        return list(self._recent)
+
+    def _record(self, outcome: Outcome) -> None:
+        self._recent.append(outcome)
+        self.counts[outcome] += 1
 
     async def run(self, org_id: str, flow_run_id: str, budget_s: float) -> RunRecord:
         """Drive the run until it is terminal or ``budget_s`` is spent; returns its
@@ -94,7 +108,7 @@ class AtomicRunner:
             candidate = await self.store.candidate_for_run(org_id, flow_run_id)
             if candidate is not None and candidate.queue_class == ATOMIC_QUEUE:
                 outcome = await self._worker.process(org_id, candidate)
-                self.outcomes.append(outcome)
+                self._record(outcome)
                 if outcome in _SETTLED or time.monotonic() >= deadline:
                     return await self._state(org_id, flow_run_id)
                 continue

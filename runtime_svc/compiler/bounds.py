@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from services.invariants import InvariantError
+
 from .expressions import Ref
 from .graph import FlowGraph
 from .inputs import MetadataViewInput
@@ -143,7 +145,8 @@ def collection_bounds(
         changed = False
         for name, ws in writers.items():
             var = flow.variable(name)
-            assert var is not None
+            if var is None:
+                raise InvariantError(f"writer of an undeclared variable {name!r}")
             if var.max_items is not None:
                 new = Bound(var.max_items, "declared", f"variable {name} max_items {var.max_items}")
             elif not ws:
@@ -200,7 +203,8 @@ def loop_proofs(
     out: dict[str, Bound] = {}
     for lid in graph.loops:
         node = graph.nodes[lid]
-        assert isinstance(node.element, Loop) and node.flow is not None
+        if not isinstance(node.element, Loop) or node.flow is None:
+            raise InvariantError("a loop node without its Loop element or Flow")
         key = id(node.flow)
         if key not in cache:
             cache[key] = collection_bounds(node.flow, view, children)

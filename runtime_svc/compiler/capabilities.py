@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from services.invariants import InvariantError
+
 from .bounds import Bound, add, collection_bounds, mul, query_bound
 from .catalog_inputs import (
     CapabilityEntryView,
@@ -107,9 +109,11 @@ def _record_resources(
 
 def _mutation(node: Node, view: MetadataViewInput, coll: Mapping[str, Bound]) -> NodeCaps:
     el = node.element
-    assert isinstance(el, CreateRecord | UpdateRecord | DeleteRecord)
+    if not isinstance(el, CreateRecord | UpdateRecord | DeleteRecord):
+        raise InvariantError("a mutation node without a record element")
     flow = node.flow
-    assert flow is not None
+    if flow is None:
+        raise InvariantError("a mutation node outside any Flow")
     base = NodeCaps(
         execution_class=ExecutionClass.RECORD_MUTATION,
         transaction_policy=TransactionPolicy.PROFILE_DEPENDENT,
@@ -186,7 +190,8 @@ def _action(node: Node, entry: CapabilityEntryView, view: MetadataViewInput) -> 
         fan, src = None, "fan-out unknown"
     reads = fan if d.execution_class is ExecutionClass.RECORD_READ else 0
     writes = fan if d.execution_class is ExecutionClass.RECORD_MUTATION else 0
-    assert isinstance(node.element, ActionCall)
+    if not isinstance(node.element, ActionCall):
+        raise InvariantError("an action node without its ActionCall")
     resources = tuple(
         sorted(
             ResourceDecl(rc, obj, None, f"action:{entry.action_type}", fan)

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from services.invariants import InvariantError
+
 from .bounds import loop_proofs, multiplicities, to_proofs
 from .capabilities import annotate, summarize
 from .catalog_inputs import CapabilityEntryView
@@ -183,7 +185,8 @@ class _Compiler:
         # Step 3: control-flow graph with subflows inlined; cycles rejected.
         graph = build_graph(flow, children, sink)
         sink.raise_if_errors()
-        assert graph is not None
+        if graph is None:
+            raise InvariantError("no control-flow graph and no compile error")
         # Steps 5-7: capabilities, transitive propagation, loop and fan-out bounds.
         view = self.inputs.metadata_view
         loops = loop_proofs(graph, view, children)
@@ -198,7 +201,8 @@ class _Compiler:
         # Steps 10-11: profile selection; unsafe explicit requests rejected.
         profile = select_profile(flow, graph, caps, loops, summary, self.inputs.policy, sink)
         sink.raise_if_errors()
-        assert profile is not None
+        if profile is None:
+            raise InvariantError("no profile and no compile error")
         # Steps 8-9, 12: steps, boundaries, keys, resources, checkpoints, dependencies.
         acc = access(graph)
         ctx = StepContext(

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from services.invariants import InvariantError
+
 from .expressions import Expr, references
 from .graph import FlowGraph, Node, NodeKind
 from .language import (
@@ -64,7 +66,8 @@ def _node_access(node: Node) -> Access:
     if el is None:
         return Access(frozenset(), frozenset())
     if node.kind is NodeKind.RETURN:
-        assert isinstance(el, Subflow)
+        if not isinstance(el, Subflow):
+            raise InvariantError("a RETURN node without its Subflow")
         child = f"{p}{el.api_name}/"
         return Access(
             frozenset(child + c for _, c in el.outputs),

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 
+from services.invariants import InvariantError
+
 __all__ = [
     "FUNCTIONS",
     "KEYWORDS",
@@ -346,7 +348,8 @@ class _Parser:
         if tok.kind is _T.NUMBER:
             return _number(tok.text)
         if tok.kind is _T.STRING:
-            assert tok.value is not None
+            if tok.value is None:
+                raise InvariantError("a string token without its value")
             return Literal(LiteralKind.STRING, tok.value)
         if tok.kind is _T.OP:
             if tok.text == "(":
@@ -424,7 +427,8 @@ def _number(text: str) -> Literal:
 def _negate(operand: Expr) -> Expr:
     # Fold "-<number>" into a literal so "-1" and "- 1" share one canonical form.
     if isinstance(operand, Literal) and operand.kind is LiteralKind.NUMBER:
-        assert isinstance(operand.value, int | Decimal) and not isinstance(operand.value, bool)
+        if not isinstance(operand.value, int | Decimal) or isinstance(operand.value, bool):
+            raise InvariantError("a number literal without a numeric value")
         return Literal(LiteralKind.NUMBER, -operand.value)
     return Unary("-", operand)
 
@@ -493,9 +497,11 @@ def unparse(e: Expr) -> str:
         if e.kind is LiteralKind.BOOLEAN:
             return "true" if e.value else "false"
         if e.kind is LiteralKind.STRING:
-            assert isinstance(e.value, str)
+            if not isinstance(e.value, str):
+                raise InvariantError("a string literal without a string value")
             return _fmt_string(e.value)
-        assert isinstance(e.value, int | Decimal) and not isinstance(e.value, bool)
+        if not isinstance(e.value, int | Decimal) or isinstance(e.value, bool):
+            raise InvariantError("a number literal without a numeric value")
         return _fmt_number(e.value)
     if isinstance(e, Ref):
         return e.dotted()

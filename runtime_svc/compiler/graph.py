@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
+from services.invariants import InvariantError
+
 from .diagnostics import IssueSink, Severity
 from .kinds import EdgeKind
 from .language import (
@@ -91,7 +93,8 @@ class Node:
             return "End of run"
         if self.kind is NodeKind.FAILED:
             return "Terminal failure"
-        assert self.element is not None
+        if self.element is None:
+            raise InvariantError("an element node without its element")
         if self.kind is NodeKind.RETURN:
             return f"Subflow {self.element.api_name} (return)"
         return f"{self.element.type.value} {self.element.api_name}"

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.digest import versioned_digest
+from services.invariants import InvariantError
 
 from .bounds import mul
 from .capabilities import NodeCaps, summarize
@@ -227,7 +228,8 @@ def _condition_digest(
 
 def _wait_dependency(node: Node, fault_step: str | None) -> DependencyDecl:
     el = node.element
-    assert isinstance(el, Wait)
+    if not isinstance(el, Wait):
+        raise InvariantError("a wait dependency of a non-Wait element")
     w = el.wait
     obj: str | None = None
     if isinstance(w, TimeWait):
@@ -235,7 +237,8 @@ def _wait_dependency(node: Node, fault_step: str | None) -> DependencyDecl:
         if w.duration is not None:
             key = f"duration:{w.duration}"
         else:
-            assert w.until is not None
+            if w.until is None:
+                raise InvariantError("a time wait with neither duration nor until")
             key = f"until:{unparse(w.until)}"
     elif isinstance(w, RecordWait):
         producer, key, cond, obj = (
@@ -245,7 +248,8 @@ def _wait_dependency(node: Node, fault_step: str | None) -> DependencyDecl:
             w.object,
         )
     else:
-        assert isinstance(w, EventWait)
+        if not isinstance(w, EventWait):
+            raise InvariantError("a wait that is neither a time nor an event wait")
         producer, key = w.producer_kind, unparse(w.key)
         cond = None if w.condition is None else unparse(w.condition)
     return DependencyDecl(
@@ -323,7 +327,8 @@ def _durable(ctx: StepContext) -> tuple[tuple[PlanStep, ...], str]:
             else:
                 # A wait-class action: its owner resolves the dependency; without a
                 # declared deadline an unresolved one can only be quarantined.
-                assert c.entry is not None
+                if c.entry is None:
+                    raise InvariantError("a wait-class action without its catalog entry")
                 producer, key = f"action:{c.entry.action_type}", f"action:{head}"
                 dep = DependencyDecl(
                     producer_kind=producer,
@@ -365,7 +370,8 @@ def _effect_pair(
     checkpoint: CheckpointSchema | None,
 ) -> list[PlanStep]:
     c = ctx.caps[nid]
-    assert c.entry is not None
+    if c.entry is None:
+        raise InvariantError("an effect action without its catalog entry")
     submit, completion = f"{nid}#submit", f"{nid}#completion"
     owner = c.effect_owner
     effect = EffectDecl(

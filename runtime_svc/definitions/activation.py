@@ -96,7 +96,7 @@ class Activations(Db):
         compiler: PlanCompiler,
         policies: PolicyStore,
         flows: Callable[[str, str], Awaitable[repo.FlowVersionRow]],
-        plans: Callable[[str, str], Awaitable[PlanLookup]],
+        plans: Callable[[TrustedRuntimeWorkScope, str], Awaitable[PlanLookup]],
         *,
         producers: ProducerRegistry | None = None,
     ) -> None:
@@ -119,10 +119,12 @@ class Activations(Db):
         """Bind a Flow version to one compiled plan; supersede the Flow's previous binding.
 
         Raises:
-            NotFoundError: unknown Flow version or plan in the org.
-            FailedPreconditionError: the plan belongs to another version or scope, its
-                digest is not ``plan_digest``, or it is stale (the current policy or
-                compiler yields another plan: compile again).
+            NotFoundError: unknown Flow version in the org, or no such plan in the
+                complete work scope (a plan of another installation, capability or
+                binding answers exactly like a missing one, before any other check).
+            FailedPreconditionError: the plan belongs to another version, its digest is
+                not ``plan_digest``, or it is stale (the current policy or compiler yields
+                another plan: compile again).
             ActivationBlockedError: the re-compile was rejected (diagnostics stored).
         """
         if not plan_id:
@@ -130,7 +132,7 @@ class Activations(Db):
         if not plan_digest:
             raise InvalidArgumentError("plan_digest is required", field_path="plan_digest")
         flow = await self._flows(scope.org_id, flow_version_id)
-        view = await self._plans(scope.org_id, plan_id)
+        view = await self._plans(scope, plan_id)
         row = view.row
         if row.plan_id != plan_id:
             raise InvalidArgumentError("plan_id must be a plan id", field_path="plan_id")
@@ -143,11 +145,6 @@ class Activations(Db):
             raise FailedPreconditionError(
                 f"plan {plan_id} has digest {row.plan_digest}, not {plan_digest}",
                 reason="plan_digest_mismatch",
-            )
-        if row.scope != scope:
-            raise FailedPreconditionError(
-                f"plan {plan_id} is bound to another work scope; activate it under its binding",
-                reason="scope_mismatch",
             )
         if not view.plan.verify():
             raise FlowError(f"plan {plan_id} failed its digest check", reason="plan_integrity")
@@ -290,8 +287,17 @@ class Activations(Db):
         diagnostics: Sequence[DiagnosticValue],
     ) -> str:
         """Store a BLOCKED activation attempt with its diagnostics (no plan row)."""
-        # Keyed by the request id, so a retried request records one attempt.
-        seed = [scope.org_id, "activate", request_id or new_id("req"), flow.flow_version_id]
+        # Keyed by the request id within the complete work scope, so a retried request
+        # records one attempt and another installation's reuse of the id its own.
+        seed = [
+            scope.org_id,
+            scope.app_installation_id,
+            scope.runtime_capability_id,
+            scope.runtime_work_binding_digest,
+            "activate",
+            request_id or new_id("req"),
+            flow.flow_version_id,
+        ]
         attempt_id = "act_" + versioned_digest("activation-attempt", seed).rsplit(":", 1)[1][:32]
         entries = [d.to_dict() for d in diagnostics]
         body: dict[str, Any] = {

@@ -10,9 +10,9 @@ held across the network.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -37,17 +37,20 @@ from runtime_svc.definitions.inventory import (
 from runtime_svc.definitions.policy import PolicyGeneration
 from runtime_svc.definitions.policy_store import PolicyStore
 from runtime_svc.definitions.source import FlowSourceInfo, parse_source_json
-from runtime_svc.schema import LABEL_LEN, MAX_FLOW_SOURCE_BYTES
+from runtime_svc.schema import LABEL_LEN, MAX_FLOW_SOURCE_BYTES, runtime_requests
 from runtime_svc.waits.registry import ProducerRegistry
 from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now
 from services.digest import is_digest
 from services.errors import ConflictError, InvalidArgumentError, NotFoundError
+from services.request_dedupe import RequestKey, RequestLedger
 
 if TYPE_CHECKING:  # the catalog client imports this package (CatalogSnapshot)
     from runtime_svc.catalog_client import CatalogPort
 
 __all__ = ["CompileOutcome", "DefinitionService", "PlanView"]
+
+T = TypeVar("T")
 
 #: Default/maximum page sizes of ListFlowVersions and GetInventory.
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 50, 500
@@ -72,6 +75,19 @@ class PlanView:
     subflow_version_ids: Mapping[tuple[str, int], str]
 
 
+def _visible(row: repo.PlanRow, visible_to: Mapping[str, str | None] | None) -> bool:
+    """Whether every scope component the caller carries equals the plan's."""
+    if visible_to is None:
+        return True
+    plan_scope = {
+        "org_id": row.scope.org_id,
+        "app_installation_id": row.scope.app_installation_id,
+        "runtime_capability_id": row.scope.runtime_capability_id,
+        "runtime_work_binding_digest": row.scope.runtime_work_binding_digest,
+    }
+    return all(v is None or plan_scope.get(k) == v for k, v in visible_to.items())
+
+
 class DefinitionService(Db):
     """Flow versions, runtime policies, plans, activations and inventory of one database."""
 
@@ -86,6 +102,7 @@ class DefinitionService(Db):
     ) -> None:
         super().__init__(engine)
         self._catalog = catalog
+        self._ledger = RequestLedger(runtime_requests)
         self.policies = PolicyStore(engine)
         registry = producers or ProducerRegistry()
         self.compiler = PlanCompiler(
@@ -104,6 +121,26 @@ class DefinitionService(Db):
             self._lookup_plan,
             producers=registry,
         )
+
+    # --- request deduplication -------------------------------------------------------------
+
+    async def once(
+        self,
+        key: RequestKey,
+        operation: Callable[[], Awaitable[T]],
+        encode: Callable[[T], bytes],
+    ) -> bytes:
+        """Run an idempotent definitions operation once per request (``services.request_dedupe``
+        reserve → operation → complete): the operations span catalog calls and several
+        transactions, so the ledger first fixes the body digest (a reused id with another
+        body is refused before anything happens), a retry of a completed request replays
+        the original response, and a retry of an unfinished one runs the idempotent
+        operation again; the first completed response is the one every retry gets.
+
+        Raises:
+            RequestIdReusedError: the id was used with another body.
+        """
+        return await self._ledger.once(self._engine, key, operation, encode)
 
     # --- policies -------------------------------------------------------------------------
 
@@ -146,8 +183,15 @@ class DefinitionService(Db):
             runtime_capability_id=runtime_capability_id,
         )
 
-    async def _lookup_plan(self, org_id: str, plan_ref: str) -> PlanLookup:
-        view = await self.get_plan(org_id, plan_ref)
+    async def _lookup_plan(self, scope: TrustedRuntimeWorkScope, plan_ref: str) -> PlanLookup:
+        # A plan of another installation, capability or binding answers like a missing one.
+        visible = {
+            "org_id": scope.org_id,
+            "app_installation_id": scope.app_installation_id,
+            "runtime_capability_id": scope.runtime_capability_id,
+            "runtime_work_binding_digest": scope.runtime_work_binding_digest,
+        }
+        view = await self.get_plan(scope.org_id, plan_ref, visible_to=visible)
         return PlanLookup(view.row, view.plan)
 
     # --- Flow versions, compile, plans, inventory ---------------------------------------------
@@ -215,9 +259,20 @@ class DefinitionService(Db):
         return row
 
     async def list_flow_versions(
-        self, org_id: str, flow_api_name: str, page_size: int, page_token: str
+        self,
+        org_id: str,
+        flow_api_name: str,
+        page_size: int,
+        page_token: str,
+        *,
+        app_installation_id: str | None = None,
+        runtime_capability_id: str | None = None,
     ) -> tuple[list[repo.FlowVersionRow], list[repo.ActivationRow], str]:
-        """One page of Flow versions, the active activations of their Flows, next token."""
+        """One page of Flow versions, the active activations of their Flows, next token.
+
+        Activations are those of the caller's installation/capability when its credential
+        carries them: another installation's plans are never disclosed (§10.0).
+        """
         size = clamp_page_size(page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         filters = {"flow_api_name": flow_api_name}
         token = decode_token(page_token, filters)
@@ -230,7 +285,13 @@ class DefinitionService(Db):
                 conn, org_id, flow_api_name=flow_api_name or None, after=after, limit=size + 1
             )
             names = sorted({r.flow_api_name for r in rows[:size]})
-            acts = await repo.active_activations_txn(conn, org_id, flow_api_names=names)
+            acts = await repo.active_activations_txn(
+                conn,
+                org_id,
+                flow_api_names=names,
+                app_installation_id=app_installation_id,
+                runtime_capability_id=runtime_capability_id,
+            )
             return rows, acts
 
         rows, acts = await self._read(read)
@@ -304,8 +365,19 @@ class DefinitionService(Db):
                 return (head, *diagnostics_of(outcome))
         return (head,)
 
-    async def get_plan(self, org_id: str, plan_ref: str) -> PlanView:
-        """A plan of ``org_id`` by plan id or plan digest; NOT_FOUND in any other org."""
+    async def get_plan(
+        self,
+        org_id: str,
+        plan_ref: str,
+        *,
+        visible_to: Mapping[str, str | None] | None = None,
+    ) -> PlanView:
+        """A plan of ``org_id`` by plan id or plan digest; NOT_FOUND in any other org.
+
+        ``visible_to`` (the scope components a caller's credential carries, ``None`` for
+        a component it does not carry) hides a plan of another installation, capability
+        or binding exactly like a missing one (§10.0).
+        """
         if not plan_ref:
             raise InvalidArgumentError("plan_id is required", field_path="plan_id")
 
@@ -325,7 +397,7 @@ class DefinitionService(Db):
             return row, ids
 
         row, ids = await self._read(read)
-        if row is None:
+        if row is None or not _visible(row, visible_to):
             raise NotFoundError("FlowExecutionPlan", plan_ref)
         return PlanView(row, row.plan(), ids)
 

@@ -46,7 +46,7 @@ from runtime_svc.kernel.store import (
     StartRunRequest,
     StartRunResult,
 )
-from runtime_svc.kernel.store_reads import Candidate, RunFilters, RunPage, SupportView
+from runtime_svc.kernel.store_reads import Candidate, RunCursor, RunFilters, RunPage, SupportView
 from runtime_svc.kernel.tables import check_transition, compatibility_status
 
 __all__ = [
@@ -71,6 +71,7 @@ __all__ = [
     "NotEligible",
     "RetryDecision",
     "RetryPolicy",
+    "RunCursor",
     "RunFilters",
     "RunPage",
     "RunRecord",

@@ -6,8 +6,10 @@ updates, and turns :class:`FenceLost` into :class:`~services.errors.FenceLostErr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from runtime_svc.kernel.errors import TransitionInputError
 from runtime_svc.kernel.model import AttemptRecord, LeaseFence, RunRecord, StepRecord, Transition
@@ -23,7 +25,6 @@ __all__ = [
     "ATTEMPTS",
     "RUNS",
     "STEPS",
-    "Admitted",
     "Advance",
     "AlreadyCommitted",
     "CancelCompleted",
@@ -43,7 +44,6 @@ __all__ = [
     "Quarantined",
     "Recovered",
     "RecoveryTerminal",
-    "Released",
     "RetryExhausted",
     "RetryScheduled",
     "Started",
@@ -123,12 +123,15 @@ class StepFailure:
         safe_error_code: stable, non-sensitive diagnostic code.
         outcome: ``ROLLED_BACK`` or ``PRE_TRANSACTION_FAILED``.
         min_delay_ms: a longer delay for this failure class (never below the floor).
+        evidence: safe codes and digests recorded on the attempt (its metrics summary),
+            e.g. a late discovery's resource-class mismatch and expanded lock plan.
     """
 
     failure_class: FailureClass
     safe_error_code: str
     outcome: AttemptOutcome = AttemptOutcome.ROLLED_BACK
     min_delay_ms: int = 0
+    evidence: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.outcome not in (AttemptOutcome.ROLLED_BACK, AttemptOutcome.PRE_TRANSACTION_FAILED):
@@ -219,20 +222,6 @@ class LeaseExtended:
     """A heartbeat: new ``lease_until``, no version change (the commit fence stays)."""
 
     lease_until: datetime
-
-
-@dataclass(frozen=True)
-class Released:
-    """Lease released before work: step ``Claimed -> Pending``, attempt ``Abandoned``."""
-
-    transition: Transition
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """Root ``Accepted -> Runnable``."""
-
-    transition: Transition
 
 
 @dataclass(frozen=True)

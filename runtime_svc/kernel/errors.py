@@ -3,7 +3,8 @@
     FailedPreconditionError
     ├── IllegalTransitionError      an arrow that §11 does not draw
     │   └── TerminalStateError      any write that would change a terminal state/outcome
-    └── TransitionInputError        typed transition input rejected before any SQL
+    ├── TransitionInputError        typed transition input rejected before any SQL
+    └── StateVersionMismatchError   a caller's expected root version is not the stored one
     ConflictError
     └── FenceLostError              (services.errors) decided by row count or revalidation
 
@@ -19,6 +20,7 @@ from services.errors import FailedPreconditionError, FenceLostError
 
 __all__ = [
     "IllegalTransitionError",
+    "StateVersionMismatchError",
     "TerminalStateError",
     "TransitionInputError",
     "fence_lost",
@@ -52,6 +54,21 @@ class TransitionInputError(FailedPreconditionError):
 
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message, field_path=field)
+
+
+class StateVersionMismatchError(FailedPreconditionError):
+    """A caller-supplied expected root ``state_version`` (``DeleteRun``/``CancelRun``) is
+    not the version the transition's compare-and-swap found; nothing was written."""
+
+    reason = "state_version_mismatch"
+
+    def __init__(self, expected: int, found: int | None) -> None:
+        shown = "absent" if found is None else str(found)
+        super().__init__(
+            f"expected_state_version {expected} is stale (current {shown})",
+            field_path="expected_state_version",
+            attributes={"expected_version": str(expected), "found_version": shown},
+        )
 
 
 def fence_lost(

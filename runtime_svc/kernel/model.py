@@ -315,6 +315,9 @@ class AttemptPatch:
     safe_error_code: str | Keep | None = KEEP
     retry_decision: RetryDecision | Keep = KEEP
     finished_at: datetime | Keep = KEEP
+    #: Safe evidence of the attempt (canonical JSON): the lock plan it committed with,
+    #: or the resource-class mismatch and expanded plan of a late discovery (§13.3).
+    metrics_summary: str | Keep | None = KEEP
     from_state: AttemptOutcome = AttemptOutcome.STARTED
 
     def __post_init__(self) -> None:

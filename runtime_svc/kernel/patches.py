@@ -3,9 +3,12 @@ cause codes, and the step-state groups. Pure."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 from runtime_svc.kernel.model import (
+    KEEP,
     AttemptPatch,
     AttemptRecord,
     RunPatch,
@@ -21,6 +24,7 @@ from runtime_svc.kernel.states import (
     RunState,
     StepState,
 )
+from services.digest import canonical_json
 
 __all__ = [
     "CAUSE_CANCELLED",
@@ -95,8 +99,10 @@ def patch_attempt(
     failure_class: FailureClass | None,
     retry: RetryDecision,
     safe_error_code: str | None = None,
+    evidence: Mapping[str, Any] | None = None,
 ) -> AttemptPatch:
-    """``Started -> to`` fenced on attempt version, lease digest, epoch, root-at-claim."""
+    """``Started -> to`` fenced on attempt version, lease digest, epoch, root-at-claim;
+    ``evidence`` (safe codes and digests only) becomes the attempt's metrics summary."""
     return AttemptPatch(
         attempt_id=attempt.attempt_id,
         expected_version=attempt.attempt_state_version,
@@ -108,6 +114,7 @@ def patch_attempt(
         safe_error_code=safe_error_code,
         retry_decision=retry,
         finished_at=now,
+        metrics_summary=KEEP if evidence is None else canonical_json(evidence).decode(),
     )
 
 
@@ -128,6 +135,7 @@ def terminal_failure(
     failure_class: FailureClass,
     safe_error_code: str | None,
     cause: str,
+    evidence: Mapping[str, Any] | None = None,
 ) -> Transition:
     """Attempt ``outcome`` (retry ``Terminal``), step ``Failed``, root ``TerminalFailed``."""
     return Transition(
@@ -149,5 +157,6 @@ def terminal_failure(
             failure_class=failure_class,
             retry=RetryDecision.TERMINAL,
             safe_error_code=safe_error_code,
+            evidence=evidence,
         ),
     )

@@ -25,16 +25,15 @@ against it before any SQL. Durable times come from the database clock (``db_now`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel.checkpoint_guard import DEFAULT_MAX_CHECKPOINT_BYTES
 from runtime_svc.kernel.decisions import (
-    Admitted,
     Advance,
     AlreadyCommitted,
     CancelCompleted,
@@ -56,7 +55,7 @@ from runtime_svc.kernel.decisions import (
     WaitResolved,
     validate_fence_input,
 )
-from runtime_svc.kernel.errors import TransitionInputError
+from runtime_svc.kernel.errors import StateVersionMismatchError, TransitionInputError
 from runtime_svc.kernel.model import (
     CheckpointInput,
     CheckpointMeta,
@@ -75,12 +74,12 @@ from runtime_svc.kernel.store_create import (
     StartRunRequest,
     StartRunResult,
     create_run_txn,
-    run_by_idempotency_key_txn,
 )
 from runtime_svc.kernel.store_reads import (
     DEFAULT_PAGE_SIZE,
     Candidate,
     Checkpoint,
+    ExpiredLease,
     RunFilters,
     RunPage,
     SupportView,
@@ -90,7 +89,7 @@ from runtime_svc.kernel.store_reads import (
     expired_leases_txn,
     get_checkpoint_txn,
     get_run_txn,
-    list_runs_txn,
+    list_runs_page_txn,
     plan_digest_txn,
     support_view_txn,
 )
@@ -111,7 +110,6 @@ from runtime_svc.kernel.store_rows import (
 )
 from runtime_svc.kernel.store_waits import cancel_step_dependencies_txn
 from runtime_svc.kernel.transitions import (
-    decide_admit,
     decide_cancel,
     decide_cancel_cleanup,
     decide_claim,
@@ -119,7 +117,6 @@ from runtime_svc.kernel.transitions import (
     decide_commit_unknown,
     decide_heartbeat,
     decide_recovery,
-    decide_release,
     decide_resolve_wait,
     decide_rollback_retry,
     decide_start_running,
@@ -235,28 +232,6 @@ class FlowRunStateStore:
             now=await self._clock(conn),
         )
 
-    async def run_by_key_txn(
-        self, conn: AsyncConnection, org_id: str, idempotency_key: str
-    ) -> RunRecord | None:
-        """The run accepted under ``idempotency_key`` in ``org_id`` (a replayed trigger
-        maps to the run its first application started), or ``None``."""
-        return await run_by_idempotency_key_txn(conn, org_id, idempotency_key)
-
-    async def admit_run(self, org_id: str, flow_run_id: str) -> Admitted | NoChange:
-        """Root ``Accepted -> Runnable``."""
-
-        async def fn(conn: AsyncConnection) -> Admitted | NoChange:
-            now = await self._clock(conn)
-            root, step = await lock_root_and_current(conn, org_id, flow_run_id)
-            if step is None:
-                return NoChange("no_current_step")
-            decision = decide_admit(root, step, now)
-            if isinstance(decision, Admitted):
-                await apply_transition(conn, org_id, decision.transition, now)
-            return decision
-
-        return await self._run(fn)
-
     # --- claim, lifecycle, heartbeat -----------------------------------------------------
 
     async def claim(
@@ -272,7 +247,9 @@ class FlowRunStateStore:
 
         Returns the worker's :class:`LeaseFence` (holding the only copy of the raw lease
         token) or :class:`NotEligible` — including ``"lost_race"`` when a conditional
-        UPDATE found the row already moved.
+        UPDATE found the row already moved, and ``"attempt_budget_spent"`` when the due
+        step could never be claimed again: that claim transaction ended the step and the
+        run (``retry_exhausted``) instead.
         """
         if candidate.org_id != org_id:
             raise TransitionInputError("candidate belongs to another org", field="org_id")
@@ -299,6 +276,8 @@ class FlowRunStateStore:
             if isinstance(decision, NotEligible):
                 return decision
             await apply_transition(conn, org_id, decision.transition, now)
+            if isinstance(decision, RetryExhausted):
+                return NotEligible("attempt_budget_spent")
             return decision.fence(org_id, root.flow_run_id, step, request, token)
 
         try:
@@ -338,20 +317,6 @@ class FlowRunStateStore:
 
         return await self._run(fn)
 
-    async def release_claim(self, org_id: str, fence: LeaseFence) -> None:
-        """Give a claim back before any work: step ``Pending``, attempt ``Abandoned``."""
-        self._check_fence(org_id, fence)
-
-        async def fn(conn: AsyncConnection) -> None:
-            now = await self._clock(conn)
-            root, step, attempt = await lock_fenced(conn, org_id, fence)
-            decision = decide_release(root, step, attempt, fence, now)
-            if isinstance(decision, FenceLost):
-                raise fence_error(decision)
-            await apply_transition(conn, org_id, decision.transition, now)
-
-        await self._run(fn)
-
     # --- commit, rollback, ambiguity, recovery -------------------------------------------
 
     async def commit_step(
@@ -360,7 +325,9 @@ class FlowRunStateStore:
         """:meth:`commit_step_txn` in its own transaction (steps without business writes)."""
         self._check_fence(org_id, fence)
         prepared = prepare_checkpoint(output, max_bytes=self.max_checkpoint_bytes)
-        return await self._run(lambda conn: self._commit(conn, org_id, fence, prepared, advance))
+        return await self._run(
+            lambda conn: self._commit(conn, org_id, fence, prepared, advance, None)
+        )
 
     async def commit_step_txn(
         self,
@@ -370,11 +337,14 @@ class FlowRunStateStore:
         *,
         output: CheckpointInput,
         advance: Advance,
+        evidence: Mapping[str, Any] | None = None,
     ) -> CommitResult:
         """§12.2 steps 9-12, inside the worker's business transaction and after its
         business locks: lock root, step, attempt; revalidate the whole fence; insert the
-        immutable output checkpoint; attempt ``Committed``, step ``Succeeded`` (or
-        ``Waiting``), root advanced with its pointers and compatibility projection.
+        immutable output checkpoint; attempt ``Committed`` (with ``evidence`` — safe codes
+        and digests such as the lock plan it committed with — as its metrics summary),
+        step ``Succeeded`` (or ``Waiting``), root advanced with its pointers and
+        compatibility projection.
 
         A ``NextStep`` advance with an empty ``step_execution_id`` gets a new id.
 
@@ -387,7 +357,7 @@ class FlowRunStateStore:
         """
         self._check_fence(org_id, fence)
         prepared = prepare_checkpoint(output, max_bytes=self.max_checkpoint_bytes)
-        return await self._commit(conn, org_id, fence, prepared, advance)
+        return await self._commit(conn, org_id, fence, prepared, advance, evidence)
 
     async def _commit(
         self,
@@ -396,13 +366,14 @@ class FlowRunStateStore:
         fence: LeaseFence,
         prepared: PreparedCheckpoint,
         advance: Advance,
+        evidence: Mapping[str, Any] | None,
     ) -> CommitResult:
         if isinstance(advance, NextStep) and not advance.step_execution_id:
             advance = dataclasses.replace(advance, step_execution_id=new_id("step"))
         now = await self._clock(conn)
         root, step, attempt = await lock_fenced(conn, org_id, fence)
         checkpoint_id = new_id("ckpt")
-        decision = decide_commit(root, step, attempt, fence, now, advance, checkpoint_id)
+        decision = decide_commit(root, step, attempt, fence, now, advance, checkpoint_id, evidence)
         if isinstance(decision, FenceLost):
             raise fence_error(decision)
         meta = await insert_checkpoint(
@@ -475,6 +446,15 @@ class FlowRunStateStore:
             results.append(RecoveryResult(run_id, step_id, decision))
         return results
 
+    async def expired_leases(self, org_id: str, *, limit: int = 100) -> list[ExpiredLease]:
+        """Leased steps of ``org_id`` past their deadline on the store's durable clock
+        (a non-locking scan; :meth:`recover_step` decides each under lock)."""
+
+        async def scan(conn: AsyncConnection) -> list[ExpiredLease]:
+            return await expired_leases_txn(conn, org_id, await self._clock(conn), limit)
+
+        return await self._read(scan)
+
     async def recover_step(
         self, org_id: str, flow_run_id: str, step_execution_id: str
     ) -> Recovered | RecoveryTerminal | NoChange:
@@ -499,37 +479,79 @@ class FlowRunStateStore:
     # --- cancellation and delete ---------------------------------------------------------
 
     async def request_cancel(
-        self, org_id: str, flow_run_id: str
+        self, org_id: str, flow_run_id: str, *, expected_state_version: int | None = None
     ) -> CancelRecorded | Tombstoned | NoChange:
         """Cancel a run (§11.1): root ``CancelRequested``, active step/attempt fenced."""
-        return await self._cancel(org_id, flow_run_id, delete=False)
+        return await self._run(
+            lambda conn: self.cancel_txn(
+                conn,
+                org_id,
+                flow_run_id,
+                delete=False,
+                expected_state_version=expected_state_version,
+            )
+        )
 
     async def delete_run(
-        self, org_id: str, flow_run_id: str
+        self, org_id: str, flow_run_id: str, *, expected_state_version: int | None = None
     ) -> CancelRecorded | Tombstoned | NoChange:
         """§10.1 ``DeleteFlowInterview`` steps 2-5 (the caller authorized step 1):
         soft delete through ``IsDeleted`` plus fenced cancellation; idempotent."""
-        return await self._cancel(org_id, flow_run_id, delete=True)
+        return await self._run(
+            lambda conn: self.cancel_txn(
+                conn,
+                org_id,
+                flow_run_id,
+                delete=True,
+                expected_state_version=expected_state_version,
+            )
+        )
 
-    async def _cancel(
-        self, org_id: str, flow_run_id: str, *, delete: bool
+    async def cancel_txn(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        flow_run_id: str,
+        *,
+        delete: bool,
+        expected_state_version: int | None = None,
     ) -> CancelRecorded | Tombstoned | NoChange:
-        async def fn(conn: AsyncConnection) -> CancelRecorded | Tombstoned | NoChange:
-            now = await self._clock(conn)
-            root, step = await lock_root_and_current(conn, org_id, flow_run_id)
-            if root.is_deleted and not delete:
-                raise NotFoundError("flow_run", flow_run_id)
-            attempt = None if step is None else await lock_latest_attempt(conn, org_id, step)
-            decision = decide_cancel(root, step, attempt, now, delete=delete)
-            if not isinstance(decision, NoChange):
-                await apply_transition(conn, org_id, decision.transition, now)
-                if isinstance(decision, CancelRecorded) and step is not None:
-                    # §11.1/§14.3: a waiting step's dependency is cancelled in the same
-                    # root-first transaction (root → step → attempt → dependency).
-                    await cancel_step_dependencies_txn(conn, org_id, step, now)
-            return decision
+        """:meth:`request_cancel` (``delete=False``) or :meth:`delete_run` inside the
+        caller's transaction.
 
-        return await self._run(fn)
+        ``expected_state_version`` (``None``: no expectation) is the root version the
+        transition's compare-and-swap must find: the decision is made on the locked root
+        *at that version* and its conditional UPDATE carries it, so a root that moved —
+        before the lock or, on TiDB, after a lost pessimistic lock — refuses the
+        transition. A delete of a run that is already deleted answers its outcome
+        whatever the version (a repeat is idempotent).
+
+        Raises:
+            NotFoundError: missing or foreign run (or deleted, for a plain cancel).
+            StateVersionMismatchError: the root is not at ``expected_state_version``.
+        """
+        now = await self._clock(conn)
+        root, step = await lock_root_and_current(conn, org_id, flow_run_id)
+        if root.is_deleted and not delete:
+            raise NotFoundError("flow_run", flow_run_id)
+        expected = expected_state_version
+        idempotent_delete = delete and root.is_deleted
+        if expected is not None and not idempotent_delete and root.state_version != expected:
+            raise StateVersionMismatchError(expected, root.state_version)
+        attempt = None if step is None else await lock_latest_attempt(conn, org_id, step)
+        decision = decide_cancel(root, step, attempt, now, delete=delete)
+        if not isinstance(decision, NoChange):
+            try:
+                await apply_transition(conn, org_id, decision.transition, now)
+            except FenceLostError as exc:
+                if expected is None:
+                    raise
+                raise StateVersionMismatchError(expected, exc.found_version) from exc
+            if isinstance(decision, CancelRecorded) and step is not None:
+                # §11.1/§14.3: a waiting step's dependency is cancelled in the same
+                # root-first transaction (root → step → attempt → dependency).
+                await cancel_step_dependencies_txn(conn, org_id, step, now)
+        return decision
 
     async def pending_cancellations(self, org_id: str, *, limit: int = 100) -> list[str]:
         """Ids of ``CancelRequested`` runs (deleted ones included) for the cleanup sweep."""
@@ -594,9 +616,11 @@ class FlowRunStateStore:
         page_size: int = DEFAULT_PAGE_SIZE,
         page_token: str = "",
     ) -> RunPage:
-        """Org-scoped, non-deleted runs, stable keyset pages."""
+        """Org-scoped, non-deleted runs, stable ``(created_at, run id)`` keyset pages."""
         return await self._read(
-            lambda conn: list_runs_txn(conn, org_id, filters or RunFilters(), page_size, page_token)
+            lambda conn: list_runs_page_txn(
+                conn, org_id, filters or RunFilters(), page_size, page_token
+            )
         )
 
     async def support_view(

@@ -36,7 +36,6 @@ __all__ = [
     "StartRunRequest",
     "StartRunResult",
     "create_run_txn",
-    "run_by_idempotency_key_txn",
 ]
 
 
@@ -54,10 +53,11 @@ class FirstStep:
 class StartRunRequest:
     """A run to accept on ``plan_id`` (§18.3 ``StartRun``).
 
-    ``idempotency_key`` dedupes within the trusted org: the same key with the same
-    request returns the same run; with a different request it is a conflict (an
-    after-save trigger derives the key from the record mutation).
-    ``admit=False`` leaves the root ``Accepted`` for a later ``admit_run``.
+    ``idempotency_key`` dedupes within the trusted org (callers hash the complete work
+    scope into it, ``runtime_svc.runs.keys``): the same key with the same request returns
+    the same run; with a different request it is a conflict (an after-save trigger
+    derives the key from the record mutation). The root starts ``Runnable``: no path
+    leaves a run ``Accepted`` with nothing to admit it.
     """
 
     plan_id: str
@@ -65,7 +65,6 @@ class StartRunRequest:
     input: CheckpointInput
     idempotency_key: str | None = None
     priority: int = 0
-    admit: bool = True
 
     def digest(self, scope: TrustedRuntimeWorkScope) -> str:
         """``RequestDigest``: everything that makes two requests the same request."""
@@ -79,7 +78,7 @@ class StartRunRequest:
                 "plan_cursor": self.input.plan_cursor,
                 "context_schema_version": self.input.context_schema_version,
                 "priority": self.priority,
-                "admit": self.admit,
+                "admit": True,  # digest stability: runs accepted before admission was fixed
             },
         )
 
@@ -90,13 +89,6 @@ class StartRunResult:
 
     run: RunRecord
     created: bool
-
-
-async def run_by_idempotency_key_txn(
-    conn: AsyncConnection, org_id: str, key: str
-) -> RunRecord | None:
-    """The run of ``org_id`` accepted under ``key`` (soft-deleted included), or ``None``."""
-    return await _by_idempotency_key(conn, org_id, key)
 
 
 async def _by_idempotency_key(conn: AsyncConnection, org_id: str, key: str) -> RunRecord | None:
@@ -148,10 +140,8 @@ async def create_run_txn(
     # A plan of another installation/capability/binding answers like a missing one.
     if plan is None or any(plan[k] != v for k, v in dataclasses.asdict(scope).items()):
         raise NotFoundError("execution_plan", request.plan_id)
-    state = RunState.ACCEPTED
-    if request.admit:
-        check_transition("run", RunState.ACCEPTED, RunState.RUNNABLE)
-        state = RunState.RUNNABLE
+    check_transition("run", RunState.ACCEPTED, RunState.RUNNABLE)
+    state = RunState.RUNNABLE
     first = request.first_step
     run_id, step_id, checkpoint_id = new_run_id(), new_id("step"), new_id("ckpt")
     values = {

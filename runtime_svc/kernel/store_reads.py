@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, false, select
+from sqlalchemy import and_, false, or_, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -36,6 +36,7 @@ from runtime_svc.schema import (
     flow_runs,
     flow_step_attempts,
     flow_step_executions,
+    flow_versions,
 )
 from services.digest import versioned_digest
 from services.errors import InvalidArgumentError, NotFoundError
@@ -47,6 +48,7 @@ __all__ = [
     "Candidate",
     "Checkpoint",
     "ExpiredLease",
+    "RunCursor",
     "RunFilters",
     "RunPage",
     "SupportView",
@@ -56,6 +58,7 @@ __all__ = [
     "expired_leases_txn",
     "get_checkpoint_txn",
     "get_run_txn",
+    "list_runs_page_txn",
     "list_runs_txn",
     "plan_digest_txn",
     "support_view_txn",
@@ -81,6 +84,8 @@ class Candidate:
     step_state_version: int
     run_after: datetime
     queue_class: str
+    #: The plan the run is bound to (a worker verifies it before the first claim).
+    plan_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,21 +99,41 @@ class ExpiredLease:
 
 @dataclass(frozen=True)
 class RunFilters:
-    """``list_runs`` filters (all optional; combined with AND)."""
+    """``ListRuns`` filters (§10.1 step 6, §19; all optional, combined with AND)."""
 
-    states: tuple[RunState, ...] = ()
+    flow_api_name: str | None = None
     flow_version_id: str | None = None
     plan_id: str | None = None
+    states: tuple[RunState, ...] = ()
+    created_after: datetime | None = None
+    created_before: datetime | None = None
 
     def digest(self) -> str:
+        """What a page token is bound to: the same filters or no page."""
         return versioned_digest(
-            "run-list-filters",
+            "list-runs-filters",
             {
-                "states": sorted(s.code for s in self.states),
+                "flow_api_name": self.flow_api_name,
                 "flow_version_id": self.flow_version_id,
                 "plan_id": self.plan_id,
+                "states": sorted(s.code for s in self.states),
+                "created_after": None
+                if self.created_after is None
+                else self.created_after.isoformat(),
+                "created_before": None
+                if self.created_before is None
+                else self.created_before.isoformat(),
             },
         )
+
+
+@dataclass(frozen=True)
+class RunCursor:
+    """A keyset position of :func:`list_runs_txn`: the next page starts strictly after
+    ``(created_at, flow_run_id)``."""
+
+    created_at: datetime
+    flow_run_id: str
 
 
 @dataclass(frozen=True)
@@ -163,38 +188,80 @@ async def get_run_txn(
     return run_from_row(row)
 
 
-def _encode_token(after: str, filters: RunFilters) -> str:
-    raw = json.dumps({"a": after, "f": filters.digest()}).encode()
+def _encode_token(after: RunCursor, filters: RunFilters) -> str:
+    raw = json.dumps(
+        {"a": [after.created_at.isoformat(), after.flow_run_id], "f": filters.digest()}
+    ).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode_token(token: str, filters: RunFilters) -> str | None:
+def _decode_token(token: str, filters: RunFilters) -> RunCursor | None:
     if not token:
         return None
     try:
         payload = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-    except (binascii.Error, ValueError):
-        payload = None
-    if (
-        not isinstance(payload, dict)
-        or payload.get("f") != filters.digest()
-        or not isinstance(payload.get("a"), str)
-    ):
+        created, run_id = payload["a"]
+        cursor = RunCursor(datetime.fromisoformat(created), str(run_id))
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        payload, cursor = None, None
+    if cursor is None or not isinstance(payload, dict) or payload.get("f") != filters.digest():
         raise InvalidArgumentError(
             "page_token is malformed or was issued for other filters", field_path="page_token"
         )
-    after: str = payload["a"]
-    return after
+    return cursor
 
 
 async def list_runs_txn(
     conn: AsyncConnection,
     org_id: str,
     filters: RunFilters,
+    *,
+    limit: int,
+    after: RunCursor | None = None,
+) -> tuple[list[RunRecord], bool]:
+    """The one ``ListRuns`` read: up to ``limit`` of the org's visible (not deleted) runs
+    matching ``filters``, in stable ``(created_at, flow_run_id)`` keyset order after
+    ``after``; and whether more follow. A read-only query: no locks, no writes.
+    """
+    t = flow_runs.c
+    stmt = select(flow_runs).where(t.org_id == org_id, t.is_deleted == false())
+    if filters.flow_api_name is not None:
+        v = flow_versions.c
+        versions = select(v.flow_version_id).where(
+            v.org_id == org_id, v.flow_id == filters.flow_api_name
+        )
+        stmt = stmt.where(t.flow_version_id.in_(versions))
+    if filters.flow_version_id is not None:
+        stmt = stmt.where(t.flow_version_id == filters.flow_version_id)
+    if filters.plan_id is not None:
+        stmt = stmt.where(t.plan_id == filters.plan_id)
+    if filters.states:
+        stmt = stmt.where(t.runtime_state.in_(sorted(s.code for s in filters.states)))
+    if filters.created_after is not None:
+        stmt = stmt.where(t.created_at >= filters.created_after)
+    if filters.created_before is not None:
+        stmt = stmt.where(t.created_at < filters.created_before)
+    if after is not None:
+        stmt = stmt.where(
+            or_(
+                t.created_at > after.created_at,
+                and_(t.created_at == after.created_at, t.flow_run_id > after.flow_run_id),
+            )
+        )
+    stmt = stmt.order_by(t.created_at, t.flow_run_id).limit(limit + 1)
+    rows = (await conn.execute(stmt)).mappings().all()
+    return [run_from_row(r) for r in rows[:limit]], len(rows) > limit
+
+
+async def list_runs_page_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    filters: RunFilters,
     page_size: int = 0,
     page_token: str = "",
 ) -> RunPage:
-    """Org-scoped, non-deleted runs in stable ``flow_run_id`` keyset order.
+    """:func:`list_runs_txn` with the kernel's (unsigned) page tokens bound to the filters;
+    the public API signs its own (``runtime_svc.runs.tokens``).
 
     Raises:
         InvalidArgumentError: negative ``page_size`` or a foreign/malformed token.
@@ -202,21 +269,16 @@ async def list_runs_txn(
     if page_size < 0:
         raise InvalidArgumentError("page_size must not be negative", field_path="page_size")
     size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-    after = _decode_token(page_token, filters)
-    t = flow_runs.c
-    stmt = select(flow_runs).where(t.org_id == org_id, t.is_deleted == false())
-    if filters.states:
-        stmt = stmt.where(t.runtime_state.in_([s.code for s in filters.states]))
-    if filters.flow_version_id is not None:
-        stmt = stmt.where(t.flow_version_id == filters.flow_version_id)
-    if filters.plan_id is not None:
-        stmt = stmt.where(t.plan_id == filters.plan_id)
-    if after is not None:
-        stmt = stmt.where(t.flow_run_id > after)
-    rows = (await conn.execute(stmt.order_by(t.flow_run_id).limit(size + 1))).mappings().all()
-    runs = tuple(run_from_row(r) for r in rows[:size])
-    token = _encode_token(runs[-1].flow_run_id, filters) if len(rows) > size else ""
-    return RunPage(runs, token)
+    runs, more = await list_runs_txn(
+        conn, org_id, filters, limit=size, after=_decode_token(page_token, filters)
+    )
+    last = runs[-1] if runs else None
+    token = (
+        _encode_token(RunCursor(last.created_at, last.flow_run_id), filters)
+        if more and last is not None
+        else ""
+    )
+    return RunPage(tuple(runs), token)
 
 
 async def plan_digest_txn(conn: AsyncConnection, org_id: str, plan_id: str) -> str:
@@ -352,6 +414,7 @@ def _candidate_columns() -> tuple[Any, ...]:
         s.run_after,
         s.queue_class,
         r.state_version.label("root_state_version"),
+        r.plan_id,
     )
 
 
@@ -364,6 +427,7 @@ def _candidate(org_id: str, row: RowMapping) -> Candidate:
         step_state_version=row["state_version"],
         run_after=row["run_after"],
         queue_class=row["queue_class"],
+        plan_id=row["plan_id"],
     )
 
 

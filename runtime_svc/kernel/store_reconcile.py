@@ -44,6 +44,7 @@ from runtime_svc.schema import (
 from services.db import cas_update, db_now, run_in_transaction, transaction
 from services.digest import canonical_json
 from services.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from services.invariants import InvariantError
 
 __all__ = [
     "QuarantineReport",
@@ -263,7 +264,8 @@ async def reconcile_quarantine(
                 f"cannot {resolution.value} run {flow_run_id}: {decision.reason}",
                 reason=decision.reason,
             )
-        assert step is not None and attempt is not None and evidence is not None
+        if step is None or attempt is None or evidence is None:
+            raise InvariantError("a reconcile decision without its step, attempt or marker")
         await _apply(conn, org_id, root, step, decision)
         await conn.execute(
             audit_records.insert().values(

@@ -38,11 +38,9 @@ to write the lifecycle tables (``tests/unit/kernel/test_kernel_write_boundary.py
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -66,6 +64,7 @@ from runtime_svc.schema import (
     flow_wake_signals,
     runtime_outbox,
 )
+from services.background import BackgroundLoop, OrgRotation, OrgSource
 from services.db import WORK_SCOPE, db_now, run_in_transaction, transaction
 from services.digest import canonical_json
 from services.errors import FenceLostError, NotFoundError
@@ -193,8 +192,11 @@ async def _candidates(
     return [str(v) for v in (await conn.execute(stmt)).scalars()]
 
 
-async def orgs_with_terminal_runs(engine: AsyncEngine, *, limit: int = 100) -> list[str]:
-    """Orgs that hold at least one terminal run (the default org source of the sweep)."""
+async def orgs_with_terminal_runs(
+    engine: AsyncEngine, *, after: str | None = None, limit: int = 100
+) -> list[str]:
+    """Orgs that hold at least one terminal run, in org order after ``after`` (the default
+    org source of the sweep, walked by an :class:`~services.background.OrgRotation`)."""
     r = flow_runs.c
     stmt = (
         select(r.org_id)
@@ -203,6 +205,8 @@ async def orgs_with_terminal_runs(engine: AsyncEngine, *, limit: int = 100) -> l
         .order_by(r.org_id)
         .limit(limit)
     )
+    if after is not None:
+        stmt = stmt.where(r.org_id > after)
     async with transaction(engine, readonly=True) as conn:
         return [str(v) for v in (await conn.execute(stmt)).scalars()]
 
@@ -606,24 +610,22 @@ async def set_legal_hold(engine: AsyncEngine, org_id: str, flow_run_id: str, *, 
 
 # --- background sweep (STYLE 12 lifecycle) ---------------------------------------------
 
-OrgSource = Callable[[], Awaitable[Sequence[str]]]
 
-
-class RetentionSweep:
-    """Background retention loop: every ``interval_s``, purge each org's expired runs in
-    bounded batches (at most ``max_batches`` of ``batch_size`` per org and pass).
-
-    Lifecycle (STYLE 12): ``await sweep.run()`` until :meth:`shutdown`;
-    :meth:`shutdown` is idempotent and waits for the current pass to end; ``async with``
-    starts the loop as a task and shuts it down on exit. Idle waits hold no connection.
+class RetentionSweep(BackgroundLoop):
+    """Background retention loop (``services.background`` lifecycle): every
+    ``interval_s``, purge the expired runs of the next batch of orgs in bounded batches
+    (at most ``max_batches`` of ``batch_size`` per org and pass); the org rotation
+    resumes after the last org served, so every org is reached.
 
     Args:
         engine: the runtime database.
         retention: the retention window.
-        orgs: the trusted org source; :func:`orgs_with_terminal_runs` by default.
+        orgs: the trusted org source ``(after, limit) -> orgs``;
+            :func:`orgs_with_terminal_runs` by default.
         interval_s: pause between passes.
         batch_size: candidates per batch (``limit`` of :func:`purge_expired_runs`).
         max_batches: batches per org and pass.
+        org_batch: orgs per pass.
     """
 
     def __init__(
@@ -635,22 +637,21 @@ class RetentionSweep:
         interval_s: float = 300.0,
         batch_size: int = 100,
         max_batches: int = 10,
+        org_batch: int = 100,
     ) -> None:
         _check_retention(retention, batch_size)
         if max_batches < 1 or interval_s <= 0:
             raise ValueError("max_batches must be >= 1 and interval_s > 0")
+        super().__init__("flow-retention", idle_s=interval_s, interval=True)
         self._engine = engine
         self.retention = retention
-        self._orgs: OrgSource = orgs or (lambda: orgs_with_terminal_runs(engine))
-        self._interval_s = interval_s
+
+        async def terminal(after: str | None, limit: int) -> list[str]:
+            return await orgs_with_terminal_runs(engine, after=after, limit=limit)
+
+        self._orgs = OrgRotation(orgs or terminal, batch=org_batch)
         self._batch_size = batch_size
         self._max_batches = max_batches
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
 
     async def sweep_org(self, org_id: str) -> list[PurgeReport]:
         """Up to ``max_batches`` batches of one org (stops early at shutdown)."""
@@ -666,45 +667,22 @@ class RetentionSweep:
             )
             reports.append(report)
             after = report.next_after
-            if after is None or self._stop.is_set():
+            if after is None or self.stopping:
                 break
         return reports
 
     async def sweep_once(self) -> list[PurgeReport]:
-        """One pass over every org the source yields."""
+        """One pass over the next batch of orgs."""
         reports: list[PurgeReport] = []
-        for org_id in await self._orgs():
-            if self._stop.is_set():
+        for org_id in await self._orgs.next_batch():
+            if self.stopping:
                 break
             reports.extend(await self.sweep_org(org_id))
         return reports
 
-    async def run(self) -> None:
-        """Sweep until :meth:`shutdown`; a failed pass is logged and retried next time."""
-        while not self._stop.is_set():
-            try:
-                reports = await self.sweep_once()
-                purged = sum(len(r.purged) for r in reports)
-                if purged:
-                    log.info("retention: purged %d run(s)", purged)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("retention pass failed; retrying after the interval")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=self._interval_s)
-
-    async def shutdown(self) -> None:
-        """Stop after the current purge transaction; idempotent."""
-        self._stop.set()
-        task, self._task = self._task, None
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
-
-    async def __aenter__(self) -> RetentionSweep:
-        if self._task is None and not self._stop.is_set():
-            self._task = asyncio.create_task(self.run(), name="flow-retention")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
+    async def run_once(self) -> bool:
+        reports = await self.sweep_once()
+        purged = sum(len(r.purged) for r in reports)
+        if purged:
+            log.info("retention: purged %d run(s)", purged)
+        return False  # a slow duty: always wait the interval

@@ -6,11 +6,20 @@ state change is legal, and it raises :class:`~runtime_svc.kernel.errors.Terminal
 for any change out of a terminal state/outcome, so a terminal fact can never be
 overwritten. Pure.
 
-One arrow extends §11.2: ``Claimed -> Failed``. §12.3 requires that "repeated lease
-expiry becomes a terminal policy signal, not infinite churn", but §11.2 only lets a
-step fail from ``Running`` or ``Waiting``; a worker that keeps dying between claim and
-``Claimed -> Running`` would otherwise cycle ``Claimed -> RetryScheduled`` forever.
-Recovery uses the extension only when the lease-expiry or attempt budget is spent.
+Documented extensions of §11 (every run must end terminal or quarantined, never sit
+non-terminal with no transition left, issue 10 item 4):
+
+* ``Claimed -> Failed`` (§11.2). §12.3 requires that "repeated lease expiry becomes a
+  terminal policy signal, not infinite churn", but §11.2 only lets a step fail from
+  ``Running`` or ``Waiting``; a worker that keeps dying between claim and
+  ``Claimed -> Running`` would otherwise cycle ``Claimed -> RetryScheduled`` forever.
+  Recovery uses the extension only when the lease-expiry or attempt budget is spent.
+* ``RetryScheduled -> Failed`` (§11.2) with root ``Runnable -> TerminalFailed`` (§11.1).
+  A due retry whose attempt budget is already spent — the retry policy was lowered after
+  it was scheduled — can never be claimed again; the claim that finds it ends the step
+  and the run (``retry_exhausted``) in the same root→step transaction instead of leaving
+  it ``Runnable`` and unclaimable for ever. (A ``Pending`` step — a first execution or a
+  step resumed after its wait — is always claimable: the budget bounds retries, §13.4.)
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from runtime_svc.kernel.states import (
 __all__ = [
     "ATTEMPT_TRANSITIONS",
     "CONSISTENT_STEP_STATES",
+    "RUN_EXTENSION_ARROWS",
     "RUN_TRANSITIONS",
     "STEP_EXTENSION_ARROWS",
     "STEP_TRANSITIONS",
@@ -44,11 +54,12 @@ __all__ = [
 
 _R, _S, _A = RunState, StepState, AttemptOutcome
 
-#: §11.1. Running -> Runnable carries three labels in the spec (next step committed,
+#: §11.1 plus :data:`RUN_EXTENSION_ARROWS`. Running -> Runnable carries three labels in
+#: the spec (next step committed,
 #: expired attempt fenced, proven rollback scheduled); a table of pairs holds it once.
 RUN_TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
     _R.ACCEPTED: frozenset({_R.RUNNABLE, _R.CANCEL_REQUESTED}),
-    _R.RUNNABLE: frozenset({_R.RUNNING, _R.CANCEL_REQUESTED}),
+    _R.RUNNABLE: frozenset({_R.RUNNING, _R.CANCEL_REQUESTED, _R.TERMINAL_FAILED}),
     _R.RUNNING: frozenset(
         {
             _R.RUNNABLE,
@@ -67,13 +78,19 @@ RUN_TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
     _R.CANCELLED: frozenset(),
 }
 
+#: The arrows added to §11.1 (see the module docstring).
+RUN_EXTENSION_ARROWS: frozenset[tuple[RunState, RunState]] = frozenset(
+    {(_R.RUNNABLE, _R.TERMINAL_FAILED)}
+)
 #: The arrows added to §11.2 (see the module docstring).
-STEP_EXTENSION_ARROWS: frozenset[tuple[StepState, StepState]] = frozenset({(_S.CLAIMED, _S.FAILED)})
+STEP_EXTENSION_ARROWS: frozenset[tuple[StepState, StepState]] = frozenset(
+    {(_S.CLAIMED, _S.FAILED), (_S.RETRY_SCHEDULED, _S.FAILED)}
+)
 
 #: §11.2 plus :data:`STEP_EXTENSION_ARROWS`.
 STEP_TRANSITIONS: Mapping[StepState, frozenset[StepState]] = {
     _S.PENDING: frozenset({_S.CLAIMED, _S.CANCELLED}),
-    _S.RETRY_SCHEDULED: frozenset({_S.CLAIMED, _S.CANCELLED}),
+    _S.RETRY_SCHEDULED: frozenset({_S.CLAIMED, _S.CANCELLED, _S.FAILED}),
     _S.CLAIMED: frozenset(
         {_S.RUNNING, _S.PENDING, _S.RETRY_SCHEDULED, _S.CANCEL_REQUESTED, _S.FAILED}
     ),

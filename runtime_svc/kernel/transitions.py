@@ -12,10 +12,10 @@ Arrow coverage (§11.1 run / §11.2 step / §11.3 attempt):
 =========================  ==================================================================
 function                   arrows
 =========================  ==================================================================
-decide_admit               run Accepted→Runnable
-decide_claim               run Runnable→Running; step Pending|RetryScheduled→Claimed
+decide_claim               run Runnable→Running; step Pending|RetryScheduled→Claimed (a due
+                           retry whose attempt budget is spent: step RetryScheduled→Failed,
+                           run Runnable→TerminalFailed, ``retry_exhausted``)
 decide_start_running       step Claimed→Running
-decide_release             step Claimed→Pending; attempt Started→Abandoned; run Running→Runnable
 decide_commit              attempt Started→Committed; step Running→Succeeded|Waiting; run
                            Running→Runnable|Succeeded|TerminalFailed|Waiting
 decide_rollback_retry      attempt Started→RolledBack|PreTransactionFailed; step
@@ -35,11 +35,12 @@ decide_wait_expired        step Waiting→Failed|Quarantined; run Waiting→Term
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from runtime_svc.kernel.decisions import (
     STEPS,
-    Admitted,
     Advance,
     CancelWon,
     Claimed,
@@ -51,9 +52,7 @@ from runtime_svc.kernel.decisions import (
     FinishRun,
     LeaseExtended,
     NextStep,
-    NoChange,
     NotEligible,
-    Released,
     RetryExhausted,
     RetryScheduled,
     Started,
@@ -127,7 +126,6 @@ __all__ = [
     "RetryPolicy",
     "check_transition",
     "compatibility_status",
-    "decide_admit",
     "decide_cancel",
     "decide_cancel_cleanup",
     "decide_claim",
@@ -135,7 +133,6 @@ __all__ = [
     "decide_commit_unknown",
     "decide_heartbeat",
     "decide_recovery",
-    "decide_release",
     "decide_resolve_wait",
     "decide_rollback_retry",
     "decide_start_running",
@@ -146,26 +143,23 @@ __all__ = [
 # --- admission and claim -----------------------------------------------------------------
 
 
-def decide_admit(root: RunRecord, step: StepRecord, now: datetime) -> Admitted | NoChange:
-    """Root ``Accepted -> Runnable``, publishing the first step's due time."""
-    if root.state is not RunState.ACCEPTED:
-        return NoChange("not_accepted")
-    if root.current_step_execution_id != step.step_execution_id:
-        return NoChange("not_current_step")
-    due = step.run_after or now
-    run = patch_root(
-        root, RunState.RUNNABLE, expect_current_step=step.step_execution_id, run_after=due
-    )
-    return Admitted(Transition(run=run))
-
-
 def decide_claim(
     root: RunRecord, step: StepRecord, now: datetime, policy: RetryPolicy, request: ClaimRequest
-) -> Claimed | NotEligible:
+) -> Claimed | NotEligible | RetryExhausted:
     """§12.1 steps 3-5: claim ``step`` for ``request`` if it is the root's due current step.
 
     The new attempt's ``RecoveryBackoffFloor`` is the deterministic jittered backoff of
     its attempt number, which is never below the ordinary retry floor of that attempt.
+
+    The attempt budget bounds automatic *retries* (§13.4: "attempt count ... remain"):
+    only an eligible ``RetryScheduled`` step needs budget left (§12.1 step 3). A
+    ``Pending`` step is always claimable — a first execution, or a step resumed after its
+    wait resolved (``Waiting -> Pending``), which is no retry even when entering the wait
+    used the last attempt. A due ``RetryScheduled`` step whose budget is already spent
+    (the policy was lowered after it was scheduled) can never be claimed again: the
+    decision ends it — step ``Failed``, root ``TerminalFailed`` with ``retry_exhausted``
+    (a documented extension of §11, see :mod:`runtime_svc.kernel.tables`) — instead of
+    leaving the run unclaimable for ever.
     """
     checks: list[tuple[bool, str]] = [
         (root.execution_owner is not ExecutionOwner.FLOW_RUNTIME_V2, "not_v2_owned"),
@@ -182,9 +176,14 @@ def decide_claim(
         (step.state not in CLAIMABLE, "step_not_claimable"),
         (step.ownership_epoch != request.ownership_epoch, "epoch_mismatch"),
         (step.run_after is not None and step.run_after > now, "not_due"),
-        (step.attempt_count >= policy.max_attempts, "attempt_budget_spent"),
+        (
+            step.state is StepState.RETRY_SCHEDULED and step.attempt_count >= policy.max_attempts,
+            "attempt_budget_spent",
+        ),
     ]
     reason = next((why for failed, why in checks if failed), None)
+    if reason == "attempt_budget_spent":
+        return _budget_spent(root, step, now)
     if reason is not None:
         return NotEligible(reason)
     number = step.attempt_count + 1
@@ -231,6 +230,25 @@ def decide_claim(
     )
 
 
+def _budget_spent(root: RunRecord, step: StepRecord, now: datetime) -> RetryExhausted:
+    """End a due step that no attempt may run any more, and its run (no attempt row: none
+    was started)."""
+    transition = Transition(
+        run=patch_root(
+            root,
+            RunState.TERMINAL_FAILED,
+            expect_current_step=step.step_execution_id,
+            run_after=None,
+            completed_at=now,
+            terminal_cause_code=CAUSE_RETRY_EXHAUSTED,
+        ),
+        step=patch_step(
+            step, StepState.FAILED, run_after=None, failure_class=FailureClass.RETRYABLE
+        ),
+    )
+    return RetryExhausted(transition, cause_code=CAUSE_RETRY_EXHAUSTED)
+
+
 def decide_start_running(
     root: RunRecord, step: StepRecord, attempt: AttemptRecord, fence: LeaseFence, now: datetime
 ) -> Started | FenceLost:
@@ -273,27 +291,6 @@ def decide_heartbeat(
     return LeaseExtended(now + ms(policy.lease_duration_ms))
 
 
-def decide_release(
-    root: RunRecord, step: StepRecord, attempt: AttemptRecord, fence: LeaseFence, now: datetime
-) -> Released | FenceLost:
-    """Lease released before work: step ``Claimed -> Pending``, attempt ``Abandoned``
-    (it provably never entered a business transaction), root back to ``Runnable``."""
-    lost = revalidate_fence(root, step, attempt, fence, step_states=frozenset({StepState.CLAIMED}))
-    if lost is not None:
-        return lost
-    return Released(
-        Transition(
-            run=patch_root(
-                root, RunState.RUNNABLE, expect_current_step=step.step_execution_id, run_after=now
-            ),
-            step=patch_step(step, StepState.PENDING, run_after=now, **NO_LEASE),
-            attempt=patch_attempt(
-                attempt, AttemptOutcome.ABANDONED, now, failure_class=None, retry=RetryDecision.NONE
-            ),
-        )
-    )
-
-
 # --- commit and rollback -----------------------------------------------------------------
 
 
@@ -305,8 +302,10 @@ def decide_commit(
     now: datetime,
     advance: Advance,
     output_checkpoint_id: str,
+    evidence: Mapping[str, Any] | None = None,
 ) -> Committed | FenceLost:
-    """§12.2 steps 9-12: the final fenced transition, made in the business transaction."""
+    """§12.2 steps 9-12: the final fenced transition, made in the business transaction;
+    ``evidence`` (e.g. the lock plan the step committed with) is kept on the attempt."""
     lost = revalidate_fence(root, step, attempt, fence, step_states=frozenset({StepState.RUNNING}))
     if lost is None and step.input_checkpoint_id != fence.input_checkpoint_id:
         lost = FenceLost(
@@ -319,7 +318,12 @@ def decide_commit(
     if lost is not None:
         return lost
     attempt_patch = patch_attempt(
-        attempt, AttemptOutcome.COMMITTED, now, failure_class=None, retry=RetryDecision.NONE
+        attempt,
+        AttemptOutcome.COMMITTED,
+        now,
+        failure_class=None,
+        retry=RetryDecision.NONE,
+        evidence=evidence,
     )
     step_to = StepState.WAITING if isinstance(advance, EnterWait) else StepState.SUCCEEDED
     step_patch = patch_step(
@@ -433,6 +437,7 @@ def decide_rollback_retry(
                     failure_class=FailureClass.RETRYABLE,
                     retry=RetryDecision.SCHEDULED,
                     safe_error_code=failure.safe_error_code,
+                    evidence=failure.evidence,
                 ),
             ),
             run_after=run_after,
@@ -452,6 +457,7 @@ def decide_rollback_retry(
             failure.failure_class,
             failure.safe_error_code,
             cause,
+            failure.evidence,
         ),
         cause_code=cause,
     )

@@ -51,6 +51,7 @@ from runtime_svc.kernel.wait_model import (
     WorkScopeKey,
 )
 from services.digest import canonical_json
+from services.invariants import InvariantError
 
 __all__ = [
     "CAUSE_PRODUCER_DELETED",
@@ -193,7 +194,8 @@ def decide_resolution(
 def _fault_path(
     root: RunRecord, step: StepRecord, fault: FaultSuccessor, now: datetime
 ) -> Transition:
-    assert root.current_checkpoint_id is not None
+    if root.current_checkpoint_id is None:
+        raise InvariantError("a waiting run without a current checkpoint")
     new_step = NewStep(
         step_execution_id=fault.step_execution_id,
         flow_run_id=root.flow_run_id,

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.outbox.handoff import EffectHandoff, owner_channels
 from runtime_svc.outbox.table import RUNTIME_OUTBOX
+from services.background import LoopGroup
 from services.config import OutboxSettings, ServiceConfig, ServiceName, load_outbox_settings
 from services.effect_contract import FLOW_EFFECT_SUBMIT_FAMILY, HANDOFF_SUBMIT_ROLE
 from services.outbox import (
@@ -34,7 +35,6 @@ from services.outbox import (
     OutboxDispatcher,
 )
 from services.peer_client import ScopedCredentials, peer_channel
-from services.polling import BackgroundLoops
 
 __all__ = [
     "RuntimeOutbox",
@@ -76,7 +76,7 @@ class RuntimeOutbox:
     def __init__(
         self,
         dispatcher: OutboxDispatcher,
-        loops: BackgroundLoops,
+        loops: LoopGroup,
         channels: list[grpc.aio.Channel],
     ) -> None:
         self.dispatcher, self._loops, self._channels = dispatcher, loops, channels
@@ -127,7 +127,7 @@ async def start_runtime_outbox(
         idle_s=s.idle_ms / 1000,
         sweep_interval_s=s.sweep_ms / 1000,
     )
-    loops = await BackgroundLoops(dispatcher.loop_tasks("runtime-outbox")).start()
+    loops = LoopGroup(dispatcher.loops("runtime-outbox")).start()
     log.info(
         "runtime outbox dispatcher: owners %s, finalizer %s",
         dict(s.owner_targets),

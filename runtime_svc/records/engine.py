@@ -50,7 +50,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -85,6 +85,7 @@ from runtime_svc.resources import (
     business_key,
     history_key,
 )
+from runtime_svc.schema import runtime_requests
 from services.db import (
     DEFAULT_BACKOFF,
     DEFAULT_MAX_ATTEMPTS,
@@ -98,10 +99,10 @@ from services.errors import (
     AlreadyExistsError,
     ConflictError,
     FenceLostError,
-    InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
 )
+from services.request_dedupe import Deduplicated, DuplicateRequestRace, RequestKey, RequestLedger
 
 __all__ = [
     "DEFAULT_MAX_REPLANS",
@@ -149,6 +150,8 @@ class ChangeSink(Protocol):
 Transform = Callable[
     [AsyncConnection, RecordMutation, RecordState | None], Awaitable[RecordMutation]
 ]
+
+T = TypeVar("T")
 
 #: How often a public write re-plans after late resource discovery before giving up.
 DEFAULT_MAX_REPLANS = 3
@@ -348,10 +351,12 @@ async def apply_mutation_txn(
         ),
     )
     if not inserted:
-        # The sequence is reserved under lock, so only the request key can collide: the
-        # same request is being applied by a concurrent call. It re-reads, then replays.
+        # The sequence is reserved under the record's lock: a collision means a writer that
+        # did not hold it (a broken invariant); the transaction rolls back.
         raise ConflictError(
-            "the same request is being applied concurrently", entity=_ENTITY, key=f"{obj}/{rid}"
+            "the record's history sequence was taken concurrently",
+            entity=_ENTITY,
+            key=f"{obj}/{rid}",
         )
     await store.insert_audit_txn(
         conn,
@@ -396,26 +401,6 @@ async def get_record_txn(
     return state
 
 
-async def _replay_txn(
-    conn: AsyncConnection, org_id: str, request: RequestRef
-) -> MutationResult | None:
-    marker = await store.find_request_txn(conn, org_id, request.rpc, request.request_id)
-    if marker is None:
-        return None
-    if marker.request_digest != request.request_digest:
-        raise InvalidArgumentError(
-            "request_id was already used for a different request",
-            reason="request_id_reused",
-            field_path="request_id",
-        )
-    state = await store.read_record_txn(
-        conn, org_id, marker.object_name, marker.record_id, include_deleted=True
-    )
-    if state is None:  # pragma: no cover - records are only soft-deleted
-        raise _not_found(marker.object_name, marker.record_id)
-    return MutationResult(state, marker.history_sequence, marker.event_id, "", (), replayed=True)
-
-
 # --- the public engine ------------------------------------------------------------------------
 
 
@@ -445,6 +430,7 @@ class RecordEngine:
         max_replans: restarts after late resource discovery.
         lock_hook: awaited after each lock a write takes (test seam for interleavings;
             ``None`` in production).
+        ledger: the request-dedupe ledger of :meth:`mutate_once` (``runtime_requests``).
         changes: the record-change wake-signal producer (``None``: no signals).
     """
 
@@ -456,9 +442,11 @@ class RecordEngine:
         backoff: Backoff = DEFAULT_BACKOFF,
         max_replans: int = DEFAULT_MAX_REPLANS,
         lock_hook: LockHook | None = None,
+        ledger: RequestLedger | None = None,
         changes: ChangeSink | None = None,
     ) -> None:
         self._engine = engine
+        self._ledger = ledger or RequestLedger(runtime_requests)
         self._lock_hook = lock_hook
         self._changes = changes
         self._max_attempts = max_attempts
@@ -480,73 +468,23 @@ class RecordEngine:
             self._engine, read, max_attempts=self._max_attempts, readonly=True
         )
 
-    async def mutate(
-        self,
-        org_id: str,
-        view: RecordView,
-        mutation: RecordMutation,
-        *,
-        actor: Actor,
-        request: RequestRef | None = None,
-        on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
-        transform: Transform | None = None,
-    ) -> MutationResult:
-        """Apply one validated mutation in its own transaction.
-
-        The transaction: replay check (``request``) → plain read of the current row →
-        :func:`plan_mutation` → :func:`acquire_locks_txn` → :func:`apply_mutation_txn`
-        → ``on_applied``. A retry (deadlock, lock-wait timeout, re-plan) starts again from
-        ``mutation``.
-
-        Args:
-            on_applied: awaited inside the same transaction after the record, history,
-                event and audit rows (or, for a replayed ``request``, with the replayed
-                result), so rows it writes commit or roll back with the mutation (the
-                after-save trigger's run rows). It runs again on every whole-transaction
-                retry, so it must replace, never accumulate, anything it captures.
-            transform: awaited inside the same transaction after the stored row was read
-                (``None`` for a create) and before the lock plan is made: it returns the
-                mutation to write instead (the Embedded Before-Save Flows). Not called for
-                a replayed ``request``; raising rolls everything back.
+    async def transact(self, fn: Callable[[AsyncConnection], Awaitable[T]], *, key: str = "") -> T:
+        """Run ``fn`` in one transaction of this engine's policy: a deadlock victim or
+        lock-wait timeout runs again whole (counted in :attr:`stats`), late resource
+        discovery and a lost request-ledger race restart with a fresh plan, a bounded
+        number of times. The record-change signals the committed attempt wrote are
+        matched after the commit (§14.2 step 2); a rolled-back attempt's are forgotten.
 
         Raises:
-            NotFoundError, AlreadyExistsError, StaleVersionError, RecordValidationError:
-                see :func:`apply_mutation_txn`.
-            InvalidArgumentError: ``request.request_id`` was used for another request.
-            ConflictError: still conflicting after every attempt.
+            ConflictError: still conflicting (or re-planning) after every attempt
+                (``key`` names the record in the error).
         """
-
         changes = self._changes
 
-        async def attempt(conn: AsyncConnection) -> MutationResult:
+        async def attempt(conn: AsyncConnection) -> T:
             if changes is not None:
                 changes.reset()  # a retried attempt writes its signals again
-            if request is not None:
-                replay = await _replay_txn(conn, org_id, request)
-                if replay is not None:
-                    if on_applied is not None:
-                        await on_applied(conn, replay)
-                    return replay
-            current = None
-            if mutation.kind is not MutationKind.CREATE:
-                current = await store.read_record_txn(
-                    conn, org_id, mutation.object_name, mutation.record_id
-                )
-                if current is None:
-                    raise _not_found(mutation.object_name, mutation.record_id)
-            write = mutation
-            if transform is not None:
-                write = await transform(conn, mutation, current)
-            plan = plan_mutation(view, write, current)
-            locks = await acquire_locks_txn(
-                conn, org_id, view, plan, [write], on_locked=self._lock_hook
-            )
-            result = await apply_mutation_txn(
-                conn, org_id, view, write, locks, actor=actor, request=request, changes=changes
-            )
-            if on_applied is not None:
-                await on_applied(conn, result)
-            return result
+            return await fn(conn)
 
         collector = nullcontext([]) if changes is None else changes.collect()
         with collector as written:
@@ -563,20 +501,145 @@ class RecordEngine:
                     # the same input: the next plain read sees the committed re-parenting.
                     self.stats.replans += 1
                     continue
+                except DuplicateRequestRace:
+                    continue  # a concurrent duplicate recorded first: the next attempt replays
                 if changes is not None and written:
-                    # §14.2 step 2: the producer-side match, after the commit.
                     await changes.flush(list(written))
                 return result
         raise ConflictError(
-            "the record's parents kept changing while it was written",
-            entity=_ENTITY,
-            key=f"{mutation.object_name}/{mutation.record_id}",
+            "the record's parents kept changing while it was written", entity=_ENTITY, key=key
         )
 
+    async def mutate_txn(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        view: RecordView,
+        mutation: RecordMutation,
+        *,
+        actor: Actor,
+        request: RequestRef | None = None,
+        on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
+        transform: Transform | None = None,
+    ) -> MutationResult:
+        """One attempt of :meth:`mutate` in the caller's transaction: plain read of the
+        current row → ``transform`` → :func:`plan_mutation` → :func:`acquire_locks_txn` →
+        :func:`apply_mutation_txn` → ``on_applied``.
+
+        Args:
+            request: the RPC request that drives the mutation, stored on its business event
+                as evidence (deduplication is :meth:`mutate_once`'s request ledger).
+            on_applied: awaited inside the same transaction after the record, history,
+                event and audit rows, so rows it writes commit or roll back with the
+                mutation (the after-save trigger's run rows). It runs again on every
+                whole-transaction retry, so it must replace, never accumulate, anything it
+                captures.
+            transform: awaited after the stored row was read (``None`` for a create) and
+                before the lock plan is made: it returns the mutation to write instead
+                (the Embedded Before-Save Flows); raising rolls everything back.
+
+        Raises:
+            NotFoundError, AlreadyExistsError, StaleVersionError, RecordValidationError,
+                LateResourceDiscoveryError: see :func:`apply_mutation_txn`.
+        """
+        current = None
+        if mutation.kind is not MutationKind.CREATE:
+            current = await store.read_record_txn(
+                conn, org_id, mutation.object_name, mutation.record_id
+            )
+            if current is None:
+                raise _not_found(mutation.object_name, mutation.record_id)
+        write = mutation
+        if transform is not None:
+            write = await transform(conn, mutation, current)
+        plan = plan_mutation(view, write, current)
+        locks = await acquire_locks_txn(
+            conn, org_id, view, plan, [write], on_locked=self._lock_hook
+        )
+        result = await apply_mutation_txn(
+            conn, org_id, view, write, locks, actor=actor, request=request, changes=self._changes
+        )
+        if on_applied is not None:
+            await on_applied(conn, result)
+        return result
+
+    async def mutate(
+        self,
+        org_id: str,
+        view: RecordView,
+        mutation: RecordMutation,
+        *,
+        actor: Actor,
+        on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
+        transform: Transform | None = None,
+    ) -> MutationResult:
+        """Apply one validated mutation in its own transaction (:meth:`mutate_txn` under
+        :meth:`transact`); a retry starts again from ``mutation``.
+
+        Raises:
+            NotFoundError, AlreadyExistsError, StaleVersionError, RecordValidationError:
+                see :func:`apply_mutation_txn`.
+            ConflictError: still conflicting after every attempt.
+        """
+
+        async def attempt(conn: AsyncConnection) -> MutationResult:
+            return await self.mutate_txn(
+                conn,
+                org_id,
+                view,
+                mutation,
+                actor=actor,
+                on_applied=on_applied,
+                transform=transform,
+            )
+
+        return await self.transact(attempt, key=f"{mutation.object_name}/{mutation.record_id}")
+
+    async def mutate_once(
+        self,
+        org_id: str,
+        view: RecordView,
+        mutation: RecordMutation,
+        *,
+        actor: Actor,
+        key: RequestKey,
+        encode: Callable[[MutationResult], bytes],
+        on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
+        transform: Transform | None = None,
+    ) -> Deduplicated[MutationResult]:
+        """:meth:`mutate` deduplicated on ``key`` (``services.request_dedupe``): the
+        mutation, ``on_applied`` and the ledger row with ``encode(result)`` commit in one
+        transaction; a retry replays the original response bytes without touching the
+        record (not even ``transform`` or ``on_applied`` run), a reuse of the id with
+        another body is refused.
+
+        Raises:
+            RequestIdReusedError: the id was used with another body.
+            The errors of :meth:`mutate`.
+        """
+        ref = RequestRef(key.rpc, key.request_id, key.request_digest)
+
+        async def work(conn: AsyncConnection) -> MutationResult:
+            return await self.mutate_txn(
+                conn,
+                org_id,
+                view,
+                mutation,
+                actor=actor,
+                request=ref,
+                on_applied=on_applied,
+                transform=transform,
+            )
+
+        async def attempt(conn: AsyncConnection) -> Deduplicated[MutationResult]:
+            return await self._ledger.execute_txn(conn, key, work, encode)
+
+        return await self.transact(attempt, key=f"{mutation.object_name}/{mutation.record_id}")
+
     def _observed(
-        self, fn: Callable[[AsyncConnection], Awaitable[MutationResult]]
-    ) -> Callable[[AsyncConnection], Awaitable[MutationResult]]:
-        async def run(conn: AsyncConnection) -> MutationResult:
+        self, fn: Callable[[AsyncConnection], Awaitable[T]]
+    ) -> Callable[[AsyncConnection], Awaitable[T]]:
+        async def run(conn: AsyncConnection) -> T:
             try:
                 return await fn(conn)
             except Exception as exc:

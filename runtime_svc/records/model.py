@@ -129,7 +129,8 @@ class Lineage:
 
 @dataclass(frozen=True)
 class RequestRef:
-    """Caller request identity of an RPC-driven mutation (dedupe on org, RPC, request id).
+    """Caller request identity of an RPC-driven mutation, kept on its business event as
+    evidence (deduplication is the request ledger's, ``services.request_dedupe``).
 
     Attributes:
         rpc: RPC name (``CreateRecord``, …).
@@ -152,10 +153,7 @@ class MutationResult:
         event_id: the business event row written with it.
         audit_record_id: the audit row written with it.
         changed_fields: field names the mutation set or cleared, sorted.
-        replayed: the request had been applied before; nothing was written now and
-            ``record`` is the record's current state.
-        prior: the record before the mutation (``None`` for a create, and for a replay:
-            the prior state of the first application is not kept).
+        prior: the record before the mutation (``None`` for a create).
     """
 
     record: RecordState
@@ -163,5 +161,4 @@ class MutationResult:
     event_id: str
     audit_record_id: str
     changed_fields: tuple[str, ...]
-    replayed: bool = False
     prior: RecordState | None = None

@@ -32,9 +32,7 @@ from services.errors import FenceLostError
 __all__ = [
     "AuditRow",
     "EventRow",
-    "RequestMarker",
     "advance_history_txn",
-    "find_request_txn",
     "insert_audit_txn",
     "insert_event_txn",
     "insert_history_txn",
@@ -350,42 +348,4 @@ async def insert_audit_txn(conn: AsyncConnection, audit: AuditRow) -> None:
             details=_json(audit.details),
             occurred_at=audit.occurred_at,
         )
-    )
-
-
-@dataclass(frozen=True)
-class RequestMarker:
-    """The business event that recorded an earlier application of a request."""
-
-    object_name: str
-    record_id: str
-    request_digest: str
-    history_sequence: int
-    event_id: str
-
-
-async def find_request_txn(
-    conn: AsyncConnection, org_id: str, rpc: str, request_id: str
-) -> RequestMarker | None:
-    """The outcome marker of request ``(org_id, rpc, request_id)``, if it was applied."""
-    t = business_events
-    row = (
-        await conn.execute(
-            select(
-                t.c.object_name,
-                t.c.record_id,
-                t.c.request_digest,
-                t.c.history_sequence,
-                t.c.event_id,
-            ).where(t.c.org_id == org_id, t.c.request_rpc == rpc, t.c.request_id == request_id)
-        )
-    ).one_or_none()
-    if row is None:
-        return None
-    return RequestMarker(
-        row.object_name,
-        row.record_id,
-        row.request_digest or "",
-        int(row.history_sequence),
-        row.event_id,
     )

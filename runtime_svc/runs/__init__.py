@@ -2,8 +2,9 @@
 validation, reads with the compatibility projection, keyset listing, the support read,
 authorized delete and cancellation, and after-save trigger admission.
 
-Pure modules: :mod:`.inputs`, :mod:`.keys`, :mod:`.tokens`. Storage reads:
-:mod:`.resolve`, :mod:`.listing`. Composition: :mod:`.service`, :mod:`.after_save`.
+Pure modules: :mod:`.inputs`, :mod:`.keys`, :mod:`.tokens`. Storage reads: :mod:`.resolve`
+(``ListRuns`` reads through the kernel's ``list_runs_txn``). Composition: :mod:`.service`,
+:mod:`.after_save`.
 Writes happen only through :class:`runtime_svc.kernel.FlowRunStateStore`. The gRPC
 servicer lives in ``runtime_svc.api.runs``.
 """
@@ -17,7 +18,6 @@ from runtime_svc.runs.after_save import (
 )
 from runtime_svc.runs.inputs import DeclaredVariable, validate_input_variables
 from runtime_svc.runs.keys import after_save_key, caller_key, start_key
-from runtime_svc.runs.listing import ListFilters
 from runtime_svc.runs.resolve import FlowTarget, ResolvedPlan
 from runtime_svc.runs.service import (
     CANCEL_ROLE,
@@ -35,7 +35,6 @@ __all__ = [
     "DELETE_ROLE",
     "DeclaredVariable",
     "FlowTarget",
-    "ListFilters",
     "PageCursor",
     "PageTokenCodec",
     "ResolvedPlan",

@@ -9,11 +9,11 @@ The RecordService calls, per mutating request:
    sequence, event and audit rows (runs are lifecycle rows, appended after the business
    rows in the §13.1 order); the returned ids are ``triggered_flow_run_ids``.
 
-Each run's idempotency key is derived from the mutation (org, object, record id, history
-sequence, Flow), so a replayed record request (``MutationResult.replayed``, same history
-sequence) returns the runs its first application started — looked up by key, never
-created again (its entry conditions were decided then, against the prior record that a
-replay no longer has).
+Each run's idempotency key is derived from the mutation (complete work scope, object,
+record id, history sequence, Flow), so the run of one mutation is never created twice. A
+retried record request never reaches this module: the request ledger replays the record
+service's original response (its ``triggered_flow_run_ids`` included) without touching
+the record.
 
 A plan's trigger **entry condition** is evaluated here, inside the record transaction,
 over ``$Record`` (the record as written) and ``$Record__Prior`` (the stored record before
@@ -84,7 +84,7 @@ async def admit_after_save_runs_txn(
     """Accept one run per admitted plan inside the record transaction.
 
     Returns:
-        The run ids, in dispatch order (the same ids again for a replayed mutation).
+        The run ids, in dispatch order.
 
     Raises:
         NotFoundError: an admitted plan vanished from the work scope (rolls back).
@@ -93,19 +93,6 @@ async def admit_after_save_runs_txn(
     record = mutation.record
     run_ids: list[str] = []
     ordered = sorted(selection.plans, key=lambda p: (p.dispatch_order, p.flow_api_name))
-    if mutation.replayed:
-        for admitted in ordered:
-            key = after_save_key(
-                scope.org_id,
-                record.object_name,
-                record.record_id,
-                mutation.history_sequence,
-                admitted.flow_api_name,
-            )
-            existing = await store.run_by_key_txn(conn, scope.org_id, key)
-            if existing is not None:
-                run_ids.append(existing.flow_run_id)
-        return run_ids
     env = trigger_env(
         record.record_id,
         record.fields,
@@ -145,7 +132,7 @@ async def admit_after_save_runs_txn(
                 plan_cursor={"step": first.plan_step_key},
             ),
             idempotency_key=after_save_key(
-                scope.org_id,
+                scope,
                 record.object_name,
                 record.record_id,
                 mutation.history_sequence,

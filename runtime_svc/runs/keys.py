@@ -1,13 +1,16 @@
 """Idempotency keys of runs as stored (``flow_runs.idempotency_key``, unique per org).
 
 The store dedupes on ``(org, key)``; ``StartRun`` promises at most one run per
-``(org, flow_api_name, idempotency_key)`` and after-save triggers derive their key from
-the record mutation, so both are namespaced here and can never collide with each other.
-Pure.
+``(complete trusted work scope, flow_api_name, idempotency_key)`` and after-save triggers
+derive their key from the record mutation, so both are namespaced here and can never
+collide with each other. Every component of the trusted work scope (installation,
+capability, binding digest) is hashed into the stored key: two installations of one org
+that use the same key get two runs and never learn of each other's (§10.0). Pure.
 """
 
 from __future__ import annotations
 
+from services.auth import TrustedRuntimeWorkScope
 from services.digest import versioned_digest
 from services.errors import InvalidArgumentError
 
@@ -23,8 +26,17 @@ _START = "start/"
 _AFTER_SAVE = "after-save/"
 
 
-def start_key(flow_api_name: str, idempotency_key: str) -> str:
-    """Stored key of a caller-supplied ``StartRun`` key.
+def _scope(scope: TrustedRuntimeWorkScope) -> list[str]:
+    return [
+        scope.org_id,
+        scope.app_installation_id,
+        scope.runtime_capability_id,
+        scope.runtime_work_binding_digest,
+    ]
+
+
+def start_key(scope: TrustedRuntimeWorkScope, flow_api_name: str, idempotency_key: str) -> str:
+    """Stored key of a caller-supplied ``StartRun`` key within the trusted work scope.
 
     Raises:
         InvalidArgumentError: the key is longer than :data:`MAX_CALLER_KEY_LEN`.
@@ -34,16 +46,14 @@ def start_key(flow_api_name: str, idempotency_key: str) -> str:
             f"idempotency_key is longer than {MAX_CALLER_KEY_LEN} characters",
             field_path="idempotency_key",
         )
-    # The API name is hashed so long names cannot push the key past the column bound.
-    return (
-        _START
-        + versioned_digest("start-run-key", [flow_api_name, idempotency_key])[-40:]
-        + ("/" + idempotency_key)
-    )
+    # Scope and API name are hashed so long values cannot push the key past the column
+    # bound; the caller's key stays readable (``caller_key``).
+    digest = versioned_digest("start-run-key.scoped", [*_scope(scope), flow_api_name])
+    return _START + digest[-40:] + ("/" + idempotency_key)
 
 
 def after_save_key(
-    org_id: str,
+    scope: TrustedRuntimeWorkScope,
     object_name: str,
     record_id: str,
     history_sequence: int,
@@ -55,8 +65,8 @@ def after_save_key(
     maps to the same key and the store returns the run it already started.
     """
     digest = versioned_digest(
-        "after-save-run-key",
-        [org_id, object_name, record_id, history_sequence, flow_api_name],
+        "after-save-run-key.scoped",
+        [*_scope(scope), object_name, record_id, history_sequence, flow_api_name],
     )
     return _AFTER_SAVE + digest
 

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.compiler.plan import ExecutionPlan, PlanStep
 from runtime_svc.definitions import repository as repo
-from runtime_svc.kernel import FirstStep
+from runtime_svc.kernel import FirstStep, RunRecord
 from runtime_svc.runs.inputs import DeclaredVariable
 from services.auth import TrustedRuntimeWorkScope
 from services.errors import FailedPreconditionError, NotFoundError
@@ -25,6 +25,7 @@ __all__ = [
     "FlowTarget",
     "ResolvedPlan",
     "first_step_of",
+    "plan_of_run_txn",
     "resolve_plan_by_id_txn",
     "resolve_plan_txn",
 ]
@@ -159,3 +160,18 @@ async def resolve_plan_by_id_txn(
             attributes={"flow_api_name": version.flow_api_name},
         )
     return _autolaunched(row, version.flow_api_name)
+
+
+async def plan_of_run_txn(
+    conn: AsyncConnection, scope: TrustedRuntimeWorkScope, run: RunRecord
+) -> ResolvedPlan:
+    """The plan an accepted run is bound to (active or not: in-flight runs keep their
+    plan), with its Flow's API name.
+
+    Raises:
+        NotFoundError: the plan is not in ``scope`` (never for a run of the scope).
+    """
+    row = await _plan_in_scope(conn, scope, run.plan_id)
+    version = await repo.get_flow_version_txn(conn, scope.org_id, row.flow_version_id)
+    name = "" if version is None else version.flow_api_name
+    return ResolvedPlan(row, row.plan(), name)

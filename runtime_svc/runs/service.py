@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -28,32 +28,42 @@ from runtime_svc.kernel import (
     RunRecord,
     RunState,
     StartRunRequest,
+    StartRunResult,
     SupportView,
 )
 from runtime_svc.kernel.states import TERMINAL_RUN_STATES
+from runtime_svc.kernel.store_reads import (
+    RunCursor,
+    RunFilters,
+    get_checkpoint_txn,
+    get_run_txn,
+    list_runs_txn,
+)
 from runtime_svc.runs.inputs import validate_input_variables
 from runtime_svc.runs.keys import start_key
-from runtime_svc.runs.listing import ListFilters, list_runs_txn
 from runtime_svc.runs.resolve import (
     FlowTarget,
     ResolvedPlan,
     first_step_of,
+    plan_of_run_txn,
     resolve_plan_by_id_txn,
     resolve_plan_txn,
 )
-from runtime_svc.runs.tokens import PageTokenCodec
-from runtime_svc.schema import execution_plans
+from runtime_svc.runs.tokens import PageCursor, PageTokenCodec
+from runtime_svc.schema import execution_plans, runtime_requests
 from runtime_svc.waits.support import DependencySupport, dependency_support_txn
 from services.auth import CANCEL_ROLE, DELETE_ROLE, TrustedIdentity, TrustedRuntimeWorkScope
-from services.db import db_now, transaction
+from services.db import db_now, run_in_transaction, transaction
 from services.errors import (
     AlreadyExistsError,
     ConflictError,
     FailedPreconditionError,
     FenceLostError,
+    InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
 )
+from services.request_dedupe import RequestKey, RequestLedger
 
 __all__ = [
     "CANCEL_ROLE",
@@ -63,8 +73,13 @@ __all__ = [
     "RunSupport",
     "RunView",
     "StartOutcome",
+    "StartResponder",
 ]
 
+T = TypeVar("T")
+
+#: ``ListRuns`` page sizes: the default and the clamp.
+DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE = 50, 500
 # DELETE_ROLE: a credential needs it for the public delete (§10.1 step 1); CANCEL_ROLE: to
 # cancel a run. Defined with the trusted-key constraints (services.auth.trust), which name
 # the roles a key may sign.
@@ -101,6 +116,19 @@ class RunSupport:
     subflow_version_ids: Mapping[tuple[str, int], str] = field(default_factory=dict)
     #: Dependency correlation (§19): producer, age, probes, the consumed signal.
     dependencies: tuple[DependencySupport, ...] = ()
+
+
+class StartResponder(Protocol):
+    """How the API layer serializes a ``StartRun`` answer for the request ledger (and
+    reads back the run a provisional answer accepted)."""
+
+    def encode(self, outcome: StartOutcome) -> bytes:
+        """The response bytes of ``outcome``."""
+        ...
+
+    def accepted(self, response: bytes) -> tuple[str, bool]:
+        """``(flow_run_id, existing_run)`` of a recorded response."""
+        ...
 
 
 class IdempotencyKeyReusedError(AlreadyExistsError):
@@ -140,6 +168,11 @@ class RunService:
         atomic_budget_s: how long ``StartRun`` of a Bounded Atomic Flow executes it
             synchronously when the request asks for a shorter (or no) wait; clamped to
             ``max_wait_s``.
+        ledger: the request-dedupe ledger of the mutating RPCs (``runtime_requests``).
+
+    Methods named ``*_once`` take the request's :class:`~services.request_dedupe.RequestKey`
+    and an encoder and return the response bytes: the mutation and its ledger row commit
+    in one transaction, a retry replays the original bytes (``services.request_dedupe``).
     """
 
     def __init__(
@@ -152,8 +185,10 @@ class RunService:
         poll_interval_s: float = 0.05,
         atomic: AtomicRunner | None = None,
         atomic_budget_s: float = 5.0,
+        ledger: RequestLedger | None = None,
     ) -> None:
         self._engine = engine
+        self._ledger = ledger or RequestLedger(runtime_requests)
         self.store = store
         self._tokens = page_tokens
         self._max_wait_s = max_wait_s
@@ -181,6 +216,65 @@ class RunService:
                 (nothing is written).
             AlreadyExistsError: ``idempotency_key`` was used for a different request.
         """
+        resolved, request = await self._prepare(scope, target, input_variables, idempotency_key)
+        result = await self._create(scope, request)
+        return await self._drive(scope, resolved, result.run, not result.created, wait_budget_s)
+
+    async def start_run_once(
+        self,
+        scope: TrustedRuntimeWorkScope,
+        key: RequestKey,
+        responder: StartResponder,
+        target: FlowTarget | str,
+        input_variables: Mapping[str, Any],
+        *,
+        idempotency_key: str = "",
+        wait_budget_s: float = 0.0,
+    ) -> bytes:
+        """:meth:`start_run` deduplicated on ``key``: the run is accepted in the same
+        transaction as a *provisional* ledger answer (the accepted run), so one
+        ``request_id`` never starts two runs, with or without an idempotency key; the
+        answer after the synchronous execution or wait completes it. A retry replays the
+        completed answer, or — when the first call has not completed it (still running,
+        or its process died) — drives the accepted run again within its own budget.
+
+        Raises:
+            RequestIdReusedError: ``request_id`` was used with another body.
+            The errors of :meth:`start_run`.
+        """
+        stored = await self._ledger.replay(self._engine, key)
+        if stored is not None and stored.payload is not None:
+            if stored.completed:
+                return stored.payload
+            return await self._resume(scope, key, responder, stored.payload, wait_budget_s)
+        resolved, request = await self._prepare(scope, target, input_variables, idempotency_key)
+
+        async def create(conn: AsyncConnection) -> StartRunResult:
+            return await self._create_txn(conn, scope, request)
+
+        def provisional(result: StartRunResult) -> bytes:
+            view = RunView(result.run, resolved.flow_api_name, resolved.row.plan_digest)
+            terminal = result.run.state in TERMINAL_RUN_STATES
+            return responder.encode(StartOutcome(view, terminal, not result.created))
+
+        done = await self._ledger.execute(self._engine, key, create, provisional, completed=False)
+        if done.replayed and done.response is not None:
+            if done.completed:
+                return done.response
+            return await self._resume(scope, key, responder, done.response, wait_budget_s)
+        if done.value is None:  # pragma: no cover - a fresh execution always has a value
+            raise FailedPreconditionError("the run was not accepted", reason="internal")
+        result = done.value
+        outcome = await self._drive(scope, resolved, result.run, not result.created, wait_budget_s)
+        return await self._ledger.complete(self._engine, key, responder.encode(outcome))
+
+    async def _prepare(
+        self,
+        scope: TrustedRuntimeWorkScope,
+        target: FlowTarget | str,
+        input_variables: Mapping[str, Any],
+        idempotency_key: str,
+    ) -> tuple[ResolvedPlan, StartRunRequest]:
         async with transaction(self._engine, readonly=True) as conn:
             if isinstance(target, FlowTarget):
                 resolved = await resolve_plan_txn(conn, scope, target)
@@ -198,11 +292,43 @@ class RunService:
                 plan_cursor={"step": first.plan_step_key},
             ),
             idempotency_key=(
-                start_key(resolved.flow_api_name, idempotency_key) if idempotency_key else None
+                start_key(scope, resolved.flow_api_name, idempotency_key)
+                if idempotency_key
+                else None
             ),
         )
-        result = await self._create(scope, request)
-        run = result.run
+        return resolved, request
+
+    async def _resume(
+        self,
+        scope: TrustedRuntimeWorkScope,
+        key: RequestKey,
+        responder: StartResponder,
+        provisional: bytes,
+        wait_budget_s: float,
+    ) -> bytes:
+        """Drive the run a provisional answer accepted, then complete the answer."""
+        run_id, existing = responder.accepted(provisional)
+
+        async def read(conn: AsyncConnection) -> tuple[RunRecord, ResolvedPlan]:
+            run = await get_run_txn(conn, scope.org_id, run_id, include_deleted=True)
+            return run, await plan_of_run_txn(conn, scope, run)
+
+        async with transaction(self._engine, readonly=True) as conn:
+            run, resolved = await read(conn)
+        outcome = await self._drive(scope, resolved, run, existing, wait_budget_s)
+        return await self._ledger.complete(self._engine, key, responder.encode(outcome))
+
+    async def _drive(
+        self,
+        scope: TrustedRuntimeWorkScope,
+        resolved: ResolvedPlan,
+        run: RunRecord,
+        existing: bool,
+        wait_budget_s: float,
+    ) -> StartOutcome:
+        """Execute a Bounded Atomic run synchronously, or wait for the run, within the
+        budget (§18.3); the run's answer either way."""
         completed = run.state in TERMINAL_RUN_STATES
         if (
             not completed
@@ -217,18 +343,29 @@ class RunService:
         if not completed and wait_budget_s > 0:
             run = await self._wait(scope.org_id, run, min(wait_budget_s, self._max_wait_s))
             completed = run.state in TERMINAL_RUN_STATES
-        view = await self._view(run, resolved)
-        return StartOutcome(view, completed=completed, existing_run=not result.created)
+        async with transaction(self._engine, readonly=True) as conn:
+            outputs = await self._outputs_txn(conn, run, resolved.plan)
+        view = RunView(run, resolved.flow_api_name, resolved.row.plan_digest, outputs)
+        return StartOutcome(view, completed=completed, existing_run=existing)
 
-    async def _create(self, scope: TrustedRuntimeWorkScope, request: StartRunRequest) -> Any:
-        # The store reads a lost insert race back and compares request digests, so a
-        # concurrent duplicate is a replay and only a different body is a conflict.
+    async def _create_txn(
+        self, conn: AsyncConnection, scope: TrustedRuntimeWorkScope, request: StartRunRequest
+    ) -> StartRunResult:
         try:
-            return await self.store.create_run(scope, request)
+            return await self.store.create_run_txn(conn, scope, request)
         except ConflictError as exc:
             if isinstance(exc, FenceLostError) or request.idempotency_key is None:
                 raise
             raise IdempotencyKeyReusedError() from exc
+
+    async def _create(
+        self, scope: TrustedRuntimeWorkScope, request: StartRunRequest
+    ) -> StartRunResult:
+        # The store reads a lost insert race back and compares request digests, so a
+        # concurrent duplicate is a replay and only a different body is a conflict.
+        return await run_in_transaction(
+            self._engine, lambda conn: self._create_txn(conn, scope, request)
+        )
 
     async def _wait(self, org_id: str, run: RunRecord, budget_s: float) -> RunRecord:
         # Bounded: one read per interval until terminal or the budget is spent.
@@ -241,24 +378,19 @@ class RunService:
             run = await self.store.get_run(org_id, run.flow_run_id, include_deleted=True)
         return run
 
-    async def _outputs(self, run: RunRecord, plan: ExecutionPlan) -> Mapping[str, Any] | None:
+    @staticmethod
+    async def _outputs_txn(
+        conn: AsyncConnection, run: RunRecord, plan: ExecutionPlan
+    ) -> Mapping[str, Any] | None:
         if run.state is not RunState.SUCCEEDED or run.current_checkpoint_id is None:
             return None
-        checkpoint = await self.store.get_checkpoint(
-            run.org_id, run.flow_run_id, run.current_checkpoint_id
+        checkpoint = await get_checkpoint_txn(
+            conn, run.org_id, run.flow_run_id, run.current_checkpoint_id
         )
         context = json.loads(checkpoint.context_json)
         values = context.get("variables", {}) if isinstance(context, dict) else {}
         declared = {v.name for v in plan.variables if v.output}
         return {k: v for k, v in values.items() if k in declared}
-
-    async def _view(self, run: RunRecord, resolved: ResolvedPlan) -> RunView:
-        return RunView(
-            run,
-            resolved.flow_api_name,
-            resolved.row.plan_digest,
-            await self._outputs(run, resolved.plan),
-        )
 
     # --- reads -------------------------------------------------------------------------
 
@@ -288,39 +420,50 @@ class RunService:
             )
         return out
 
-    async def _with_outputs(self, view: RunView) -> RunView:
-        if view.run.state is not RunState.SUCCEEDED:
+    async def _view_txn(self, conn: AsyncConnection, run: RunRecord) -> RunView:
+        """The run's public view (outputs of a succeeded run included), in ``conn``."""
+        (view,) = await self._views(conn, [run])
+        if run.state is not RunState.SUCCEEDED:
             return view
-        async with transaction(self._engine, readonly=True) as conn:
-            row = await repo.get_plan_txn(conn, view.run.org_id, view.run.plan_id)
+        row = await repo.get_plan_txn(conn, run.org_id, run.plan_id)
         if row is None:
             return view
-        return RunView(
-            view.run,
-            view.flow_api_name,
-            view.plan_digest,
-            await self._outputs(view.run, row.plan()),
-        )
+        return replace(view, output_variables=await self._outputs_txn(conn, run, row.plan()))
 
     async def get_run(
         self, org_id: str, flow_run_id: str, *, include_deleted: bool = False
     ) -> RunView:
         """The run ``(org_id, flow_run_id)``; ``NotFoundError`` when missing, foreign or
         soft-deleted (§10.1 step 6)."""
-        run = await self.store.get_run(org_id, flow_run_id, include_deleted=include_deleted)
         async with transaction(self._engine, readonly=True) as conn:
-            (view,) = await self._views(conn, [run])
-        return await self._with_outputs(view)
+            run = await get_run_txn(conn, org_id, flow_run_id, include_deleted=include_deleted)
+            return await self._view_txn(conn, run)
 
     async def list_runs(
-        self, org_id: str, filters: ListFilters, page_size: int = 0, page_token: str = ""
+        self, org_id: str, filters: RunFilters, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[RunView], str]:
-        """One page of the org's visible runs and the next token (``""`` at the end)."""
+        """One page of the org's visible runs (the kernel's ``list_runs_txn``, in
+        ``(created_at, run id)`` order) and the next signed token (``""`` at the end).
+
+        Raises:
+            InvalidArgumentError: negative ``page_size``; malformed/foreign ``page_token``.
+        """
+        if page_size < 0:
+            raise InvalidArgumentError("page_size must not be negative", field_path="page_size")
+        size = min(page_size or DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE)
+        digest = filters.digest()
+        cursor = self._tokens.decode(org_id, digest, page_token)
+        after = None if cursor is None else RunCursor(cursor.created_at, cursor.flow_run_id)
         async with transaction(self._engine, readonly=True) as conn:
-            runs, token = await list_runs_txn(
-                conn, org_id, filters, page_size, page_token, self._tokens
+            runs, more = await list_runs_txn(conn, org_id, filters, limit=size, after=after)
+            views = await self._views(conn, runs)
+        token = ""
+        if more and runs:
+            last = runs[-1]
+            token = self._tokens.encode(
+                org_id, digest, PageCursor(last.created_at, last.flow_run_id)
             )
-            return await self._views(conn, runs), token
+        return views, token
 
     async def support(self, org_id: str, flow_run_id: str) -> RunSupport:
         """§19 support read of ``(org_id, flow_run_id)`` — never by run id alone, never a
@@ -344,35 +487,75 @@ class RunService:
 
     # --- delete and cancel -------------------------------------------------------------
 
-    async def _check_version(self, org_id: str, flow_run_id: str, expected: int) -> RunRecord:
-        run = await self.store.get_run(org_id, flow_run_id, include_deleted=True)
-        if expected and run.state_version != expected and not run.is_deleted:
-            raise FailedPreconditionError(
-                f"expected_state_version {expected} is stale (current {run.state_version})",
-                reason="state_version_mismatch",
-            )
-        return run
+    async def _once(
+        self,
+        key: RequestKey,
+        work: Callable[[AsyncConnection], Awaitable[T]],
+        encode: Callable[[T], bytes],
+    ) -> bytes:
+        done = await self._ledger.execute(self._engine, key, work, encode)
+        if done.response is None:  # pragma: no cover - these encoders always answer
+            raise FailedPreconditionError("the request produced no response", reason="internal")
+        return done.response
 
     async def delete_run(
-        self, identity: TrustedIdentity, flow_run_id: str, *, expected_state_version: int = 0
+        self,
+        identity: TrustedIdentity,
+        flow_run_id: str,
+        *,
+        expected_state_version: int | None = None,
     ) -> RunView:
         """§10.1 public delete: authorize (step 1), then the store's soft delete plus
-        fenced cancellation (steps 2-5). Repeating it returns the same outcome.
+        fenced cancellation (steps 2-5), the view read in the same transaction.
+        Repeating it returns the same outcome.
 
         Raises:
             PermissionDeniedError: the credential lacks :data:`DELETE_ROLE` (checked before
                 any read or write).
             NotFoundError: missing or in another org.
-            FailedPreconditionError: ``expected_state_version`` is stale.
+            StateVersionMismatchError: the root is not at ``expected_state_version``
+                (``None``: no expectation), compared in the store's compare-and-swap.
         """
         _require_role(identity, DELETE_ROLE, "delete")
         org = identity.org_id
-        await self._check_version(org, flow_run_id, expected_state_version)
-        await self.store.delete_run(org, flow_run_id)
-        return await self.get_run(org, flow_run_id, include_deleted=True)
+        return await run_in_transaction(
+            self._engine,
+            lambda conn: self._delete_txn(conn, org, flow_run_id, expected_state_version),
+        )
+
+    async def delete_run_once(
+        self,
+        identity: TrustedIdentity,
+        flow_run_id: str,
+        key: RequestKey,
+        encode: Callable[[RunView], bytes],
+        *,
+        expected_state_version: int | None = None,
+    ) -> bytes:
+        """:meth:`delete_run` deduplicated on ``key`` (the role is checked first)."""
+        _require_role(identity, DELETE_ROLE, "delete")
+        org = identity.org_id
+        return await self._once(
+            key,
+            lambda conn: self._delete_txn(conn, org, flow_run_id, expected_state_version),
+            encode,
+        )
+
+    async def _delete_txn(
+        self, conn: AsyncConnection, org: str, flow_run_id: str, expected: int | None
+    ) -> RunView:
+        await self.store.cancel_txn(
+            conn, org, flow_run_id, delete=True, expected_state_version=expected
+        )
+        run = await get_run_txn(conn, org, flow_run_id, include_deleted=True)
+        return await self._view_txn(conn, run)
 
     async def cancel_run(
-        self, identity: TrustedIdentity, flow_run_id: str, *, expected_state_version: int = 0
+        self,
+        identity: TrustedIdentity,
+        flow_run_id: str,
+        *,
+        expected_state_version: int | None = None,
     ) -> RunView:
         """Request cancellation (§11.1 ``CancelRequested``); idempotent while the run is
         cancelling or cancelled.
@@ -381,19 +564,46 @@ class RunService:
             PermissionDeniedError: the credential lacks :data:`CANCEL_ROLE`.
             NotFoundError: missing, foreign or deleted.
             FailedPreconditionError: the run already ended otherwise (Succeeded,
-                TerminalFailed, Quarantined), or ``expected_state_version`` is stale.
+                TerminalFailed, Quarantined); nothing is written.
+            StateVersionMismatchError: the root is not at ``expected_state_version``.
         """
         _require_role(identity, CANCEL_ROLE, "cancel")
         org = identity.org_id
-        before = await self._check_version(org, flow_run_id, expected_state_version)
-        if before.is_deleted:
-            raise NotFoundError("flow_run", flow_run_id)
-        await self.store.request_cancel(org, flow_run_id)
-        view = await self.get_run(org, flow_run_id)
-        if view.run.state in TERMINAL_RUN_STATES - {RunState.CANCELLED}:
+        return await run_in_transaction(
+            self._engine,
+            lambda conn: self._cancel_txn(conn, org, flow_run_id, expected_state_version),
+        )
+
+    async def cancel_run_once(
+        self,
+        identity: TrustedIdentity,
+        flow_run_id: str,
+        key: RequestKey,
+        encode: Callable[[RunView], bytes],
+        *,
+        expected_state_version: int | None = None,
+    ) -> bytes:
+        """:meth:`cancel_run` deduplicated on ``key`` (the role is checked first)."""
+        _require_role(identity, CANCEL_ROLE, "cancel")
+        org = identity.org_id
+        return await self._once(
+            key,
+            lambda conn: self._cancel_txn(conn, org, flow_run_id, expected_state_version),
+            encode,
+        )
+
+    async def _cancel_txn(
+        self, conn: AsyncConnection, org: str, flow_run_id: str, expected: int | None
+    ) -> RunView:
+        await self.store.cancel_txn(
+            conn, org, flow_run_id, delete=False, expected_state_version=expected
+        )
+        run = await get_run_txn(conn, org, flow_run_id)
+        if run.state in TERMINAL_RUN_STATES - {RunState.CANCELLED}:
+            # Raised inside the transaction: a refused cancellation records nothing.
             raise FailedPreconditionError(
-                f"the run already ended ({view.run.state.code}); only a non-terminal run "
+                f"the run already ended ({run.state.code}); only a non-terminal run "
                 "can be cancelled",
                 reason="run_terminal",
             )
-        return view
+        return await self._view_txn(conn, run)

@@ -35,6 +35,7 @@ from runtime_svc.waits.registry import ProducerFamily, ProducerRegistry
 from services.db import KEY_LEN, TOKEN_LEN
 from services.digest import CanonicalJsonError, canonical_json, is_digest, versioned_digest
 from services.errors import InvalidArgumentError
+from services.invariants import InvariantError
 
 __all__ = [
     "EFFECT_EVIDENCE_FIELDS",
@@ -207,7 +208,8 @@ def validate_submission(s: SignalSubmission, registry: ProducerRegistry) -> NewS
             "evidence_digest_mismatch",
         )
     if spec.family is ProducerFamily.EFFECT_COMPLETION:
-        assert kind == EFFECT_COMPLETION_PRODUCER
+        if kind != EFFECT_COMPLETION_PRODUCER:
+            raise InvariantError(f"effect-completion family with producer kind {kind}")
         _check_effect(s, evidence)
     return NewSignal(
         wake_signal_id=f"sig_{uuid.uuid4().hex}",

@@ -43,6 +43,7 @@ from runtime_svc.waits import queries
 from runtime_svc.waits.record_producer import RecordWatches
 from runtime_svc.waits.registry import ProducerFamily
 from runtime_svc.waits.resolution import Matcher
+from services.background import OrgRotation
 from services.db import db_now, run_in_transaction, transaction
 from services.errors import NotFoundError
 
@@ -125,6 +126,9 @@ class WaitSweeper:
         batch: rows each part of one org's pass handles at most.
         rng: probe jitter.
         watches: the record producer's memo, forgotten when a watch is dropped.
+        org_batch: orgs one :meth:`sweep_once` pass serves; the next pass resumes after
+            the last one served and wraps around (:class:`services.background.OrgRotation`),
+            so every org with waits is reached however many there are.
     """
 
     def __init__(
@@ -135,6 +139,7 @@ class WaitSweeper:
         batch: int = 100,
         rng: random.Random | None = None,
         watches: RecordWatches | None = None,
+        org_batch: int = 100,
     ) -> None:
         self._engine = engine
         self._watches = watches
@@ -142,19 +147,24 @@ class WaitSweeper:
         self._batch = batch
         self._rng = rng or random.Random()  # noqa: S311 - probe jitter, not security
         self._cursors: dict[str, str] = {}
-        self._org_cursor = ""
         self._passes = 0
+
+        async def source(after: str | None, limit: int) -> list[str]:
+            return await orgs_with_waits(engine, after=after or "", limit=limit)
+
+        self._orgs = OrgRotation(source, batch=org_batch)
 
     async def _now(self) -> datetime:
         async with transaction(self._engine, readonly=True) as conn:
             return await self.matcher._clock(conn)
 
-    async def sweep_once(self, *, org_limit: int = 100) -> SweepStats:
-        """One pass over a page of orgs with waits (the next page on the next pass)."""
-        orgs = await orgs_with_waits(self._engine, after=self._org_cursor, limit=org_limit)
-        self._org_cursor = orgs[-1] if len(orgs) == org_limit else ""
+    async def sweep_once(self, *, org_limit: int | None = None) -> SweepStats:
+        """One pass over the next batch of orgs with waits (``org_limit`` overrides the
+        batch size from now on); a failing org is logged and retried next pass."""
+        if org_limit is not None:
+            self._orgs.batch = org_limit
         total = SweepStats()
-        for org in orgs:
+        for org in await self._orgs.next_batch():
             try:
                 total.add(await self.sweep_org(org))
             except Exception:

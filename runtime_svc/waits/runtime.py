@@ -64,6 +64,9 @@ class WaitRuntime:
             signals=SignalService(engine, matcher, registry, clock),
         )
 
-    def sweeper(self, *, batch: int = 100) -> WaitSweeper:
-        """The bounded wait sweeps (reconciler, expiry, repair, retention)."""
-        return WaitSweeper(self.engine, self.matcher, batch=batch, watches=self.watches)
+    def sweeper(self, *, batch: int = 100, org_batch: int = 100) -> WaitSweeper:
+        """The bounded wait sweeps (reconciler, expiry, repair, retention): ``batch`` rows
+        per part and org, ``org_batch`` orgs per pass in rotation."""
+        return WaitSweeper(
+            self.engine, self.matcher, batch=batch, watches=self.watches, org_batch=org_batch
+        )

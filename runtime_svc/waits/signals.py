@@ -12,6 +12,9 @@
    match against pending dependencies (§14.2 step 2), whose failure never fails the
    acknowledged submit: the signal's owed match stays for the repair sweep.
 
+A ``SubmitWakeSignal`` retry with the same ``request_id`` replays the original answer
+(:meth:`SignalService.submit_once`; the wake token stays the durable delivery identity).
+
 The work scope is always the caller's trusted one (the credential's, checked against its
 persisted binding by the API layer); a signal of another scope answers exactly like a
 missing one.
@@ -29,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from runtime_svc.kernel.store_waits import insert_signal_txn
 from runtime_svc.kernel.transitions_waits import WaitTransition
 from runtime_svc.kernel.wait_model import NewSignal, SignalRecord, SignalState, WorkScopeKey
+from runtime_svc.schema import runtime_requests
 from runtime_svc.waits import queries
 from runtime_svc.waits.evidence import SignalSubmission, validate_submission
 from runtime_svc.waits.record_producer import MATCH_GRACE, SIGNAL_RETENTION
@@ -37,6 +41,8 @@ from runtime_svc.waits.resolution import Matcher
 from services.db import run_in_transaction, transaction
 from services.errors import FailedPreconditionError, NotFoundError
 from services.faults import CrashPoint, crash_point
+from services.invariants import InvariantError
+from services.request_dedupe import RequestKey, RequestLedger
 
 __all__ = ["SignalService", "SubmitOutcome"]
 
@@ -112,6 +118,7 @@ class SignalService:
         self._registry = registry
         self._clock = clock
         self._retention = retention
+        self._ledger = RequestLedger(runtime_requests)
 
     async def submit(self, scope: WorkScopeKey, submission: SignalSubmission) -> SubmitOutcome:
         """Accept one notification (see the module docstring).
@@ -121,47 +128,89 @@ class SignalService:
             FailedPreconditionError: the token was accepted with another body.
         """
         new = validate_submission(submission, self._registry)
+        outcome, fresh = await run_in_transaction(
+            self._engine, lambda conn: self._accept_txn(conn, scope, new)
+        )
+        return await self._matched(scope, new, outcome) if fresh else outcome
 
-        async def txn(conn: AsyncConnection) -> tuple[SubmitOutcome, bool]:
-            now = await self._clock(conn)
+    async def submit_once(
+        self,
+        scope: WorkScopeKey,
+        submission: SignalSubmission,
+        key: RequestKey,
+        encode: Callable[[SubmitOutcome], bytes],
+    ) -> bytes:
+        """:meth:`submit` deduplicated on the RPC's ``request_id`` (``key``,
+        ``services.request_dedupe``): the ledger row commits with the signal. A freshly
+        accepted signal records its acceptance as a provisional response and completes
+        it with the post-match answer, so a retry replays the original answer (or, when
+        the first call died before its match, the acceptance — the owed match is the
+        repair sweep's); a duplicate or stale submission is final at once. A reuse of
+        the id with another body is refused before anything happens.
+
+        Raises:
+            RequestIdReusedError: the id was used with another body.
+            InvalidArgumentError, FailedPreconditionError: see :meth:`submit`.
+        """
+        new = validate_submission(submission, self._registry)
+        done = await self._ledger.execute(
+            self._engine,
+            key,
+            lambda conn: self._accept_txn(conn, scope, new),
+            lambda accepted: encode(accepted[0]),
+            completed=lambda accepted: not accepted[1],
+        )
+        if done.response is None:  # pragma: no cover - encode always answers
+            raise InvariantError("a signal submission without a recorded response")
+        if done.replayed or done.value is None or not done.value[1]:
+            return done.response
+        final = await self._matched(scope, new, done.value[0])
+        return await self._ledger.complete(self._engine, key, encode(final))
+
+    async def _accept_txn(
+        self, conn: AsyncConnection, scope: WorkScopeKey, new: NewSignal
+    ) -> tuple[SubmitOutcome, bool]:
+        """Step 2 of the module docstring: ``(outcome, freshly inserted)``."""
+        now = await self._clock(conn)
+        existing = await queries.signal_by_token_txn(
+            conn, scope, new.producer_kind, new.producer_key, new.wake_token
+        )
+        if existing is None and new.wake_version is not None:
+            newest = await queries.latest_signal_txn(
+                conn, scope, new.producer_kind, new.producer_key
+            )
+            if newest is not None and (newest.wake_version or 0) >= new.wake_version:
+                return SubmitOutcome(newest, stale=True), False
+        if existing is None:
+            inserted = await insert_signal_txn(
+                conn,
+                scope,
+                new,
+                now,
+                expires_at=now + self._retention,
+                match_at=now + MATCH_GRACE,
+            )
+            if inserted:
+                return SubmitOutcome(_inserted(scope, new, now, now + self._retention)), True
+            # A concurrent submit of the same token won the insert: read it back.
             existing = await queries.signal_by_token_txn(
                 conn, scope, new.producer_kind, new.producer_key, new.wake_token
             )
-            if existing is None and new.wake_version is not None:
-                newest = await queries.latest_signal_txn(
-                    conn, scope, new.producer_kind, new.producer_key
-                )
-                if newest is not None and (newest.wake_version or 0) >= new.wake_version:
-                    return SubmitOutcome(newest, stale=True), False
-            if existing is None:
-                inserted = await insert_signal_txn(
-                    conn,
-                    scope,
-                    new,
-                    now,
-                    expires_at=now + self._retention,
-                    match_at=now + MATCH_GRACE,
-                )
-                if inserted:
-                    return SubmitOutcome(_inserted(scope, new, now, now + self._retention)), True
-                # A concurrent submit of the same token won the insert: read it back.
-                existing = await queries.signal_by_token_txn(
-                    conn, scope, new.producer_kind, new.producer_key, new.wake_token
-                )
-                if existing is None:  # pragma: no cover - the unique key just said so
-                    raise FailedPreconditionError("wake signal vanished", reason="internal")
-            if not _same_body(existing, new):
-                raise FailedPreconditionError(
-                    "wake_token was already accepted for this producer key with a different "
-                    "wake_version or evidence; a token names one notification",
-                    reason="wake_token_reused",
-                    field_path="wake_token",
-                )
-            return SubmitOutcome(existing, duplicate=True), False
+            if existing is None:  # pragma: no cover - the unique key just said so
+                raise FailedPreconditionError("wake signal vanished", reason="internal")
+        if not _same_body(existing, new):
+            raise FailedPreconditionError(
+                "wake_token was already accepted for this producer key with a different "
+                "wake_version or evidence; a token names one notification",
+                reason="wake_token_reused",
+                field_path="wake_token",
+            )
+        return SubmitOutcome(existing, duplicate=True), False
 
-        outcome, fresh = await run_in_transaction(self._engine, txn)
-        if not fresh:
-            return outcome
+    async def _matched(
+        self, scope: WorkScopeKey, new: NewSignal, outcome: SubmitOutcome
+    ) -> SubmitOutcome:
+        """Step 3: the fresh-transaction match after the signal's commit."""
         crash_point(CrashPoint.AFTER_SIGNAL_COMMIT, new.producer_kind)
         try:
             result = await self._matcher.match_signal(scope, new.wake_signal_id)
@@ -201,7 +250,8 @@ class SignalService:
                 found = await queries.signal_by_id_txn(conn, scope, wake_signal_id)
                 shown = wake_signal_id
             else:
-                assert natural_key is not None
+                if natural_key is None:
+                    raise InvariantError("a signal lookup without an id or a natural key")
                 found = await queries.signal_by_token_txn(conn, scope, *natural_key)
                 shown = "/".join(natural_key)
         if found is None:

@@ -52,6 +52,7 @@ from runtime_svc.worker.executor import StepFault, StepOutcome, advance_to, cont
 from services.auth import TrustedRuntimeWorkScope
 from services.db import transaction
 from services.faults import CrashPoint, crash_point
+from services.invariants import InvariantError
 
 __all__ = ["PreparedWait", "WaitSteps", "parse_instant"]
 
@@ -260,7 +261,8 @@ class WaitSteps:
             return replace(wait, producer_key=key, resume_at=instant, probe_after_s=None)
         rid = _key_text(_value(decl.key, env))
         if family is ProducerFamily.RECORD_CHANGE:
-            assert decl.object is not None
+            if decl.object is None:
+                raise InvariantError("a record-change wait without its object")
             return replace(
                 wait, producer_key=record_key(decl.object, rid), watch_object=decl.object
             )

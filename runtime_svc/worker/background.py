@@ -1,23 +1,22 @@
-"""Workers and sweeps as background tasks of the runtime process (STYLE 12 lifecycle).
+"""Workers and sweeps as background loops of the runtime process, on the one lifecycle of
+:mod:`services.background` (STYLE 12).
 
-``start_background(cfg, engine)`` starts ``FLOW_RUNTIME_WORKERS`` worker tasks and, when
-``FLOW_RUNTIME_SWEEPS`` is true, the sweep tasks (lease recovery and cancellation cleanup,
-the wait reconciler / expiry / repair sweeps every ``FLOW_RUNTIME_WAIT_SWEEP_MS``, and
-retention); ``await background.stop()`` asks them to
-finish their current step and waits (bounded) before cancelling. Idle loops back off with
-bounded, jittered exponential delays and hold no connection while sleeping.
+``start_background(cfg, engine)`` starts ``FLOW_RUNTIME_WORKERS`` worker loops and, when
+``FLOW_RUNTIME_SWEEPS`` is true, the recovery/cancellation sweep, the wait sweeps (wake
+reconciler, expiry and repair, every ``FLOW_RUNTIME_WAIT_SWEEP_MS``), the run-retention
+sweep and the request-dedupe retention sweep (``runtime_requests``), all in one
+:class:`~services.background.LoopGroup`; ``await background.stop()`` asks them to finish
+their current iteration and waits (bounded) before cancelling. Idle loops back off with
+bounded, jittered exponential delays and hold no connection while sleeping. Other loops
+(reconcilers, dispatchers) join the same group with ``Background.add``/``spawn``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
-import random
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -26,12 +25,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from runtime_svc.kernel import FlowRunStateStore
 from runtime_svc.kernel.store_retention import RetentionSweep
 from runtime_svc.records import RecordView
+from runtime_svc.schema import runtime_requests
+from runtime_svc.worker.binary import BinaryCheck
 from runtime_svc.worker.loop import Outcome, StepWorker, Sweeper
 from runtime_svc.worker.settings import WorkerSettings
 from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
+from services.background import IdleBackoff, LoopGroup
 from services.config import ServiceConfig
 from services.errors import FailedPreconditionError
+from services.request_dedupe import RequestLedger
+from services.request_retention import RequestRetention
 
 if TYPE_CHECKING:
     from runtime_svc.waits.runtime import WaitRuntime
@@ -40,28 +44,11 @@ __all__ = ["Background", "IdleBackoff", "start_background"]
 
 log = logging.getLogger(__name__)
 
-_MIN_IDLE_S = 0.01
-_STOP_GRACE_S = 10.0
 #: Retention is a slow background duty: one bounded pass every five minutes.
 _RETENTION_INTERVAL_S = 300.0
 
-
-class IdleBackoff:
-    """Bounded, jittered exponential idle delay: reset on work, doubled when idle."""
-
-    def __init__(self, max_s: float, rng: random.Random | None = None) -> None:
-        self._max = max(max_s, _MIN_IDLE_S)
-        self._current = _MIN_IDLE_S
-        self._rng = rng or random.Random()  # noqa: S311 - idle jitter, not security
-
-    def reset(self) -> None:
-        self._current = _MIN_IDLE_S
-
-    def next_delay(self) -> float:
-        """Full jitter in ``[current/2, current]``, then double (capped)."""
-        delay = self._current * (0.5 + self._rng.random() / 2)
-        self._current = min(self._max, self._current * 2)
-        return delay
+#: The runtime process's loop group (kept under its historical name).
+Background = LoopGroup
 
 
 class _NoViews:
@@ -71,71 +58,35 @@ class _NoViews:
         )
 
 
-class Background:
-    """The running worker and sweep tasks."""
-
-    def __init__(self) -> None:
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
-    def spawn(self, name: str, body: Callable[[], Awaitable[bool]], idle_s: float) -> None:
-        """Run ``body`` (returns True when it did work) until :meth:`stop`."""
-        self._tasks.append(asyncio.create_task(self._loop(name, body, idle_s), name=name))
-
-    async def _loop(self, name: str, body: Callable[[], Awaitable[bool]], idle_s: float) -> None:
-        backoff = IdleBackoff(idle_s)
-        while not self._stop.is_set():
-            try:
-                busy = await body()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("%s: iteration failed; backing off", name)
-                busy = False
-            if busy:
-                backoff.reset()
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=backoff.next_delay())
-
-    async def stop(self) -> None:
-        """Stop after the current iteration (bounded grace, then cancel)."""
-        self._stop.set()
-        if not self._tasks:
-            return
-        _, pending = await asyncio.wait(self._tasks, timeout=_STOP_GRACE_S)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-
-
 async def start_background(
     cfg: ServiceConfig | None,
     engine: AsyncEngine,
     *,
     views: RecordViewSource | None = None,
     settings: WorkerSettings | None = None,
+    binary_check: BinaryCheck | None = None,
     waits: WaitRuntime | None = None,
-) -> Background:
+) -> LoopGroup:
     """Start this process's workers and sweeps (see the module docstring).
 
     Args:
-        cfg: the service configuration (unused until the flags move into it).
+        cfg: the service configuration (the ``FLOW_RUNTIME_*`` settings come from it).
         engine: the runtime database.
         views: record views by work scope (the catalog-backed source in production);
             defaults to ``FLOW_RUNTIME_VIEW_FILE`` when set.
-        settings: overrides :meth:`WorkerSettings.from_env`.
+        settings: overrides the settings ``cfg`` selects (tests).
+        binary_check: verifies each plan with the catalog before the workers' first
+            claim of it (§8.4); ``runtime_svc.app`` passes the catalog-backed one.
         waits: the process's wait components (default: built here); workers execute
             ``DependencyWait`` steps and signal record changes through them, and the
             wait sweeps (reconciler, expiry, repair, retention) run with the sweeps.
     """
-    del cfg  # the FLOW_RUNTIME_* flags move into ServiceConfig later
-    s = settings or WorkerSettings.from_env()
+    if settings is not None:
+        s = settings
+    elif cfg is not None:
+        s = WorkerSettings.from_config(cfg)
+    else:
+        s = WorkerSettings()
     source: RecordViewSource
     if views is not None:
         source = views
@@ -148,7 +99,7 @@ async def start_background(
         from runtime_svc.waits.runtime import WaitRuntime  # the waits import the executor
 
         waits = WaitRuntime.build(engine, signal_kinds=s.signal_kinds)
-    bg = Background()
+    group = LoopGroup()
     host = f"{socket.gethostname()}:{os.getpid()}"
     for i in range(s.workers):
         worker = StepWorker(
@@ -157,6 +108,8 @@ async def start_background(
             source,
             owner=f"{host}/w{i}/{uuid.uuid4().hex[:8]}",
             batch_size=s.batch_size,
+            org_batch=s.org_batch,
+            binary_check=binary_check,
             waits=waits.steps,
             changes=waits.producer,
         )
@@ -164,28 +117,39 @@ async def start_background(
         async def work(w: StepWorker = worker) -> bool:
             return any(o is not Outcome.NOT_ELIGIBLE for o in await w.run_once())
 
-        bg.spawn(f"flow-worker-{i}", work, s.idle_ms / 1000)
+        group.spawn(f"flow-worker-{i}", work, s.idle_ms / 1000)
     if s.sweeps:
-        sweeper = Sweeper(engine, store)
+        sweeper = Sweeper(engine, store, org_batch=s.org_batch)
 
         async def sweep() -> bool:
             await sweeper.sweep_once()
             return False  # sweeps always wait their interval
 
-        bg.spawn("flow-sweeps", sweep, s.sweep_ms / 1000)
-        wait_sweeper = waits.sweeper(batch=s.wait_batch)
+        group.spawn("flow-sweeps", sweep, s.sweep_ms / 1000, interval=True)
+        wait_sweeper = waits.sweeper(batch=s.wait_batch, org_batch=s.org_batch)
 
         async def wait_sweep() -> bool:
             await wait_sweeper.sweep_once()
             return False  # jittered period (IdleBackoff), never a tight loop
 
-        bg.spawn("flow-wait-sweeps", wait_sweep, s.wait_sweep_ms / 1000)
-        retention = RetentionSweep(engine, retention=timedelta(days=s.retention_days))
-
-        async def purge() -> bool:
-            await retention.sweep_once()
-            return False
-
-        bg.spawn("flow-retention", purge, _RETENTION_INTERVAL_S)
+        group.spawn("flow-wait-sweeps", wait_sweep, s.wait_sweep_ms / 1000, interval=True)
+        group.add(
+            RetentionSweep(
+                engine,
+                retention=timedelta(days=s.retention_days),
+                interval_s=_RETENTION_INTERVAL_S,
+                org_batch=s.org_batch,
+            )
+        )
+        group.add(
+            RequestRetention(
+                engine,
+                RequestLedger(runtime_requests),
+                retention=timedelta(hours=s.request_retention_hours),
+                interval_s=_RETENTION_INTERVAL_S,
+                org_batch=s.org_batch,
+            )
+        )
+    group.start()
     log.info("runtime background: %d worker(s), sweeps=%s", s.workers, s.sweeps)
-    return bg
+    return group

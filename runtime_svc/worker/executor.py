@@ -93,6 +93,7 @@ from runtime_svc.resources import (
 from runtime_svc.worker.actions import PureActionError, run_pure_action
 from runtime_svc.worker.budget import BudgetExceeded, BudgetMeter
 from services.errors import NotFoundError
+from services.invariants import InvariantError
 
 __all__ = [
     "LOOPS_KEY",
@@ -703,6 +704,7 @@ async def apply_intents_txn(
     before_writes: Callable[[], Awaitable[None]] | None = None,
     declared: Sequence[ResourceDecl] | None = None,
     observed: Mapping[tuple[str, str], int] | None = None,
+    admitted: list[LockPlan] | None = None,
     changes: ChangeSink | None = None,
 ) -> list[MutationResult]:
     """Validate, lock (one canonical-order acquisition) and apply ``intents`` inside the
@@ -716,7 +718,9 @@ async def apply_intents_txn(
 
     ``declared`` (the plan step's resource declarations) bounds the actual resource set:
     it is checked before the first business lock, and a late discovery is re-checked with
-    the discovered key added (§13.3).
+    the discovered key added (§13.3); the error then carries that expanded plan as
+    ``expanded_plan`` for the retry's evidence. ``admitted`` (when given) receives the
+    lock plan the intents were applied under.
 
     ``changes`` (the record-change wake-signal producer) writes its signals in this
     transaction, after each mutation's derived rows.
@@ -761,7 +765,10 @@ async def apply_intents_txn(
         mutations.append(mutation)
         one = plan_mutation(view, mutation, current)
         plan = one if plan is None else plan.union(one)
-    assert plan is not None
+    if plan is None:
+        raise InvariantError("a mutation step produced no lock plan")
+    if admitted is not None:
+        admitted[:] = [plan]
     if declared is not None:
         # §13.3: the step's actual resource set must stay within its declared classes
         # and bounds *before* any business lock is taken.
@@ -777,11 +784,13 @@ async def apply_intents_txn(
             for m in mutations
         ]
     except LateResourceDiscoveryError as exc:
+        # The retry's expanded plan must stay within the declared maximum; a discovery
+        # beyond it is terminal, never retried (§13.3 step 4).
+        role = exc.role or LockRole.RECORD
+        expanded = plan.union(LockPlan.of([(exc.resource_key, role)]))
         if declared is not None:
-            # The retry's expanded plan must stay within the declared maximum; a
-            # discovery beyond it is terminal, never retried (§13.3).
-            role = exc.role or LockRole.RECORD
-            check_resource_bounds(declared, plan.union(LockPlan.of([(exc.resource_key, role)])))
+            check_resource_bounds(declared, expanded)
+        exc.expanded_plan = expanded
         raise
 
 

@@ -7,11 +7,12 @@ One step, end to end (:meth:`StepWorker.process`)::
            load plan, step, input checkpoint (+ ReadVerificationSet)
            ─► interpret (PureCompute: no transaction)
          [heartbeat stopped; a heartbeat that lost the fence abandons the step here]
-      ─► ONE business transaction: current reads → business locks (canonical order)
+      ─► ONE business transaction: current reads → crash_point(after_step_begin)
+           → business locks (canonical order)
            → snapshot-token verification under lock (§12.2 step 6, see ``snapshots``)
-           → record writes + history/event/audit → commit_step_txn (root/step/attempt
-           fence, output checkpoint + ReadVerificationSet, root advance)
-           → crash_point(before_step_commit)
+           → record writes + history/event/audit → crash_point(before_step_fence)
+           → commit_step_txn (root/step/attempt fence, output checkpoint +
+           ReadVerificationSet, root advance) → crash_point(before_step_commit)
       ─► COMMIT ─► crash_point(after_step_commit, step_key) ─► acknowledged
 
 The heartbeat covers only the phases outside the business transaction: the mutation
@@ -27,9 +28,11 @@ resource set — or its expansion by a late discovery — leaves the plan step's
 classes or bounds (``resource_bound_exceeded``, §13.3: checked before any business lock,
 never retried).
 
-Work discovery keeps ``org_id`` leading: :func:`orgs_with_work` is one bounded query over
-the ``(org, runtime_state, …)`` claim index; each org is then served by the kernel's
-bounded ``eligible_work``.
+Work discovery keeps ``org_id`` leading: :func:`orgs_with_work` is one bounded keyset query
+over the ``(org, runtime_state, …)`` claim index, walked by an
+:class:`~services.background.OrgRotation` that resumes after the last org it served and
+wraps around, so every org with work is served however many orgs sort before it; each org
+is then served by the kernel's bounded ``eligible_work``.
 """
 
 from __future__ import annotations
@@ -71,12 +74,13 @@ from runtime_svc.kernel.decisions import (
     RetryExhausted,
     RetryScheduled,
 )
-from runtime_svc.kernel.store_reads import expired_leases_txn, get_run_txn
+from runtime_svc.kernel.store_reads import get_run_txn
 from runtime_svc.records import Actor, Lineage, RecordView
 from runtime_svc.records.model import RecordState
 from runtime_svc.records.store import read_record_txn
-from runtime_svc.resources import LateResourceDiscoveryError
+from runtime_svc.resources import LateResourceDiscoveryError, LockPlan
 from runtime_svc.schema import flow_checkpoints, flow_runs, flow_step_executions
+from runtime_svc.worker.binary import BinaryCheck
 from runtime_svc.worker.executor import (
     RUN_OUTPUT_KEY,
     RecordQuery,
@@ -98,6 +102,7 @@ from runtime_svc.worker.snapshots import (
 )
 from runtime_svc.worker.views import RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
+from services.background import OrgRotation
 from services.db import DbErrorClass, classify_db_error, transaction
 from services.errors import (
     CommitOutcomeUnknownError,
@@ -107,6 +112,7 @@ from services.errors import (
     NotFoundError,
 )
 from services.faults import CrashPoint, crash_point, raise_connection_lost_after_commit
+from services.invariants import InvariantError
 
 if TYPE_CHECKING:  # the waits package imports the executor of this one
     from runtime_svc.records.engine import ChangeSink
@@ -124,7 +130,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Queue classes this worker serves (§16.1): mutation steps, synchronous-profile leftovers,
-#: woken waits and effect completions.
+#: woken waits and effect completions. A step the executor cannot run (e.g. an effect
+#: completion before the effect owner lands) is claimed and fails closed
+#: (``unsupported_step_kind``) rather than sitting on a lane nobody claims, which would
+#: leave its run ``Runnable`` for ever (issue 10, item 4).
 DEFAULT_QUEUE_CLASSES = (
     "durable_mutation",
     "bounded_atomic_foreground",
@@ -158,8 +167,11 @@ class Outcome(StrEnum):
     ALREADY_COMMITTED = "already_committed"
 
 
-async def orgs_with_work(engine: AsyncEngine, *, limit: int = 100) -> list[str]:
-    """Orgs with runnable, running or cancel-requested runs (bounded, stable order).
+async def orgs_with_work(
+    engine: AsyncEngine, *, after: str | None = None, limit: int = 100
+) -> list[str]:
+    """Orgs with runnable, running or cancel-requested runs, in org order after ``after``
+    (bounded; an :class:`~services.background.OrgRotation` walks them all).
 
     The one cross-org read of the runtime: an index-only ``DISTINCT org_id`` over the
     claim index, limited; every later query is org-scoped.
@@ -172,6 +184,8 @@ async def orgs_with_work(engine: AsyncEngine, *, limit: int = 100) -> list[str]:
         .order_by(t.org_id)
         .limit(limit)
     )
+    if after is not None:
+        stmt = stmt.where(t.org_id > after)
     async with transaction(engine, readonly=True) as conn:
         return [str(o) for o in (await conn.execute(stmt)).scalars()]
 
@@ -192,9 +206,13 @@ class StepWorker:
         owner: this worker's lease owner name.
         queue_classes: queue classes served.
         batch_size: candidates per ``eligible_work`` call.
+        org_batch: orgs one :meth:`run_once` serves (the rotation resumes after them).
         hook: test seam (:data:`PhaseHook`).
         heartbeat: run the periodic lease heartbeat (§12.3); ``False`` is a test seam.
         heartbeat_interval_s: heartbeat period; default one third of the policy lease.
+        binary_check: verifies each plan with the catalog before its first claim
+            (:mod:`runtime_svc.worker.binary`); ``None`` skips it (tests, view-file
+            dev stacks without a catalog).
         waits: executes ``DependencyWait`` steps (``None``: they fail closed with
             ``unsupported_step_kind``).
         changes: the record-change wake-signal producer of the step's record writes.
@@ -209,9 +227,11 @@ class StepWorker:
         owner: str,
         queue_classes: tuple[str, ...] = DEFAULT_QUEUE_CLASSES,
         batch_size: int = 20,
+        org_batch: int = 100,
         hook: PhaseHook | None = None,
         heartbeat: bool = True,
         heartbeat_interval_s: float | None = None,
+        binary_check: BinaryCheck | None = None,
         waits: WaitSteps | None = None,
         changes: ChangeSink | None = None,
     ) -> None:
@@ -234,6 +254,8 @@ class StepWorker:
             tuple[str, str], tuple[TrustedRuntimeWorkScope, ExecutionPlan, int]
         ]
         self._plans = OrderedDict()
+        self._orgs = _rotation(engine, org_batch)
+        self._binary = binary_check
         self._rng = random.Random()  # noqa: S311 - claim order spread, not a secret
 
     # --- scheduling ----------------------------------------------------------------------
@@ -251,17 +273,28 @@ class StepWorker:
                 done.append(await self.process(org_id, candidate))
         return done
 
-    async def run_once(self, *, org_limit: int = 100) -> list[Outcome]:
-        """One pass over the orgs that have work."""
+    async def run_once(self) -> list[Outcome]:
+        """One bounded pass: the next batch of orgs that have work (in rotation)."""
         done: list[Outcome] = []
-        for org_id in await orgs_with_work(self._engine, limit=org_limit):
+        for org_id in await self._orgs.next_batch():
             done.extend(await self.run_batch(org_id))
         return done
 
     # --- one step --------------------------------------------------------------------------
 
     async def process(self, org_id: str, candidate: Candidate) -> Outcome:
-        """Claim ``candidate`` and, if won, execute and commit its step."""
+        """Claim ``candidate`` and, if won, execute and commit its step.
+
+        With a binary check, a plan this binary may not execute (its sealed catalog
+        entries or handlers do not match, §8.4) is never claimed: nothing is mutated.
+        """
+        if self._binary is not None and candidate.plan_id:
+            try:
+                scope, plan, _ = await self._plan(org_id, candidate.plan_id)
+            except NotFoundError:
+                return Outcome.NOT_ELIGIBLE
+            if await self._binary.refusals(scope, plan):
+                return Outcome.NOT_ELIGIBLE
         claimed = await self.store.claim(org_id, candidate, lease_owner=self.owner)
         if isinstance(claimed, NotEligible):
             return Outcome.NOT_ELIGIBLE
@@ -405,6 +438,7 @@ class StepWorker:
         try:
             async with transaction(self._engine) as conn:
                 read: list[ReadToken] = []
+                admitted: list[LockPlan] = []
                 if outcome is None:
                     outcome = await interpret(
                         plan,
@@ -414,10 +448,13 @@ class StepWorker:
                         query=None if view is None else _query(conn, org_id, view, read),
                         meter=meter_for(plan, step),
                     )
+                # BEGIN has run (on MySQL with the step's first read): §22.2 "after begin".
+                crash_point(CrashPoint.AFTER_STEP_BEGIN, key)
                 verify = _verifier(conn, org_id, tokens_for(snapshots, step.verifies))
                 results = []
                 if outcome.intents:
-                    assert view is not None
+                    if view is None:
+                        raise InvariantError("a mutation step was prepared without a view")
                     # §12.2 steps 6-7: snapshot tokens are re-read under lock once the
                     # declared business locks are held, before any write or lifecycle lock.
                     results = await apply_intents_txn(
@@ -432,6 +469,7 @@ class StepWorker:
                         before_writes=verify,
                         declared=step.resources,
                         observed=_first_versions(read),
+                        admitted=admitted,
                         changes=self._changes,
                     )
                 elif verify is not None:
@@ -446,12 +484,14 @@ class StepWorker:
                     verification = refresh_tokens(snapshots, written)
                 if self._hook is not None:
                     await self._hook("in_txn", fence, conn)
+                crash_point(CrashPoint.BEFORE_STEP_FENCE, key)
                 await self.store.commit_step_txn(
                     conn,
                     org_id,
                     fence,
                     output=_output(outcome, verification),
                     advance=outcome.advance,
+                    evidence=_lock_plan_evidence(admitted),
                 )
                 if prepared.wait is not None and self._waits is not None:
                     # §14: the dependency commits with the wait transition and the
@@ -466,8 +506,12 @@ class StepWorker:
             return Outcome.FENCE_LOST
         except CommitOutcomeUnknownError:
             return await self._quarantine(org_id, fence, AttemptOutcome.COMMIT_UNKNOWN)
-        except LateResourceDiscoveryError:
-            return await self._retry(org_id, fence, "late_resource_discovery")
+        except LateResourceDiscoveryError as exc:
+            # §13.3 steps 1 and 4: record the safe resource-class mismatch and the expanded
+            # plan (proven within the declared bounds) with the rolled-back attempt.
+            return await self._retry(
+                org_id, fence, "late_resource_discovery", _discovery_evidence(exc)
+            )
         except Exception as exc:
             kind = classify_db_error(exc)
             if kind is DbErrorClass.RETRYABLE_CONFLICT:
@@ -491,9 +535,18 @@ class StepWorker:
 
     # --- outcomes ------------------------------------------------------------------------
 
-    async def _retry(self, org_id: str, fence: LeaseFence, code: str) -> Outcome:
+    async def _retry(
+        self,
+        org_id: str,
+        fence: LeaseFence,
+        code: str,
+        evidence: Mapping[str, Any] | None = None,
+    ) -> Outcome:
         return await self._rollback(
-            org_id, fence, StepFailure(FailureClass.RETRYABLE, code), Outcome.RETRY_SCHEDULED
+            org_id,
+            fence,
+            StepFailure(FailureClass.RETRYABLE, code, evidence=evidence),
+            Outcome.RETRY_SCHEDULED,
         )
 
     async def _fail(self, org_id: str, fence: LeaseFence, code: str) -> Outcome:
@@ -645,6 +698,29 @@ def _verifier(
     return verify
 
 
+def _lock_plan_evidence(admitted: Sequence[LockPlan]) -> dict[str, Any] | None:
+    """The lock plan a mutation step committed with (its attempt's metrics summary)."""
+    if not admitted:
+        return None
+    plan = admitted[0]
+    return {"lock_plan_digest": plan.digest(), "lock_plan_keys": len(plan.keys)}
+
+
+def _discovery_evidence(exc: LateResourceDiscoveryError) -> dict[str, Any]:
+    """Safe evidence of a late discovery: the resource class and role that did not match
+    the admitted plan, and the expanded plan the retry runs under (no record ids)."""
+    out: dict[str, Any] = {
+        "late_discovery": {
+            "resource_class": exc.resource_key.resource_class.name,
+            "role": None if exc.role is None else exc.role.value,
+        }
+    }
+    if exc.expanded_plan is not None:
+        out["expanded_lock_plan_digest"] = exc.expanded_plan.digest()
+        out["expanded_lock_plan_keys"] = len(exc.expanded_plan.keys)
+    return out
+
+
 def _output(outcome: StepOutcome, verification: Any = None) -> CheckpointInput:
     context = dict(outcome.context)
     advance = outcome.advance
@@ -656,20 +732,34 @@ def _output(outcome: StepOutcome, verification: Any = None) -> CheckpointInput:
     return CheckpointInput(context=context, plan_cursor=cursor, read_verification_set=verification)
 
 
-class Sweeper:
-    """Lease recovery (§12.4) and cancellation cleanup (§11.1), bounded per org."""
+def _rotation(engine: AsyncEngine, batch: int) -> OrgRotation:
+    async def source(after: str | None, limit: int) -> list[str]:
+        return await orgs_with_work(engine, after=after, limit=limit)
 
-    def __init__(self, engine: AsyncEngine, store: FlowRunStateStore, *, limit: int = 100) -> None:
+    return OrgRotation(source, batch=batch)
+
+
+class Sweeper:
+    """Lease recovery (§12.4) and cancellation cleanup (§11.1), bounded per org; each
+    pass serves the next batch of orgs with work (in rotation, like the workers)."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        store: FlowRunStateStore,
+        *,
+        limit: int = 100,
+        org_batch: int = 100,
+    ) -> None:
         self._engine = engine
         self.store = store
         self._limit = limit
+        self._orgs = _rotation(engine, org_batch)
 
     async def sweep_org(self, org_id: str) -> tuple[int, int]:
         """Recover expired leases, then complete pending cancellations of ``org_id``;
         returns ``(recovered, cancelled)``."""
-        async with transaction(self._engine, readonly=True) as conn:
-            now = await self.store._clock(conn)  # the store's (shiftable) durable clock
-            expired = await expired_leases_txn(conn, org_id, now, self._limit)
+        expired = await self.store.expired_leases(org_id, limit=self._limit)
         recovered = 0
         for lease in expired:
             # Between the non-locking scan and the fenced recovery transaction.
@@ -685,10 +775,10 @@ class Sweeper:
                 cancelled += 1
         return recovered, cancelled
 
-    async def sweep_once(self, *, org_limit: int = 100) -> tuple[int, int]:
-        """One pass over the orgs with active runs."""
+    async def sweep_once(self) -> tuple[int, int]:
+        """One bounded pass over the next batch of orgs with active runs."""
         total = (0, 0)
-        for org_id in await orgs_with_work(self._engine, limit=org_limit):
+        for org_id in await self._orgs.next_batch():
             r, c = await self.sweep_org(org_id)
             total = (total[0] + r, total[1] + c)
         return total

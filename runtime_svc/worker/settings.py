@@ -1,82 +1,42 @@
-"""Worker role flags and lease/retry numbers, read from the environment.
+"""Worker role flags and lease/retry numbers of the runtime process.
 
-Temporary home: these belong in ``services.config.ServiceConfig`` (the lead moves them);
-until then :meth:`WorkerSettings.from_env` is the one place that reads them.
-
-=================================  =========  ==============================================
-variable                           default    meaning
-=================================  =========  ==============================================
-``FLOW_RUNTIME_WORKERS``           ``1``      worker tasks in this process (0 = off)
-``FLOW_RUNTIME_SWEEPS``            ``true``   run recovery/cancellation sweeps here
-``FLOW_RUNTIME_LEASE_MS``          ``60000``  claim/heartbeat lease
-``FLOW_RUNTIME_RETRY_BASE_MS``     ``1000``   exponential backoff base
-``FLOW_RUNTIME_RETRY_MAX_MS``      ``300000`` backoff cap
-``FLOW_RUNTIME_MAX_ATTEMPTS``      ``5``      attempts per step
-``FLOW_RUNTIME_IDLE_MS``           ``500``    max idle backoff of a worker with no work
-``FLOW_RUNTIME_SWEEP_MS``          ``1000``   sweep interval
-``FLOW_RUNTIME_RETENTION_DAYS``    ``30``     terminal runs older than this are purged
-                                              (lineage rows only; records/audit stay)
-``FLOW_RUNTIME_VIEW_FILE``         (none)     test/dev only: a MetadataViewInput JSON used
-                                              as every scope's record view
-``FLOW_RUNTIME_WAIT_SWEEP_MS``     ``1000``   period of the wake reconciler and the wait
-                                              expiry/repair sweeps (jittered)
-``FLOW_RUNTIME_WAIT_BATCH``        ``100``    rows one wait sweep handles per org (bounds its
-                                              cost, whatever the waiting population)
-``FLOW_RUNTIME_SIGNAL_KINDS``      ``external. external signal producer kinds accepted by
-                                   signal``   ``SubmitWakeSignal`` (comma separated)
-=================================  =========  ==============================================
+They are read once, with every other setting, by ``services.config.load_config`` (the
+``FLOW_RUNTIME_*`` variables of the README's configuration table) and handed here as
+:class:`WorkerSettings` by :meth:`WorkerSettings.from_config`; nothing in the runtime
+reads the environment itself.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runtime_svc.kernel import RetryPolicy
+from services.config import ServiceConfig
 
-__all__ = ["WorkerSettings", "signal_kinds_from_env"]
-
-#: External signal kinds when ``FLOW_RUNTIME_SIGNAL_KINDS`` is unset.
-_DEFAULT_SIGNAL_KINDS = ("external.signal",)
-
-
-def signal_kinds_from_env(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """``FLOW_RUNTIME_SIGNAL_KINDS``: the external signal producer kinds (comma separated)."""
-    e = os.environ if env is None else env
-    raw = e.get("FLOW_RUNTIME_SIGNAL_KINDS", "").strip()
-    if not raw:
-        return _DEFAULT_SIGNAL_KINDS
-    return tuple(sorted({k.strip() for k in raw.split(",") if k.strip()}))
-
-
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}")
-    return value
-
-
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be true or false, got {raw!r}")
+__all__ = ["WorkerSettings"]
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """Role flags and timings of the in-process workers and sweeps."""
+    """Role flags and timings of the in-process workers and sweeps.
+
+    Attributes:
+        workers: worker tasks in this process (``FLOW_RUNTIME_WORKERS``, 0 = off).
+        sweeps: run recovery, cancellation and retention sweeps here.
+        lease_ms: claim/heartbeat lease.
+        retry_base_ms / retry_max_ms: exponential retry backoff base and cap.
+        max_attempts: attempts per step.
+        idle_ms: longest idle backoff of a worker with no work.
+        sweep_ms: sweep interval.
+        batch_size: candidates per ``eligible_work`` call.
+        org_batch: orgs one worker/sweep pass serves (the rotation resumes after them).
+        view_file: test/dev only: one ``MetadataViewInput`` JSON for every scope.
+        retention_days: terminal runs older than this are purged (lineage only).
+        request_retention_hours: request-dedupe rows older than this are purged.
+        wait_sweep_ms: period of the wake reconciler and the wait expiry/repair sweeps.
+        wait_batch: rows one wait sweep handles per org.
+        signal_kinds: external signal producer kinds ``SubmitWakeSignal`` accepts.
+    """
 
     workers: int = 1
     sweeps: bool = True
@@ -87,35 +47,32 @@ class WorkerSettings:
     idle_ms: int = 500
     sweep_ms: int = 1_000
     batch_size: int = 20
+    org_batch: int = 100
     view_file: str | None = None
     retention_days: int = 30
+    request_retention_hours: int = 168
     wait_sweep_ms: int = 1_000
     wait_batch: int = 100
-    signal_kinds: tuple[str, ...] = _DEFAULT_SIGNAL_KINDS
+    signal_kinds: tuple[str, ...] = ("external.signal",)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
-        """Read the ``FLOW_RUNTIME_*`` variables (see the module docstring).
-
-        Raises:
-            ValueError: a malformed value.
-        """
-        e = os.environ if env is None else env
-        base = _int(e, "FLOW_RUNTIME_RETRY_BASE_MS", 1_000, 1)
+    def from_config(cls, cfg: ServiceConfig) -> WorkerSettings:
+        """The settings ``cfg`` selects (validated by ``load_config``)."""
         return cls(
-            workers=_int(e, "FLOW_RUNTIME_WORKERS", 1, 0),
-            sweeps=_bool(e, "FLOW_RUNTIME_SWEEPS", True),
-            lease_ms=_int(e, "FLOW_RUNTIME_LEASE_MS", 60_000, 1),
-            retry_base_ms=base,
-            retry_max_ms=_int(e, "FLOW_RUNTIME_RETRY_MAX_MS", max(300_000, base), base),
-            max_attempts=_int(e, "FLOW_RUNTIME_MAX_ATTEMPTS", 5, 1),
-            idle_ms=_int(e, "FLOW_RUNTIME_IDLE_MS", 500, 1),
-            sweep_ms=_int(e, "FLOW_RUNTIME_SWEEP_MS", 1_000, 1),
-            view_file=e.get("FLOW_RUNTIME_VIEW_FILE") or None,
-            retention_days=_int(e, "FLOW_RUNTIME_RETENTION_DAYS", 30, 1),
-            wait_sweep_ms=_int(e, "FLOW_RUNTIME_WAIT_SWEEP_MS", 1_000, 1),
-            wait_batch=_int(e, "FLOW_RUNTIME_WAIT_BATCH", 100, 1),
-            signal_kinds=signal_kinds_from_env(e),
+            workers=cfg.runtime_workers,
+            sweeps=cfg.runtime_sweeps,
+            lease_ms=cfg.runtime_lease_ms,
+            retry_base_ms=cfg.runtime_retry_base_ms,
+            retry_max_ms=cfg.runtime_retry_max_ms,
+            max_attempts=cfg.runtime_max_attempts,
+            idle_ms=cfg.runtime_idle_ms,
+            sweep_ms=cfg.runtime_sweep_ms,
+            view_file=cfg.runtime_view_file,
+            retention_days=cfg.runtime_retention_days,
+            request_retention_hours=cfg.request_retention_hours,
+            wait_sweep_ms=cfg.runtime_wait_sweep_ms,
+            wait_batch=cfg.runtime_wait_batch,
+            signal_kinds=cfg.runtime_signal_kinds,
         )
 
     def retry_policy(self) -> RetryPolicy:

@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.background import BackgroundLoop, LoopGroup
 from services.db import db_now, run_in_transaction
 from services.errors import FenceLostError
 from services.faults import CrashPoint, crash_point
@@ -60,7 +61,6 @@ from services.outbox.store import (
     orgs_with_repair_work,
     pre_final_messages,
 )
-from services.polling import BackgroundLoops, LoopTask
 
 __all__ = ["OutboxDispatcher", "SweepReport"]
 
@@ -115,7 +115,7 @@ class OutboxDispatcher:
         self._idle_s = idle_s
         self._sweep_s = sweep_interval_s
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
-        self._loops: BackgroundLoops | None = None
+        self._loops: LoopGroup | None = None
 
     @property
     def spec(self) -> OutboxTable:
@@ -342,8 +342,8 @@ class OutboxDispatcher:
 
     # --- lifecycle (STYLE 12) ---------------------------------------------------------
 
-    def loop_tasks(self, name: str) -> Sequence[LoopTask]:
-        """The delivery loop and the repair sweep as :class:`LoopTask`s."""
+    def loops(self, name: str) -> list[BackgroundLoop]:
+        """The delivery loop and the periodic repair sweep (``services.background``)."""
 
         async def deliver() -> bool:
             return await self.deliver_once() > 0
@@ -353,13 +353,13 @@ class OutboxDispatcher:
             return False
 
         return [
-            LoopTask(f"{name}-deliver", deliver, self._idle_s),
-            LoopTask(f"{name}-sweep", sweep, self._sweep_s, interval=True),
+            BackgroundLoop(f"{name}-deliver", idle_s=self._idle_s, body=deliver),
+            BackgroundLoop(f"{name}-sweep", idle_s=self._sweep_s, body=sweep, interval=True),
         ]
 
     async def run(self) -> None:
         """Deliver and sweep until :meth:`shutdown`."""
-        self._loops = BackgroundLoops(self.loop_tasks(self._spec.table.name))
+        self._loops = LoopGroup(self.loops(self._spec.table.name))
         await self._loops.run()
 
     async def shutdown(self) -> None:

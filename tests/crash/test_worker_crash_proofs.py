@@ -118,7 +118,14 @@ async def test_durable_seam_crash_between_step_commit_and_acknowledgement_produc
 
 @pytest.mark.parametrize(
     "point",
-    ["after_claim", "after_running", "before_step_commit:bump2", "after_step_commit:bump3"],
+    [
+        "after_claim",
+        "after_running",
+        "after_step_begin:bump2",
+        "before_step_fence:bump2",
+        "before_step_commit:bump2",
+        "after_step_commit:bump3",
+    ],
 )
 async def test_sigkill_at_named_point_then_restart_finishes_exactly_once(
     point: str, harness: Harness, engine: AsyncEngine, store: FlowRunStateStore
@@ -127,8 +134,9 @@ async def test_sigkill_at_named_point_then_restart_finishes_exactly_once(
     run = await start_run(store, seeded, label="Crash")
 
     await _expect_sigkill(harness, harness.spawn(point), point)
-    if point.startswith("before_step_commit"):
-        # Killed inside the business transaction: nothing of bump2 became visible.
+    if point.endswith(":bump2"):
+        # Killed inside the business transaction (after BEGIN, before the fence, or after
+        # the fence before COMMIT): nothing of bump2 became visible.
         bump2 = await step_counts(engine, seeded.org, run.flow_run_id, "bump2")
         assert (bump2.committed_attempts, bump2.business_events) == (0, 0)
 

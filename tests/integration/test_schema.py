@@ -48,6 +48,7 @@ EXPECTED_TABLES = {
         "record_history_sequences",
         "business_events",
         "audit_records",
+        "runtime_requests",
     },
     "effect_owner_svc": {
         "owner_inbox",

@@ -1,17 +1,34 @@
-"""The exactly-once invariant checker of the soaks (worker soak, cluster soak): what the
-database must look like after any mix of claims, commits, lease recoveries, kills and
-cancellations of Durable Orchestration runs of one org.
+"""The invariant checkers of the soaks (kernel soak, worker soak, cluster soak).
+
+**Exactly once** (:func:`check_exactly_once`): what the database must look like after any
+mix of claims, commits, lease recoveries, kills and cancellations of Durable Orchestration
+runs of one org.
 
 * root and current step never diverge (§18.2); every run is terminal;
 * at most one ``Committed`` attempt per step, and every ``Succeeded`` step has one;
 * every business event belongs to a ``Committed`` attempt of its own step, one per step;
 * a terminal attempt outcome is never rewritten (:class:`TerminalAttempts` snapshots).
+
+**No stranded run** (:func:`stranded_runs`, pure; issue 10, item 4): every run ends
+terminal or quarantined, or still has a future transition that some process will make.
+A non-terminal run is *stranded* when nothing can ever move it:
+
+* ``Runnable`` — its current step must be claimable (``Pending``/``RetryScheduled``) with
+  a due time; a retry whose attempt budget is spent under the policy in force is claimed
+  into a terminal failure, so after a drain of due work none may remain (a ``Pending``
+  step — also one resumed after its wait — is claimable whatever its attempt count);
+* ``Running`` — its current step must hold a lease with a deadline (the worker commits or
+  lease recovery fences it when the deadline passes);
+* ``CancelRequested`` — the cancellation cleanup sweep completes it;
+* ``Waiting`` — its current step must be ``Waiting`` on a ``Pending`` dependency (which
+  resolves or expires at its deadline);
+* ``Accepted`` — nothing admits it any more: always stranded.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +39,13 @@ from runtime_svc.kernel.tables import root_step_consistent
 from runtime_svc.schema import business_events, flow_runs, flow_step_attempts, flow_step_executions
 from tests.integration.kernel.helpers import rows
 
-__all__ = ["TERMINAL_OUTCOMES", "SoakSummary", "TerminalAttempts", "check_exactly_once"]
+__all__ = [
+    "TERMINAL_OUTCOMES",
+    "SoakSummary",
+    "TerminalAttempts",
+    "check_exactly_once",
+    "stranded_runs",
+]
 
 TERMINAL_OUTCOMES = frozenset(
     {
@@ -113,3 +136,74 @@ async def check_exactly_once(
     if terminal is not None:
         await terminal.snapshot(engine, org)
     return SoakSummary(runs, steps, attempts, events)
+
+
+# --- stranded runs ---------------------------------------------------------------------
+
+_TERMINAL = frozenset(s.code for s in _TERMINAL_RUNS)
+_CLAIMABLE = frozenset({"Pending", "RetryScheduled"})
+_LEASED = frozenset({"Claimed", "Running"})
+
+
+def stranded_runs(
+    runs: Iterable[Mapping[str, Any]],
+    steps: Mapping[str, Mapping[str, Any]],
+    *,
+    max_attempts: int,
+    drained: bool = False,
+    dependencies: Iterable[Mapping[str, Any]] = (),
+) -> list[tuple[str, str]]:
+    """``(flow_run_id, why)`` of every stranded run (see the module docstring).
+
+    Args:
+        runs: ``flow_runs`` rows.
+        steps: ``flow_step_executions`` rows by step id.
+        max_attempts: the attempt budget of the policy in force.
+        drained: every due candidate was offered to a claim since the policy took
+            effect, so a ``Runnable`` step with a spent budget is stranded, not pending
+            its terminal claim.
+        dependencies: ``flow_dependencies`` rows (a ``Waiting`` run needs a pending one).
+    """
+    pending_deps = {d["step_execution_id"] for d in dependencies if d.get("state") == "Pending"}
+    out: list[tuple[str, str]] = []
+    for run in runs:
+        state = run["runtime_state"]
+        if state in _TERMINAL or state == "CancelRequested":
+            continue
+        step = steps.get(run["current_step_execution_id"] or "")
+        why = _why(state, step, pending_deps, max_attempts, drained)
+        if why is not None:
+            out.append((run["flow_run_id"], why))
+    return out
+
+
+def _why(
+    state: str,
+    step: Mapping[str, Any] | None,
+    pending_deps: set[str],
+    max_attempts: int,
+    drained: bool,
+) -> str | None:
+    if state == "Accepted":
+        return "accepted_never_admitted"
+    if step is None:
+        return "no_current_step"
+    if state == "Runnable":
+        if step["state"] not in _CLAIMABLE:
+            return f"runnable_with_{step['state']}_step"
+        if step["run_after"] is None:
+            return "no_due_time"
+        # Only a retry needs budget left (a resumed or first Pending step is claimable).
+        retry = step["state"] == "RetryScheduled"
+        if drained and retry and step["attempt_count"] >= max_attempts:
+            return "attempt_budget_spent"
+        return None
+    if state == "Running":
+        if step["state"] not in _LEASED or step["lease_until"] is None:
+            return "running_without_lease"
+        return None
+    if state == "Waiting":
+        if step["state"] != "Waiting" or step["step_execution_id"] not in pending_deps:
+            return "waiting_without_pending_dependency"
+        return None
+    return f"unknown_state_{state}"

@@ -116,6 +116,7 @@ FLOW_SHUTDOWN_GRACE_S: {{ .Values.grpc.shutdownGraceSeconds | int64 | quote }}
 FLOW_OTEL_ENABLED: {{ .Values.otel.enabled | quote }}
 FLOW_OTEL_CONSOLE_EXPORT: {{ .Values.otel.consoleExport | quote }}
 FLOW_LOG_LEVEL: {{ .Values.logLevel | quote }}
+FLOW_REQUEST_RETENTION_HOURS: {{ .Values.requestRetentionHours | int64 | quote }}
 {{- range $name, $value := .Values.extraEnv }}
 {{ $name }}: {{ $value | quote }}
 {{- end }}

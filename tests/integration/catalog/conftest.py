@@ -9,49 +9,26 @@ The MariaDB case follows ``tests/conftest.py``: skipped locally without
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import grpc
-import pymysql
 import pytest
-from sqlalchemy.engine import make_url
 
 from tests.integration.catalog.harness import CatalogServer, Client, running_catalog
+from tests.support.databases import BACKENDS, mariadb_database
 
 
-@pytest.fixture(
-    scope="module",
-    params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)],
-    ids=["sqlite", "mariadb"],
-)
+@pytest.fixture(scope="module", **BACKENDS)
 def catalog_db_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """A fresh database per module and backend, dropped afterwards."""
+    """A fresh database per module and backend, dropped afterwards (the catalog harness
+    migrates it)."""
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('catalog-db') / 'catalog.db'}"
         return
-    server = make_url(request.getfixturevalue("mariadb_server_url"))
-    name = f"flow_catalog_{uuid.uuid4().hex[:16]}"
-    admin = pymysql.connect(
-        host=server.host or "127.0.0.1",
-        port=server.port or 3306,
-        user=server.username or "root",
-        password=server.password or "",
-        charset="utf8mb4",
-        autocommit=True,
-    )
-    try:
-        with admin.cursor() as cursor:
-            cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        yield server.set(database=name, query={"charset": "utf8mb4"}).render_as_string(
-            hide_password=False
-        )
-        with admin.cursor() as cursor:
-            cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
-    finally:
-        admin.close()
+    with mariadb_database(request.getfixturevalue("mariadb_server_url"), "flow_catalog") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

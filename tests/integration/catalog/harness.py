@@ -10,7 +10,6 @@ freshly named org(s), so tests never see each other's rows.
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -28,67 +27,34 @@ from catalog_svc.store import CatalogRepository
 from services import db, migrate
 from services.auth import (
     CredentialVerifier,
-    WorkloadClaims,
-    bearer_metadata,
     generate_keypair,
-    mint_credential,
 )
-from services.config import ServiceName, load_config
+from services.config import ServiceName
 from services.digest import versioned_digest
-from services.errors import ERROR_DETAIL_METADATA_KEY
 from services.grpc_server import ServiceRegistration, start_server
 from services.proto import catalog_v1, common_v1
+from tests.support.servers import BackgroundServers, workload_metadata
+from tests.support.servers import Scope as Scope
+from tests.support.servers import error_detail as error_detail
+from tests.support.servers import new_id as new_id
 
 KEY_ID = "catalog-test"
-_START_TIMEOUT_S = 60.0
 
 
-class CatalogServer:
+class CatalogServer(BackgroundServers):
     """The catalog service in a background thread; :meth:`stop` is idempotent."""
 
     def __init__(self, db_url: str, data_dir: Path) -> None:
+        super().__init__(data_dir, {"FLOW_CATALOG_DB_URL": db_url}, name="catalog-server")
         self.db_url = db_url
-        self.data_dir = data_dir
         self.private_key, public = generate_keypair()
         self._verifier = CredentialVerifier({KEY_ID: public}, ServiceName.CATALOG)
         self.port = 0
         #: Generation ids the server assigns next (tests force id collisions across
         #: scopes with it); random ``gen-<uuid>`` ids once it is empty.
         self.generation_ids: list[str] = []
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="catalog-server", daemon=True)
 
-    def start(self) -> CatalogServer:
-        self._thread.start()
-        if not self._ready.wait(_START_TIMEOUT_S):
-            raise AssertionError("catalog server did not start")
-        if self._error is not None:
-            raise AssertionError(f"catalog server failed: {self._error!r}") from self._error
-        return self
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported by start()
-            self._error = exc
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        cfg = load_config(
-            ServiceName.CATALOG,
-            {
-                "FLOW_ENV": "test",
-                "FLOW_DATA_DIR": str(self.data_dir),
-                "FLOW_CATALOG_PORT": "0",
-                "FLOW_CATALOG_DB_URL": self.db_url,
-                "FLOW_OTEL_ENABLED": "false",
-            },
-        )
+    async def serve(self) -> None:
         engine = db.create_engine(self.db_url, pool_size=4)
         # What catalog_svc.app.build_services wires, plus the generation-id seam.
         service = CatalogService(CatalogRepository(engine), new_generation_id=self._next_id)
@@ -98,21 +64,17 @@ class CatalogServer:
             CatalogServicer(service),
         )
         try:
-            running = await start_server(cfg, [registration], verifier=self._verifier)
+            running = await start_server(
+                self.cfg(ServiceName.CATALOG), [registration], verifier=self._verifier
+            )
             self.port = running.port
-            self._ready.set()
-            await self._stop.wait()
+            await self.serving()
             await running.stop(0)
         finally:
             await engine.dispose()
 
     def _next_id(self) -> str:
         return self.generation_ids.pop(0) if self.generation_ids else f"gen-{uuid.uuid4().hex}"
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=30)
 
     @property
     def target(self) -> str:
@@ -133,34 +95,6 @@ def running_catalog(db_url: str, data_dir: Path) -> Iterator[CatalogServer]:
 # --- client side ------------------------------------------------------------------------
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def error_detail(err: grpc.RpcError) -> common_v1.ErrorDetail:
-    """The typed detail the error interceptor attaches to every non-OK status."""
-    for key, value in err.trailing_metadata() or ():  # type: ignore[attr-defined]
-        if key == ERROR_DETAIL_METADATA_KEY:
-            return common_v1.ErrorDetail.FromString(value)
-    raise AssertionError("no error detail")
-
-
-@dataclass(frozen=True)
-class Scope:
-    org_id: str
-    app_installation_id: str
-    runtime_capability_id: str
-    runtime_work_binding_digest: str
-
-    def proto(self) -> common_v1.TrustedRuntimeWorkScope:
-        return common_v1.TrustedRuntimeWorkScope(
-            org_id=self.org_id,
-            app_installation_id=self.app_installation_id,
-            runtime_capability_id=self.runtime_capability_id,
-            runtime_work_binding_digest=self.runtime_work_binding_digest,
-        )
-
-
 @dataclass
 class Client:
     """A synchronous stub plus credential minting for any (partial) scope."""
@@ -179,15 +113,16 @@ class Client:
         cap: str | None = None,
         digest: str | None = None,
     ) -> tuple[tuple[str, str], ...]:
-        claims = WorkloadClaims(
+        return workload_metadata(
+            self.private_key,
+            KEY_ID,
+            ServiceName.CATALOG,
+            org,
+            inst,
+            cap,
+            digest,
             subject="catalog-test",
-            audiences=(ServiceName.CATALOG,),
-            org_id=org,
-            app_installation_id=inst,
-            runtime_capability_id=cap,
-            runtime_work_binding_digest=digest,
         )
-        return bearer_metadata(mint_credential(self.private_key, KEY_ID, claims, ttl_s=300))
 
     def scoped(self, scope: Scope) -> tuple[tuple[str, str], ...]:
         return self.md(

@@ -394,7 +394,7 @@ def test_missing_request_fields_are_invalid_argument_naming_the_field(client: Cl
         (
             "DeleteMetadataView",
             catalog_v1.DeleteMetadataViewRequest(
-                request_id="x" * 129,
+                request_id="x" * 201,
                 org_id=org,
                 app_installation_id="inst-1",
                 runtime_metadata_view_digest=digest,

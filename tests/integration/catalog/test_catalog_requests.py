@@ -14,6 +14,7 @@ from services.proto import catalog_v1
 from tests.integration.catalog.harness import (
     Client,
     demo_entries,
+    demo_view,
     entry,
     error_detail,
     new_id,
@@ -148,3 +149,78 @@ def test_concurrent_submissions_into_one_generation_all_land(client: Client) -> 
     assert sealed.entry_count == len(names)
     listed = client.list_entries(scope, sealed.catalog_generation_id, sealed.catalog_digest)
     assert [e.action_type for e in listed] == sorted(names)
+
+
+def test_retried_release_returns_the_original_response_not_a_re_execution(
+    client: Client,
+) -> None:
+    scope = client.tenant()
+    gen = client.build(scope, demo_entries())
+    ref = catalog_v1.ArtifactReference(
+        catalog_generation=catalog_v1.GenerationTarget(
+            catalog_generation_id=gen.catalog_generation_id, catalog_digest=gen.catalog_digest
+        ),
+        holder_kind=catalog_v1.ReferenceHolderKind.REFERENCE_HOLDER_KIND_ACTIVATED_PLAN,
+        holder_id="plan-1",
+    )
+    register = catalog_v1.RegisterReferenceRequest(
+        request_id=new_id("req"), scope=scope.proto(), reference=ref
+    )
+    first = client.call("RegisterReference", register, client.scoped(scope))
+    release = catalog_v1.ReleaseReferenceRequest(
+        request_id=new_id("req"), scope=scope.proto(), reference=ref
+    )
+    assert client.call("ReleaseReference", release, client.scoped(scope)).released
+    # The retry answers what the first call answered (a re-execution would say False) ...
+    assert client.call("ReleaseReference", release, client.scoped(scope)).released
+    # ... and a retried registration replays its original response without re-registering.
+    assert client.call("RegisterReference", register, client.scoped(scope)) == first
+    deleted = client.call(
+        "DeleteGeneration",
+        catalog_v1.DeleteGenerationRequest(
+            request_id=new_id("req"),
+            scope=scope.proto(),
+            catalog_generation_id=gen.catalog_generation_id,
+            catalog_digest=gen.catalog_digest,
+        ),
+        client.scoped(scope),
+    )
+    assert deleted.deleted
+
+
+def test_request_ids_are_scoped_by_the_complete_work_scope(client: Client) -> None:
+    """Two installations of one org reusing a request id never see each other's request."""
+    org = new_id("org")
+    a = client.tenant(org, inst="inst-a")
+    b = client.tenant(org, inst="inst-b")
+    rid = new_id("req")
+    opened = [
+        client.call(
+            "OpenGeneration",
+            catalog_v1.OpenGenerationRequest(request_id=rid, scope=s.proto(), contract_version=1),
+            client.scoped(s),
+        ).generation
+        for s in (a, b)
+    ]
+    assert [g.scope.app_installation_id for g in opened] == ["inst-a", "inst-b"]
+    assert opened[0].catalog_generation_id != opened[1].catalog_generation_id
+    # And a view publication of the same id by each installation is its own request.
+    views = [
+        client.call(
+            "PublishMetadataView",
+            catalog_v1.PublishMetadataViewRequest(
+                request_id=rid + "-view",
+                org_id=org,
+                view=_view_of(org, s.app_installation_id),
+            ),
+            client.md(org, s.app_installation_id),
+        ).view
+        for s in (a, b)
+    ]
+    assert [v.app_installation_id for v in views] == ["inst-a", "inst-b"]
+
+
+def _view_of(org: str, inst: str) -> catalog_v1.MetadataView:
+    view = demo_view()
+    view.org_id, view.app_installation_id = org, inst
+    return view

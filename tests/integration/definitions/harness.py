@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,22 +31,19 @@ from runtime_svc.catalog_client import ScopedCredentials
 from services import db
 from services.auth import (
     CredentialVerifier,
-    WorkloadClaims,
-    bearer_metadata,
     generate_keypair,
-    mint_credential,
 )
-from services.config import ServiceName, load_config
-from services.errors import ERROR_DETAIL_METADATA_KEY
+from services.config import ServiceName
 from services.grpc_server import ServiceRegistration, start_server
-from services.proto import catalog_v1, common_v1, runtime_v1
+from services.proto import catalog_v1, runtime_v1
 from tests.integration.definitions.fake_catalog import FakeCatalog, Published
+from tests.support.servers import BackgroundServers, workload_metadata
+from tests.support.servers import error_detail as error_detail
 
 KEY_ID = "definitions-test"
-_START_TIMEOUT_S = 60.0
 
 
-class Servers:
+class Servers(BackgroundServers):
     """Runtime (FlowDefinitionService) and fake catalog in one background event loop."""
 
     def __init__(
@@ -60,8 +56,8 @@ class Servers:
     ) -> None:
         """Serve the runtime over ``db_url``; with ``catalog_target`` (and the key the
         catalog trusts, ``catalog_signer``) use that catalog instead of a fake one."""
+        super().__init__(data_dir, {"FLOW_RUNTIME_DB_URL": db_url}, name="definitions-servers")
         self.db_url = db_url
-        self.data_dir = data_dir
         self.catalog_target = catalog_target
         self.catalog_signer = catalog_signer
         self.private_key, public = generate_keypair()
@@ -70,80 +66,43 @@ class Servers:
         self.catalog = FakeCatalog()
         self.runtime_port = 0
         self.catalog_port = 0
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="definitions-servers", daemon=True)
 
-    def start(self) -> Servers:
-        self._thread.start()
-        if not self._ready.wait(_START_TIMEOUT_S):
-            raise AssertionError("servers did not start")
-        if self._error is not None:
-            raise AssertionError(f"servers failed: {self._error!r}") from self._error
-        return self
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported by start()
-            self._error = exc
-            self._ready.set()
-
-    def _cfg(self, service: ServiceName) -> Any:
-        return load_config(
-            service,
-            {
-                "FLOW_ENV": "test",
-                "FLOW_DATA_DIR": str(self.data_dir),
-                "FLOW_RUNTIME_PORT": "0",
-                "FLOW_CATALOG_PORT": "0",
-                "FLOW_RUNTIME_DB_URL": self.db_url,
-                "FLOW_OTEL_ENABLED": "false",
-            },
+    async def start_catalog(self) -> tuple[Any, str]:
+        """The fake catalog server (``None`` with an external ``catalog_target``) and the
+        target the runtime dials."""
+        if self.catalog_target is not None:
+            return None, self.catalog_target
+        catalog = await start_server(
+            self.cfg(ServiceName.CATALOG),
+            [
+                ServiceRegistration(
+                    "nexus.flow.catalog.v1.CatalogService",
+                    catalog_v1.add_CatalogServiceServicer_to_server,
+                    self.catalog,
+                )
+            ],
+            verifier=self._catalog_verifier,
         )
+        self.catalog_port = catalog.port
+        return catalog, f"127.0.0.1:{catalog.port}"
 
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+    async def serve(self) -> None:
         engine = db.create_engine(self.db_url, pool_size=4)
-        catalog = None
-        target = self.catalog_target
-        if target is None:
-            catalog = await start_server(
-                self._cfg(ServiceName.CATALOG),
-                [
-                    ServiceRegistration(
-                        "nexus.flow.catalog.v1.CatalogService",
-                        catalog_v1.add_CatalogServiceServicer_to_server,
-                        self.catalog,
-                    )
-                ],
-                verifier=self._catalog_verifier,
-            )
-            self.catalog_port = catalog.port
-            target = f"127.0.0.1:{catalog.port}"
+        catalog, target = await self.start_catalog()
         key, key_id = self.catalog_signer or (self.private_key, KEY_ID)
-        cfg = self._cfg(ServiceName.RUNTIME)
+        cfg = self.cfg(ServiceName.RUNTIME)
         registration = await build_definition_service(
             cfg, engine, catalog_target=target, credentials=ScopedCredentials(key, key_id)
         )
         try:
             runtime = await start_server(cfg, [registration], verifier=self._runtime_verifier)
             self.runtime_port = runtime.port
-            self._ready.set()
-            await self._stop.wait()
+            await self.serving()
             await runtime.stop(0)
             if catalog is not None:
                 await catalog.stop(0)
         finally:
             await engine.dispose()
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=30)
 
     def client(self) -> Client:
         channel = grpc.insecure_channel(f"127.0.0.1:{self.runtime_port}")
@@ -156,14 +115,6 @@ def new_org() -> str:
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
-
-
-def error_detail(err: grpc.RpcError) -> common_v1.ErrorDetail:
-    """The typed detail the error interceptor attaches to every non-OK status."""
-    for key, value in err.trailing_metadata() or ():  # type: ignore[attr-defined]
-        if key == ERROR_DETAIL_METADATA_KEY:
-            return common_v1.ErrorDetail.FromString(value)
-    raise AssertionError("no error detail")
 
 
 @dataclass
@@ -184,15 +135,16 @@ class Client:
         cap: str | None = None,
         digest: str | None = None,
     ) -> tuple[tuple[str, str], ...]:
-        claims = WorkloadClaims(
+        return workload_metadata(
+            self.private_key,
+            KEY_ID,
+            ServiceName.RUNTIME,
+            org,
+            app,
+            cap,
+            digest,
             subject="definitions-test",
-            audiences=(ServiceName.RUNTIME,),
-            org_id=org,
-            app_installation_id=app,
-            runtime_capability_id=cap,
-            runtime_work_binding_digest=digest,
         )
-        return bearer_metadata(mint_credential(self.private_key, KEY_ID, claims, ttl_s=300))
 
     def scoped(self, pub: Published) -> tuple[tuple[str, str], ...]:
         return self.md(*pub.scope)

@@ -9,64 +9,28 @@ Isolation comes from every test using its own org; the MariaDB case follows
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-import pymysql
 import pytest
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel import FlowRunStateStore, RetryPolicy
 from runtime_svc.schema import execution_plans, flow_versions
-from services import db, migrate
+from services import db
 from services.auth import TrustedRuntimeWorkScope
 from services.digest import versioned_digest
+from tests.support.databases import BACKENDS, module_database
 
 
-def _admin(server_url: str) -> pymysql.connections.Connection:  # type: ignore[type-arg]
-    server = make_url(server_url)
-    return pymysql.connect(
-        host=server.host or "127.0.0.1",
-        port=server.port or 3306,
-        user=server.username or "root",
-        password=server.password or "",
-        charset="utf8mb4",
-        autocommit=True,
-    )
-
-
-@pytest.fixture(
-    scope="module",
-    params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)],
-    ids=["sqlite", "mariadb"],
-)
+@pytest.fixture(scope="module", **BACKENDS)
 def kernel_db_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """A migrated runtime database shared by one test module, on each backend."""
-    if request.param == "sqlite":
-        url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('kernel') / 'runtime.db'}"
-        asyncio.run(migrate.upgrade(url, "runtime_svc"))
-        yield url
-        return
-    server_url: str = request.getfixturevalue("mariadb_server_url")
-    name = f"flow_kernel_{uuid.uuid4().hex[:16]}"
-    admin = _admin(server_url)
-    try:
-        with admin.cursor() as cursor:
-            cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        url = make_url(server_url).set(database=name, query={"charset": "utf8mb4"})
-        rendered = url.render_as_string(hide_password=False)
-        asyncio.run(migrate.upgrade(rendered, "runtime_svc"))
-        yield rendered
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
-        admin.close()
+    yield from module_database(request, tmp_path_factory, prefix="kernel")
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from runtime_svc.kernel.decisions import (
     NoChange,
     Tombstoned,
 )
+from runtime_svc.kernel.errors import StateVersionMismatchError
 from runtime_svc.schema import flow_step_attempts, flow_step_executions, records
 from services.errors import FenceLostError, NotFoundError
 from tests.integration.kernel.conftest import TEST_POLICY, World
@@ -202,3 +203,28 @@ async def test_cancel_then_delete_adds_the_soft_delete_fact(world: World) -> Non
     assert isinstance(await world.store.delete_run(world.org, run_id), Tombstoned)
     run = await world.store.get_run(world.org, run_id, include_deleted=True)
     assert run.is_deleted and run.state is RunState.CANCEL_REQUESTED
+
+
+async def test_expected_version_is_the_cancel_transitions_compare_and_swap(world: World) -> None:
+    """Issue 10, item 3: the caller's expected root version is compared by the transition
+    that writes (under the root lock, and carried by its conditional UPDATE), version 0
+    included; a mismatch writes nothing; a repeated delete answers whatever the version."""
+    run_id = await start(world)
+    root = (await world.store.get_run(world.org, run_id)).state_version
+    assert root == 0
+    with pytest.raises(StateVersionMismatchError) as err:
+        await world.store.request_cancel(world.org, run_id, expected_state_version=1)
+    assert err.value.attributes["found_version"] == "0"
+    assert (await world.store.get_run(world.org, run_id)).state is RunState.RUNNABLE
+    fence = await claim(world, run_id)  # the root moves to version 1
+    with pytest.raises(StateVersionMismatchError):
+        await world.store.delete_run(world.org, run_id, expected_state_version=0)
+    assert not (await world.store.get_run(world.org, run_id)).is_deleted
+    decision = await world.store.delete_run(
+        world.org, run_id, expected_state_version=fence.root_state_version
+    )
+    assert isinstance(decision, CancelRecorded)
+    # Already deleted: a repeat is idempotent whatever version it names.
+    assert isinstance(
+        await world.store.delete_run(world.org, run_id, expected_state_version=0), NoChange
+    )

@@ -10,9 +10,6 @@ source injected: it reaches the catalog over gRPC with scope-bound credentials).
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,82 +24,51 @@ from services.auth import (
     CredentialVerifier,
     TrustedRuntimeWorkScope,
     WorkloadClaims,
-    bearer_metadata,
     generate_keypair,
     mint_credential,
 )
-from services.config import ServiceName, load_config
+from services.config import ServiceName
 from services.digest import versioned_digest
-from services.errors import ERROR_DETAIL_METADATA_KEY
 from services.grpc_server import start_server
 from services.proto import catalog_v1, common_v1, runtime_v1
 from tests.integration.records.support import view_proto
+from tests.support.servers import BackgroundServers, workload_metadata
+from tests.support.servers import Scope as Scope
+from tests.support.servers import error_detail as error_detail
+from tests.support.servers import new_id as new_id
 
 KEY_ID = "records-test"
-_START_TIMEOUT_S = 60.0
 
 
-class RecordServers:
+class RecordServers(BackgroundServers):
     """Catalog + RecordService in a background event loop; :meth:`stop` is idempotent."""
 
     def __init__(self, runtime_db_url: str, catalog_db_url: str, data_dir: Path) -> None:
+        super().__init__(
+            data_dir,
+            {"FLOW_RUNTIME_DB_URL": runtime_db_url, "FLOW_CATALOG_DB_URL": catalog_db_url},
+            name="records-servers",
+        )
         self.runtime_db_url = runtime_db_url
         self.catalog_db_url = catalog_db_url
-        self.data_dir = data_dir
         self.private_key, public = generate_keypair()
         self._runtime_verifier = CredentialVerifier({KEY_ID: public}, ServiceName.RUNTIME)
         self._catalog_verifier = CredentialVerifier({KEY_ID: public}, ServiceName.CATALOG)
         self.runtime_port = 0
         self.catalog_port = 0
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="records-servers", daemon=True)
 
-    def start(self) -> RecordServers:
-        self._thread.start()
-        if not self._ready.wait(_START_TIMEOUT_S):
-            raise AssertionError("servers did not start")
-        if self._error is not None:
-            raise AssertionError(f"servers failed: {self._error!r}") from self._error
-        return self
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported by start()
-            self._error = exc
-            self._ready.set()
-
-    def _cfg(self, service: ServiceName) -> Any:
-        return load_config(
-            service,
-            {
-                "FLOW_ENV": "test",
-                "FLOW_DATA_DIR": str(self.data_dir),
-                "FLOW_RUNTIME_PORT": "0",
-                "FLOW_CATALOG_PORT": "0",
-                "FLOW_RUNTIME_DB_URL": self.runtime_db_url,
-                "FLOW_CATALOG_DB_URL": self.catalog_db_url,
-                "FLOW_OTEL_ENABLED": "false",
-            },
-        )
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+    async def serve(self) -> None:
         catalog_engine = db.create_engine(self.catalog_db_url, pool_size=4)
         runtime_engine = db.create_engine(self.runtime_db_url, pool_size=8)
         try:
-            catalog_cfg = self._cfg(ServiceName.CATALOG)
+            catalog_cfg = self.cfg(ServiceName.CATALOG)
             catalog = await start_server(
                 catalog_cfg,
                 await build_catalog_services(catalog_cfg, catalog_engine),
                 verifier=self._catalog_verifier,
             )
             self.catalog_port = catalog.port
-            cfg = self._cfg(ServiceName.RUNTIME)
+            cfg = self.cfg(ServiceName.RUNTIME)
             registration = await build_record_service(
                 cfg,
                 runtime_engine,
@@ -111,8 +77,7 @@ class RecordServers:
             )
             runtime = await start_server(cfg, [registration], verifier=self._runtime_verifier)
             self.runtime_port = runtime.port
-            self._ready.set()
-            await self._stop.wait()
+            await self.serving()
             await runtime.stop(0)
             await catalog.stop(0)
         finally:
@@ -130,39 +95,6 @@ class RecordServers:
             runtime_work_binding_digest=scope.runtime_work_binding_digest,
         )
         return mint_credential(self.private_key, KEY_ID, claims, ttl_s=300)
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=30)
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def error_detail(err: grpc.RpcError) -> common_v1.ErrorDetail:
-    """The typed detail the error interceptor attaches to every non-OK status."""
-    for key, value in err.trailing_metadata() or ():
-        if key == ERROR_DETAIL_METADATA_KEY:
-            return common_v1.ErrorDetail.FromString(value)
-    raise AssertionError("no error detail")
-
-
-@dataclass(frozen=True)
-class Scope:
-    org_id: str
-    app_installation_id: str
-    runtime_capability_id: str
-    runtime_work_binding_digest: str
-
-    def proto(self) -> common_v1.TrustedRuntimeWorkScope:
-        return common_v1.TrustedRuntimeWorkScope(
-            org_id=self.org_id,
-            app_installation_id=self.app_installation_id,
-            runtime_capability_id=self.runtime_capability_id,
-            runtime_work_binding_digest=self.runtime_work_binding_digest,
-        )
 
 
 @dataclass
@@ -187,15 +119,9 @@ class Clients:
         cap: str | None = None,
         digest: str | None = None,
     ) -> tuple[tuple[str, str], ...]:
-        claims = WorkloadClaims(
-            subject="records-test",
-            audiences=(audience,),
-            org_id=org,
-            app_installation_id=inst,
-            runtime_capability_id=cap,
-            runtime_work_binding_digest=digest,
+        return workload_metadata(
+            self.private_key, KEY_ID, audience, org, inst, cap, digest, subject="records-test"
         )
-        return bearer_metadata(mint_credential(self.private_key, KEY_ID, claims, ttl_s=300))
 
     def runtime_md(self, scope: Scope) -> tuple[tuple[str, str], ...]:
         return self.md(

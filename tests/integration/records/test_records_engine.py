@@ -5,19 +5,21 @@ request replay and audit safety."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.records import (
     Actor,
     Lineage,
     MutationKind,
+    MutationResult,
     RecordEngine,
     RecordMutation,
     RecordValidationError,
-    RequestRef,
     StaleVersionError,
     acquire_locks_txn,
     apply_mutation_txn,
@@ -37,6 +39,7 @@ from runtime_svc.resources import (
 from runtime_svc.schema import audit_records, business_events
 from services.db import transaction
 from services.errors import AlreadyExistsError, ConflictError, InvalidArgumentError, NotFoundError
+from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.records.support import (
     SECRET,
     audit_and_event_text,
@@ -327,26 +330,52 @@ async def test_composable_txn_writes_flow_lineage_and_several_mutations(
     assert (await rec.get(org, "Contact", "c9")).fields == {"AccountId": "acc-1", "LastName": "B"}
 
 
-async def test_request_replay_applies_once(engine: AsyncEngine, org: str) -> None:
+async def test_request_replay_applies_once_and_answers_the_original(
+    engine: AsyncEngine, org: str
+) -> None:
     rec = RecordEngine(engine)
     create = prepare_create(VIEW, "Account", "", {"Name": "Acme"})
-    ref = RequestRef("CreateRecord", "req-1", "digest-a")
-    first = await rec.mutate(org, VIEW, create, actor=ACTOR, request=ref)
+    key = RequestKey(DedupeScope(org, "inst-1"), "CreateRecord", "req-1", "digest-a")
+
+    def encode(result: MutationResult) -> bytes:
+        return f"{result.record.record_id}@{result.record.version}".encode()
+
+    first = await rec.mutate_once(org, VIEW, create, actor=ACTOR, key=key, encode=encode)
+    assert first.value is not None
+    rid = first.value.record.record_id
+    await rec.mutate(org, VIEW, prepare_update(VIEW, "Account", rid, 1, {"Name": "B"}), actor=ACTOR)
     # A client retry after a lost response: the server generated another id this time.
     retry = prepare_create(VIEW, "Account", "", {"Name": "Acme"})
-    second = await rec.mutate(org, VIEW, retry, actor=ACTOR, request=ref)
-    assert second.replayed and second.record.record_id == first.record.record_id
-    assert second.event_id == first.event_id
+    second = await rec.mutate_once(org, VIEW, retry, actor=ACTOR, key=key, encode=encode)
+    # The original answer (version 1), not the record's current version 2.
+    assert second.replayed and second.response == f"{rid}@1".encode() == first.response
     assert await record_count(engine, org) == 1
-    assert await count(engine, business_events, org) == 1
+    assert await count(engine, business_events, org) == 2  # the create and the update
+    async with transaction(engine, readonly=True) as conn:
+        e = business_events.c
+        evidence = (
+            await conn.execute(
+                select(e.request_rpc, e.request_id).where(e.org_id == org, e.event_type == "create")
+            )
+        ).one()
+    assert tuple(evidence) == ("CreateRecord", "req-1")  # the request is kept as evidence
     with pytest.raises(InvalidArgumentError) as info:
-        await rec.mutate(
-            org, VIEW, retry, actor=ACTOR, request=RequestRef("CreateRecord", "req-1", "digest-b")
+        await rec.mutate_once(
+            org,
+            VIEW,
+            retry,
+            actor=ACTOR,
+            key=replace(key, request_digest="digest-b"),
+            encode=encode,
         )
     assert info.value.field_path == "request_id"
-    # The dedupe scope is (org, RPC, request id): another org may use the same id.
-    other = await rec.mutate(org + "-b", VIEW, retry, actor=ACTOR, request=ref)
-    assert not other.replayed
+    # The dedupe scope is the complete trusted scope: another installation of the org (or
+    # another org) may use the same id.
+    for scope in (DedupeScope(org, "inst-2"), DedupeScope(org + "-b", "inst-1")):
+        other = await rec.mutate_once(
+            scope.org_id, VIEW, retry, actor=ACTOR, key=replace(key, scope=scope), encode=encode
+        )
+        assert not other.replayed
 
 
 async def test_audit_and_events_hold_no_field_values(engine: AsyncEngine, org: str) -> None:

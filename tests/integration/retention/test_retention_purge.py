@@ -468,8 +468,8 @@ async def test_retention_sweep_lifecycle(world: World) -> None:
     await world.store.request_cancel(world.org, run_id)
     await world.store.complete_cancel(world.org, run_id)
 
-    async def orgs() -> list[str]:
-        return [world.org]
+    async def orgs(after: str | None, limit: int) -> list[str]:
+        return [world.org] if after is None else []
 
     # A tiny window: the run's completion is already older than it.
     sweep = RetentionSweep(

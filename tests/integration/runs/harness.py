@@ -18,10 +18,9 @@ from runtime_svc.api.definitions import build_definition_service
 from runtime_svc.api.runs import build_run_service
 from runtime_svc.catalog_client import ScopedCredentials
 from services import db
-from services.auth import WorkloadClaims, bearer_metadata, mint_credential
 from services.config import ServiceName
-from services.grpc_server import ServiceRegistration, start_server
-from services.proto import catalog_v1, runtime_v1
+from services.grpc_server import start_server
+from services.proto import runtime_v1
 from tests.integration.definitions import flows
 from tests.integration.definitions.fake_catalog import Published
 from tests.integration.definitions.harness import (
@@ -30,6 +29,7 @@ from tests.integration.definitions.harness import (
     Servers,
     new_request_id,
 )
+from tests.support.servers import workload_metadata
 
 __all__ = ["ALL_ROLES", "RunClient", "RunServers", "publish_and_activate"]
 
@@ -39,30 +39,15 @@ ALL_ROLES = ("flow.runs.delete", "flow.runs.cancel")
 class RunServers(Servers):
     """:class:`Servers` with the FlowRunService registered next to the definitions."""
 
-    async def _main(self) -> None:
-        import asyncio
-
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+    async def serve(self) -> None:
         engine = db.create_engine(self.db_url, pool_size=8)
-        catalog = await start_server(
-            self._cfg(ServiceName.CATALOG),
-            [
-                ServiceRegistration(
-                    "nexus.flow.catalog.v1.CatalogService",
-                    catalog_v1.add_CatalogServiceServicer_to_server,
-                    self.catalog,
-                )
-            ],
-            verifier=self._catalog_verifier,
-        )
-        self.catalog_port = catalog.port
-        cfg = self._cfg(ServiceName.RUNTIME)
+        catalog, target = await self.start_catalog()
+        cfg = self.cfg(ServiceName.RUNTIME)
         registrations = [
             await build_definition_service(
                 cfg,
                 engine,
-                catalog_target=f"127.0.0.1:{catalog.port}",
+                catalog_target=target,
                 credentials=ScopedCredentials(self.private_key, KEY_ID),
             ),
             # These tests cover the accept/read/cancel API: runs stay where StartRun put
@@ -72,10 +57,10 @@ class RunServers(Servers):
         try:
             runtime = await start_server(cfg, registrations, verifier=self._runtime_verifier)
             self.runtime_port = runtime.port
-            self._ready.set()
-            await self._stop.wait()
+            await self.serving()
             await runtime.stop(0)
-            await catalog.stop(0)
+            if catalog is not None:
+                await catalog.stop(0)
         finally:
             await engine.dispose()
 
@@ -96,16 +81,15 @@ class RunClient(Client):
     ) -> tuple[tuple[str, str], ...]:
         scope = pub.scope if isinstance(pub, Published) else pub
         padded = (*scope, None, None, None)[:4]
-        claims = WorkloadClaims(
+        return workload_metadata(
+            self.private_key,
+            KEY_ID,
+            ServiceName.RUNTIME,
+            padded[0],
+            *padded[1:],
             subject="runs-test",
-            audiences=(ServiceName.RUNTIME,),
-            org_id=padded[0],
-            app_installation_id=padded[1],
-            runtime_capability_id=padded[2],
-            runtime_work_binding_digest=padded[3],
-            roles=tuple(roles),
+            roles=roles,
         )
-        return bearer_metadata(mint_credential(self.private_key, KEY_ID, claims, ttl_s=300))
 
     def start(
         self,

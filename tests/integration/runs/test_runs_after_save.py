@@ -1,6 +1,7 @@
 """After-save trigger admission at the function level (issue 5 "Starting runs"), on
 SQLite and MariaDB: admission before the record transaction, run creation inside it,
-keyed by the record mutation so a replayed record transaction cannot start two runs.
+keyed by the record mutation (and the complete work scope) so one mutation can never
+start two runs.
 """
 
 from __future__ import annotations
@@ -64,12 +65,14 @@ def _bound(snap: CatalogSnapshot) -> RequestBoundView:
     )
 
 
-def _mutation(org: str, sequence: int, *, replayed: bool = False) -> MutationResult:
-    now = datetime.now(UTC)
+_NOW = datetime.now(UTC)
+
+
+def _mutation(org: str, sequence: int) -> MutationResult:
     record = RecordState(
-        org, "Contact", "003-1", sequence, {"LastName": "Doe"}, (), False, now, now
+        org, "Contact", "003-1", sequence, {"LastName": "Doe"}, (), False, _NOW, _NOW
     )
-    return MutationResult(record, sequence, f"evt-{sequence}", "aud", (), replayed=replayed)
+    return MutationResult(record, sequence, f"evt-{sequence}", "aud", ())
 
 
 async def _runs(engine: AsyncEngine, org: str) -> list[dict[str, Any]]:
@@ -97,7 +100,8 @@ async def test_after_save_starts_one_run_and_a_replay_returns_it(engine: AsyncEn
     store = FlowRunStateStore(engine)
     first = await _admit(engine, store, scope, bound, _mutation(scope.org_id, 1))
     assert len(first) == 1
-    replay = await _admit(engine, store, scope, bound, _mutation(scope.org_id, 1, replayed=True))
+    # The same mutation admitted again (same history sequence): its key finds the run.
+    replay = await _admit(engine, store, scope, bound, _mutation(scope.org_id, 1))
     assert replay == first
     (row,) = await _runs(engine, scope.org_id)
     assert row["flow_run_id"] == first[0] and row["plan_id"] == plan_id

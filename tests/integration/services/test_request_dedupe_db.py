@@ -14,6 +14,7 @@ from sqlalchemy import Column, Integer, PrimaryKeyConstraint, String, Table, fun
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services import db
+from services.errors import InvalidArgumentError
 from services.request_dedupe import (
     DedupeScope,
     RequestIdReusedError,
@@ -21,6 +22,7 @@ from services.request_dedupe import (
     RequestLedger,
     request_dedupe_table,
 )
+from services.request_retention import RequestRetention
 
 metadata = db.new_metadata()
 ledger_table = request_dedupe_table(metadata, "test_requests")
@@ -141,6 +143,33 @@ async def test_reserve_then_complete_keeps_the_first_completion(engine: AsyncEng
     assert stored is not None and (stored.payload, stored.completed) == (b"first", True)
 
 
+async def test_once_replays_and_a_failed_attempt_leaves_no_row(engine: AsyncEngine) -> None:
+    ledger = RequestLedger(ledger_table)
+    runs: list[str] = []
+
+    async def refused() -> str:
+        runs.append("refused")
+        raise InvalidArgumentError("plan_id is required", field_path="plan_id")
+
+    async def ok() -> str:
+        runs.append("ok")
+        return "done"
+
+    with pytest.raises(InvalidArgumentError):
+        await ledger.once(engine, key(), refused, str.encode)
+    # The refusal released its reservation: nothing is left, and the retry (even with
+    # another body) is decided again.
+    assert await ledger.replay(engine, key()) is None
+    assert await ledger.once(engine, key(digest="d2"), ok, str.encode) == b"done"
+    assert await ledger.once(engine, key(digest="d2"), ok, str.encode) == b"done"
+    assert runs == ["refused", "ok"]
+    with pytest.raises(RequestIdReusedError):
+        await ledger.once(engine, key(digest="d1"), ok, str.encode)
+    # release never drops a row that holds a response.
+    await ledger.release(engine, key(digest="d2"))
+    assert await ledger.replay(engine, key(digest="d2")) is not None
+
+
 async def test_a_provisional_response_is_replayed_until_completed(engine: AsyncEngine) -> None:
     ledger = RequestLedger(ledger_table)
     calls: list[int] = []
@@ -179,14 +208,43 @@ async def test_purge_removes_only_old_rows_of_the_org_in_bounded_batches(
     async with db.transaction(engine, readonly=True) as conn:
         now = await db.db_now(conn)
     cutoff = now + timedelta(seconds=1)  # everything so far is "old"
+    sweep = RequestRetention(engine, ledger, retention=timedelta(hours=1))
 
-    assert await ledger.orgs(engine, after=None, limit=10) == ["org-1", "org-2"]
-    assert await ledger.orgs(engine, after="org-1", limit=10) == ["org-2"]
-    assert await ledger.purge(engine, "org-1", older_than=cutoff, limit=3) == 3
-    assert await ledger.purge(engine, "org-1", older_than=cutoff, limit=3) == 2
-    assert await ledger.purge(engine, "org-1", older_than=cutoff, limit=3) == 0
+    assert await sweep.orgs(after=None, limit=10) == ["org-1", "org-2"]
+    assert await sweep.orgs(after="org-1", limit=10) == ["org-2"]
+    assert await sweep.purge("org-1", older_than=cutoff, limit=3) == 3
+    assert await sweep.purge("org-1", older_than=cutoff, limit=3) == 2
+    assert await sweep.purge("org-1", older_than=cutoff, limit=3) == 0
     assert await ledger.replay(engine, key(other_org)) is not None  # another org untouched
     # Rows newer than the cutoff stay.
     await ledger.execute(engine, key(rid="new"), lambda c: asyncio.sleep(0), lambda v: b"n")
-    assert await ledger.purge(engine, "org-1", older_than=now - timedelta(days=1)) == 0
+    assert await sweep.purge("org-1", older_than=now - timedelta(days=1)) == 0
     assert await ledger.replay(engine, key(rid="new")) is not None
+
+
+async def test_retention_loop_purges_every_org_in_rotation(engine: AsyncEngine) -> None:
+    ledger = RequestLedger(ledger_table)
+    orgs = [f"org-{i}" for i in range(5)]
+    for org in orgs:
+        for i in range(3):
+            await ledger.execute(
+                engine,
+                key(DedupeScope(org), rid=f"r{i}"),
+                lambda c: asyncio.sleep(0),
+                lambda v: b"",
+            )
+    await asyncio.sleep(0.01)  # every row is now older than the 1 ms window
+    sweep = RequestRetention(
+        engine, ledger, retention=timedelta(milliseconds=1), batch_size=2, org_batch=2
+    )
+    # 2 orgs per pass, 2 rows per transaction: three passes reach all five orgs.
+    purged = [await sweep.sweep_once() for _ in range(3)]
+    assert purged == [6, 6, 3]
+    assert await sweep.orgs(after=None, limit=10) == []
+    # A window longer than the rows' age keeps them.
+    await ledger.execute(engine, key(), lambda c: asyncio.sleep(0), lambda v: b"kept")
+    keep = RequestRetention(engine, ledger, retention=timedelta(hours=1))
+    assert await keep.sweep_once() == 0
+    async with keep:  # the loop lifecycle: starts, sweeps, shuts down
+        await asyncio.sleep(0.01)
+    assert keep.stopping and await ledger.replay(engine, key()) is not None

@@ -10,8 +10,6 @@ credentials. One key pair signs every credential; each test client's key id is t
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from runtime_svc.api.runs import build_run_service
 from runtime_svc.catalog_client import ScopedCredentials
 from services import db
 from services.auth import CredentialVerifier, generate_keypair
-from services.config import ServiceName, load_config
+from services.config import ServiceName
 from services.grpc_server import start_server
 from services.proto import catalog_v1, runtime_v1
 from tests.integration.catalog.harness import KEY_ID as CATALOG_KEY_ID
@@ -37,19 +35,22 @@ from tests.integration.definitions.fake_catalog import Published
 from tests.integration.definitions.harness import KEY_ID as DEFINITIONS_KEY_ID
 from tests.integration.definitions.harness import new_org
 from tests.integration.runs.harness import RunClient
+from tests.support.servers import BackgroundServers
 
 __all__ = ["TriggerServers", "record_stub", "sealed_tenant", "struct"]
 
-_START_TIMEOUT_S = 60.0
 
-
-class TriggerServers:
+class TriggerServers(BackgroundServers):
     """Catalog + runtime in a background event loop; :meth:`stop` is idempotent."""
 
     def __init__(self, runtime_db_url: str, catalog_db_url: str, data_dir: Path) -> None:
+        super().__init__(
+            data_dir,
+            {"FLOW_RUNTIME_DB_URL": runtime_db_url, "FLOW_CATALOG_DB_URL": catalog_db_url},
+            name="trigger-servers",
+        )
         self.runtime_db_url = runtime_db_url
         self.catalog_db_url = catalog_db_url
-        self.data_dir = data_dir
         self.private_key: Ed25519PrivateKey
         self.private_key, public = generate_keypair()
         keys = {CATALOG_KEY_ID: public, DEFINITIONS_KEY_ID: public}
@@ -59,49 +60,13 @@ class TriggerServers:
         self.catalog_port = 0
         #: The runtime's engine (tests count its transactions; set once started).
         self.runtime_engine: AsyncEngine | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="trigger-servers", daemon=True)
 
-    def start(self) -> TriggerServers:
-        self._thread.start()
-        if not self._ready.wait(_START_TIMEOUT_S):
-            raise AssertionError("servers did not start")
-        if self._error is not None:
-            raise AssertionError(f"servers failed: {self._error!r}") from self._error
-        return self
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported by start()
-            self._error = exc
-            self._ready.set()
-
-    def _cfg(self, service: ServiceName) -> Any:
-        return load_config(
-            service,
-            {
-                "FLOW_ENV": "test",
-                "FLOW_DATA_DIR": str(self.data_dir),
-                "FLOW_RUNTIME_PORT": "0",
-                "FLOW_CATALOG_PORT": "0",
-                "FLOW_RUNTIME_DB_URL": self.runtime_db_url,
-                "FLOW_CATALOG_DB_URL": self.catalog_db_url,
-                "FLOW_OTEL_ENABLED": "false",
-            },
-        )
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+    async def serve(self) -> None:
         catalog_engine = db.create_engine(self.catalog_db_url, pool_size=4)
         runtime_engine = db.create_engine(self.runtime_db_url, pool_size=8)
         self.runtime_engine = runtime_engine
         try:
-            catalog_cfg = self._cfg(ServiceName.CATALOG)
+            catalog_cfg = self.cfg(ServiceName.CATALOG)
             catalog = await start_server(
                 catalog_cfg,
                 await build_catalog_services(catalog_cfg, catalog_engine),
@@ -109,7 +74,7 @@ class TriggerServers:
             )
             self.catalog_port = catalog.port
             target = f"127.0.0.1:{catalog.port}"
-            cfg = self._cfg(ServiceName.RUNTIME)
+            cfg = self.cfg(ServiceName.RUNTIME)
             registrations = [
                 await build_definition_service(
                     cfg,
@@ -135,18 +100,12 @@ class TriggerServers:
             ]
             runtime = await start_server(cfg, registrations, verifier=self._runtime_verifier)
             self.runtime_port = runtime.port
-            self._ready.set()
-            await self._stop.wait()
+            await self.serving()
             await runtime.stop(0)
             await catalog.stop(0)
         finally:
             await runtime_engine.dispose()
             await catalog_engine.dispose()
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=30)
 
     def run_client(self) -> RunClient:
         return RunClient(grpc.insecure_channel(f"127.0.0.1:{self.runtime_port}"), self.private_key)

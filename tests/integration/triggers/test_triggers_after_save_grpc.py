@@ -21,10 +21,10 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records import Actor, MutationResult, RecordEngine, RecordView, prepare_create
-from runtime_svc.records.model import RequestRef
 from runtime_svc.schema import flow_checkpoints
 from services import db
 from services.proto import runtime_v1
+from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.catalog.harness import Client as CatalogClient
 from tests.integration.definitions.fake_catalog import Published
 from tests.integration.definitions.harness import error_detail, new_request_id
@@ -284,7 +284,8 @@ async def test_on_applied_runs_in_the_transaction_and_again_on_a_retry(
     module_db_url: str,
 ) -> None:
     """The engine hook: inside the record transaction, again on a whole-transaction retry
-    (so a captured result must be replaced), and on a replayed request."""
+    (so a captured result must be replaced), never on a replayed request (the ledger
+    answers it with the original response)."""
     engine = db.create_engine(module_db_url, pool_size=2)
     try:
         records = RecordEngine(engine)
@@ -303,21 +304,25 @@ async def test_on_applied_runs_in_the_transaction_and_again_on_a_retry(
                 raise pymysql.err.OperationalError(1213, "Deadlock found")
 
         mutation = prepare_create(view, "Account", "acc-1", {"Name": "Acme"}, [])
-        ref = RequestRef("CreateRecord", "req-1", "digest-1")
+        key = RequestKey(DedupeScope(org), "CreateRecord", "req-1", "digest-1")
         actor = Actor("workload", "test")
-        result = await records.mutate(
-            org, view, mutation, actor=actor, request=ref, on_applied=hook
+
+        def encode(applied: MutationResult) -> bytes:
+            return applied.event_id.encode()
+
+        done = await records.mutate_once(
+            org, view, mutation, actor=actor, key=key, encode=encode, on_applied=hook
         )
+        result = done.value
         assert len(seen) == 2 and records.stats.conflict_retries == 1
-        assert seen[-1] == result and not result.replayed and result.record.version == 1
+        assert result is not None and seen[-1] == result and result.record.version == 1
         # The rolled-back attempt wrote nothing: one history sequence.
         assert seen[0].history_sequence == seen[1].history_sequence == 1
 
-        replay = await records.mutate(
-            org, view, mutation, actor=actor, request=ref, on_applied=hook
+        replay = await records.mutate_once(
+            org, view, mutation, actor=actor, key=key, encode=encode, on_applied=hook
         )
-        assert replay.replayed and seen[-1] == replay and len(seen) == 3
-        assert replay.history_sequence == result.history_sequence
-        assert replay.event_id == result.event_id
+        assert replay.replayed and replay.response == result.event_id.encode()
+        assert len(seen) == 2  # neither the mutation nor the hook ran again
     finally:
         await engine.dispose()

@@ -220,8 +220,10 @@ class World:
     lease_sweeper: Sweeper = field(init=False)
     plans: dict[str, tuple[str, ExecutionPlan]] = field(default_factory=dict)
 
+    policy: RetryPolicy = WAIT_POLICY
+
     def __post_init__(self) -> None:
-        self.store = FlowRunStateStore(self.engine, policy=WAIT_POLICY, clock=self.clock)
+        self.store = FlowRunStateStore(self.engine, policy=self.policy, clock=self.clock)
         self.rt = WaitRuntime.build(
             self.engine, clock=self.clock, signal_kinds=SIGNAL_KINDS, watch_ttl_s=0.0
         )
@@ -247,7 +249,7 @@ class World:
 
     def other(self, scope: TrustedRuntimeWorkScope) -> World:
         """A world of another scope sharing this one's database and clock."""
-        w = World(self.engine, scope, self.clock)
+        w = World(self.engine, scope, self.clock, policy=self.policy)
         return w
 
     async def seed(self, source: dict[str, Any], **kw: Any) -> str:

@@ -205,6 +205,34 @@ async def test_submit_over_grpc_wakes_the_run_and_the_support_read_shows_the_dep
     assert by_id.signal.dependency_id == dep.dependency_id
 
 
+async def test_a_retried_request_id_replays_the_original_answer(api: Api) -> None:
+    """Issue 10 item 2: SubmitWakeSignal is deduplicated on request_id like every other
+    mutating RPC (the wake token stays the durable delivery identity)."""
+    world = api.world
+    await world.seed(signal_flow())
+    run = await world.start("wait_signal", key="r1")
+    await world.drive(run.flow_run_id)
+
+    first = await api.submit(request_id="req-1")
+    assert not first.duplicate
+    # The retry replays the original answer, not "duplicate token" (what a new request
+    # with the same body gets).
+    assert await api.submit(request_id="req-1") == first
+    assert (await api.submit(request_id="req-2")).duplicate
+
+    reused = await _refused(api.submit(request_id="req-1", wake_token="t2"))
+    assert reused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_detail(reused).code == "request_id_reused"
+    assert len(await signals(world.engine, world.org)) == 1
+
+    # Another installation of the org has its own request ids.
+    other = new_scope(world.org, installation="inst-crm-2")
+    api.bindings.known.add(other)
+    theirs = await api.submit(md=api.md(other), request_id="req-1", wake_token="t9")
+    assert not theirs.duplicate
+    assert theirs.signal.app_installation_id == other.app_installation_id
+
+
 async def test_wrong_scope_get_answers_exactly_like_a_missing_id(api: Api) -> None:
     world = api.world
     sig = (await api.submit()).signal

@@ -5,10 +5,12 @@ stale notifications, deadline racing notification, work-scope isolation)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.kernel import RunState
 from runtime_svc.kernel.decisions import NoChange
@@ -20,10 +22,11 @@ from runtime_svc.kernel.wait_model import (
     NewDependency,
     SignalState,
 )
-from runtime_svc.schema import flow_dependencies
+from runtime_svc.schema import flow_dependencies, flow_step_attempts, flow_wake_signals
 from services import db
 from services.errors import ConflictError, FailedPreconditionError, NotFoundError
 from tests.integration.waits.support import (
+    WAIT_POLICY,
     World,
     approval,
     events_of,
@@ -31,6 +34,7 @@ from tests.integration.waits.support import (
     signal_flow,
     signals,
     task_subjects,
+    work_scope,
 )
 
 
@@ -311,3 +315,73 @@ async def test_the_sweep_discovers_an_org_whose_only_work_is_signal_retention(
     assert stats.signals_expired >= 1
     [signal] = await signals(world.engine, world.org)
     assert signal.state is SignalState.EXPIRED
+
+
+async def test_the_wait_sweeps_serve_every_org_in_rotation(world: World) -> None:
+    """Issue 10 item 1: the wait sweeps discover orgs through the shared
+    ``services.background.OrgRotation`` — with 500 orgs owing signal retention and 100
+    orgs per pass, each pass serves one bounded batch and every org is reached within
+    ceil(orgs / 100) passes (the org discovery was paged before too: this guards it)."""
+    from runtime_svc.kernel.store_waits import insert_signal_txn
+    from runtime_svc.waits.evidence import validate_submission
+    from runtime_svc.waits.reconciler import orgs_with_waits
+
+    new = validate_submission(approval("old", "t"), world.rt.registry)
+    orgs = [f"rot-{i:04d}" for i in range(500)]
+    async with db.transaction(world.engine) as conn:
+        now = await world.clock(conn)
+        for org in orgs:
+            await insert_signal_txn(
+                conn,
+                work_scope(new_scope(org)),
+                new,
+                now - timedelta(days=40),
+                expires_at=now - timedelta(days=1),
+                match_at=None,
+            )
+    # Other tests of this module share the database: count every org with waits.
+    total = len(await orgs_with_waits(world.engine, limit=100_000))
+    assert total >= len(orgs)
+    sweeper = world.rt.sweeper(batch=10, org_batch=100)
+
+    async def expired() -> int:
+        w = flow_wake_signals.c
+        async with db.transaction(world.engine, readonly=True) as conn:
+            query = select(func.count()).where(
+                w.org_id.in_(orgs), w.resolution_state == SignalState.EXPIRED.code
+            )
+            return int((await conn.execute(query)).scalar_one())
+
+    await sweeper.sweep_once()
+    assert 0 < await expired() <= 100  # one bounded batch per pass
+    for _ in range(-(-total // 100) - 1):
+        await sweeper.sweep_once()
+    assert await expired() == len(orgs)  # every org reached within ceil(orgs / batch)
+
+
+async def test_a_wait_entered_on_the_last_attempt_resumes_and_finishes(
+    engine: AsyncEngine,
+) -> None:
+    """Issue 10 item 4: the resume claim of a wait step is no retry (§12.1 step 3, §13.4).
+    With a budget of one attempt, entering the wait spends it; the resolved step is
+    ``Pending`` again and must still be claimed — neither stranded ``Runnable`` nor
+    failed with ``retry_exhausted``."""
+    world = World(engine, new_scope(), policy=dataclasses.replace(WAIT_POLICY, max_attempts=1))
+    run_id = await _waiting(world)
+    step = (await world.run(run_id)).current_step_execution_id
+    outcome = await world.rt.signals.submit(world.work, approval("r1", "t1"))
+    assert outcome.signal.state is SignalState.CONSUMED
+    done = await world.drive(run_id)
+    assert done.state is RunState.SUCCEEDED, done
+    assert await events_of(world.engine, world.org, run_id) == 1
+    # The wait step's resume ran as its second attempt.
+    async with db.transaction(engine, readonly=True) as conn:
+        attempts = (
+            await conn.execute(
+                select(func.count()).where(
+                    flow_step_attempts.c.org_id == world.org,
+                    flow_step_attempts.c.step_execution_id == step,
+                )
+            )
+        ).scalar_one()
+    assert attempts == 2

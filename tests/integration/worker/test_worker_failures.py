@@ -4,19 +4,23 @@ cancellation while running, unsupported step kinds."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 
 import pymysql
 import pytest
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+import runtime_svc.kernel.store as kernel_store
 from runtime_svc.kernel import (
     CheckpointInput,
+    FailureClass,
     FirstStep,
     FlowRunStateStore,
     LeaseFence,
     RunState,
     StartRunRequest,
+    StepFailure,
 )
 from runtime_svc.resources import LateResourceDiscoveryError, business_key
 from runtime_svc.schema import flow_step_attempts, flow_step_executions
@@ -294,3 +298,134 @@ async def test_unsupported_step_kind_fails_the_run_closed(
     got = await store.get_run(seeded.org, created.run.flow_run_id)
     assert got.state is RunState.TERMINAL_FAILED
     assert got.terminal_cause_code
+
+
+@pytest.mark.parametrize("lane", ["dependency_wakeup", "effect_completion"])
+async def test_a_step_on_a_wait_or_effect_lane_is_served_and_fails_closed(
+    engine: AsyncEngine, store: FlowRunStateStore, lane: str
+) -> None:
+    """Issue 10, item 4: no lane a durable step can be on is left unserved (the run would
+    stay Runnable for ever); a step the executor cannot run yet ends the run closed."""
+    seeded = await seed(engine)
+    created = await store.create_run(
+        seeded.scope,
+        StartRunRequest(
+            plan_id=seeded.plan_id,
+            first_step=FirstStep("no_such_step", "DependencyWait", lane),
+            input=CheckpointInput(context={}),
+        ),
+    )
+    worker = make_worker(engine, store)
+    assert await worker.run_batch(seeded.org) == [Outcome.FAILED]
+    got = await store.get_run(seeded.org, created.run.flow_run_id)
+    assert got.state is RunState.TERMINAL_FAILED
+
+
+async def test_a_policy_lowered_below_a_steps_attempts_ends_the_run(
+    engine: AsyncEngine, store: FlowRunStateStore, clock: ShiftedClock
+) -> None:
+    """Issue 10, item 4: a step scheduled under a larger attempt budget is ended by the
+    claim that finds its budget spent, instead of staying Runnable and unclaimable."""
+    seeded = await seed(engine)
+    run = await start_run(store, seeded)
+    worker = make_worker(engine, store)
+    for _ in range(2):  # two attempts under the 4-attempt policy, both rolled back
+        candidate = (await store.eligible_work(seeded.org, "durable_mutation"))[0]
+        claimed = await store.claim(seeded.org, candidate, lease_owner="w")
+        assert isinstance(claimed, LeaseFence)
+        fence = await store.mark_running(seeded.org, claimed)
+        await store.record_rollback(seeded.org, fence, StepFailure(FailureClass.RETRYABLE, "x"))
+        clock.advance(hours=2)
+    lowered = FlowRunStateStore(
+        engine, policy=dataclasses.replace(store.policy, max_attempts=2), clock=clock
+    )
+    redeployed = make_worker(engine, lowered)
+    assert await redeployed.run_batch(seeded.org) == [Outcome.NOT_ELIGIBLE]
+    got = await store.get_run(seeded.org, run.flow_run_id)
+    assert got.state is RunState.TERMINAL_FAILED
+    assert got.terminal_cause_code == "retry_budget_exhausted"
+    assert await worker.run_batch(seeded.org) == []  # nothing left to claim
+
+
+async def test_a_lost_rollback_response_is_a_proven_rollback_and_retries_once(
+    engine: AsyncEngine,
+    store: FlowRunStateStore,
+    clock: ShiftedClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """V22.3-10: the step's transaction fails (a deadlock victim) and the response to its
+    ROLLBACK is lost with the connection. COMMIT was never sent, so nothing of the step
+    can be durable (the server rolls an orphaned transaction back): the worker invalidates
+    the connection, records a proven rollback and retries the step from the same input —
+    never quarantines it, never applies it twice."""
+    seeded = await seed(engine)
+    run = await start_run(store, seeded)
+    lost: list[int] = []
+    real_rollback = AsyncConnection.rollback
+
+    async def rollback(self: AsyncConnection) -> None:
+        if lost == [1]:
+            lost.append(2)
+            raise pymysql.err.OperationalError(2013, "Lost connection during ROLLBACK")
+        await real_rollback(self)
+
+    monkeypatch.setattr(AsyncConnection, "rollback", rollback)
+
+    async def hook(at: str, fence: LeaseFence, conn: AsyncConnection | None) -> None:
+        if at == "in_txn" and not lost:
+            lost.append(1)
+            raise pymysql.err.OperationalError(1213, "Deadlock found (injected)")
+
+    worker = make_worker(engine, store, hook=hook)
+    assert await worker.run_batch(seeded.org) == [Outcome.RETRY_SCHEDULED]
+    assert lost == [1, 2]  # the rollback response really was lost
+    assert await run_records(engine, seeded.org) == []
+    step = await _step_row(engine, seeded, run.flow_run_id, "bump1")
+    assert step["state"] == "RetryScheduled"
+    clock.advance(hours=1)
+    done = await drive(worker, seeded.org, run.flow_run_id)
+    assert done.state is RunState.SUCCEEDED
+    outcomes = sorted(
+        a["transaction_outcome"]
+        for a in await rows(
+            engine,
+            flow_step_attempts,
+            org_id=seeded.org,
+            step_execution_id=step["step_execution_id"],
+        )
+    )
+    assert outcomes == ["Committed", "RolledBack"]
+    await _assert_once(engine, seeded, run.flow_run_id)
+
+
+async def test_a_failing_checkpoint_insert_rolls_the_business_writes_back(
+    engine: AsyncEngine,
+    store: FlowRunStateStore,
+    clock: ShiftedClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """V22.3-12: the output checkpoint is inserted in the step's business transaction,
+    after its record, history, event and audit writes; when that insert fails, every one
+    of them rolls back with it and the step is retried from its input."""
+    seeded = await seed(engine)
+    run = await start_run(store, seeded)
+    failed: list[int] = []
+    real_insert = kernel_store.insert_checkpoint
+
+    async def insert_checkpoint(*args: object, **kwargs: object) -> object:
+        if not failed:
+            failed.append(1)
+            raise pymysql.err.OperationalError(1213, "checkpoint insert failed (injected)")
+        return await real_insert(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernel_store, "insert_checkpoint", insert_checkpoint)
+    worker = make_worker(engine, store)
+    assert await worker.run_batch(seeded.org) == [Outcome.RETRY_SCHEDULED]
+    assert failed == [1]
+    assert await run_records(engine, seeded.org) == []  # the business write rolled back
+    counts = await step_counts(engine, seeded.org, run.flow_run_id, "bump1")
+    assert (counts.business_events, counts.audit_records, counts.committed_attempts) == (0, 0, 0)
+    clock.advance(hours=1)
+    done = await drive(worker, seeded.org, run.flow_run_id)
+    assert done.state is RunState.SUCCEEDED
+    await _assert_once(engine, seeded, run.flow_run_id)

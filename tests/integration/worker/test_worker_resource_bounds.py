@@ -215,6 +215,20 @@ async def test_late_discovery_within_the_bound_retries_once_and_commits_once(
     assert [a["safe_error_code"] for a in attempts if a["transaction_outcome"] == "RolledBack"] == [
         "late_resource_discovery"
     ]
+    # §13.3 steps 1 and 4 (V22.3-04): the rolled-back attempt records the safe resource
+    # class mismatch and the expanded plan (within the declared bound) the retry runs
+    # under; the committed retry records the lock plan it committed with.
+    (rolled,) = [a for a in attempts if a["transaction_outcome"] == "RolledBack"]
+    (committed,) = [a for a in attempts if a["transaction_outcome"] == "Committed"]
+    evidence = json.loads(rolled["metrics_summary"])
+    assert evidence["late_discovery"] == {"resource_class": "BUSINESS_RECORD", "role": "record"}
+    assert evidence["expanded_lock_plan_digest"].startswith("lock-plan/")
+    final_plan = json.loads(committed["metrics_summary"])
+    assert final_plan["lock_plan_digest"].startswith("lock-plan/")
+    # The expanded plan is the admitted plan (the one the retry committed with: the same
+    # reads) plus the discovered resource.
+    assert evidence["expanded_lock_plan_keys"] == final_plan["lock_plan_keys"] + 1
+    assert "acc-discovered" not in rolled["metrics_summary"]  # safe codes, no record ids
 
 
 async def test_late_discovery_beyond_the_bound_fails_terminally_without_retry(

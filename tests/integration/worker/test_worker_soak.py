@@ -14,15 +14,16 @@ import random
 from collections import Counter
 from collections.abc import Awaitable
 
+import pytest
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel import FlowRunStateStore, LeaseFence, RunState
-from runtime_svc.schema import flow_runs
+from runtime_svc.schema import flow_runs, flow_step_executions
 from runtime_svc.worker import Outcome, StepWorker, Sweeper
 from tests.integration.kernel.conftest import ShiftedClock
 from tests.integration.kernel.helpers import rows
 from tests.integration.worker.support import TERMINAL, make_worker, seed, start_run
-from tests.support.invariants import TerminalAttempts, check_exactly_once
+from tests.support.invariants import TerminalAttempts, check_exactly_once, stranded_runs
 
 SEED = 20261129
 RUNS = 200
@@ -43,6 +44,7 @@ async def _survive(batch: Awaitable[list[Outcome]]) -> list[Outcome]:
         return []
 
 
+@pytest.mark.timeout(900)  # hundreds of runs; generous under CPU contention
 async def test_worker_soak_keeps_exactly_once_and_state_invariants(
     engine: AsyncEngine, store: FlowRunStateStore, clock: ShiftedClock
 ) -> None:
@@ -78,16 +80,22 @@ async def test_worker_soak_keeps_exactly_once_and_state_invariants(
     ]
     terminal = TerminalAttempts()
     totals = Counter[Outcome]()
-    for _ in range(ROUNDS):
+    for round_ in range(ROUNDS):
         results = await asyncio.gather(*(_survive(w.run_batch(org)) for w in workers))
         for r in results:
             totals.update(r)
         await sweeper.sweep_org(org)
         await terminal.snapshot(engine, org)
-        states = [
-            RunState.from_code(r["runtime_state"])
-            for r in await rows(engine, flow_runs, org_id=org)
-        ]
+        run_rows = await rows(engine, flow_runs, org_id=org)
+        if round_ % 10 == 0:
+            # Between rounds every non-terminal run still has a future transition: a due
+            # claimable step, a lease with a deadline, or a pending cleanup (item 4).
+            step_rows = {
+                s["step_execution_id"]: s
+                for s in await rows(engine, flow_step_executions, org_id=org)
+            }
+            assert stranded_runs(run_rows, step_rows, max_attempts=store.policy.max_attempts) == []
+        states = [RunState.from_code(r["runtime_state"]) for r in run_rows]
         if all(s in TERMINAL for s in states):
             break
         if not any(results):

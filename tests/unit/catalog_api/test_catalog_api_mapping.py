@@ -22,9 +22,11 @@ from catalog_svc.domain import (
 from catalog_svc.service import EntrySource, _entry_field
 from flowctl.catalog import parse_build_document
 from flowctl.common import CliError
+from services.auth import TrustedIdentity, TrustedOrgContext, TrustedRuntimeWorkScope
 from services.digest import versioned_digest
 from services.errors import FailedPreconditionError, InvalidArgumentError
 from services.proto import catalog_v1, common_v1
+from services.request_dedupe import DedupeScope
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "examples" / "catalog" / "demo.yaml"
@@ -239,13 +241,6 @@ def test_page_token_round_trips_and_is_bound_to_its_filters() -> None:
         assert err.value.field_path == "page_token"
 
 
-def test_request_digest_ignores_the_request_id_only() -> None:
-    a = catalog_v1.OpenGenerationRequest(request_id="r1", contract_version=1)
-    b = catalog_v1.OpenGenerationRequest(request_id="r2", contract_version=1)
-    c = catalog_v1.OpenGenerationRequest(request_id="r1", contract_version=2)
-    assert mapping.request_digest(a) == mapping.request_digest(b) != mapping.request_digest(c)
-
-
 def _submit(**fields: object) -> catalog_v1.SubmitEntryRequest:
     descriptor = capability_mapping.descriptor_to_proto(_descriptors()[0])
     req = catalog_v1.SubmitEntryRequest(
@@ -371,10 +366,25 @@ def test_flowctl_refuses_a_malformed_document(change: object, message: str) -> N
     assert message in str(err.value)
 
 
-def test_request_key_needs_a_bounded_request_id() -> None:
-    key = requests.request_key("OpenGeneration", catalog_v1.OpenGenerationRequest(request_id="r"))
-    assert (key.rpc, key.request_id, key.store_response) == ("OpenGeneration", "r", True)
-    for rid in ("", "   ", "x" * 129):
+def test_request_key_is_scoped_by_the_credential_and_needs_a_bounded_request_id() -> None:
+    identity = TrustedIdentity(
+        subject="t",
+        audiences=("catalog",),
+        org=TrustedOrgContext("org-1", "inst-1"),
+        runtime_capability_id="cap-1",
+        work_scope=TrustedRuntimeWorkScope("org-1", "inst-1", "cap-1", "b-1"),
+        roles=frozenset(),
+        key_id="k",
+        issued_at=0,
+        expires_at=1,
+    )
+    request = catalog_v1.OpenGenerationRequest(request_id="r")
+    key = requests.request_key(identity, "OpenGeneration", request)
+    assert (key.rpc, key.request_id) == ("OpenGeneration", "r")
+    assert key.scope == DedupeScope("org-1", "inst-1", "cap-1", "b-1")
+    for rid in ("", "   ", "x" * 201):
         with pytest.raises(InvalidArgumentError) as err:
-            requests.request_key("OpenGeneration", catalog_v1.OpenGenerationRequest(request_id=rid))
+            requests.request_key(
+                identity, "OpenGeneration", catalog_v1.OpenGenerationRequest(request_id=rid)
+            )
         assert err.value.field_path == "request_id"

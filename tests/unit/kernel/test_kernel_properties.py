@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime_svc.kernel.decisions import (
+    Claimed,
     ClaimRequest,
     EnterWait,
     FailRun,
@@ -30,6 +31,7 @@ from runtime_svc.kernel.decisions import (
     FinishRun,
     NextStep,
     Recovered,
+    RetryExhausted,
     RetryScheduled,
     StepFailure,
 )
@@ -51,7 +53,6 @@ from runtime_svc.kernel.transitions import (
     decide_commit_unknown,
     decide_heartbeat,
     decide_recovery,
-    decide_release,
     decide_resolve_wait,
     decide_rollback_retry,
     decide_start_running,
@@ -66,7 +67,6 @@ OPS = (
     "heartbeat",
     "recover",
     "unknown",
-    "release",
     "cancel",
     "delete",
     "cleanup",
@@ -109,10 +109,12 @@ class Sim:
             m.tokens[attempt_id] = raw
             req = ClaimRequest(attempt_id, "w", digest, 1, "p", "l")
             decision = decide_claim(m.root, current, now, POLICY, req)
-            if not hasattr(decision, "reason"):
-                self.apply(decision.transition)  # type: ignore[union-attr]
+            if isinstance(decision, Claimed):
+                self.apply(decision.transition)
                 self.fences.append(fence_for(m, m.attempts[attempt_id]))
-        elif op in ("start", "heartbeat", "commit", "rollback", "unknown", "release"):
+            elif isinstance(decision, RetryExhausted):
+                self.apply(decision.transition)
+        elif op in ("start", "heartbeat", "commit", "rollback", "unknown"):
             f = self.fence(pick)
             found = None if f is None else self.parts(f)
             if f is None or found is None:
@@ -145,14 +147,10 @@ class Sim:
                     assert d.run_after <= now + timedelta(milliseconds=POLICY.max_delay_ms)
                 if hasattr(d, "transition"):
                     self.apply(d.transition)  # type: ignore[union-attr]
-            elif op == "unknown":
+            else:
                 d = decide_commit_unknown(root, s, a, f, now)  # type: ignore[arg-type]
                 if hasattr(d, "transition"):
                     self.apply(d.transition)  # type: ignore[union-attr]
-            else:
-                d = decide_release(root, s, a, f, now)  # type: ignore[arg-type]
-                if not isinstance(d, FenceLost):
-                    self.apply(d.transition)
         elif op == "recover" and current is not None:
             expiries = sum(
                 1

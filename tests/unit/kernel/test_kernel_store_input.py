@@ -67,7 +67,6 @@ async def test_every_fenced_transition_rejects_bad_input_before_sql(
     calls: list[Callable[[], Awaitable[object]]] = [
         lambda: s.mark_running(ORG, fence),
         lambda: s.extend_lease(ORG, fence),
-        lambda: s.release_claim(ORG, fence),
         lambda: s.commit_step(ORG, fence, output=CheckpointInput({}), advance=FinishRun()),
         lambda: s.record_rollback(ORG, fence, StepFailure(FailureClass.RETRYABLE, "x")),
         lambda: s.quarantine_commit_unknown(ORG, fence),

@@ -10,7 +10,6 @@ from datetime import timedelta
 import pytest
 
 from runtime_svc.kernel.decisions import (
-    Admitted,
     AlreadyCommitted,
     CancelCompleted,
     CancelRecorded,
@@ -29,7 +28,6 @@ from runtime_svc.kernel.decisions import (
     Quarantined,
     Recovered,
     RecoveryTerminal,
-    Released,
     RetryExhausted,
     RetryScheduled,
     Started,
@@ -50,7 +48,7 @@ from runtime_svc.kernel.states import (
     StepState,
 )
 from runtime_svc.kernel.transitions import (
-    decide_admit,
+    CAUSE_RETRY_EXHAUSTED,
     decide_cancel,
     decide_cancel_cleanup,
     decide_claim,
@@ -58,7 +56,6 @@ from runtime_svc.kernel.transitions import (
     decide_commit_unknown,
     decide_heartbeat,
     decide_recovery,
-    decide_release,
     decide_resolve_wait,
     decide_rollback_retry,
     decide_start_running,
@@ -160,7 +157,6 @@ def test_claim_moves_root_step_and_inserts_a_started_attempt() -> None:
             {},
             "not_due",
         ),
-        ({}, {"attempt_count": POLICY.max_attempts}, {}, "attempt_budget_spent"),
     ],
 )
 def test_claim_refusals(
@@ -176,16 +172,49 @@ def test_due_retry_scheduled_step_is_claimable() -> None:
     assert isinstance(decide_claim(m.root, m.steps["step_1"], T0, POLICY, request(m)), Claimed)
 
 
-def test_admit_accepted_root() -> None:
-    m = new_model(state=RunState.ACCEPTED)
-    decision = decide_admit(m.root, m.steps["step_1"], T0)
-    assert isinstance(decision, Admitted)
+def test_a_pending_step_is_claimed_whatever_its_attempt_count() -> None:
+    """Issue 10, item 4: a step resumed after its wait (``Waiting -> Pending``) is no
+    retry — entering the wait on the last attempt must not strand or fail the run."""
+    m = Model(
+        root=run(),
+        steps={
+            "step_1": step(state=StepState.PENDING, run_after=T0, attempt_count=POLICY.max_attempts)
+        },
+    )
+    decision = decide_claim(m.root, m.steps["step_1"], T0, POLICY, request(m))
+    assert isinstance(decision, Claimed)
+    assert decision.transition.new_attempt is not None
+    assert decision.transition.new_attempt.attempt_number == POLICY.max_attempts + 1
+
+
+@pytest.mark.parametrize("state", [StepState.RETRY_SCHEDULED])
+def test_a_due_step_with_a_spent_attempt_budget_ends_its_run(state: StepState) -> None:
+    """Issue 10, item 4: a policy lowered after the retry was scheduled must not leave
+    the run Runnable and unclaimable for ever; the claim ends step and run terminally."""
+    m = Model(
+        root=run(),
+        steps={"step_1": step(state=state, run_after=T0, attempt_count=POLICY.max_attempts)},
+    )
+    decision = decide_claim(m.root, m.steps["step_1"], T0, POLICY, request(m))
+    assert isinstance(decision, RetryExhausted) and decision.cause_code == CAUSE_RETRY_EXHAUSTED
+    assert decision.transition.new_attempt is None
     m.apply(decision.transition)
-    assert m.root.state is RunState.RUNNABLE
-    assert decide_admit(m.root, m.steps["step_1"], T0) == NoChange("not_accepted")
+    assert (m.root.state, m.steps["step_1"].state) == (
+        RunState.TERMINAL_FAILED,
+        StepState.FAILED,
+    )
+    assert m.root.terminal_cause_code == CAUSE_RETRY_EXHAUSTED and m.root.completed_at == T0
+    # Not yet due: nothing happens before its time.
+    early = Model(
+        root=run(),
+        steps={"step_1": step(state=state, run_after=T0 + timedelta(seconds=1), attempt_count=9)},
+    )
+    assert decide_claim(
+        early.root, early.steps["step_1"], T0, POLICY, request(early)
+    ) == NotEligible("not_due")
 
 
-# --- start, heartbeat, release -----------------------------------------------------------
+# --- start, heartbeat -------------------------------------------------------------------
 
 
 def test_start_running_heartbeat_and_expired_lease() -> None:
@@ -203,17 +232,6 @@ def test_start_running_heartbeat_and_expired_lease() -> None:
     root, s, a, f = parts(m2)
     lost = decide_start_running(root, s, a, f, late)
     assert isinstance(lost, FenceLost) and lost.reason == "lease_expired"
-
-
-def test_release_before_work_abandons_the_attempt() -> None:
-    m = new_model()
-    do_claim(m)
-    decision = decide_release(*parts(m), T0)
-    assert isinstance(decision, Released)
-    m.apply(decision.transition)
-    assert (m.root.state, m.steps["step_1"].state) == (RunState.RUNNABLE, StepState.PENDING)
-    assert m.attempts["att_1"].outcome is AttemptOutcome.ABANDONED
-    assert m.steps["step_1"].lease_token_digest is None
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from runtime_svc.kernel import ExecutionOwner, RunRecord, RunState
 from runtime_svc.kernel.states import StepState
 from runtime_svc.kernel.tables import compatibility_status
 from runtime_svc.runs import RunView, start_key
+from services.auth import TrustedRuntimeWorkScope
 from services.proto import common_v1
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -41,7 +42,7 @@ def _run(state: RunState, status: str) -> RunRecord:
         delete_requested_at=None,
         started_at=None,
         completed_at=None,
-        idempotency_key=start_key("f", "client-key"),
+        idempotency_key=start_key(TrustedRuntimeWorkScope("o", "i", "c", "b"), "f", "client-key"),
         request_digest="d",
         interview_status=status,
         current_element="make",
@@ -89,7 +90,6 @@ def test_public_exports_are_pinned() -> None:
         "DELETE_ROLE",
         "DeclaredVariable",
         "FlowTarget",
-        "ListFilters",
         "PageCursor",
         "PageTokenCodec",
         "ResolvedPlan",

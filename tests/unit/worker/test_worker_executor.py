@@ -4,7 +4,6 @@ fail-closed step kinds."""
 from __future__ import annotations
 
 import json
-import random
 from decimal import Decimal
 from typing import Any
 
@@ -14,7 +13,6 @@ from runtime_svc.compiler import CompilerInputs, ExecutionPlan, StepKind, compil
 from runtime_svc.compiler.kinds import TerminalOutcome
 from runtime_svc.kernel.decisions import FailRun, FinishRun, NextStep
 from runtime_svc.worker import (
-    IdleBackoff,
     MutationIntent,
     StepFault,
     WorkerSettings,
@@ -22,6 +20,7 @@ from runtime_svc.worker import (
     needs_transaction,
 )
 from runtime_svc.worker.executor import LOOPS_KEY, to_json_value
+from services.config import ConfigError, ServiceName, load_config
 from tests.unit.compiler.compiler_corpus import FLOWS, inputs_doc, merge_patch, read_json
 
 
@@ -203,26 +202,27 @@ def test_checkpoint_values_are_json_safe() -> None:
     assert json.loads(json.dumps(to_json_value(value))) == {"a": 2, "b": ["1.50"], "c": "x"}
 
 
-def test_settings_from_env_and_policy() -> None:
-    s = WorkerSettings.from_env(
+def _settings(env: dict[str, str]) -> WorkerSettings:
+    return WorkerSettings.from_config(load_config(ServiceName.RUNTIME, env))
+
+
+def test_settings_are_read_through_the_service_config() -> None:
+    s = _settings(
         {
             "FLOW_RUNTIME_WORKERS": "0",
             "FLOW_RUNTIME_SWEEPS": "false",
             "FLOW_RUNTIME_LEASE_MS": "900",
+            "FLOW_RUNTIME_RETRY_BASE_MS": "400000",
+            "FLOW_REQUEST_RETENTION_HOURS": "2",
         }
     )
     assert (s.workers, s.sweeps, s.retry_policy().lease_duration_ms) == (0, False, 900)
-    assert WorkerSettings.from_env({}) == WorkerSettings()
-    with pytest.raises(ValueError):
-        WorkerSettings.from_env({"FLOW_RUNTIME_WORKERS": "-1"})
-    with pytest.raises(ValueError):
-        WorkerSettings.from_env({"FLOW_RUNTIME_SWEEPS": "maybe"})
-
-
-def test_idle_backoff_is_bounded_and_jittered() -> None:
-    b = IdleBackoff(0.5, random.Random(7))
-    delays = [b.next_delay() for _ in range(20)]
-    assert all(0 < d <= 0.5 for d in delays)
-    assert max(delays) > 0.2
-    b.reset()
-    assert b.next_delay() <= 0.01
+    assert (s.retry_base_ms, s.retry_max_ms, s.request_retention_hours) == (400000, 400000, 2)
+    assert _settings({}) == WorkerSettings()
+    for bad in (
+        {"FLOW_RUNTIME_WORKERS": "-1"},
+        {"FLOW_RUNTIME_SWEEPS": "maybe"},
+        {"FLOW_RUNTIME_RETRY_BASE_MS": "10", "FLOW_RUNTIME_RETRY_MAX_MS": "5"},
+    ):
+        with pytest.raises(ConfigError):
+            _settings(bad)

@@ -1,0 +1,76 @@
+"""Test databases: a uniquely named MariaDB database (created, then dropped) and the
+migrated per-module database every integration package shares between its tests, on each
+backend (``sqlite``, ``mariadb``). One implementation for every ``conftest.py``; the
+MariaDB server comes from ``FLOW_TEST_MYSQL_URL`` (``tests/conftest.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pymysql
+import pytest
+from sqlalchemy.engine import make_url
+
+from services import migrate
+
+__all__ = ["BACKENDS", "mariadb_database", "module_database"]
+
+#: ``params``/``ids`` of a fixture parametrized over the two backends.
+BACKENDS = {
+    "params": ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)],
+    "ids": ["sqlite", "mariadb"],
+}
+
+
+def _admin(server_url: str) -> pymysql.connections.Connection:  # type: ignore[type-arg]
+    server = make_url(server_url)
+    return pymysql.connect(
+        host=server.host or "127.0.0.1",
+        port=server.port or 3306,
+        user=server.username or "root",
+        password=server.password or "",
+        charset="utf8mb4",
+        autocommit=True,
+    )
+
+
+@contextmanager
+def mariadb_database(server_url: str, prefix: str = "flow_test") -> Iterator[str]:
+    """A new, empty database on the MariaDB server (binary collation); its URL for the
+    block, dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:16]}"
+    admin = _admin(server_url)
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        url = make_url(server_url).set(database=name, query={"charset": "utf8mb4"})
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.close()
+
+
+def module_database(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    prefix: str,
+    service_pkg: str = "runtime_svc",
+    backend: str | None = None,
+) -> Iterator[str]:
+    """A migrated database of ``service_pkg`` on ``backend`` (default: the fixture's
+    ``request.param``), for a module-scoped fixture to ``yield from``."""
+    chosen = backend or str(request.param)
+    if chosen == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp(prefix) / 'test.db'}"
+        asyncio.run(migrate.upgrade(url, service_pkg))
+        yield url
+        return
+    server_url: str = request.getfixturevalue("mariadb_server_url")
+    with mariadb_database(server_url, f"flow_{prefix}") as url:
+        asyncio.run(migrate.upgrade(url, service_pkg))
+        yield url

@@ -1,0 +1,178 @@
+"""The one background-loop lifecycle (``services.background``) and the org rotation."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import random
+from collections.abc import Callable
+
+import pytest
+
+from services.background import BackgroundLoop, IdleBackoff, LoopGroup, OrgRotation, OrgSource
+
+
+class Counting(BackgroundLoop):
+    def __init__(self, name: str, *, busy_for: int = 0, fail_first: int = 0) -> None:
+        super().__init__(name, idle_s=0.02, grace_s=5)
+        self.calls = 0
+        self.busy_for = busy_for
+        self.fail_first = fail_first
+        self.ran = asyncio.Event()
+
+    async def run_once(self) -> bool:
+        self.calls += 1
+        self.ran.set()
+        if self.calls <= self.fail_first:
+            raise RuntimeError("transient")
+        return self.calls <= self.busy_for
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    async def wait() -> None:
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(wait(), timeout)
+
+
+async def test_a_loop_iterates_until_shutdown_and_survives_failing_iterations() -> None:
+    loop = Counting("l", busy_for=5, fail_first=2)
+    async with loop:
+        await _until(lambda: loop.calls >= 8)
+    calls = loop.calls
+    await loop.shutdown()  # idempotent
+    await asyncio.sleep(0.05)
+    assert loop.calls == calls and loop.stopping
+
+
+async def test_shutdown_before_start_and_a_body_loop() -> None:
+    seen: list[int] = []
+
+    async def body() -> bool:
+        seen.append(1)
+        return False
+
+    loop = BackgroundLoop("b", idle_s=0.01, body=body)
+    await loop.shutdown()
+    await loop.run()  # already stopped: returns at once
+    assert seen == []
+    with pytest.raises(ValueError):
+        BackgroundLoop("x", idle_s=0)
+    with pytest.raises(NotImplementedError):
+        await BackgroundLoop("y", idle_s=1).run_once()
+
+
+async def test_a_group_runs_children_added_late_and_stops_them_all() -> None:
+    a, b = Counting("a"), Counting("b")
+    group = LoopGroup([a], grace_s=5)
+    runner = asyncio.ensure_future(group.run())
+    await asyncio.wait_for(a.ran.wait(), 30)
+    group.add(b)
+    await asyncio.wait_for(b.ran.wait(), 30)
+    await group.stop()
+    await asyncio.wait_for(runner, 30)
+    assert a.stopping and b.stopping
+    await group.shutdown()  # idempotent
+
+
+async def test_a_child_that_dies_stops_the_group_first_exception() -> None:
+    class Dying(BackgroundLoop):
+        async def run(self) -> None:  # the loop machinery itself fails
+            raise LookupError("broken loop")
+
+    survivor = Counting("survivor")
+    group = LoopGroup([survivor, Dying("dying", idle_s=1)], grace_s=5)
+    with pytest.raises(LookupError):
+        await asyncio.wait_for(group.run(), 30)
+    assert survivor.stopping
+
+
+async def test_spawn_keeps_the_process_hook_shape() -> None:
+    done = asyncio.Event()
+
+    async def body() -> bool:
+        done.set()
+        return False
+
+    async with LoopGroup(grace_s=5) as group:
+        group.spawn("w", body, 0.01)
+        await asyncio.wait_for(done.wait(), 30)
+    assert group.stopping
+
+
+def test_idle_backoff_is_bounded_jittered_and_resets() -> None:
+    b = IdleBackoff(0.5, random.Random(7))
+    delays = [b.next_delay() for _ in range(12)]
+    assert all(0 < d <= 0.5 for d in delays) and max(delays) > 0.2
+    b.reset()
+    assert b.next_delay() <= 0.01
+
+
+def test_the_interval_period_is_jittered_within_its_bounds() -> None:
+    b = IdleBackoff(2.0, random.Random(7))
+    periods = [b.period() for _ in range(50)]
+    assert all(1.0 <= p <= 2.0 for p in periods) and len(set(periods)) > 1
+
+
+async def test_an_interval_loop_waits_its_period_even_after_a_busy_iteration() -> None:
+    """A sweep or retention duty (``interval=True``) never spins, busy or not; shutdown
+    interrupts the wait at once."""
+    calls: list[int] = []
+    ran = asyncio.Event()
+
+    async def busy() -> bool:
+        calls.append(1)
+        ran.set()
+        return True
+
+    group = LoopGroup()
+    group.spawn("sweep", busy, idle_s=3600, interval=True)
+    async with group:
+        await asyncio.wait_for(ran.wait(), 30)
+        for _ in range(20):
+            await asyncio.sleep(0)
+    assert calls == [1]  # waiting its (half-hour or more) period, not spinning
+    assert group.stopping
+
+
+def _source(orgs: list[str]) -> OrgSource:
+    async def source(after: str | None, limit: int) -> list[str]:
+        ordered = sorted(orgs)
+        start = 0 if after is None else bisect.bisect_right(ordered, after)
+        return ordered[start : start + limit]
+
+    return source
+
+
+async def test_rotation_serves_every_one_of_500_orgs_within_five_batches() -> None:
+    orgs = [f"org-{i:04d}" for i in range(500)]
+    rotation = OrgRotation(_source(orgs), batch=100)
+    served: list[str] = []
+    for _ in range(5):
+        batch = await rotation.next_batch()
+        assert len(batch) == 100
+        served.extend(batch)
+    assert sorted(served) == orgs
+    # It wraps around: the sixth batch starts again at the first org.
+    assert (await rotation.next_batch())[0] == "org-0000"
+
+
+async def test_rotation_wraps_mid_batch_and_never_repeats_an_org_in_one_batch() -> None:
+    orgs = [f"org-{i:03d}" for i in range(250)]
+    rotation = OrgRotation(_source(orgs), batch=100)
+    b1, b2, b3 = [await rotation.next_batch() for _ in range(3)]
+    assert b1 == orgs[:100] and b2 == orgs[100:200]
+    # 50 from the tail, then 50 from the head: every batch holds distinct orgs.
+    assert b3 == orgs[200:] + orgs[:50] and len(set(b3)) == 100
+    assert (await rotation.next_batch()) == orgs[50:150]
+
+
+async def test_rotation_with_fewer_orgs_than_a_batch_and_with_none() -> None:
+    few = ["a", "b", "c"]
+    rotation = OrgRotation(_source(few), batch=10)
+    assert await rotation.next_batch() == few
+    assert await rotation.next_batch() == few
+    assert await OrgRotation(_source([]), batch=10).next_batch() == []
+    with pytest.raises(ValueError):
+        OrgRotation(_source(few), batch=0)
