@@ -17,6 +17,7 @@ from runtime_svc.api.records import CatalogRecordViews, build_record_service
 from runtime_svc.api.runs import build_run_service
 from runtime_svc.api.signals import wake_signal_registration
 from runtime_svc.catalog_client import ScopedCredentials, catalog_channel
+from runtime_svc.effects.finalizer import FlowEffectFinalizer
 from runtime_svc.outbox import RuntimeOutbox, start_runtime_outbox
 from runtime_svc.waits.runtime import WaitRuntime
 from runtime_svc.worker.background import start_background
@@ -95,10 +96,11 @@ class RuntimeApp:
         workers = await start_background(
             cfg, engine, views=views, settings=settings, waits=self.waits(engine)
         )
-        # The Flow-side finalizer of flow.effect.submit is registered with the runtime's
-        # EffectSubmit/EffectCompletion work; until then rejected or unknown handoffs stay
-        # pre-final (never terminal non-delivery) and the repair sweep reports them.
-        outbox = await start_runtime_outbox(cfg, engine, finalizer=None)
+        # §15.4: a Rejected or AcceptanceUnknown handoff converges the Flow root-first
+        # and only then becomes terminal, in the finalizer's one transaction.
+        waits = self.waits(engine)
+        finalizer = FlowEffectFinalizer(engine, waits.matcher)
+        outbox = await start_runtime_outbox(cfg, engine, finalizer=finalizer)
         return _RuntimeBackground(workers, outbox)
 
 

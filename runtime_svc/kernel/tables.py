@@ -11,6 +11,13 @@ expiry becomes a terminal policy signal, not infinite churn", but §11.2 only le
 step fail from ``Running`` or ``Waiting``; a worker that keeps dying between claim and
 ``Claimed -> Running`` would otherwise cycle ``Claimed -> RetryScheduled`` forever.
 Recovery uses the extension only when the lease-expiry or attempt budget is spent.
+
+A second extension, on both machines: ``CancelRequested -> Quarantined``. §10.1 says a
+cancelled run's pending effect handoff is cancelled only after the owner's durable
+``Rejected`` receipt and that "an unknown receipt quarantines"; §11.1 draws only
+``CancelRequested -> Cancelled``, which would claim a cancellation whose external effect
+may have happened. The effect finalizer and the handoff disposition sweep
+(``runtime_svc.effects``) use it only for ``AcceptanceUnknown`` / ``OUTCOME_UNKNOWN``.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from runtime_svc.kernel.states import (
 __all__ = [
     "ATTEMPT_TRANSITIONS",
     "CONSISTENT_STEP_STATES",
+    "RUN_EXTENSION_ARROWS",
     "RUN_TRANSITIONS",
     "STEP_EXTENSION_ARROWS",
     "STEP_TRANSITIONS",
@@ -60,7 +68,7 @@ RUN_TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
         }
     ),
     _R.WAITING: frozenset({_R.RUNNABLE, _R.TERMINAL_FAILED, _R.QUARANTINED, _R.CANCEL_REQUESTED}),
-    _R.CANCEL_REQUESTED: frozenset({_R.CANCELLED}),
+    _R.CANCEL_REQUESTED: frozenset({_R.CANCELLED, _R.QUARANTINED}),
     _R.SUCCEEDED: frozenset(),
     _R.TERMINAL_FAILED: frozenset(),
     _R.QUARANTINED: frozenset(),
@@ -68,7 +76,13 @@ RUN_TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
 }
 
 #: The arrows added to §11.2 (see the module docstring).
-STEP_EXTENSION_ARROWS: frozenset[tuple[StepState, StepState]] = frozenset({(_S.CLAIMED, _S.FAILED)})
+STEP_EXTENSION_ARROWS: frozenset[tuple[StepState, StepState]] = frozenset(
+    {(_S.CLAIMED, _S.FAILED), (_S.CANCEL_REQUESTED, _S.QUARANTINED)}
+)
+#: The arrow added to §11.1 (see the module docstring).
+RUN_EXTENSION_ARROWS: frozenset[tuple[RunState, RunState]] = frozenset(
+    {(_R.CANCEL_REQUESTED, _R.QUARANTINED)}
+)
 
 #: §11.2 plus :data:`STEP_EXTENSION_ARROWS`.
 STEP_TRANSITIONS: Mapping[StepState, frozenset[StepState]] = {
@@ -88,7 +102,7 @@ STEP_TRANSITIONS: Mapping[StepState, frozenset[StepState]] = {
         }
     ),
     _S.WAITING: frozenset({_S.CANCEL_REQUESTED, _S.PENDING, _S.FAILED, _S.QUARANTINED}),
-    _S.CANCEL_REQUESTED: frozenset({_S.CANCELLED}),
+    _S.CANCEL_REQUESTED: frozenset({_S.CANCELLED, _S.QUARANTINED}),
     _S.SUCCEEDED: frozenset(),
     _S.FAILED: frozenset(),
     _S.QUARANTINED: frozenset(),

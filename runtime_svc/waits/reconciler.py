@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 
@@ -125,6 +126,9 @@ class WaitSweeper:
         batch: rows each part of one org's pass handles at most.
         rng: probe jitter.
         watches: the record producer's memo, forgotten when a watch is dropped.
+        expiry_guard: says whether a due dependency may expire by its deadline now
+            (``runtime_svc.effects``: a completion dependency only once its handoff
+            settled); ``None`` allows every expiry.
     """
 
     def __init__(
@@ -135,9 +139,11 @@ class WaitSweeper:
         batch: int = 100,
         rng: random.Random | None = None,
         watches: RecordWatches | None = None,
+        expiry_guard: Callable[[DependencyRecord], Awaitable[bool]] | None = None,
     ) -> None:
         self._engine = engine
         self._watches = watches
+        self._expiry_guard = expiry_guard
         self.matcher = matcher
         self._batch = batch
         self._rng = rng or random.Random()  # noqa: S311 - probe jitter, not security
@@ -239,6 +245,8 @@ class WaitSweeper:
                 # The timer was due before its deadline (e.g. the runtime was down): it
                 # resumes rather than expires.
                 result = await self.matcher.match_dependency(dep)
+            elif self._expiry_guard is not None and not await self._expiry_guard(dep):
+                continue  # not yet: its producer settles first (and is re-checked)
             else:
                 fault = await self._fault(dep)
 

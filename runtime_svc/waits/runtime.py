@@ -4,12 +4,13 @@ record producer's memo that local record writes read)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.kernel.store_waits import WaitStore
+from runtime_svc.kernel.wait_model import DependencyRecord
 from runtime_svc.waits.plans import PlanSource
 from runtime_svc.waits.reconciler import WaitSweeper
 from runtime_svc.waits.record_producer import RecordChangeProducer, RecordWatches
@@ -64,6 +65,17 @@ class WaitRuntime:
             signals=SignalService(engine, matcher, registry, clock),
         )
 
-    def sweeper(self, *, batch: int = 100) -> WaitSweeper:
+    def sweeper(
+        self,
+        *,
+        batch: int = 100,
+        expiry_guard: Callable[[DependencyRecord], Awaitable[bool]] | None = None,
+    ) -> WaitSweeper:
         """The bounded wait sweeps (reconciler, expiry, repair, retention)."""
-        return WaitSweeper(self.engine, self.matcher, batch=batch, watches=self.watches)
+        return WaitSweeper(
+            self.engine,
+            self.matcher,
+            batch=batch,
+            watches=self.watches,
+            expiry_guard=expiry_guard,
+        )

@@ -1,11 +1,12 @@
 """Workers and sweeps as background tasks of the runtime process (STYLE 12 lifecycle).
 
-``start_background(cfg, engine)`` starts ``FLOW_RUNTIME_WORKERS`` worker tasks and, when
-``FLOW_RUNTIME_SWEEPS`` is true, the sweep tasks (lease recovery and cancellation cleanup,
-the wait reconciler / expiry / repair sweeps every ``FLOW_RUNTIME_WAIT_SWEEP_MS``, and
-retention); ``await background.stop()`` asks them to
-finish their current step and waits (bounded) before cancelling. Idle loops back off with
-bounded, jittered exponential delays and hold no connection while sleeping.
+``start_background(cfg, engine)`` starts ``FLOW_RUNTIME_WORKERS`` worker tasks (which
+also execute the effect steps) and, when ``FLOW_RUNTIME_SWEEPS`` is true, the sweep tasks
+(lease recovery and cancellation cleanup, the wait reconciler / expiry / repair sweeps
+and the effect sweep — cancelled runs' handoff dispositions, terminal non-delivery
+repair — every ``FLOW_RUNTIME_WAIT_SWEEP_MS``, and retention); ``await background.stop()``
+asks them to finish their current step and waits (bounded) before cancelling. Idle loops
+back off with bounded, jittered exponential delays and hold no connection while sleeping.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from runtime_svc.worker.settings import WorkerSettings
 from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
 from services.config import ServiceConfig
+from services.db import db_now
 from services.errors import FailedPreconditionError
 
 if TYPE_CHECKING:
@@ -148,6 +150,11 @@ async def start_background(
         from runtime_svc.waits.runtime import WaitRuntime  # the waits import the executor
 
         waits = WaitRuntime.build(engine, signal_kinds=s.signal_kinds)
+    # The effects package imports the executor too (through the waits).
+    from runtime_svc.effects.steps import EffectSteps
+    from runtime_svc.effects.sweep import EffectSweeper
+
+    effects = EffectSteps(engine, waits.steps, db_now)
     bg = Background()
     host = f"{socket.gethostname()}:{os.getpid()}"
     for i in range(s.workers):
@@ -159,6 +166,7 @@ async def start_background(
             batch_size=s.batch_size,
             waits=waits.steps,
             changes=waits.producer,
+            effects=effects,
         )
 
         async def work(w: StepWorker = worker) -> bool:
@@ -173,13 +181,21 @@ async def start_background(
             return False  # sweeps always wait their interval
 
         bg.spawn("flow-sweeps", sweep, s.sweep_ms / 1000)
-        wait_sweeper = waits.sweeper(batch=s.wait_batch)
+        effect_sweeper = EffectSweeper(engine, waits.matcher, batch=s.wait_batch)
+        wait_sweeper = waits.sweeper(batch=s.wait_batch, expiry_guard=effect_sweeper.expiry_allowed)
 
         async def wait_sweep() -> bool:
             await wait_sweeper.sweep_once()
             return False  # jittered period (IdleBackoff), never a tight loop
 
         bg.spawn("flow-wait-sweeps", wait_sweep, s.wait_sweep_ms / 1000)
+
+        async def effect_sweep() -> bool:
+            # Cancelled runs' handoff dispositions and terminal non-delivery repair.
+            await effect_sweeper.sweep_once()
+            return False
+
+        bg.spawn("flow-effect-sweeps", effect_sweep, s.wait_sweep_ms / 1000)
         retention = RetentionSweep(engine, retention=timedelta(days=s.retention_days))
 
         async def purge() -> bool:

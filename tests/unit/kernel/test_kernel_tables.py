@@ -26,6 +26,7 @@ from runtime_svc.kernel.states import (
 )
 from runtime_svc.kernel.tables import (
     ATTEMPT_TRANSITIONS,
+    RUN_EXTENSION_ARROWS,
     RUN_TRANSITIONS,
     STEP_EXTENSION_ARROWS,
     STEP_TRANSITIONS,
@@ -73,6 +74,8 @@ def _arrows(kind: str) -> set[tuple[IntEnum, IntEnum]]:
     found = {(enum_type.from_code(a), enum_type.from_code(b)) for a, b in pairs}  # type: ignore[attr-defined]
     if kind == "step":
         found |= set(STEP_EXTENSION_ARROWS)
+    if kind == "run":
+        found |= set(RUN_EXTENSION_ARROWS)
     return found
 
 
@@ -90,7 +93,11 @@ def test_tables_hold_exactly_the_spec_arrows_plus_the_documented_extension() -> 
         drawn = {(a, b) for a, targets in table.items() for b in targets}
         assert drawn == _arrows(kind), kind
         assert set(table) == set(MACHINES[kind][0]), kind
-    assert {(StepState.CLAIMED, StepState.FAILED)} == STEP_EXTENSION_ARROWS
+    assert {
+        (StepState.CLAIMED, StepState.FAILED),
+        (StepState.CANCEL_REQUESTED, StepState.QUARANTINED),
+    } == STEP_EXTENSION_ARROWS
+    assert {(RunState.CANCEL_REQUESTED, RunState.QUARANTINED)} == RUN_EXTENSION_ARROWS
 
 
 @pytest.mark.parametrize(
