@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -61,6 +60,7 @@ from runtime_svc.effects.model import (
 )
 from runtime_svc.kernel.decisions import Advance, FailRun, HandOff, QuarantineRun
 from runtime_svc.kernel.model import LeaseFence
+from runtime_svc.kernel.store_waits import insert_dependency_txn
 from runtime_svc.kernel.transitions_effects import CAUSE_EFFECT_RECEIPT_INVALID
 from runtime_svc.kernel.wait_model import ExpiryPolicyCode, WorkScopeKey
 from runtime_svc.outbox import EffectSubmitIntent, effect_submit_intent, enqueue_effect_submit_txn
@@ -277,8 +277,10 @@ class EffectSteps:
         transition (§15.1 steps 3-4): the completion dependency, then the outbox message
         (the enqueue API locks nothing before its insert), then the immutable link."""
         now = await self._clock(conn)
-        await self._waits.commit_txn(conn, prepared.wait)
-        deadline = now + timedelta(seconds=prepared.wait.deadline_after_s)
+        dependency = prepared.wait.dependency(now)
+        await insert_dependency_txn(conn, prepared.wait.scope, dependency, now)
+        # The handoff converges by the same instant the dependency expires (§15.4).
+        deadline = dependency.deadline
         await enqueue_effect_submit_txn(conn, replace(prepared.intent, deadline=deadline), now=now)
         await insert_link_txn(conn, prepared.link, now)
 

@@ -107,7 +107,12 @@ from services.errors import (
     FlowError,
     NotFoundError,
 )
-from services.faults import CrashPoint, crash_point, raise_connection_lost_after_commit
+from services.faults import (
+    CrashPoint,
+    crash_point,
+    raise_connection_lost_after_commit,
+    step_entered,
+)
 
 if TYPE_CHECKING:  # the waits and effects packages import the executor of this one
     from runtime_svc.effects.steps import EffectSteps, PreparedSubmit
@@ -317,6 +322,7 @@ class StepWorker:
                 )
             scope, plan, policy_version = await self._plan(org_id, run.plan_id)
             step = plan.step(step_row.plan_step_key)
+            step_entered(step.key, fence.step_execution_id, fence.attempt_number)
         except (NotFoundError, KeyError):
             # Deleted meanwhile (the fence will fail too) or a plan that lost its step.
             raise _Abort("plan_step_missing") from None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from runtime_svc.kernel import RunState
 from tests.integration.flow_effects.world import EffectWorld, email_flow
 

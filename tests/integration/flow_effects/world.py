@@ -27,6 +27,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from effect_owner_svc.commands.model import CommandPolicy
+from effect_owner_svc.commands.store import due_commands_txn
 from effect_owner_svc.dispatcher.commands import CommandDispatcher
 from effect_owner_svc.providers.factory import ProviderSet, build_providers
 from effect_owner_svc.receipts.delivery import WakeSignalDelivery
@@ -47,7 +48,7 @@ from runtime_svc.schema import flow_effect_links, flow_step_executions, runtime_
 from runtime_svc.worker import FixedViews, StepWorker
 from services.auth import CredentialVerifier, generate_keypair
 from services.config import ServiceName, load_config, load_effect_owner_settings
-from services.db import transaction
+from services.db import db_now, transaction
 from services.effect_contract import (
     EFFECT_COMPLETION_FAMILY,
     HANDOFF_SUBMIT_ROLE,
@@ -55,6 +56,7 @@ from services.effect_contract import (
 )
 from services.grpc_server import start_server
 from services.outbox import (
+    PRE_FINAL_STATES,
     DeliveryPolicy,
     FamilyRegistry,
     MessageFamily,
@@ -62,8 +64,9 @@ from services.outbox import (
     OutboxMessage,
     get_message,
 )
+from services.outbox.store import due_messages, expired_deliveries, pre_final_messages
 from services.peer_client import ScopedCredentials, peer_channel
-from tests.integration.effects.harness import KEY_ID, OwnerClient, owner_config, running_owner
+from tests.integration.effects.harness import KEY_ID, OwnerClient, running_owner
 from tests.integration.waits.support import World, new_scope
 from tests.integration.worker.support import record_view
 from tests.support.effect_servers import (
@@ -232,7 +235,10 @@ class EffectWorld:
         )
 
     def _cfg(self, svc: ServiceName) -> Any:
-        port = {ServiceName.RUNTIME: "FLOW_RUNTIME_PORT", ServiceName.EFFECT_OWNER: "FLOW_EFFECT_PORT"}
+        port = {
+            ServiceName.RUNTIME: "FLOW_RUNTIME_PORT",
+            ServiceName.EFFECT_OWNER: "FLOW_EFFECT_PORT",
+        }
         return load_config(
             svc,
             {
@@ -292,23 +298,44 @@ class EffectWorld:
         """One worker batch of this world's org."""
         return len(await self.runtime.worker.run_batch(self.org))
 
+    # Every pass is scoped to this world's org: worlds of other tests share the
+    # databases, and their messages and commands must never reach this world's servers.
+
     async def deliver(self) -> int:
         """One pass of the runtime's outbox dispatcher (delivery, reconciliation)."""
-        return await self.dispatcher.deliver_once()
+        return await _outbox_pass(self.dispatcher, self.runtime.engine, self.org)
 
     async def execute(self) -> int:
         """One pass of the owner's command dispatcher (provider calls)."""
-        return await self.commands.run_once()
+        async with transaction(self.owner_engine, readonly=True) as conn:
+            now = await db_now(conn)
+            due = await due_commands_txn(conn, self.org, sorted(self.providers), now, 20)
+        return sum([await self.commands.process(c) for c in due])
 
     async def report(self) -> int:
         """One pass of the owner's outbox: completion receipts → SubmitWakeSignal."""
-        return await self.receipts.deliver_once()
+        return await _outbox_pass(self.receipts, self.owner_engine, self.org)
 
     async def sweep(self) -> None:
         """The runtime's wait and effect sweeps and the outbox repair sweep."""
         await self.runtime.sweep()
         await self.effect_sweeper.sweep_org(self.org)
-        await self.dispatcher.sweep_once()
+        await self.repair()
+
+    async def repair(self) -> int:
+        """The runtime outbox's repair sweep for this org (expired leases, pre-final
+        messages re-driven through the finalizer)."""
+        spec = self.dispatcher.spec
+        families = ["flow.effect.submit"]
+        async with transaction(self.runtime.engine, readonly=True) as conn:
+            now = await db_now(conn)
+            expired = await expired_deliveries(conn, spec, self.org, families, now, 20)
+            pre_final = await pre_final_messages(conn, spec, self.org, families, 20)
+        for m in expired:
+            moved = await self.dispatcher._expire(m)
+            if moved is not None and moved.delivery_state in PRE_FINAL_STATES:
+                pre_final.append(moved)
+        return sum([await self.dispatcher.finalize(m) for m in pre_final])
 
     async def pump(self, rounds: int = 1) -> None:
         """Every part once per round: worker, delivery, provider call, receipt, sweeps."""
@@ -385,6 +412,13 @@ class EffectWorld:
         run = await self.run(run_id)
         ctx = await final_context(self.runtime.engine, self.org, run)
         return dict(ctx.get("$output") or {})
+
+
+async def _outbox_pass(d: OutboxDispatcher, engine: AsyncEngine, org: str) -> int:
+    async with transaction(engine, readonly=True) as conn:
+        now = await db_now(conn)
+        due = await due_messages(conn, d.spec, org, d._families, now, 20)
+    return sum([await d.process(m) for m in due])
 
 
 async def _count(engine: AsyncEngine, table: Any, *preds: Any) -> int:
