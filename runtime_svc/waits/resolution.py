@@ -337,10 +337,25 @@ class Matcher:
                 "wake_version": signal.wake_version,
                 "evidence_digest": signal.evidence_digest,
             }
+            if family is ProducerFamily.EFFECT_COMPLETION:
+                # The dependency keeps what the owner reported (a later cancellation
+                # names an effect that happened; §10.1): command and outcome.
+                receipt.update(_effect_outcome(signal.evidence_json))
             attempts.append((signal.wake_signal_id, receipt, None))
         if not attempts:
             return _Action(NoChange("condition_false"))
         return _Action(resolve=attempts)
+
+
+def _effect_outcome(evidence_json: str | None) -> dict[str, Any]:
+    """``command_id`` and ``outcome`` of a completion receipt's evidence (safe fields)."""
+    try:
+        doc = json.loads(evidence_json) if evidence_json else {}
+    except ValueError:
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: doc[k] for k in ("command_id", "outcome") if isinstance(doc.get(k), str)}
 
 
 #: A signal that another dependency consumed (or that is stale) between the read and
