@@ -281,7 +281,9 @@ class EffectSteps:
         await insert_dependency_txn(conn, prepared.wait.scope, dependency, now)
         # The handoff converges by the same instant the dependency expires (§15.4).
         deadline = dependency.deadline
-        await enqueue_effect_submit_txn(conn, replace(prepared.intent, deadline=deadline), now=now)
+        # The outbox's own times (created, due) come from the database clock its
+        # dispatcher reads (enqueue reads it); the deadline is the dependency's.
+        await enqueue_effect_submit_txn(conn, replace(prepared.intent, deadline=deadline))
         await insert_link_txn(conn, prepared.link, now)
 
     async def after_commit(self, prepared: PreparedSubmit) -> None:
