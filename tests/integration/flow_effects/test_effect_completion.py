@@ -14,7 +14,9 @@ import pytest
 from sqlalchemy import select
 
 from effect_owner_svc.schema import external_commands
+from runtime_svc.api.runs_proto import effect_proto
 from runtime_svc.effects import submit_identities
+from runtime_svc.effects.support import effect_support_txn
 from runtime_svc.kernel import RunState
 from runtime_svc.kernel.wait_model import DependencyState
 from runtime_svc.schema import flow_step_attempts, flow_step_executions
@@ -23,6 +25,7 @@ from runtime_svc.worker import StepWorker, Sweeper
 from services.db import transaction
 from services.effect_contract import CompletionEvidence, CompletionOutcomeCode
 from services.outbox import DeliveryState
+from services.proto import common_v1
 from tests.integration.flow_effects.world import EffectWorld, email_flow
 from tests.integration.waits.support import dependencies, signals, task_subjects
 from tests.support.effect_servers import DROP
@@ -81,6 +84,15 @@ async def test_the_receipt_resumes_the_flow_on_its_success_edge(world: EffectWor
     assert output["msgId"] == await _command_id(world)
     [dep] = await dependencies(world.runtime.engine, world.org, run.flow_run_id)
     assert dep.state is DependencyState.RESOLVED and dep.wake_version == 1
+    # The support read correlates the immutable link with its delivery state (§19).
+    async with transaction(world.runtime.engine, readonly=True) as conn:
+        [effect] = await effect_support_txn(conn, world.org, run.flow_run_id)
+    assert effect.delivery_state is DeliveryState.DELIVERED
+    proto = effect_proto(effect)
+    assert proto.link.effect_handoff_key == message.key
+    assert proto.link.runtime_outbox_message_id == message.message_id
+    assert proto.link.effect_owner_kind == "email-gateway"
+    assert proto.delivery_state == common_v1.OutboxDeliveryState.OUTBOX_DELIVERY_STATE_DELIVERED
 
 
 async def test_a_provider_failure_takes_the_flows_fault_path(world: EffectWorld) -> None:
