@@ -26,6 +26,7 @@ from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import load_signing_key
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration
+from services.polling import Wakeup
 from services.service_main import Background
 
 __all__ = ["SERVICE_NAMES", "RuntimeApp"]
@@ -44,12 +45,18 @@ class RuntimeApp:
 
     def __init__(self) -> None:
         self._waits: WaitRuntime | None = None
+        #: Wakes the workers: a wait resolved in this process (e.g. an effect receipt).
+        self.work_wake = Wakeup()
+        #: Wakes the outbox dispatcher: an EffectSubmit committed in this process.
+        self.outbox_wake = Wakeup()
 
     def waits(self, engine: AsyncEngine) -> WaitRuntime:
         """This process's wait components (built on first use)."""
         if self._waits is None:
             settings = WorkerSettings.from_env()
-            self._waits = WaitRuntime.build(engine, signal_kinds=settings.signal_kinds)
+            self._waits = WaitRuntime.build(
+                engine, signal_kinds=settings.signal_kinds, on_resolved=self.work_wake.notify
+            )
         return self._waits
 
     async def build_services(
@@ -94,13 +101,19 @@ class RuntimeApp:
         if not settings.view_file:
             views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.for_service(cfg))
         workers = await start_background(
-            cfg, engine, views=views, settings=settings, waits=self.waits(engine)
+            cfg,
+            engine,
+            views=views,
+            settings=settings,
+            waits=self.waits(engine),
+            work_wake=self.work_wake,
+            outbox_wake=self.outbox_wake,
         )
         # §15.4: a Rejected or AcceptanceUnknown handoff converges the Flow root-first
         # and only then becomes terminal, in the finalizer's one transaction.
         waits = self.waits(engine)
         finalizer = FlowEffectFinalizer(engine, waits.matcher)
-        outbox = await start_runtime_outbox(cfg, engine, finalizer=finalizer)
+        outbox = await start_runtime_outbox(cfg, engine, finalizer=finalizer, wake=self.outbox_wake)
         return _RuntimeBackground(workers, outbox)
 
 

@@ -9,6 +9,13 @@ process — while a crash of the loop machinery itself ends :meth:`run` (childre
 with ``FIRST_EXCEPTION``). ``shutdown()`` is idempotent and lets the current iterations
 finish within a bounded grace before cancelling them.
 
+A loop may also be *woken*: give its :class:`LoopTask` a :class:`Wakeup` and call
+``wakeup.notify()`` where new work for it commits in this process (an outbox message
+enqueued, a command accepted, a receipt written, a wait resolved). The loop's idle wait
+ends at once and its backoff resets — latency follows the work, not the idle backoff —
+while the polling stays the guarantee (a wakeup is a hint; losing one costs at most one
+idle period, and other processes' work is found by polling).
+
 Usable three ways: ``await loops.run()``; ``async with loops:`` (started in the
 background, stopped on exit); ``await loops.start()`` then ``await loops.stop()`` (the
 ``services.service_main.Background`` protocol).
@@ -28,21 +35,51 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-__all__ = ["BackgroundLoops", "LoopTask"]
+__all__ = ["BackgroundLoops", "LoopTask", "Wakeup"]
 
 log = logging.getLogger(__name__)
 
 _MIN_IDLE_S = 0.01
 
 
+class Wakeup:
+    """A process-local nudge for idle loops (see the module docstring). Every loop
+    waiting on it wakes on :meth:`notify`; a notify while no loop waits is remembered
+    until the next wait."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        """New work was committed for the loops waiting on this wakeup."""
+        self._event.set()
+
+    async def wait(self, stop: asyncio.Event, idle_s: float) -> bool:
+        """Sleep until :meth:`notify`, ``stop`` or ``idle_s`` passed; True when notified."""
+        if self._event.is_set():
+            self._event.clear()
+            return True
+        waiters = [asyncio.ensure_future(self._event.wait()), asyncio.ensure_future(stop.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=idle_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        notified = self._event.is_set()
+        if notified:
+            self._event.clear()
+        return notified
+
+
 @dataclass(frozen=True)
 class LoopTask:
-    """One loop: ``body()`` returns True when it did work."""
+    """One loop: ``body()`` returns True when it did work; ``wake`` ends its idle wait."""
 
     name: str
     body: Callable[[], Awaitable[bool]]
     idle_s: float
     interval: bool = False
+    wake: Wakeup | None = None
 
 
 class BackgroundLoops:
@@ -83,6 +120,10 @@ class BackgroundLoops:
             delay = current * (0.5 + self._rng.random() / 2)
             if not task.interval:
                 current = min(idle_max, current * 2)
+            if task.wake is not None:
+                if await task.wake.wait(self._stop, delay) and not task.interval:
+                    current = _MIN_IDLE_S
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=delay)
 

@@ -30,7 +30,7 @@ completion step can re-read the receipt; it can never enqueue another submit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -143,12 +143,21 @@ class EffectSteps:
         waits: the wait steps (the completion dependency is a durable wait: inserted,
             reconciled and probed like every other).
         clock: the durable clock (the worker's store clock).
+        on_submitted: called after a submit committed (wakes the outbox dispatcher).
     """
 
-    def __init__(self, engine: AsyncEngine, waits: WaitSteps, clock: Clock) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        waits: WaitSteps,
+        clock: Clock,
+        *,
+        on_submitted: Callable[[], None] | None = None,
+    ) -> None:
         self._engine = engine
         self._waits = waits
         self._clock = clock
+        self._on_submitted = on_submitted
 
     async def prepare(
         self,
@@ -287,8 +296,11 @@ class EffectSteps:
         await insert_link_txn(conn, prepared.link, now)
 
     async def after_commit(self, prepared: PreparedSubmit) -> None:
-        """The completion dependency's fresh reconciliation (§14.2 step 4): a receipt that
+        """Wake this process's outbox dispatcher (the message is committed), then the
+        completion dependency's fresh reconciliation (§14.2 step 4): a receipt that
         committed first is matched now instead of at the next probe."""
+        if self._on_submitted is not None:
+            self._on_submitted()
         await self._waits.after_commit(prepared.wait)
 
     # --- completion ----------------------------------------------------------------------

@@ -34,7 +34,7 @@ from services.outbox import (
     OutboxDispatcher,
 )
 from services.peer_client import ScopedCredentials, peer_channel
-from services.polling import BackgroundLoops
+from services.polling import BackgroundLoops, Wakeup
 
 __all__ = [
     "RuntimeOutbox",
@@ -95,6 +95,7 @@ async def start_runtime_outbox(
     *,
     finalizer: Finalizer | None = None,
     settings: OutboxSettings | None = None,
+    wake: Wakeup | None = None,
 ) -> RuntimeOutbox | None:
     """Start delivering the canonical Runtime outbox (None when
     ``FLOW_OUTBOX_DISPATCHERS=0``).
@@ -104,6 +105,7 @@ async def start_runtime_outbox(
         engine: the runtime database.
         finalizer: the Flow-side finalizer of the ``flow.effect.submit`` family.
         settings: overrides :func:`~services.config.load_outbox_settings`.
+        wake: ends the delivery loop's idle wait (an EffectSubmit committed here).
     """
     s = settings or load_outbox_settings()
     if s.dispatchers <= 0:
@@ -127,7 +129,7 @@ async def start_runtime_outbox(
         idle_s=s.idle_ms / 1000,
         sweep_interval_s=s.sweep_ms / 1000,
     )
-    loops = await BackgroundLoops(dispatcher.loop_tasks("runtime-outbox")).start()
+    loops = await BackgroundLoops(dispatcher.loop_tasks("runtime-outbox", wake=wake)).start()
     log.info(
         "runtime outbox dispatcher: owners %s, finalizer %s",
         dict(s.owner_targets),

@@ -43,6 +43,7 @@ class WaitRuntime:
         clock: Clock = db_now,
         signal_kinds: Iterable[str] = DEFAULT_SIGNAL_KINDS,
         watch_ttl_s: float | None = None,
+        on_resolved: Callable[[], None] | None = None,
     ) -> WaitRuntime:
         """Wire registry, matcher, record producer, wait steps and signal service.
 
@@ -51,9 +52,12 @@ class WaitRuntime:
             clock: the durable clock (the run store's; tests shift it).
             signal_kinds: external signal kinds accepted from ``SubmitWakeSignal``.
             watch_ttl_s: the record producer's memo lifetime (default 2 s).
+            on_resolved: called when a resolution made a run runnable (wakes workers).
         """
         registry = ProducerRegistry(signal_kinds)
-        matcher = Matcher(engine, WaitStore(engine, clock), registry, PlanSource(), clock)
+        matcher = Matcher(
+            engine, WaitStore(engine, clock), registry, PlanSource(), clock, on_resolved=on_resolved
+        )
         watches = RecordWatches() if watch_ttl_s is None else RecordWatches(watch_ttl_s)
         return cls(
             engine=engine,

@@ -34,6 +34,7 @@ from services.auth import TrustedRuntimeWorkScope
 from services.config import ServiceConfig
 from services.db import db_now
 from services.errors import FailedPreconditionError
+from services.polling import Wakeup
 
 if TYPE_CHECKING:
     from runtime_svc.waits.runtime import WaitRuntime
@@ -84,11 +85,25 @@ class Background:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def spawn(self, name: str, body: Callable[[], Awaitable[bool]], idle_s: float) -> None:
-        """Run ``body`` (returns True when it did work) until :meth:`stop`."""
-        self._tasks.append(asyncio.create_task(self._loop(name, body, idle_s), name=name))
+    def spawn(
+        self,
+        name: str,
+        body: Callable[[], Awaitable[bool]],
+        idle_s: float,
+        *,
+        wake: Wakeup | None = None,
+    ) -> None:
+        """Run ``body`` (returns True when it did work) until :meth:`stop`; ``wake`` ends
+        an idle wait at once (new work committed in this process)."""
+        self._tasks.append(asyncio.create_task(self._loop(name, body, idle_s, wake), name=name))
 
-    async def _loop(self, name: str, body: Callable[[], Awaitable[bool]], idle_s: float) -> None:
+    async def _loop(
+        self,
+        name: str,
+        body: Callable[[], Awaitable[bool]],
+        idle_s: float,
+        wake: Wakeup | None = None,
+    ) -> None:
         backoff = IdleBackoff(idle_s)
         while not self._stop.is_set():
             try:
@@ -100,6 +115,10 @@ class Background:
                 busy = False
             if busy:
                 backoff.reset()
+                continue
+            if wake is not None:
+                if await wake.wait(self._stop, backoff.next_delay()):
+                    backoff.reset()
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=backoff.next_delay())
@@ -123,6 +142,8 @@ async def start_background(
     views: RecordViewSource | None = None,
     settings: WorkerSettings | None = None,
     waits: WaitRuntime | None = None,
+    work_wake: Wakeup | None = None,
+    outbox_wake: Wakeup | None = None,
 ) -> Background:
     """Start this process's workers and sweeps (see the module docstring).
 
@@ -135,6 +156,8 @@ async def start_background(
         waits: the process's wait components (default: built here); workers execute
             ``DependencyWait`` steps and signal record changes through them, and the
             wait sweeps (reconciler, expiry, repair, retention) run with the sweeps.
+        work_wake: wakes the worker loops (a wait resolved in this process).
+        outbox_wake: woken after an EffectSubmit committed (the outbox dispatcher's).
     """
     del cfg  # the FLOW_RUNTIME_* flags move into ServiceConfig later
     s = settings or WorkerSettings.from_env()
@@ -154,7 +177,12 @@ async def start_background(
     from runtime_svc.effects.steps import EffectSteps
     from runtime_svc.effects.sweep import EffectSweeper
 
-    effects = EffectSteps(engine, waits.steps, db_now)
+    effects = EffectSteps(
+        engine,
+        waits.steps,
+        db_now,
+        on_submitted=None if outbox_wake is None else outbox_wake.notify,
+    )
     bg = Background()
     host = f"{socket.gethostname()}:{os.getpid()}"
     for i in range(s.workers):
@@ -172,7 +200,7 @@ async def start_background(
         async def work(w: StepWorker = worker) -> bool:
             return any(o is not Outcome.NOT_ELIGIBLE for o in await w.run_once())
 
-        bg.spawn(f"flow-worker-{i}", work, s.idle_ms / 1000)
+        bg.spawn(f"flow-worker-{i}", work, s.idle_ms / 1000, wake=work_wake)
     if s.sweeps:
         sweeper = Sweeper(engine, store)
 

@@ -60,7 +60,7 @@ from services.outbox.store import (
     orgs_with_repair_work,
     pre_final_messages,
 )
-from services.polling import BackgroundLoops, LoopTask
+from services.polling import BackgroundLoops, LoopTask, Wakeup
 
 __all__ = ["OutboxDispatcher", "SweepReport"]
 
@@ -342,8 +342,9 @@ class OutboxDispatcher:
 
     # --- lifecycle (STYLE 12) ---------------------------------------------------------
 
-    def loop_tasks(self, name: str) -> Sequence[LoopTask]:
-        """The delivery loop and the repair sweep as :class:`LoopTask`s."""
+    def loop_tasks(self, name: str, *, wake: Wakeup | None = None) -> Sequence[LoopTask]:
+        """The delivery loop (woken by ``wake``: a message was enqueued in this process)
+        and the repair sweep as :class:`LoopTask`s."""
 
         async def deliver() -> bool:
             return await self.deliver_once() > 0
@@ -353,7 +354,7 @@ class OutboxDispatcher:
             return False
 
         return [
-            LoopTask(f"{name}-deliver", deliver, self._idle_s),
+            LoopTask(f"{name}-deliver", deliver, self._idle_s, wake=wake),
             LoopTask(f"{name}-sweep", sweep, self._sweep_s, interval=True),
         ]
 
