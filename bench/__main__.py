@@ -21,7 +21,11 @@ MariaDB:
 * durable-wait wake latency (signal accepted → step Running) p50/p99 with 1,000 and
   100,000 waiting runs and their ratio, the transactions and statements of one wake, and
   the periodic reconciler's cost per sweep as the waiting population grows
-  (``bench/wait_bench.py``).
+  (``bench/wait_bench.py``);
+* the external-effect round trip (submit committed → owner accepted → provider called →
+  receipt → Flow resumed) p50/p99 with the three services as processes on loopback and a
+  local SMTP server, its per-hop cost drivers, and effects/s with 4 runtime workers
+  (``bench/effect_bench.py``).
 
 Nothing here is asserted; figures depend on the machine.
 """
@@ -39,7 +43,14 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench import cluster_bench, compile_bench, durable_bench, sync_bench, wait_bench
+from bench import (
+    cluster_bench,
+    compile_bench,
+    durable_bench,
+    effect_bench,
+    sync_bench,
+    wait_bench,
+)
 from services import db
 from services.digest import versioned_digest
 
@@ -147,4 +158,5 @@ if __name__ == "__main__":
     durable_bench.run(_SECONDS)
     sync_bench.run(_SECONDS)
     wait_bench.run(_SECONDS)
+    effect_bench.run(_SECONDS)
     cluster_bench.run(_SECONDS)

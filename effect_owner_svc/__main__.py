@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import sys
 
-from effect_owner_svc.app import build_services, start_owner_background
+from effect_owner_svc.app import OwnerApp
 from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
 from services.config import ServiceName
 from services.service_main import run_service
 
 if __name__ == "__main__":
+    app = OwnerApp()
     sys.exit(
         run_service(
             ServiceName.EFFECT_OWNER,
             "effect_owner_svc",
-            build_services,
+            app.build_services,
             outbox=OWNER_OUTBOX,
-            background=start_owner_background,
+            background=app.start_background,
         )
     )

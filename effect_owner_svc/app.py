@@ -31,7 +31,7 @@ from effect_owner_svc.providers.factory import ProviderSet, build_providers, ser
 from effect_owner_svc.receipts.delivery import WakeSignalDelivery
 from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
 from effect_owner_svc.schema import owner_requests
-from services.background import BackgroundLoop, LoopGroup
+from services.background import BackgroundLoop, LoopGroup, Wakeup
 from services.config import (
     EffectOwnerSettings,
     OutboxSettings,
@@ -47,15 +47,43 @@ from services.peer_client import ScopedCredentials, peer_channel
 from services.request_dedupe import RequestLedger
 from services.request_retention import RequestRetention
 
-__all__ = ["SERVICE_NAMES", "OwnerBackground", "build_services", "start_owner_background"]
+__all__ = [
+    "SERVICE_NAMES",
+    "OwnerApp",
+    "OwnerBackground",
+    "build_services",
+    "start_owner_background",
+]
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAMES = (SERVICE_NAME,)
 
 
+class OwnerApp:
+    """The owner process: ``build_services`` then ``start_background`` (the
+    ``run_service`` factories), sharing this process's wakeups — an accepted command wakes
+    the command dispatcher, a written receipt wakes the receipt delivery."""
+
+    def __init__(self) -> None:
+        self.commands = Wakeup()
+        self.receipts = Wakeup()
+
+    async def build_services(
+        self, cfg: ServiceConfig, engine: AsyncEngine
+    ) -> Sequence[ServiceRegistration]:
+        """The effect-owner RPCs."""
+        del cfg
+        kinds = served_kinds(load_effect_owner_settings())
+        return [build_effect_owner_service(engine, kinds, on_accepted=self.commands.notify)]
+
+    async def start_background(self, cfg: ServiceConfig, engine: AsyncEngine) -> OwnerBackground:
+        """The command dispatcher and the owner-outbox dispatcher, woken by this app."""
+        return await start_owner_background(cfg, engine, app=self)
+
+
 async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[ServiceRegistration]:
-    """The effect-owner RPCs."""
+    """The effect-owner RPCs (no wakeups: the loops poll)."""
     del cfg
     return [build_effect_owner_service(engine, served_kinds(load_effect_owner_settings()))]
 
@@ -97,8 +125,11 @@ class OwnerBackground:
             await close()
 
 
-async def start_owner_background(cfg: ServiceConfig, engine: AsyncEngine) -> OwnerBackground:
-    """Start the command dispatcher and the owner-outbox dispatcher (see the docstring)."""
+async def start_owner_background(
+    cfg: ServiceConfig, engine: AsyncEngine, *, app: OwnerApp | None = None
+) -> OwnerBackground:
+    """Start the command dispatcher and the owner-outbox dispatcher (see the docstring);
+    with ``app``, its wakeups end their idle waits."""
     settings = load_effect_owner_settings()
     outbox = load_outbox_settings()
     providers = build_providers(settings)
@@ -118,8 +149,9 @@ async def start_owner_background(cfg: ServiceConfig, engine: AsyncEngine) -> Own
             owner=host,
             concurrency=settings.dispatchers,
             idle_s=settings.idle_ms / 1000,
+            on_receipt=None if app is None else app.receipts.notify,
         )
-        tasks += dispatcher.loops()
+        tasks += dispatcher.loops(wake=None if app is None else app.commands)
     family, channel = receipt_family(cfg, settings, outbox)
     if outbox.dispatchers > 0:
         receipts = OutboxDispatcher(
@@ -130,7 +162,7 @@ async def start_owner_background(cfg: ServiceConfig, engine: AsyncEngine) -> Own
             idle_s=outbox.idle_ms / 1000,
             sweep_interval_s=outbox.sweep_ms / 1000,
         )
-        tasks += receipts.loops("owner-outbox")
+        tasks += receipts.loops("owner-outbox", wake=None if app is None else app.receipts)
     # The request-dedupe ledger of the owner's RPCs keeps FLOW_REQUEST_RETENTION_HOURS.
     tasks.append(
         RequestRetention(

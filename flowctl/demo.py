@@ -59,6 +59,7 @@ __all__ = [
     "DEMO_CATALOG",
     "DEMO_FLOWS",
     "SUMMARY_FILE",
+    "WELCOME_FLOW",
     "DemoFlow",
     "DemoSeedError",
     "DemoSummary",
@@ -79,6 +80,8 @@ DEMO_FLOWS = (
     _EXAMPLES / "flows" / "welcome_contact.json",
     _EXAMPLES / "flows" / "await_approval.json",
 )
+#: The demo Flow a new Contact starts (its e-mail is the demo's external effect).
+WELCOME_FLOW = "WelcomeContact"
 #: The demo Flow a waiting run is started for; the banner prints the signal that wakes it.
 WAITING_FLOW = "AwaitApproval"
 #: The signal kind and evidence that approve it (``examples/flows/await_approval.json``).

@@ -37,6 +37,7 @@ from flowctl.cookbook_setup import COOKBOOK_FILE, write_cookbook
 from flowctl.demo import (
     SUMMARY_FILE,
     WAITING_FLOW,
+    WELCOME_FLOW,
     DemoSeedError,
     DemoSummary,
     local_target,
@@ -377,6 +378,32 @@ def banner(
         f"  {grpcurl} -plaintext {rt} list",
         f"  {grpcurl} -plaintext {cat} grpc.health.v1.Health/Check",
     ]
+    scope_args = (
+        f"      --org {demo.org_id} --app-installation {demo.app_installation_id}"
+        f" --capability {demo.runtime_capability_id} \\\n"
+        f"      --binding-digest {demo.binding_digest}"
+    )
+    mail_dir = shlex.quote(str(mail_sink_dir({**os.environ, "FLOW_DATA_DIR": str(data_dir)})))
+    if any(f.flow_api_name == WELCOME_FLOW for f in demo.flows):
+        lines += [
+            "",
+            f"The {WELCOME_FLOW} Flow runs for every new Contact with an e-mail: it formats the"
+            " name, writes a",
+            "follow-up Task, e-mails the Contact through the effect owner (crm.send_email ->"
+            f" {mail_dir}/*.eml)",
+            "and resumes on the owner's completion receipt. Create one and follow its run:",
+            f"  FLOW_DATA_DIR={data} {flowctl} record create Contact --target {rt} \\",
+            scope_args + " \\",
+            "      --field FirstName=Ada --field LastName=Lovelace --field Email=ada@example.com",
+            f"  FLOW_DATA_DIR={data} {flowctl} run watch RUN_ID --target {rt} \\",
+            scope_args + "   # RUN_ID: the 'started run' above",
+            f"  FLOW_DATA_DIR={data} {flowctl} run support RUN_ID --target {rt} \\",
+            scope_args + "   # steps, the dependency, the effect",
+            f"  ls {mail_dir}",
+            "  An address the e-mail provider refuses (--field Email=not-an-address) takes the"
+            " Flow's fault path",
+            "  (the run ends terminal_failed with WELCOME_EMAIL_FAILED; nothing is sent).",
+        ]
     w = demo.waiting_run
     if w is not None:
         lines += [

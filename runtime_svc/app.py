@@ -17,6 +17,7 @@ from runtime_svc.api.records import CatalogRecordViews, build_record_service
 from runtime_svc.api.runs import build_run_service
 from runtime_svc.api.signals import wake_signal_registration
 from runtime_svc.catalog_client import GrpcCatalogClient, ScopedCredentials, catalog_channel
+from runtime_svc.effects.finalizer import FlowEffectFinalizer
 from runtime_svc.outbox import RuntimeOutbox, start_runtime_outbox
 from runtime_svc.waits.runtime import WaitRuntime
 from runtime_svc.worker.background import start_background
@@ -26,6 +27,7 @@ from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import load_signing_key
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration
+from services.background import Wakeup
 from services.service_main import Background
 
 __all__ = ["SERVICE_NAMES", "RuntimeApp"]
@@ -44,12 +46,18 @@ class RuntimeApp:
 
     def __init__(self) -> None:
         self._waits: WaitRuntime | None = None
+        #: Wakes the workers: a wait resolved in this process (e.g. an effect receipt).
+        self.work_wake = Wakeup()
+        #: Wakes the outbox dispatcher: an EffectSubmit committed in this process.
+        self.outbox_wake = Wakeup()
 
     def waits(self, cfg: ServiceConfig, engine: AsyncEngine) -> WaitRuntime:
         """This process's wait components (built on first use)."""
         if self._waits is None:
             settings = WorkerSettings.from_config(cfg)
-            self._waits = WaitRuntime.build(engine, signal_kinds=settings.signal_kinds)
+            self._waits = WaitRuntime.build(
+                engine, signal_kinds=settings.signal_kinds, on_resolved=self.work_wake.notify
+            )
         return self._waits
 
     async def build_services(
@@ -107,11 +115,14 @@ class RuntimeApp:
             settings=settings,
             waits=self.waits(cfg, engine),
             binary_check=binary_check,
+            work_wake=self.work_wake,
+            outbox_wake=self.outbox_wake,
         )
-        # The Flow-side finalizer of flow.effect.submit is registered with the runtime's
-        # EffectSubmit/EffectCompletion work; until then rejected or unknown handoffs stay
-        # pre-final (never terminal non-delivery) and the repair sweep reports them.
-        outbox = await start_runtime_outbox(cfg, engine, finalizer=None)
+        # §15.4: a Rejected or AcceptanceUnknown handoff converges the Flow root-first
+        # and only then becomes terminal, in the finalizer's one transaction.
+        waits = self.waits(cfg, engine)
+        finalizer = FlowEffectFinalizer(engine, waits.matcher)
+        outbox = await start_runtime_outbox(cfg, engine, finalizer=finalizer, wake=self.outbox_wake)
         return _RuntimeBackground(workers, outbox)
 
 

@@ -26,6 +26,13 @@ handler (a bug in the loop itself) stops the whole group and ``run()`` re-raises
 Add a loop with :meth:`LoopGroup.add` (or :meth:`LoopGroup.spawn` for a plain body);
 ``stop()`` is the ``services.service_main.Background`` hook.
 
+A loop may also be *woken*: give it a :class:`Wakeup` and call ``wakeup.notify()`` where
+new work for it commits in this process (an outbox message enqueued, a command accepted,
+a receipt written, a wait resolved). The loop's idle wait ends at once and its backoff
+resets — latency follows the work, not the idle backoff — while polling stays the
+guarantee (a wakeup is a hint; losing one costs at most one idle period, and other
+processes' work is found by polling).
+
 :class:`OrgRotation` walks the orgs that have work in bounded batches with a cursor that
 survives between passes and wraps around, so every org is served within
 ``ceil(orgs / batch)`` passes however many orgs sort before it (issue 10, item 1).
@@ -56,6 +63,7 @@ __all__ = [
     "LoopGroup",
     "OrgRotation",
     "OrgSource",
+    "Wakeup",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +76,35 @@ OrgSource = Callable[[str | None, int], Awaitable[list[str]]]
 #: How long :meth:`BackgroundLoop.shutdown` lets the current iteration finish.
 DEFAULT_GRACE_S = 10.0
 _MIN_IDLE_S = 0.01
+
+
+class Wakeup:
+    """A process-local nudge for idle loops (see the module docstring). Every loop
+    waiting on it wakes on :meth:`notify`; a notify while no loop waits is remembered
+    until the next wait."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        """New work was committed for the loops waiting on this wakeup."""
+        self._event.set()
+
+    async def wait(self, stop: asyncio.Event, idle_s: float) -> bool:
+        """Sleep until :meth:`notify`, ``stop`` or ``idle_s`` passed; True when notified."""
+        if self._event.is_set():
+            self._event.clear()
+            return True
+        waiters = [asyncio.ensure_future(self._event.wait()), asyncio.ensure_future(stop.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=idle_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        notified = self._event.is_set()
+        if notified:
+            self._event.clear()
+        return notified
 
 
 class IdleBackoff:
@@ -104,6 +141,7 @@ class BackgroundLoop:
         grace_s: how long :meth:`shutdown` waits for the current iteration.
         interval: a periodic duty (sweeps, retention): wait a jittered ``idle_s`` after
             every iteration, busy or not, instead of the exponential idle backoff.
+        wake: ends the idle wait at once when notified (the backoff resets).
     """
 
     def __init__(
@@ -114,6 +152,7 @@ class BackgroundLoop:
         body: Body | None = None,
         grace_s: float = DEFAULT_GRACE_S,
         interval: bool = False,
+        wake: Wakeup | None = None,
     ) -> None:
         if idle_s <= 0:
             raise ValueError("idle_s must be > 0")
@@ -121,6 +160,7 @@ class BackgroundLoop:
         self._idle_s = idle_s
         self._body = body
         self.interval = interval
+        self._wake = wake
         self._grace_s = grace_s
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -155,6 +195,10 @@ class BackgroundLoop:
                 continue
             else:
                 delay = backoff.next_delay()
+            if self._wake is not None:
+                if await self._wake.wait(self._stop, delay):
+                    backoff.reset()
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=delay)
 
@@ -218,12 +262,25 @@ class LoopGroup:
         return loop
 
     def spawn(
-        self, name: str, body: Body, idle_s: float, *, interval: bool = False
+        self,
+        name: str,
+        body: Body,
+        idle_s: float,
+        *,
+        interval: bool = False,
+        wake: Wakeup | None = None,
     ) -> BackgroundLoop:
         """Own a loop over ``body`` (``True`` when it did work; ``interval``: a periodic
-        duty, see :class:`BackgroundLoop`)."""
+        duty; ``wake``: ends its idle wait — see :class:`BackgroundLoop`)."""
         return self.add(
-            BackgroundLoop(name, idle_s=idle_s, body=body, grace_s=self._grace_s, interval=interval)
+            BackgroundLoop(
+                name,
+                idle_s=idle_s,
+                body=body,
+                grace_s=self._grace_s,
+                interval=interval,
+                wake=wake,
+            )
         )
 
     def start(self) -> LoopGroup:

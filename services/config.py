@@ -207,6 +207,11 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "",
         "fault hook: file the process appends the crash point to (fsync) before it SIGKILLs itself",
     ),
+    "FLOW_CRASH_STEP_ENTRY_FILE": (
+        "",
+        "fault hook: file a runtime worker appends one line to per step entry (crash proofs; "
+        "refused in production)",
+    ),
     # --- transactional outbox (runtime and effect owner) ---------------------------------
     "FLOW_OUTBOX_DISPATCHERS": (
         "1",

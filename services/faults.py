@@ -19,6 +19,11 @@ The in-process variant :func:`raise_connection_lost_after_commit` raises
 would when the connection drops during ``COMMIT``; only tests arm it
 (:func:`connection_lost_after_commit`).
 
+**Step-entry counter** (the durable-workflow seam's Required Proof): with
+``FLOW_CRASH_STEP_ENTRY_FILE`` set, :func:`step_entered` appends one line per step entry
+(``<step key> <step execution id> <attempt number>``), so a crash test proves how often a
+step was entered across a kill and a restart without reading any engine table.
+
 A process with ``FLOW_ENV=production`` refuses to start while any hook is set
 (:func:`assert_hooks_allowed`).
 """
@@ -45,6 +50,7 @@ __all__ = [
     "crash_point",
     "parse_crash_at",
     "raise_connection_lost_after_commit",
+    "step_entered",
 ]
 
 
@@ -131,6 +137,7 @@ def parse_crash_at(raw: str) -> CrashSpec | None:
 
 _CRASH_AT: Final = parse_crash_at(os.environ.get("FLOW_CRASH_AT", ""))
 _MARKER_FILE: Final = os.environ.get("FLOW_CRASH_MARKER_FILE") or None
+_STEP_ENTRY_FILE: Final = os.environ.get("FLOW_CRASH_STEP_ENTRY_FILE") or None
 
 
 def active_crash_spec() -> CrashSpec | None:
@@ -153,6 +160,21 @@ def crash_point(point: CrashPoint, qualifier: str | None = None) -> None:
         finally:
             os.close(fd)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def step_entered(step_key: str, step_execution_id: str, attempt_number: int) -> None:
+    """Append one step entry to ``FLOW_CRASH_STEP_ENTRY_FILE`` (inert when it is unset).
+
+    One ``write`` of one line with ``O_APPEND``: a SIGKILL right after it cannot lose it
+    (the kernel holds the data), and concurrent writers never interleave a line.
+    """
+    if _STEP_ENTRY_FILE is None:
+        return
+    fd = os.open(_STEP_ENTRY_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{step_key} {step_execution_id} {attempt_number}\n".encode())
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -209,6 +231,10 @@ def assert_hooks_allowed(env: str, *, crash_at: str = "") -> None:
     if env != "production":
         return
     hook = _CRASH_AT or configured or _CONNECTION_LOSS.spec
+    if hook is None and _STEP_ENTRY_FILE is not None:
+        raise FaultHookError(
+            "FLOW_CRASH_STEP_ENTRY_FILE is set; it must be empty when FLOW_ENV=production"
+        )
     if hook is not None:
         raise FaultHookError(
             f"fault hook {hook} is set; FLOW_CRASH_AT must be empty when FLOW_ENV=production"

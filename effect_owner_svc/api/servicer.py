@@ -16,7 +16,7 @@ response bytes. The durable dedupe of the inbox itself is the handoff key.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -86,9 +86,16 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
         served_kinds: effect owner kinds this owner has providers for.
     """
 
-    def __init__(self, engine: AsyncEngine, served_kinds: Collection[str]) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        served_kinds: Collection[str],
+        *,
+        on_accepted: Callable[[], None] | None = None,
+    ) -> None:
         self._engine = engine
         self._kinds = frozenset(served_kinds)
+        self._on_accepted = on_accepted
         self._ledger = RequestLedger(owner_requests)
 
     async def AcceptHandoff(self, request: Any, context: Context) -> Any:
@@ -118,6 +125,8 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
             raise done.value.error()
         if not done.value.duplicate:
             crash_point(CrashPoint.AFTER_INBOX_ACCEPT, handoff.effect_owner_kind)
+            if self._on_accepted is not None:
+                self._on_accepted()  # a new command: wake this process's dispatcher
         return done.message(effect_v1.AcceptHandoffResponse)
 
     async def RejectIfUnaccepted(self, request: Any, context: Context) -> Any:
@@ -224,11 +233,15 @@ def _accept_response(accepted: Accepted) -> Any:
 
 
 def build_effect_owner_service(
-    engine: AsyncEngine, served_kinds: Collection[str]
+    engine: AsyncEngine,
+    served_kinds: Collection[str],
+    *,
+    on_accepted: Callable[[], None] | None = None,
 ) -> ServiceRegistration:
-    """The registration of :class:`EffectOwnerServicer`."""
+    """The registration of :class:`EffectOwnerServicer` (``on_accepted``: called after a
+    new command committed)."""
     return ServiceRegistration(
         SERVICE_NAME,
         effect_v1.add_EffectOwnerServiceServicer_to_server,
-        EffectOwnerServicer(engine, served_kinds),
+        EffectOwnerServicer(engine, served_kinds, on_accepted=on_accepted),
     )

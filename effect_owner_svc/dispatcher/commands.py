@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import random
+from collections.abc import Callable
 from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -51,7 +52,7 @@ from effect_owner_svc.providers.base import (
     ProviderOutcomeKind,
 )
 from effect_owner_svc.providers.factory import ProviderSet
-from services.background import BackgroundLoop
+from services.background import BackgroundLoop, Wakeup
 from services.db import db_now, run_in_transaction
 from services.errors import FenceLostError
 from services.faults import CrashPoint, crash_point
@@ -75,6 +76,7 @@ class CommandDispatcher:
         concurrency: provider calls in flight at once.
         idle_s: longest idle backoff of the loop.
         rng: jitter source.
+        on_receipt: called after a completion receipt committed (wakes its delivery).
     """
 
     def __init__(
@@ -88,8 +90,10 @@ class CommandDispatcher:
         concurrency: int = 8,
         idle_s: float = 0.5,
         rng: random.Random | None = None,
+        on_receipt: Callable[[], None] | None = None,
     ) -> None:
         self._engine = engine
+        self._on_receipt = on_receipt
         self._providers = providers
         self._policy = policy
         self._owner = owner
@@ -174,6 +178,7 @@ class CommandDispatcher:
         receipt = await run_in_transaction(self._engine, record)
         if receipt is not None:
             crash_point(CrashPoint.AFTER_RECEIPT_COMMIT, kind)
+            self._receipt_written()
 
     async def _submit(self, provider: Provider, command: CommandRecord) -> ProviderOutcome:
         request = ProviderCommand(
@@ -223,12 +228,21 @@ class CommandDispatcher:
             return result
         if result is not None:
             crash_point(CrashPoint.AFTER_RECEIPT_COMMIT, command.effect_owner_kind)
+            self._receipt_written()
         return None
 
-    def loops(self, name: str = "effect-commands") -> list[BackgroundLoop]:
-        """The dispatch loop (``services.background``)."""
+    def _receipt_written(self) -> None:
+        # A receipt (and its owner-outbox message) committed: wake the receipt delivery.
+        if self._on_receipt is not None:
+            self._on_receipt()
+
+    def loops(
+        self, name: str = "effect-commands", *, wake: Wakeup | None = None
+    ) -> list[BackgroundLoop]:
+        """The dispatch loop (``services.background``; woken by ``wake``: a command was
+        accepted in this process)."""
 
         async def body() -> bool:
             return await self.run_once() > 0
 
-        return [BackgroundLoop(name, idle_s=self._idle_s, body=body)]
+        return [BackgroundLoop(name, idle_s=self._idle_s, body=body, wake=wake)]

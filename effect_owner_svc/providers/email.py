@@ -3,8 +3,11 @@
 Payload (schema version 1, frozen by the runtime, no credentials)::
 
     {"to": "a@example.com" | ["a@…", …],            required, at most 50 addresses
-     "subject": "…", "text": "…",                     or
+     "subject": "…", "text": "…",                     or ("body" is accepted for "text")
      "template": "contact_welcome", "params": {…}}    a built-in template
+
+A Flow's ``ActionCall`` inputs become the payload one to one, so any other top-level
+scalar input (``"name": "Ada Lovelace"``) is a template parameter too (``params`` wins).
 
 The command's provider idempotency key becomes the message's ``Message-ID``
 (``<key@domain>``), the same on every attempt, so any receiving system that
@@ -39,6 +42,8 @@ __all__ = ["TEMPLATES", "EmailPayloadError", "EmailProvider", "build_message"]
 _ADDRESS_RE = re.compile(r"^[^@\s<>,;\"]{1,64}@[A-Za-z0-9.-]{1,253}$")
 _MAX_RECIPIENTS = 50
 _MAX_TEXT = 64 * 1024
+#: Payload keys with a meaning of their own (never template parameters).
+_RESERVED = frozenset({"to", "subject", "text", "body", "template", "params"})
 
 #: Built-in templates: subject and body with ``$param`` placeholders.
 TEMPLATES: Mapping[str, tuple[str, str]] = MappingProxyType(
@@ -75,13 +80,23 @@ def _subject_and_text(payload: Mapping[str, Any], to: list[str]) -> tuple[str, s
             isinstance(k, str) and isinstance(v, str | int | float) for k, v in params.items()
         ):
             raise EmailPayloadError("'params' must map names to scalars")
-        values = {"name": to[0].split("@", 1)[0], **{k: str(v) for k, v in params.items()}}
+        inputs = {
+            k: v
+            for k, v in payload.items()
+            if k not in _RESERVED and isinstance(v, str | int | float) and not isinstance(v, bool)
+        }
+        values = {
+            "name": to[0].split("@", 1)[0],
+            **{k: str(v) for k, v in inputs.items() if str(v).strip()},
+            **{k: str(v) for k, v in params.items()},
+        }
         subject, body = TEMPLATES[template]
         return (
             string.Template(subject).safe_substitute(values),
             string.Template(body).safe_substitute(values),
         )
-    plain_subject, plain_text = payload.get("subject"), payload.get("text")
+    plain_subject = payload.get("subject")
+    plain_text = payload.get("text", payload.get("body"))
     if not isinstance(plain_subject, str) or not isinstance(plain_text, str):
         raise EmailPayloadError("give 'subject' and 'text', or a 'template'")
     return plain_subject, plain_text

@@ -20,12 +20,14 @@ from google.protobuf.struct_pb2 import Struct
 from runtime_svc.api.definitions_proto import plan_proto, profile_proto, timestamp
 from runtime_svc.api.signals import dependency_proto
 from runtime_svc.compiler.kinds import QueueClass, StepKind
+from runtime_svc.effects.support import EffectSupport
 from runtime_svc.kernel import CompatibilityStatus, RunFilters, RunState
 from runtime_svc.kernel.model import AttemptRecord, CheckpointMeta, StepRecord
 from runtime_svc.runs import RunSupport, RunView, caller_key
 from runtime_svc.runs.resolve import FlowTarget
 from services.errors import InvalidArgumentError
 from services.json_limits import MAX_JSON_DEPTH, JsonLimitError, loads_bounded
+from services.outbox import DeliveryState
 from services.proto import common_v1, runtime_v1
 
 __all__ = [
@@ -182,6 +184,52 @@ def checkpoint_meta_proto(org_id: str, c: CheckpointMeta) -> Any:
     )
 
 
+_DELIVERY = {
+    DeliveryState.PENDING: common_v1.OutboxDeliveryState.OUTBOX_DELIVERY_STATE_PENDING,
+    DeliveryState.DELIVERING: common_v1.OutboxDeliveryState.OUTBOX_DELIVERY_STATE_DELIVERING,
+    DeliveryState.RETRYING: common_v1.OutboxDeliveryState.OUTBOX_DELIVERY_STATE_RETRYING,
+    DeliveryState.DELIVERED: common_v1.OutboxDeliveryState.OUTBOX_DELIVERY_STATE_DELIVERED,
+    DeliveryState.RECONCILING: (
+        common_v1.OutboxDeliveryState.OUTBOX_DELIVERY_STATE_ACCEPTANCE_RECONCILING
+    ),
+    # The owner's durable rejection is persisted but the Flow finalizer has not run yet:
+    # still reconciling from the reader's point of view (not terminal).
+    DeliveryState.REJECTED: (
+        common_v1.OutboxDeliveryState.OUTBOX_DELIVERY_STATE_ACCEPTANCE_RECONCILING
+    ),
+    DeliveryState.UNKNOWN: (common_v1.OutboxDeliveryState.OUTBOX_DELIVERY_STATE_ACCEPTANCE_UNKNOWN),
+    DeliveryState.HANDOFF_REJECTED: (
+        common_v1.OutboxDeliveryState.OUTBOX_DELIVERY_STATE_HANDOFF_REJECTED
+    ),
+    DeliveryState.DEAD_LETTERED: common_v1.OutboxDeliveryState.OUTBOX_DELIVERY_STATE_DEAD_LETTERED,
+}
+
+
+def effect_proto(e: EffectSupport) -> Any:
+    """``runtime_v1.EffectCorrelation``: the immutable link and its delivery state."""
+    k = e.link
+    link = runtime_v1.EffectLink(
+        org_id=k.org_id,
+        app_installation_id=k.app_installation_id,
+        runtime_capability_id=k.runtime_capability_id,
+        runtime_work_binding_digest=k.runtime_work_binding_digest,
+        effect_link_id=k.effect_link_id,
+        flow_run_id=k.flow_run_id,
+        step_execution_id=k.step_execution_id,
+        effect_owner_kind=k.effect_owner_kind,
+        runtime_outbox_message_id=k.runtime_outbox_message_id,
+        effect_handoff_key=k.effect_handoff_key,
+        submission_attempt_id=k.submission_attempt_id,
+        created_at=None if k.created_at is None else timestamp(k.created_at),
+    )
+    state = (
+        common_v1.OutboxDeliveryState.OUTBOX_DELIVERY_STATE_UNSPECIFIED
+        if e.delivery_state is None
+        else _DELIVERY[e.delivery_state]
+    )
+    return runtime_v1.EffectCorrelation(link=link, delivery_state=state)
+
+
 def support_proto(s: RunSupport) -> Any:
     """``runtime_v1.RunSupportView`` (§19)."""
     view = s.support
@@ -196,6 +244,7 @@ def support_proto(s: RunSupport) -> Any:
         steps=[step_proto(x) for x in view.steps],
         attempts=[attempt_proto(a) for a in view.attempts],
         dependencies=[dependency_proto(d) for d in s.dependencies],
+        effects=[effect_proto(e) for e in s.effects],
         terminal_cause_code=view.run.terminal_cause_code or "",
     )
 

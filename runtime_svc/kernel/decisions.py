@@ -37,10 +37,12 @@ __all__ = [
     "FailRun",
     "FenceLost",
     "FinishRun",
+    "HandOff",
     "LeaseExtended",
     "NextStep",
     "NoChange",
     "NotEligible",
+    "QuarantineRun",
     "Quarantined",
     "Recovered",
     "RecoveryTerminal",
@@ -110,8 +112,34 @@ class EnterWait:
     transaction (§14); step and root become ``Waiting``."""
 
 
+@dataclass(frozen=True)
+class HandOff:
+    """An ``EffectSubmit`` commit (§15.1 step 5): the submit step ``Succeeded``, its
+    ``EffectCompletion`` step created directly in ``Waiting`` (on the dependency the
+    caller inserts in the same transaction) and the root ``Waiting`` pointing at it.
+
+    The completion step's identity is computed before the transaction (deterministic
+    from the ``EffectHandoffKey``), so every retry of the submit names the same step.
+    """
+
+    step_execution_id: str
+    plan_step_key: str
+    step_kind: str
+    queue_class: str
+    invocation_ordinal: int = 0
+
+
+@dataclass(frozen=True)
+class QuarantineRun:
+    """The committed step ends the run ``Quarantined`` (step ``Quarantined``): an
+    ``EffectCompletion`` whose receipt is ``OUTCOME_UNKNOWN`` under a quarantine
+    policy, or whose receipt or link does not validate (§15.2, §15.3)."""
+
+    cause_code: str
+
+
 #: How a successful commit advances the root.
-Advance = NextStep | FinishRun | FailRun | EnterWait
+Advance = NextStep | FinishRun | FailRun | EnterWait | HandOff | QuarantineRun
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Final
 
-from runtime_svc.kernel.errors import TerminalStateError
+from runtime_svc.kernel.errors import IllegalTransitionError, TerminalStateError
 from runtime_svc.kernel.policy import lease_token_digest
 from runtime_svc.kernel.states import (
     TERMINAL_RUN_STATES,
@@ -326,7 +326,9 @@ class AttemptPatch:
 
 @dataclass(frozen=True)
 class NewStep:
-    """A new ``Pending`` step row (the next step of an advancing root, or the first)."""
+    """A new step row (the next step of an advancing root, or the first): ``Pending``,
+    or ``Waiting`` for the ``EffectCompletion`` step an ``EffectSubmit`` commit creates
+    (§15.1 step 5)."""
 
     step_execution_id: str
     flow_run_id: str
@@ -335,8 +337,13 @@ class NewStep:
     step_kind: str
     input_checkpoint_id: str
     ownership_epoch: int
-    run_after: datetime
+    run_after: datetime | None
     queue_class: str
+    state: StepState = StepState.PENDING
+
+    def __post_init__(self) -> None:
+        if self.state not in (StepState.PENDING, StepState.WAITING):
+            raise IllegalTransitionError("step", "NEW", self.state.name)
 
 
 @dataclass(frozen=True)

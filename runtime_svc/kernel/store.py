@@ -25,6 +25,7 @@ against it before any SQL. Durable times come from the database clock (``db_now`
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -108,7 +109,10 @@ from runtime_svc.kernel.store_rows import (
     new_id,
     prepare_checkpoint,
 )
-from runtime_svc.kernel.store_waits import cancel_step_dependencies_txn
+from runtime_svc.kernel.store_waits import (
+    cancel_step_dependencies_txn,
+    effect_dependency_of_step_txn,
+)
 from runtime_svc.kernel.transitions import (
     decide_cancel,
     decide_cancel_cleanup,
@@ -122,6 +126,8 @@ from runtime_svc.kernel.transitions import (
     decide_start_running,
     decide_wait_expired,
 )
+from runtime_svc.kernel.transitions_effects import CAUSE_CANCELLED_AFTER_EFFECT
+from runtime_svc.kernel.wait_model import DependencyRecord, DependencyState
 from runtime_svc.resources import LockPlan
 from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now, run_in_transaction, transaction
@@ -139,6 +145,18 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+def _effect_succeeded(dep: DependencyRecord) -> bool:
+    """Whether a resolved effect-completion dependency recorded a ``SUCCEEDED`` receipt."""
+    if dep.state is not DependencyState.RESOLVED or not dep.resolution_receipt:
+        return False
+    try:
+        receipt = json.loads(dep.resolution_receipt)
+    except ValueError:
+        return False
+    return isinstance(receipt, dict) and receipt.get("outcome") == "SUCCEEDED"
+
 
 #: The database clock (or, in tests, a shifted one).
 Clock = Callable[[AsyncConnection], Awaitable[datetime]]
@@ -558,13 +576,28 @@ class FlowRunStateStore:
         return await self._read(lambda conn: cancel_requested_runs_txn(conn, org_id, limit))
 
     async def complete_cancel(self, org_id: str, flow_run_id: str) -> CancelCompleted | NoChange:
-        """Cancellation cleanup: ``CancelRequested -> Cancelled`` (idempotent)."""
+        """Cancellation cleanup: ``CancelRequested -> Cancelled`` (idempotent).
+
+        A current step with a *pending* effect handoff is not cleaned up here
+        (``NoChange("handoff_pending")``): §10.1 cancels a pending handoff only after the
+        owner's durable ``Rejected`` receipt, and an accepted one keeps tracking the
+        owner outcome — ``runtime_svc.effects`` completes those cancellations. A step
+        whose effect already completed ends with ``cancelled_after_effect``: the
+        cancellation never claims the effect was rolled back.
+        """
 
         async def fn(conn: AsyncConnection) -> CancelCompleted | NoChange:
             now = await self._clock(conn)
             root, step = await lock_root_and_current(conn, org_id, flow_run_id)
             attempt = None if step is None else await lock_latest_attempt(conn, org_id, step)
-            decision = decide_cancel_cleanup(root, step, attempt, now)
+            cause = None
+            if step is not None and root.state is RunState.CANCEL_REQUESTED:
+                effect = await effect_dependency_of_step_txn(conn, org_id, step)
+                if effect is not None and effect.state is DependencyState.PENDING:
+                    return NoChange("handoff_pending")
+                if effect is not None and _effect_succeeded(effect):
+                    cause = CAUSE_CANCELLED_AFTER_EFFECT
+            decision = decide_cancel_cleanup(root, step, attempt, now, cause=cause)
             if isinstance(decision, CancelCompleted):
                 await apply_transition(conn, org_id, decision.transition, now)
             return decision

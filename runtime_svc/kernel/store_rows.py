@@ -319,7 +319,7 @@ async def apply_transition(
             must roll back; everything it wrote goes with it).
     """
     if transition.new_step is not None:
-        projected: StepState | None = StepState.PENDING
+        projected: StepState | None = transition.new_step.state
     elif transition.step is not None:
         projected = transition.step.to_state
     else:
@@ -385,7 +385,8 @@ async def insert_attempt(conn: AsyncConnection, org_id: str, a: NewAttempt) -> N
 
 
 async def insert_step(conn: AsyncConnection, org_id: str, s: NewStep, now: datetime) -> None:
-    """Insert a ``Pending`` step; a duplicate invocation is a conflicting advance."""
+    """Insert a ``Pending`` (or, for an effect completion, ``Waiting``) step; a
+    duplicate invocation is a conflicting advance."""
     values = {
         "org_id": org_id,
         "step_execution_id": s.step_execution_id,
@@ -393,7 +394,7 @@ async def insert_step(conn: AsyncConnection, org_id: str, s: NewStep, now: datet
         "plan_step_key": s.plan_step_key,
         "invocation_ordinal": s.invocation_ordinal,
         "step_kind": s.step_kind,
-        "state": StepState.PENDING.code,
+        "state": s.state.code,
         "input_checkpoint_id": s.input_checkpoint_id,
         "state_version": 0,
         "attempt_count": 0,

@@ -25,6 +25,7 @@ from sqlalchemy import ColumnElement, Table, func, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from runtime_svc.compiler.kinds import EFFECT_COMPLETION_PRODUCER
 from runtime_svc.kernel.decisions import NoChange
 from runtime_svc.kernel.model import RunRecord, StepRecord
 from runtime_svc.kernel.store_rows import apply_transition, lock_run, lock_step
@@ -59,6 +60,8 @@ __all__ = [
     "apply_wait_transition",
     "cancel_step_dependencies_txn",
     "dependency_from_row",
+    "effect_dependency_of_step_txn",
+    "fault_successor_txn",
     "insert_dependency_txn",
     "insert_signal_txn",
     "lock_dependency",
@@ -324,11 +327,9 @@ async def apply_wait_transition(
         await _apply_signal(conn, wt.signal)
 
 
-async def cancel_step_dependencies_txn(
-    conn: AsyncConnection, org_id: str, step: StepRecord, now: datetime
-) -> int:
-    """Inside a root cancellation that already locked root, step and attempt: lock the
-    step's dependencies (stable id order) and cancel the pending one (§11.1, §14.3)."""
+async def _lock_step_dependencies(
+    conn: AsyncConnection, org_id: str, step: StepRecord
+) -> list[DependencyRecord]:
     d = flow_dependencies.c
     stmt = (
         select(flow_dependencies)
@@ -336,13 +337,43 @@ async def cancel_step_dependencies_txn(
         .order_by(d.dependency_id)
         .with_for_update()
     )
+    return [dependency_from_row(r) for r in (await conn.execute(stmt)).mappings().all()]
+
+
+async def cancel_step_dependencies_txn(
+    conn: AsyncConnection, org_id: str, step: StepRecord, now: datetime
+) -> int:
+    """Inside a root cancellation that already locked root, step and attempt: lock the
+    step's dependencies (stable id order) and cancel the pending one (§11.1, §14.3).
+
+    An effect-completion dependency is left ``Pending``: its handoff takes the
+    cancellation disposition of §10.1 (cancelled only after the owner's durable
+    ``Rejected`` receipt; an accepted one keeps tracking the owner outcome), applied by
+    ``runtime_svc.effects`` root-first.
+    """
     cancelled = 0
-    for row in (await conn.execute(stmt)).mappings().all():
-        patch = cancel_dependency(dependency_from_row(row), now)
+    for dep in await _lock_step_dependencies(conn, org_id, step):
+        if dep.producer_kind == EFFECT_COMPLETION_PRODUCER:
+            continue
+        patch = cancel_dependency(dep, now)
         if patch is not None:
             await _apply_dependency(conn, org_id, patch)
             cancelled += 1
     return cancelled
+
+
+async def effect_dependency_of_step_txn(
+    conn: AsyncConnection, org_id: str, step: StepRecord
+) -> DependencyRecord | None:
+    """Inside a root-first transaction that locked root, step (and attempt): lock the
+    step's effect-completion dependency, if it has one (the pending one first)."""
+    deps = [
+        d
+        for d in await _lock_step_dependencies(conn, org_id, step)
+        if d.producer_kind == EFFECT_COMPLETION_PRODUCER
+    ]
+    deps.sort(key=lambda d: d.state is not DependencyState.PENDING)
+    return deps[0] if deps else None
 
 
 async def _next_ordinal_txn(
@@ -358,6 +389,23 @@ async def _next_ordinal_txn(
         )
     ).scalar_one()
     return 0 if last is None else int(last) + 1
+
+
+async def fault_successor_txn(
+    conn: AsyncConnection, root: RunRecord, fault: FaultStep | None
+) -> FaultSuccessor | None:
+    """Under the root lock: the new successor step of a fault-path transition (its next
+    invocation ordinal in this run), or ``None`` without a compiled fault step."""
+    if fault is None:
+        return None
+    ordinal = await _next_ordinal_txn(conn, root.org_id, root.flow_run_id, fault.plan_step_key)
+    return FaultSuccessor(
+        f"step_{uuid.uuid4().hex}",
+        fault.plan_step_key,
+        fault.step_kind,
+        fault.queue_class,
+        ordinal,
+    )
 
 
 @dataclass(frozen=True)
@@ -465,17 +513,7 @@ class WaitStore:
     ) -> FaultSuccessor | None:
         if lookup is None or dep.expiry_policy is not ExpiryPolicyCode.FAULT_PATH:
             return None
-        fault = await lookup(root, dep)
-        if fault is None:
-            return None
-        ordinal = await _next_ordinal_txn(conn, root.org_id, root.flow_run_id, fault.plan_step_key)
-        return FaultSuccessor(
-            f"step_{uuid.uuid4().hex}",
-            fault.plan_step_key,
-            fault.step_kind,
-            fault.queue_class,
-            ordinal,
-        )
+        return await fault_successor_txn(conn, root, await lookup(root, dep))
 
     async def expire(
         self,

@@ -20,6 +20,12 @@ non-terminal with no transition left, issue 10 item 4):
   and the run (``retry_exhausted``) in the same root→step transaction instead of leaving
   it ``Runnable`` and unclaimable for ever. (A ``Pending`` step — a first execution or a
   step resumed after its wait — is always claimable: the budget bounds retries, §13.4.)
+* ``CancelRequested -> Quarantined`` on both machines. §10.1 says a cancelled run's
+  pending effect handoff is cancelled only after the owner's durable ``Rejected`` receipt
+  and that "an unknown receipt quarantines"; §11.1 draws only
+  ``CancelRequested -> Cancelled``, which would claim a cancellation whose external
+  effect may have happened. The effect finalizer and the handoff disposition sweep
+  (``runtime_svc.effects``) use it only for ``AcceptanceUnknown`` / ``OUTCOME_UNKNOWN``.
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ RUN_TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
         }
     ),
     _R.WAITING: frozenset({_R.RUNNABLE, _R.TERMINAL_FAILED, _R.QUARANTINED, _R.CANCEL_REQUESTED}),
-    _R.CANCEL_REQUESTED: frozenset({_R.CANCELLED}),
+    _R.CANCEL_REQUESTED: frozenset({_R.CANCELLED, _R.QUARANTINED}),
     _R.SUCCEEDED: frozenset(),
     _R.TERMINAL_FAILED: frozenset(),
     _R.QUARANTINED: frozenset(),
@@ -80,11 +86,15 @@ RUN_TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
 
 #: The arrows added to §11.1 (see the module docstring).
 RUN_EXTENSION_ARROWS: frozenset[tuple[RunState, RunState]] = frozenset(
-    {(_R.RUNNABLE, _R.TERMINAL_FAILED)}
+    {(_R.RUNNABLE, _R.TERMINAL_FAILED), (_R.CANCEL_REQUESTED, _R.QUARANTINED)}
 )
 #: The arrows added to §11.2 (see the module docstring).
 STEP_EXTENSION_ARROWS: frozenset[tuple[StepState, StepState]] = frozenset(
-    {(_S.CLAIMED, _S.FAILED), (_S.RETRY_SCHEDULED, _S.FAILED)}
+    {
+        (_S.CLAIMED, _S.FAILED),
+        (_S.RETRY_SCHEDULED, _S.FAILED),
+        (_S.CANCEL_REQUESTED, _S.QUARANTINED),
+    }
 )
 
 #: §11.2 plus :data:`STEP_EXTENSION_ARROWS`.
@@ -105,7 +115,7 @@ STEP_TRANSITIONS: Mapping[StepState, frozenset[StepState]] = {
         }
     ),
     _S.WAITING: frozenset({_S.CANCEL_REQUESTED, _S.PENDING, _S.FAILED, _S.QUARANTINED}),
-    _S.CANCEL_REQUESTED: frozenset({_S.CANCELLED}),
+    _S.CANCEL_REQUESTED: frozenset({_S.CANCELLED, _S.QUARANTINED}),
     _S.SUCCEEDED: frozenset(),
     _S.FAILED: frozenset(),
     _S.QUARANTINED: frozenset(),

@@ -16,8 +16,9 @@ decide_claim               run Runnable→Running; step Pending|RetryScheduled�
                            retry whose attempt budget is spent: step RetryScheduled→Failed,
                            run Runnable→TerminalFailed, ``retry_exhausted``)
 decide_start_running       step Claimed→Running
-decide_commit              attempt Started→Committed; step Running→Succeeded|Waiting; run
-                           Running→Runnable|Succeeded|TerminalFailed|Waiting
+decide_commit              attempt Started→Committed; step Running→Succeeded|Waiting|
+                           Quarantined; run Running→Runnable|Succeeded|TerminalFailed|Waiting|
+                           Quarantined; an EffectSubmit's completion step inserted Waiting
 decide_rollback_retry      attempt Started→RolledBack|PreTransactionFailed; step
                            Running→RetryScheduled|Failed; run Running→Runnable|TerminalFailed
 decide_recovery            attempt Started→Fenced; step Claimed|Running→RetryScheduled
@@ -50,9 +51,11 @@ from runtime_svc.kernel.decisions import (
     FailRun,
     FenceLost,
     FinishRun,
+    HandOff,
     LeaseExtended,
     NextStep,
     NotEligible,
+    QuarantineRun,
     RetryExhausted,
     RetryScheduled,
     Started,
@@ -325,14 +328,19 @@ def decide_commit(
         retry=RetryDecision.NONE,
         evidence=evidence,
     )
-    step_to = StepState.WAITING if isinstance(advance, EnterWait) else StepState.SUCCEEDED
+    step_to = StepState.SUCCEEDED
+    failure: FailureClass | None = None
+    if isinstance(advance, EnterWait):
+        step_to = StepState.WAITING
+    elif isinstance(advance, QuarantineRun):
+        step_to, failure = StepState.QUARANTINED, FailureClass.AMBIGUOUS
     step_patch = patch_step(
         step,
         step_to,
         expect_input_checkpoint_id=fence.input_checkpoint_id,
         output_checkpoint_id=output_checkpoint_id,
         run_after=None,
-        failure_class=None,
+        failure_class=failure,
         **NO_LEASE,
     )
     common: dict[str, object] = {
@@ -373,6 +381,37 @@ def decide_commit(
             )
         case EnterWait():
             run = patch_root(root, RunState.WAITING, **common, paused_at=now)
+        case HandOff():
+            # §15.1 step 5: the submit succeeded and its completion step waits (on the
+            # dependency inserted in this transaction); the root points at it.
+            run = patch_root(
+                root,
+                RunState.WAITING,
+                **common,
+                paused_at=now,
+                current_step_execution_id=advance.step_execution_id,
+                current_element=advance.plan_step_key,
+            )
+            new_step = NewStep(
+                step_execution_id=advance.step_execution_id,
+                flow_run_id=root.flow_run_id,
+                plan_step_key=advance.plan_step_key,
+                invocation_ordinal=advance.invocation_ordinal,
+                step_kind=advance.step_kind,
+                input_checkpoint_id=output_checkpoint_id,
+                ownership_epoch=root.ownership_epoch,
+                run_after=None,
+                queue_class=advance.queue_class,
+                state=StepState.WAITING,
+            )
+        case QuarantineRun():
+            run = patch_root(
+                root,
+                RunState.QUARANTINED,
+                **common,
+                completed_at=now,
+                terminal_cause_code=advance.cause_code,
+            )
     transition = Transition(run=run, step=step_patch, attempt=attempt_patch, new_step=new_step)
     return Committed(transition, run_state=run.to_state)
 

@@ -288,9 +288,16 @@ def decide_cancel(
 
 
 def decide_cancel_cleanup(
-    root: RunRecord, step: StepRecord | None, attempt: AttemptRecord | None, now: datetime
+    root: RunRecord,
+    step: StepRecord | None,
+    attempt: AttemptRecord | None,
+    now: datetime,
+    *,
+    cause: str | None = None,
 ) -> CancelCompleted | NoChange:
-    """§11.1 ``CancelRequested -> Cancelled`` once the active step has been fenced."""
+    """§11.1 ``CancelRequested -> Cancelled`` once the active step has been fenced;
+    ``cause`` overrides the terminal cause (an effect that completed before the
+    cancellation is named, never hidden)."""
     if root.state is RunState.CANCELLED:
         return NoChange("already_cancelled")
     if root.state is not RunState.CANCEL_REQUESTED:
@@ -317,7 +324,7 @@ def decide_cancel_cleanup(
         RunState.CANCELLED,
         require_live=False,
         completed_at=now,
-        terminal_cause_code=CAUSE_CANCELLED,
+        terminal_cause_code=cause or CAUSE_CANCELLED,
         run_after=None,
     )
     return CancelCompleted(Transition(run=run, step=step_patch, attempt=attempt_patch))

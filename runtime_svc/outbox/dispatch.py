@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.outbox.handoff import EffectHandoff, owner_channels
 from runtime_svc.outbox.table import RUNTIME_OUTBOX
-from services.background import LoopGroup
+from services.background import LoopGroup, Wakeup
 from services.config import OutboxSettings, ServiceConfig, ServiceName, load_outbox_settings
 from services.effect_contract import FLOW_EFFECT_SUBMIT_FAMILY, HANDOFF_SUBMIT_ROLE
 from services.outbox import (
@@ -95,6 +95,7 @@ async def start_runtime_outbox(
     *,
     finalizer: Finalizer | None = None,
     settings: OutboxSettings | None = None,
+    wake: Wakeup | None = None,
 ) -> RuntimeOutbox | None:
     """Start delivering the canonical Runtime outbox (None when
     ``FLOW_OUTBOX_DISPATCHERS=0``).
@@ -104,6 +105,7 @@ async def start_runtime_outbox(
         engine: the runtime database.
         finalizer: the Flow-side finalizer of the ``flow.effect.submit`` family.
         settings: overrides :func:`~services.config.load_outbox_settings`.
+        wake: ends the delivery loop's idle wait (an EffectSubmit committed here).
     """
     s = settings or load_outbox_settings()
     if s.dispatchers <= 0:
@@ -127,7 +129,7 @@ async def start_runtime_outbox(
         idle_s=s.idle_ms / 1000,
         sweep_interval_s=s.sweep_ms / 1000,
     )
-    loops = LoopGroup(dispatcher.loops("runtime-outbox")).start()
+    loops = LoopGroup(dispatcher.loops("runtime-outbox", wake=wake)).start()
     log.info(
         "runtime outbox dispatcher: owners %s, finalizer %s",
         dict(s.owner_targets),

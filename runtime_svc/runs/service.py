@@ -22,6 +22,7 @@ from runtime_svc.atomic import AtomicRunner
 from runtime_svc.compiler.kinds import ExecutionProfile
 from runtime_svc.compiler.plan import ExecutionPlan
 from runtime_svc.definitions import repository as repo
+from runtime_svc.effects.support import EffectSupport, effect_support_txn
 from runtime_svc.kernel import (
     CheckpointInput,
     FlowRunStateStore,
@@ -116,6 +117,8 @@ class RunSupport:
     subflow_version_ids: Mapping[tuple[str, int], str] = field(default_factory=dict)
     #: Dependency correlation (§19): producer, age, probes, the consumed signal.
     dependencies: tuple[DependencySupport, ...] = ()
+    #: Effect correlation (§19): each immutable link with its message's delivery state.
+    effects: tuple[EffectSupport, ...] = ()
 
 
 class StartResponder(Protocol):
@@ -483,7 +486,8 @@ class RunService:
                 if fv is not None:
                     ids[(pin.api_name, pin.version)] = fv.flow_version_id
             deps = await dependency_support_txn(conn, org_id, flow_run_id, await db_now(conn))
-        return RunSupport(view, support, row, plan, ids, tuple(deps))
+            effects = await effect_support_txn(conn, org_id, flow_run_id)
+        return RunSupport(view, support, row, plan, ids, tuple(deps), tuple(effects))
 
     # --- delete and cancel -------------------------------------------------------------
 

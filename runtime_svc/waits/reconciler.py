@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 
@@ -129,6 +130,9 @@ class WaitSweeper:
         org_batch: orgs one :meth:`sweep_once` pass serves; the next pass resumes after
             the last one served and wraps around (:class:`services.background.OrgRotation`),
             so every org with waits is reached however many there are.
+        expiry_guard: says whether a due dependency may expire by its deadline now
+            (``runtime_svc.effects``: a completion dependency only once its handoff
+            settled); ``None`` allows every expiry.
     """
 
     def __init__(
@@ -140,9 +144,11 @@ class WaitSweeper:
         rng: random.Random | None = None,
         watches: RecordWatches | None = None,
         org_batch: int = 100,
+        expiry_guard: Callable[[DependencyRecord], Awaitable[bool]] | None = None,
     ) -> None:
         self._engine = engine
         self._watches = watches
+        self._expiry_guard = expiry_guard
         self.matcher = matcher
         self._batch = batch
         self._rng = rng or random.Random()  # noqa: S311 - probe jitter, not security
@@ -249,6 +255,8 @@ class WaitSweeper:
                 # The timer was due before its deadline (e.g. the runtime was down): it
                 # resumes rather than expires.
                 result = await self.matcher.match_dependency(dep)
+            elif self._expiry_guard is not None and not await self._expiry_guard(dep):
+                continue  # not yet: its producer settles first (and is re-checked)
             else:
                 fault = await self._fault(dep)
 

@@ -42,6 +42,7 @@ from runtime_svc.compiler.expressions import Expr, ExpressionError
 from runtime_svc.compiler.plan import DependencyDecl, ExecutionPlan
 from runtime_svc.kernel.decisions import NoChange
 from runtime_svc.kernel.model import RunRecord
+from runtime_svc.kernel.states import RunState
 from runtime_svc.kernel.store_reads import get_checkpoint_txn, get_run_txn
 from runtime_svc.kernel.store_waits import (
     FaultStep,
@@ -133,6 +134,8 @@ class Matcher:
         registry: the producer registry.
         plans: plan and wait-bound caches.
         clock: the durable clock (the run store's).
+        on_resolved: called after a transition made a waiting run runnable again
+            (wakes this process's workers).
     """
 
     def __init__(
@@ -142,7 +145,10 @@ class Matcher:
         registry: ProducerRegistry,
         plans: PlanSource,
         clock: Clock,
+        *,
+        on_resolved: Callable[[], None] | None = None,
     ) -> None:
+        self._on_resolved = on_resolved
         self._engine = engine
         self.waits = waits
         self.registry = registry
@@ -211,7 +217,7 @@ class Matcher:
             planned = [(dep, await self._evidence(conn, dep)) for dep in deps]
         result: WaitTransition | NoChange = NoChange("no_dependency")
         for dep, (action, _bounds) in planned:
-            result = await action.run(self.waits, dep)
+            result = self._woken(await action.run(self.waits, dep))
             if isinstance(result, WaitTransition) and (
                 result.signal is None or result.signal.wake_signal_id == signal.wake_signal_id
             ):
@@ -244,7 +250,18 @@ class Matcher:
             return NoChange(f"dependency_{dep.state.code.lower()}"), None
         async with transaction(self._engine, readonly=True) as conn:
             action, bounds = await self._evidence(conn, dep)
-        return await action.run(self.waits, dep), bounds
+        return self._woken(await action.run(self.waits, dep)), bounds
+
+    def _woken(self, result: WaitTransition | NoChange) -> WaitTransition | NoChange:
+        # A run became runnable (resumed or on its fault path): wake the local workers.
+        if (
+            self._on_resolved is not None
+            and isinstance(result, WaitTransition)
+            and result.transition.run is not None
+            and result.transition.run.to_state is RunState.RUNNABLE
+        ):
+            self._on_resolved()
+        return result
 
     async def _evidence(
         self, conn: AsyncConnection, dep: DependencyRecord
@@ -337,10 +354,25 @@ class Matcher:
                 "wake_version": signal.wake_version,
                 "evidence_digest": signal.evidence_digest,
             }
+            if family is ProducerFamily.EFFECT_COMPLETION:
+                # The dependency keeps what the owner reported (a later cancellation
+                # names an effect that happened; §10.1): command and outcome.
+                receipt.update(_effect_outcome(signal.evidence_json))
             attempts.append((signal.wake_signal_id, receipt, None))
         if not attempts:
             return _Action(NoChange("condition_false"))
         return _Action(resolve=attempts)
+
+
+def _effect_outcome(evidence_json: str | None) -> dict[str, Any]:
+    """``command_id`` and ``outcome`` of a completion receipt's evidence (safe fields)."""
+    try:
+        doc = json.loads(evidence_json) if evidence_json else {}
+    except ValueError:
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: doc[k] for k in ("command_id", "outcome") if isinstance(doc.get(k), str)}
 
 
 #: A signal that another dependency consumed (or that is stale) between the read and

@@ -1,14 +1,17 @@
 """Workers and sweeps as background loops of the runtime process, on the one lifecycle of
 :mod:`services.background` (STYLE 12).
 
-``start_background(cfg, engine)`` starts ``FLOW_RUNTIME_WORKERS`` worker loops and, when
-``FLOW_RUNTIME_SWEEPS`` is true, the recovery/cancellation sweep, the wait sweeps (wake
-reconciler, expiry and repair, every ``FLOW_RUNTIME_WAIT_SWEEP_MS``), the run-retention
-sweep and the request-dedupe retention sweep (``runtime_requests``), all in one
-:class:`~services.background.LoopGroup`; ``await background.stop()`` asks them to finish
-their current iteration and waits (bounded) before cancelling. Idle loops back off with
-bounded, jittered exponential delays and hold no connection while sleeping. Other loops
-(reconcilers, dispatchers) join the same group with ``Background.add``/``spawn``.
+``start_background(cfg, engine)`` starts ``FLOW_RUNTIME_WORKERS`` worker loops (which
+also execute the effect steps) and, when ``FLOW_RUNTIME_SWEEPS`` is true, the
+recovery/cancellation sweep, the wait sweeps (wake reconciler, expiry and repair, every
+``FLOW_RUNTIME_WAIT_SWEEP_MS``), the effect sweep (cancelled runs' handoff dispositions,
+terminal non-delivery repair), the run-retention sweep and the request-dedupe retention
+sweep (``runtime_requests``), all in one :class:`~services.background.LoopGroup`;
+``await background.stop()`` asks them to finish their current iteration and waits
+(bounded) before cancelling. Idle loops back off with bounded, jittered exponential
+delays and hold no connection while sleeping; a :class:`~services.background.Wakeup`
+(a wait resolved in this process) ends a worker's idle wait at once. Other loops
+(reconcilers, dispatchers) join the same group with ``add``/``spawn``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
 from services.background import IdleBackoff, LoopGroup
 from services.config import ServiceConfig
+from services.db import db_now
 from services.errors import FailedPreconditionError
+from services.background import Wakeup
 from services.request_dedupe import RequestLedger
 from services.request_retention import RequestRetention
 
@@ -66,6 +71,8 @@ async def start_background(
     settings: WorkerSettings | None = None,
     binary_check: BinaryCheck | None = None,
     waits: WaitRuntime | None = None,
+    work_wake: Wakeup | None = None,
+    outbox_wake: Wakeup | None = None,
 ) -> LoopGroup:
     """Start this process's workers and sweeps (see the module docstring).
 
@@ -80,6 +87,8 @@ async def start_background(
         waits: the process's wait components (default: built here); workers execute
             ``DependencyWait`` steps and signal record changes through them, and the
             wait sweeps (reconciler, expiry, repair, retention) run with the sweeps.
+        work_wake: wakes the worker loops (a wait resolved in this process).
+        outbox_wake: woken after an EffectSubmit committed (the outbox dispatcher's).
     """
     if settings is not None:
         s = settings
@@ -99,6 +108,16 @@ async def start_background(
         from runtime_svc.waits.runtime import WaitRuntime  # the waits import the executor
 
         waits = WaitRuntime.build(engine, signal_kinds=s.signal_kinds)
+    # The effects package imports the executor too (through the waits).
+    from runtime_svc.effects.steps import EffectSteps
+    from runtime_svc.effects.sweep import EffectSweeper
+
+    effects = EffectSteps(
+        engine,
+        waits.steps,
+        db_now,
+        on_submitted=None if outbox_wake is None else outbox_wake.notify,
+    )
     group = LoopGroup()
     host = f"{socket.gethostname()}:{os.getpid()}"
     for i in range(s.workers):
@@ -112,12 +131,13 @@ async def start_background(
             binary_check=binary_check,
             waits=waits.steps,
             changes=waits.producer,
+            effects=effects,
         )
 
         async def work(w: StepWorker = worker) -> bool:
             return any(o is not Outcome.NOT_ELIGIBLE for o in await w.run_once())
 
-        group.spawn(f"flow-worker-{i}", work, s.idle_ms / 1000)
+        group.spawn(f"flow-worker-{i}", work, s.idle_ms / 1000, wake=work_wake)
     if s.sweeps:
         sweeper = Sweeper(engine, store, org_batch=s.org_batch)
 
@@ -126,13 +146,25 @@ async def start_background(
             return False  # sweeps always wait their interval
 
         group.spawn("flow-sweeps", sweep, s.sweep_ms / 1000, interval=True)
-        wait_sweeper = waits.sweeper(batch=s.wait_batch, org_batch=s.org_batch)
+        effect_sweeper = EffectSweeper(engine, waits.matcher, batch=s.wait_batch)
+        wait_sweeper = waits.sweeper(
+            batch=s.wait_batch,
+            org_batch=s.org_batch,
+            expiry_guard=effect_sweeper.expiry_allowed,
+        )
 
         async def wait_sweep() -> bool:
             await wait_sweeper.sweep_once()
             return False  # jittered period (IdleBackoff), never a tight loop
 
         group.spawn("flow-wait-sweeps", wait_sweep, s.wait_sweep_ms / 1000, interval=True)
+
+        async def effect_sweep() -> bool:
+            # Cancelled runs' handoff dispositions and terminal non-delivery repair.
+            await effect_sweeper.sweep_once()
+            return False
+
+        group.spawn("flow-effect-sweeps", effect_sweep, s.wait_sweep_ms / 1000, interval=True)
         group.add(
             RetentionSweep(
                 engine,

@@ -68,6 +68,7 @@ from runtime_svc.kernel.decisions import (
     CancelCompleted,
     FailRun,
     FinishRun,
+    HandOff,
     NextStep,
     NoChange,
     Quarantined,
@@ -111,10 +112,16 @@ from services.errors import (
     FlowError,
     NotFoundError,
 )
-from services.faults import CrashPoint, crash_point, raise_connection_lost_after_commit
+from services.faults import (
+    CrashPoint,
+    crash_point,
+    raise_connection_lost_after_commit,
+    step_entered,
+)
 from services.invariants import InvariantError
 
-if TYPE_CHECKING:  # the waits package imports the executor of this one
+if TYPE_CHECKING:  # the waits and effects packages import the executor of this one
+    from runtime_svc.effects.steps import EffectSteps, PreparedSubmit
     from runtime_svc.records.engine import ChangeSink
     from runtime_svc.waits.steps import PreparedWait, WaitSteps
 
@@ -141,6 +148,7 @@ DEFAULT_QUEUE_CLASSES = (
     "effect_completion",
 )
 _MAX_CACHED_PLANS = 256
+_EFFECT_KINDS = frozenset({StepKind.EFFECT_SUBMIT, StepKind.EFFECT_COMPLETION})
 _ACTIVE_CODES = (
     RunState.RUNNABLE.code,
     RunState.RUNNING.code,
@@ -194,6 +202,7 @@ async def orgs_with_work(
 class _StepRow:
     plan_step_key: str
     step_kind: str
+    invocation_ordinal: int
 
 
 class StepWorker:
@@ -216,6 +225,8 @@ class StepWorker:
         waits: executes ``DependencyWait`` steps (``None``: they fail closed with
             ``unsupported_step_kind``).
         changes: the record-change wake-signal producer of the step's record writes.
+        effects: executes ``EffectSubmit``/``EffectCompletion`` steps (``None``: they
+            fail closed with ``unsupported_step_kind``).
     """
 
     def __init__(
@@ -234,9 +245,11 @@ class StepWorker:
         binary_check: BinaryCheck | None = None,
         waits: WaitSteps | None = None,
         changes: ChangeSink | None = None,
+        effects: EffectSteps | None = None,
     ) -> None:
         self._engine = engine
         self._waits = waits
+        self._effects = effects
         self._changes = changes
         self.store = store
         self._views = views
@@ -342,6 +355,7 @@ class StepWorker:
                 )
             scope, plan, policy_version = await self._plan(org_id, run.plan_id)
             step = plan.step(step_row.plan_step_key)
+            step_entered(step.key, fence.step_execution_id, fence.attempt_number)
         except (NotFoundError, KeyError):
             # Deleted meanwhile (the fence will fail too) or a plan that lost its step.
             raise _Abort("plan_step_missing") from None
@@ -358,6 +372,23 @@ class StepWorker:
             except StepFault as fault:
                 raise _Abort(fault.code) from None
             return _Prepared(plan, step, context, snapshots, outcome, None, wait)
+        if step.kind in _EFFECT_KINDS and self._effects is not None:
+            # §15.1/§15.2: the submit's payload and identities are computed here, before
+            # its transaction; a completion reads and validates its consumed receipt.
+            try:
+                outcome, submit = await self._effects.prepare(
+                    org_id,
+                    fence,
+                    scope,
+                    plan,
+                    policy_version,
+                    step,
+                    context,
+                    step_row.invocation_ordinal,
+                )
+            except StepFault as fault:
+                raise _Abort(fault.code) from None
+            return _Prepared(plan, step, context, snapshots, outcome, None, effect=submit)
         if needs_transaction(step):
             try:
                 view = await self._views.view_for(scope)
@@ -497,6 +528,9 @@ class StepWorker:
                     # §14: the dependency commits with the wait transition and the
                     # checkpoint that is the resume point (after root/step/attempt).
                     await self._waits.commit_txn(conn, prepared.wait)
+                if prepared.effect is not None and self._effects is not None:
+                    # §15.1 step 4: dependency, outbox message, link — last.
+                    await self._effects.commit_txn(conn, prepared.effect)
                 crash_point(CrashPoint.BEFORE_STEP_COMMIT, key)
             raise_connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, key)
         except StepFault as fault:  # rolled back before any lifecycle write
@@ -531,6 +565,8 @@ class StepWorker:
             await self._changes.flush(list(signals))  # §14.2 step 2, after the commit
         if prepared.wait is not None and self._waits is not None:
             await self._waits.after_commit(prepared.wait)  # §14.2 step 4
+        if prepared.effect is not None and self._effects is not None:
+            await self._effects.after_commit(prepared.effect)
         return Outcome.COMMITTED
 
     # --- outcomes ------------------------------------------------------------------------
@@ -610,17 +646,18 @@ class _Prepared:
     outcome: StepOutcome | None
     view: RecordView | None
     wait: PreparedWait | None = None
+    effect: PreparedSubmit | None = None
 
 
 async def _step_row_txn(conn: AsyncConnection, org_id: str, step_execution_id: str) -> _StepRow:
     s = flow_step_executions.c
-    stmt = select(s.plan_step_key, s.step_kind).where(
+    stmt = select(s.plan_step_key, s.step_kind, s.invocation_ordinal).where(
         s.org_id == org_id, s.step_execution_id == step_execution_id
     )
     row = (await conn.execute(stmt)).first()
     if row is None:
         raise NotFoundError("flow_step_execution", step_execution_id)
-    return _StepRow(str(row[0]), str(row[1]))
+    return _StepRow(str(row[0]), str(row[1]), int(row[2]))
 
 
 async def _checkpoint_txn(
@@ -724,7 +761,7 @@ def _discovery_evidence(exc: LateResourceDiscoveryError) -> dict[str, Any]:
 def _output(outcome: StepOutcome, verification: Any = None) -> CheckpointInput:
     context = dict(outcome.context)
     advance = outcome.advance
-    cursor = {"next_step": advance.plan_step_key} if isinstance(advance, NextStep) else {}
+    cursor = {"next_step": advance.plan_step_key} if isinstance(advance, NextStep | HandOff) else {}
     if isinstance(advance, FinishRun | FailRun):
         # The run's output is the final variables, recorded once with the terminal commit.
         variables = context.get("variables") or {}

@@ -44,6 +44,7 @@ from services.outbox.store import (
     enqueue_txn,
     get_message,
     list_messages,
+    request_reconciliation_txn,
 )
 
 __all__ = [
@@ -79,4 +80,5 @@ __all__ = [
     "enqueue_txn",
     "get_message",
     "list_messages",
+    "request_reconciliation_txn",
 ]

@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.background import BackgroundLoop, LoopGroup
+from services.background import BackgroundLoop, LoopGroup, Wakeup
 from services.db import db_now, run_in_transaction
 from services.errors import FenceLostError
 from services.faults import CrashPoint, crash_point
@@ -342,8 +342,9 @@ class OutboxDispatcher:
 
     # --- lifecycle (STYLE 12) ---------------------------------------------------------
 
-    def loops(self, name: str) -> list[BackgroundLoop]:
-        """The delivery loop and the periodic repair sweep (``services.background``)."""
+    def loops(self, name: str, *, wake: Wakeup | None = None) -> list[BackgroundLoop]:
+        """The delivery loop (woken by ``wake``: a message was enqueued in this process)
+        and the periodic repair sweep (``services.background``)."""
 
         async def deliver() -> bool:
             return await self.deliver_once() > 0
@@ -353,7 +354,7 @@ class OutboxDispatcher:
             return False
 
         return [
-            BackgroundLoop(f"{name}-deliver", idle_s=self._idle_s, body=deliver),
+            BackgroundLoop(f"{name}-deliver", idle_s=self._idle_s, body=deliver, wake=wake),
             BackgroundLoop(f"{name}-sweep", idle_s=self._sweep_s, body=sweep, interval=True),
         ]
 

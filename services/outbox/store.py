@@ -11,7 +11,8 @@ Writes are ``_txn`` helpers that run inside the caller's transaction:
   compared (same immutable message → the caller's own earlier commit; different →
   :class:`~services.errors.ConflictError`). It takes no lock before the insert and never
   calls back into a root mutator.
-* :func:`claim_txn`, :func:`apply_txn`, :func:`expire_lease_txn`, :func:`finalize_txn` —
+* :func:`claim_txn`, :func:`apply_txn`, :func:`expire_lease_txn`, :func:`finalize_txn`,
+  :func:`request_reconciliation_txn` —
   each one fenced ``UPDATE`` (``services.db.cas_update``) on ``state_version``, plus the
   lease token where a lease is held, so a stale dispatcher can never overwrite a newer
   decision (fencing token).
@@ -63,6 +64,7 @@ __all__ = [
     "orgs_with_due",
     "orgs_with_repair_work",
     "pre_final_messages",
+    "request_reconciliation_txn",
 ]
 
 _DELIVERY_COLUMNS = frozenset(
@@ -540,6 +542,42 @@ async def expire_lease_txn(
             t.c.delivery_state == DeliveryState.DELIVERING.value,
             t.c.lease_until < now,
         ],
+    )
+    return await _reread(conn, spec, message)
+
+
+async def request_reconciliation_txn(
+    conn: AsyncConnection, spec: OutboxTable, message: OutboxMessage, *, now: datetime
+) -> OutboxMessage:
+    """Ask the consumer's durable fence *now*: ``Pending``/``Retrying`` →
+    ``AcceptanceReconciling`` due at ``now`` (no delivery lease is held in those states).
+
+    A producer that must learn whether an undelivered message can still be accepted — a
+    cancelled Flow run whose handoff may be cancelled only after the owner's durable
+    ``Rejected`` receipt (§10.1) — calls it last in its own root-first transaction; the
+    dispatcher then reconciles instead of delivering, and the family finalizer converges
+    the producer on the receipt.
+
+    Raises:
+        FenceLostError: the row moved on (claimed, delivered, …); re-read later.
+        ValueError: the message is not ``Pending``/``Retrying``.
+    """
+    t = spec.table
+    state = message.delivery_state
+    if state not in (DeliveryState.PENDING, DeliveryState.RETRYING):
+        raise ValueError(f"{state} cannot be asked to reconcile")
+    await cas_update(
+        conn,
+        t,
+        org_id=message.org_id,
+        key=spec.pk_key(message),
+        expected_version=message.state_version,
+        values={
+            "delivery_state": DeliveryState.RECONCILING.value,
+            "next_attempt_at": now,
+            "updated_at": now,
+        },
+        extra_predicates=[t.c.delivery_state == state.value],
     )
     return await _reread(conn, spec, message)
 

@@ -82,10 +82,23 @@ class Harness:
     def marker(self) -> Path:
         return self.tmp / "crash_marker.txt"
 
+    @property
+    def entries_file(self) -> Path:
+        """The children's step-entry counter (``FLOW_CRASH_STEP_ENTRY_FILE``)."""
+        return self.tmp / "step_entries.txt"
+
+    def entries(self, step_key: str) -> int:
+        """How often any child entered plan step ``step_key`` (before and after kills)."""
+        if not self.entries_file.exists():
+            return 0
+        lines = self.entries_file.read_text().splitlines()
+        return sum(1 for line in lines if line.split(" ", 1)[0] == step_key)
+
     def spawn(self, crash_at: str | None = None, env: dict[str, str] | None = None) -> Child:
         extra = dict(CHILD_ENV)
         extra["FLOW_RUNTIME_VIEW_FILE"] = view_file(self.tmp)
         extra["FLOW_DB_AUTO_MIGRATE"] = "false"
+        extra["FLOW_CRASH_STEP_ENTRY_FILE"] = str(self.entries_file)
         extra.update(env or {})
         if crash_at:
             extra["FLOW_CRASH_AT"] = crash_at

@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from runtime_svc.kernel import FlowRunStateStore, RunState
-from runtime_svc.schema import flow_runs
+from runtime_svc.kernel import Candidate, FlowRunStateStore, NotEligible, RunState
+from runtime_svc.schema import flow_runs, flow_step_executions
 from runtime_svc.worker import RUN_OUTPUT_KEY
 from services import db
 from tests.crash.conftest import Child, Harness
@@ -94,9 +94,33 @@ async def _assert_exactly_once(engine: AsyncEngine, seeded: Seeded, run: Any) ->
     assert running == 0
 
 
+async def _step_row(engine: AsyncEngine, seeded: Seeded, run_id: str, key: str) -> Any:
+    s = flow_step_executions.c
+    async with db.transaction(engine, readonly=True) as conn:
+        return (
+            (
+                await conn.execute(
+                    select(flow_step_executions).where(
+                        s.org_id == seeded.org, s.flow_run_id == run_id, s.plan_step_key == key
+                    )
+                )
+            )
+            .mappings()
+            .one()
+        )
+
+
 async def test_durable_seam_crash_between_step_commit_and_acknowledgement_produces_no_duplicate_domain_effects(  # noqa: E501
     harness: Harness, engine: AsyncEngine, store: FlowRunStateStore
 ) -> None:
+    """The seam's Required Proof (step 4's step-entry counter included). In this runtime
+    the step's outcome marker *is* its lifecycle commit (attempt ``Committed``, step
+    ``Succeeded``, output checkpoint, root advanced — one transaction), so after the kill
+    the step is answered from that durable record: a replayed delivery of it is refused
+    with nothing written, the restarted worker continues from the recorded outcome
+    (the next step's input is bump2's recorded output), and bump2 is never executed
+    twice. The kill *inside* the transaction is where a step is re-entered (1 → 2): see
+    the parametrized test below."""
     seeded = await seed(engine)
     run = await start_run(store, seeded, label="Crash")
     point = "after_step_commit:bump2"
@@ -105,15 +129,36 @@ async def test_durable_seam_crash_between_step_commit_and_acknowledgement_produc
 
     # The commit is durable (its attempt marker is Committed) but the worker never
     # acknowledged it: it never went on to the next step.
+    assert harness.entries("bump2") == 1 and harness.entries("bump3") == 0
     bump2 = await step_counts(engine, seeded.org, run.flow_run_id, "bump2")
     assert (bump2.committed_attempts, bump2.business_events, bump2.audit_records) == (1, 1, 1)
     bump3 = await step_counts(engine, seeded.org, run.flow_run_id, "bump3")
     assert bump3.committed_attempts == 0
     mid = await store.get_run(seeded.org, run.flow_run_id)
     assert mid.state is RunState.RUNNABLE
+    recorded = await _step_row(engine, seeded, run.flow_run_id, "bump2")
+    assert recorded["state"] == "Succeeded" and recorded["output_checkpoint_id"]
+    # A replayed delivery of bump2 (the candidate the dead worker held) re-enters the
+    # claim and is answered by the recorded outcome: not claimable, nothing written.
+    replay = Candidate(
+        seeded.org,
+        run.flow_run_id,
+        str(recorded["step_execution_id"]),
+        mid.state_version,
+        int(recorded["state_version"]),
+        mid.created_at,
+        "durable_mutation",
+    )
+    assert isinstance(await store.claim(seeded.org, replay, lease_owner="replay"), NotEligible)
+    assert await step_counts(engine, seeded.org, run.flow_run_id, "bump2") == bump2
 
     done = await _finish(harness, store, seeded, run.flow_run_id)
     await _assert_exactly_once(engine, seeded, done)
+    # Entered once before the kill, never again; the next step ran once, from the
+    # outcome recorded before the kill.
+    assert harness.entries("bump2") == 1 and harness.entries("bump3") == 1
+    nxt = await _step_row(engine, seeded, run.flow_run_id, "bump3")
+    assert nxt["input_checkpoint_id"] == recorded["output_checkpoint_id"]
 
 
 @pytest.mark.parametrize(
@@ -134,14 +179,26 @@ async def test_sigkill_at_named_point_then_restart_finishes_exactly_once(
     run = await start_run(store, seeded, label="Crash")
 
     await _expect_sigkill(harness, harness.spawn(point), point)
+    step = "bump2" if point.endswith("bump2") else "bump3" if point.endswith("bump3") else "bump1"
+    entered = harness.entries(step)
     if point.endswith(":bump2"):
         # Killed inside the business transaction (after BEGIN, before the fence, or after
         # the fence before COMMIT): nothing of bump2 became visible.
         bump2 = await step_counts(engine, seeded.org, run.flow_run_id, "bump2")
         assert (bump2.committed_attempts, bump2.business_events) == (0, 0)
+        assert entered == 1
+    elif point.startswith("after_step_commit"):
+        assert entered == 1
+    else:
+        assert entered == 0  # killed after claiming, before the step was entered
 
     done = await _finish(harness, store, seeded, run.flow_run_id)
     await _assert_exactly_once(engine, seeded, done)
+    # Step-entry counter: a step killed inside its transaction is re-entered once (1 →
+    # 2) and still has exactly one effect; a committed step is never re-entered.
+    expected = {"before_step_commit": 2, "after_step_commit": 1}.get(point.split(":")[0], 1)
+    assert harness.entries(step) == expected
+    assert all(harness.entries(k) >= 1 for k in MUTATION_STEPS)
 
 
 async def test_sigkill_during_recovery_then_restart_finishes_exactly_once(

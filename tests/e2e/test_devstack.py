@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -334,6 +335,64 @@ def _assert_the_banner_command_wakes_the_waiting_run(
     wait_until(finished, timeout=60, interval=0.3, what="the woken demo run to finish")
 
 
+def _banner_command(banner: str, marker: str) -> str:
+    """The ready-to-paste (multi-line) command of the banner that contains ``marker``."""
+    lines = banner.splitlines()
+    start = next(i for i, line in enumerate(lines) if marker in line)
+    command = []
+    for line in lines[start:]:
+        command.append(line.strip().removesuffix("\\").strip())
+        if not line.rstrip().endswith("\\"):
+            break
+    return " ".join(command)
+
+
+def _paste(stack: Stack, command: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOW_")}
+    return subprocess.run(
+        ["bash", "-c", command],
+        cwd=stack.data_dir.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def _assert_the_banner_commands_run_the_welcome_email(stack: Stack, banner: str) -> None:
+    """Issue 12 item 9: the banner's commands create a Contact; WelcomeContact formats the
+    name, writes the Task, e-mails the Contact (the .eml lands in data/mail), resumes on
+    the owner's receipt and succeeds; an address the provider refuses takes the fault
+    path."""
+    create = _banner_command(banner, "record create Contact")
+    watch = _banner_command(banner, "run watch RUN_ID")
+    created = _paste(stack, create)
+    assert created.returncode == 0, created.stderr
+    run_id = re.search(r"^started run: (\S+)$", created.stdout, re.M)
+    assert run_id, created.stdout
+    watched = _paste(stack, watch.replace("RUN_ID", run_id.group(1)))
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    assert watched.stdout.strip().splitlines()[-1].split()[1] == "succeeded", watched.stdout
+    mails = [
+        p.read_text() for p in (stack.data_dir / "mail").glob("*.eml")
+        if "Welcome, Ada Lovelace!" in p.read_text()
+    ]  # fmt: skip
+    assert len(mails) == 1 and "To: ada@example.com" in mails[0]
+
+    refused = _paste(stack, create.replace("ada@example.com", "not-an-address"))
+    assert refused.returncode == 0, refused.stderr
+    failed_id = re.search(r"^started run: (\S+)$", refused.stdout, re.M)
+    assert failed_id, refused.stdout
+    failed = _paste(stack, watch.replace("RUN_ID", failed_id.group(1)))
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "terminal_failed" in failed.stdout.strip().splitlines()[-1], failed.stdout
+    support = _paste(
+        stack,
+        _banner_command(banner, "run support RUN_ID").replace("RUN_ID", failed_id.group(1)),
+    )
+    assert "WELCOME_EMAIL_FAILED" in support.stdout, support.stdout
+
+
 def _assert_owner_mail_lands_in_the_sink(stack: Stack, demo: dict[str, Any]) -> None:
     """An effect handed to the effect owner (as the runtime's dispatcher hands it) is
     sent by the owner's email provider to the dev sink: one .eml under data/mail."""
@@ -403,6 +462,7 @@ def test_devstack_seeds_the_demo_idempotently_and_stops_cleanly(tmp_path: Path) 
         run_id = _assert_before_save_transforms(stack, first)
         _assert_the_banner_command_wakes_the_waiting_run(stack, text, first)
         _assert_operator_tokens(stack, first, run_id)
+        _assert_the_banner_commands_run_the_welcome_email(stack, text)
         _assert_owner_mail_lands_in_the_sink(stack, first)
         _stop_cleanly(stack)
 

@@ -30,6 +30,7 @@ CHARTS = ("catalog", "runtime", "effect-owner")
 NOT_DEPLOYED = {
     "FLOW_CRASH_AT": "fault hook: refused in production, forbidden by the schemas",
     "FLOW_CRASH_MARKER_FILE": "fault hook bookkeeping for the crash tests",
+    "FLOW_CRASH_STEP_ENTRY_FILE": "step-entry counter of the crash tests (refused in production)",
     "FLOW_RUNTIME_VIEW_FILE": "tests/dev only: replaces the catalog's metadata views",
     "FLOW_MAIL_SINK_DIR": "`make run` only: where the dev SMTP sink writes its .eml files",
 }

@@ -96,8 +96,12 @@ def test_tables_hold_exactly_the_spec_arrows_plus_the_documented_extension() -> 
     assert {
         (StepState.CLAIMED, StepState.FAILED),
         (StepState.RETRY_SCHEDULED, StepState.FAILED),
+        (StepState.CANCEL_REQUESTED, StepState.QUARANTINED),
     } == STEP_EXTENSION_ARROWS
-    assert {(RunState.RUNNABLE, RunState.TERMINAL_FAILED)} == RUN_EXTENSION_ARROWS
+    assert {
+        (RunState.RUNNABLE, RunState.TERMINAL_FAILED),
+        (RunState.CANCEL_REQUESTED, RunState.QUARANTINED),
+    } == RUN_EXTENSION_ARROWS
 
 
 @pytest.mark.parametrize(

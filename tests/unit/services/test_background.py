@@ -9,7 +9,14 @@ from collections.abc import Callable
 
 import pytest
 
-from services.background import BackgroundLoop, IdleBackoff, LoopGroup, OrgRotation, OrgSource
+from services.background import (
+    BackgroundLoop,
+    IdleBackoff,
+    LoopGroup,
+    OrgRotation,
+    OrgSource,
+    Wakeup,
+)
 
 
 class Counting(BackgroundLoop):
@@ -176,3 +183,31 @@ async def test_rotation_with_fewer_orgs_than_a_batch_and_with_none() -> None:
     assert await OrgRotation(_source([]), batch=10).next_batch() == []
     with pytest.raises(ValueError):
         OrgRotation(_source(few), batch=0)
+
+
+async def test_a_wakeup_ends_the_idle_wait_at_once_and_is_remembered_while_busy() -> None:
+    ran = asyncio.Event()
+    calls = 0
+
+    async def body() -> bool:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            ran.set()
+        return False
+
+    wake = Wakeup()
+    # An interval loop waits its whole (hour-long) period after every pass.
+    group = LoopGroup()
+    group.spawn("woken", body, 3600.0, interval=True, wake=wake)
+    async with group:
+        for _ in range(200):  # bounded: the first pass ran and the loop is idle
+            if calls:
+                break
+            await asyncio.sleep(0.01)
+        wake.notify()
+        await asyncio.wait_for(ran.wait(), timeout=10)  # not the hour-long idle wait
+    # A notify with nobody waiting is kept for the next wait.
+    wake.notify()
+    assert await wake.wait(asyncio.Event(), 3600.0) is True
+    assert await wake.wait(asyncio.Event(), 0.01) is False

@@ -119,3 +119,37 @@ def test_unknown_point_fails_at_import(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "unknown point 'after_step_comit'" in proc.stderr
     assert "survived" not in proc.stdout
+
+
+def test_the_step_entry_counter_appends_one_line_per_entry_and_is_refused_in_production(
+    tmp_path: Path,
+) -> None:
+    entries = tmp_path / "entries.txt"
+    code = (
+        "from services.faults import FaultHookError, assert_hooks_allowed, step_entered\n"
+        "step_entered('bump1', 'step_a', 1)\n"
+        "step_entered('bump1', 'step_a', 2)\n"
+        "assert_hooks_allowed('test')\n"
+        "try:\n"
+        "    assert_hooks_allowed('production')\n"
+        "except FaultHookError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOW_CRASH")}
+    env["FLOW_CRASH_STEP_ENTRY_FILE"] = str(entries)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert entries.read_text() == "bump1 step_a 1\nbump1 step_a 2\n"
+    assert "refused: FLOW_CRASH_STEP_ENTRY_FILE is set" in proc.stdout
+
+
+def test_the_step_entry_counter_is_inert_without_its_file() -> None:
+    faults.step_entered("bump1", "step_a", 1)  # no file configured in the test process

@@ -1,0 +1,344 @@
+"""External-effect figures (issue 12 benchmark): the three services as real processes on
+loopback — catalog, runtime, effect owner — each on its own SQLite (and, when
+``FLOW_TEST_MYSQL_URL`` is set, MariaDB) database, with a local SMTP server in this
+process as the e-mail provider's remote side. The demo is seeded through the public APIs
+and every effect is the ``WelcomeContact`` Flow's ``crm.send_email`` started by a Contact.
+
+* **round trip**, per effect: *submit committed* (the canonical outbox row's
+  ``created_at``) → *owner accepted* (the command's ``created_at``) → *provider called*
+  (the remote attempt's ``started_at``) → *provider answered* (its ``finished_at``) →
+  *receipt committed* (``completion_receipts.created_at``) → *signal committed* (the
+  runtime's wake signal ``received_at``) → *Flow resumed* (the ``EffectCompletion`` step's
+  attempt ``started_at``), p50/p99 over ``samples`` sequential effects (target p50 ≤ 30 ms;
+  every timestamp is a database clock of the same host);
+* **throughput**: ``burst`` Contacts created at once against a runtime with 4 worker
+  tasks; effects per second from the first submit commit to the last resumed Flow;
+* **cost drivers**: the p50 of each hop, and the rows one effect writes in each database.
+
+Services use their default idle and retry settings (the wakeups — a submit wakes the
+outbox dispatcher, an acceptance the command dispatcher, a receipt the receipt delivery,
+a resolution the workers — are what keep the idle backoffs off the round trip). Nothing is
+asserted; figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from effect_owner_svc.schema import (
+    completion_receipts,
+    external_commands,
+    owner_inbox,
+    owner_outbox,
+    remote_attempts,
+)
+from runtime_svc.schema import (
+    flow_dependencies,
+    flow_effect_links,
+    flow_step_attempts,
+    flow_step_executions,
+    flow_wake_signals,
+    runtime_outbox,
+)
+from services import db, migrate
+from services.proto import common_v1
+
+__all__ = ["run"]
+
+_SUCCEEDED = int(common_v1.RunState.RUN_STATE_SUCCEEDED)
+_COMPLETION = "send_welcome#completion"
+#: Service settings: the defaults, except what a loopback bench must pin.
+_DEFAULTS = {
+    "FLOW_RUNTIME_IDLE_MS": "500",
+    "FLOW_OUTBOX_IDLE_MS": "500",
+    "FLOW_EFFECT_IDLE_MS": "500",
+    "FLOW_RUNTIME_WAIT_SWEEP_MS": "1000",
+    "FLOW_LOG_LEVEL": "WARNING",
+}
+HOPS = (
+    "owner accepted",
+    "provider called",
+    "provider answered",
+    "receipt committed",
+    "signal committed",
+    "flow resumed",
+)
+
+
+@dataclass(frozen=True)
+class _Trip:
+    """The timestamps of one effect, submit commit first."""
+
+    at: tuple[datetime, ...]
+
+    def hops_ms(self) -> list[float]:
+        return [(b - a).total_seconds() * 1000 for a, b in zip(self.at, self.at[1:], strict=False)]
+
+    @property
+    def total_ms(self) -> float:
+        return (self.at[-1] - self.at[0]).total_seconds() * 1000
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@asynccontextmanager
+async def _databases(label: str, tmp: Path) -> AsyncIterator[tuple[str, str, str]]:
+    """Catalog, runtime and owner database URLs, migrated (dropped afterwards)."""
+    names = ("catalog_svc", "runtime_svc", "effect_owner_svc")
+    if label == "sqlite":
+        urls = [f"sqlite+aiosqlite:///{tmp / f'{n}.db'}" for n in names]
+        for url, pkg in zip(urls, names, strict=True):
+            await migrate.upgrade(url, pkg)
+        yield urls[0], urls[1], urls[2]
+        return
+    mysql = os.environ["FLOW_TEST_MYSQL_URL"].rstrip("/")
+    admin = db.create_engine(mysql + "/", pool_size=1)
+    dbs = [f"bench_fx_{n[:7]}_{uuid.uuid4().hex[:8]}" for n in names]
+    try:
+        async with admin.connect() as conn:
+            for name in dbs:
+                await conn.execute(
+                    sa.text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+                )
+        urls = [f"{mysql}/{name}?charset=utf8mb4" for name in dbs]
+        for url, pkg in zip(urls, names, strict=True):
+            await migrate.upgrade(url, pkg)
+        yield urls[0], urls[1], urls[2]
+    finally:
+        async with admin.connect() as conn:
+            for name in dbs:
+                await conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name}"))
+        await admin.dispose()
+
+
+async def _trips(runtime: AsyncEngine, owner: AsyncEngine, org: str) -> list[_Trip]:
+    o, s, a, w = (
+        runtime_outbox.c,
+        flow_step_executions.c,
+        flow_step_attempts.c,
+        flow_wake_signals.c,
+    )
+    c, r, rc = external_commands.c, remote_attempts.c, completion_receipts.c
+    async with db.transaction(runtime, readonly=True) as conn:
+        submitted = {
+            str(k): (str(run), t)
+            for k, run, t in await conn.execute(
+                select(o.effect_handoff_key, o.flow_run_id, o.created_at).where(o.org_id == org)
+            )
+        }
+        signals = {
+            str(k): t
+            for k, t in await conn.execute(
+                select(w.producer_key, w.received_at).where(w.org_id == org)
+            )
+        }
+        resumed = {
+            str(run): t
+            for run, t in await conn.execute(
+                select(s.flow_run_id, func.min(a.started_at))
+                .select_from(
+                    flow_step_attempts.join(
+                        flow_step_executions,
+                        (s.org_id == a.org_id) & (s.step_execution_id == a.step_execution_id),
+                    )
+                )
+                .where(s.org_id == org, s.plan_step_key == _COMPLETION)
+                .group_by(s.flow_run_id)
+            )
+        }
+    async with db.transaction(owner, readonly=True) as conn:
+        commands = {
+            str(k): (str(cid), t)
+            for k, cid, t in await conn.execute(
+                select(c.effect_handoff_key, c.external_command_id, c.created_at).where(
+                    c.org_id == org
+                )
+            )
+        }
+        attempts = {
+            str(cid): (t0, t1)
+            for cid, t0, t1 in await conn.execute(
+                select(r.external_command_id, r.started_at, r.finished_at).where(
+                    r.org_id == org, r.attempt_number == 1
+                )
+            )
+        }
+        receipts = {
+            str(cid): t
+            for cid, t in await conn.execute(
+                select(rc.external_command_id, rc.created_at).where(rc.org_id == org)
+            )
+        }
+    trips = []
+    for key, (run_id, t_submit) in submitted.items():
+        if key not in commands or run_id not in resumed or key not in signals:
+            continue
+        cid, t_accept = commands[key]
+        t_call, t_answer = attempts[cid]
+        trips.append(
+            _Trip(
+                (
+                    t_submit,
+                    t_accept,
+                    t_call,
+                    t_answer,
+                    receipts[cid],
+                    signals[key],
+                    resumed[run_id],
+                )
+            )
+        )
+    return trips
+
+
+async def _commit_ms(engine: AsyncEngine, n: int = 30) -> float:
+    """p50 of one single-row write transaction on ``engine`` right now (the unit the
+    round trip is made of: on a loaded machine both grow together)."""
+    meta = sa.MetaData()
+    probe = sa.Table(
+        f"bench_probe_{uuid.uuid4().hex[:6]}",
+        meta,
+        sa.Column("id", sa.String(40), primary_key=True),
+    )
+    async with engine.begin() as conn:
+        await conn.run_sync(meta.create_all)
+    times = []
+    try:
+        for i in range(n):
+            start = time.perf_counter()
+            async with db.transaction(engine) as conn:
+                await conn.execute(probe.insert().values(id=f"r{i}"))
+            times.append((time.perf_counter() - start) * 1000)
+    finally:
+        async with engine.begin() as conn:
+            await conn.run_sync(meta.drop_all)
+    return statistics.median(times)
+
+
+async def _rows_per_effect(runtime: AsyncEngine, owner: AsyncEngine, org: str, n: int) -> str:
+    async def count(engine: AsyncEngine, table: Any) -> int:
+        async with db.transaction(engine, readonly=True) as conn:
+            stmt = select(func.count()).select_from(table).where(table.c.org_id == org)
+            return int((await conn.execute(stmt)).scalar_one())
+
+    rt = [runtime_outbox, flow_effect_links, flow_dependencies, flow_wake_signals]
+    ow = [owner_inbox, external_commands, remote_attempts, completion_receipts, owner_outbox]
+    parts = [f"{t.name} {await count(runtime, t) / n:.0f}" for t in rt]
+    parts += [f"{t.name} {await count(owner, t) / n:.0f}" for t in ow]
+    return ", ".join(parts)
+
+
+async def _wait_all(stack: Any, run_ids: Sequence[str], timeout_s: float) -> None:
+    pending = set(run_ids)
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        for run_id in list(pending):
+            state, cause = await stack.run_state(run_id)
+            if state == _SUCCEEDED:
+                pending.discard(run_id)
+            elif state in (6, 7, 9):  # terminal failed, quarantined, cancelled
+                raise RuntimeError(f"run {run_id} ended {state} ({cause})")
+        if pending:
+            await asyncio.sleep(0.005)
+    if pending:
+        raise RuntimeError(f"{len(pending)} runs did not finish in {timeout_s:.0f}s")
+
+
+async def _stack_run(
+    label: str, samples: int, burst: int, workers: int, tmp: Path
+) -> tuple[list[_Trip], float, str, float]:
+    from tests.crash.effects_support import effect_stack
+    from tests.crash.flow_stack import FlowStack
+
+    async with _databases(label, tmp) as (catalog_url, runtime_url, owner_url):
+        runtime = db.create_engine(runtime_url, pool_size=2)
+        owner = db.create_engine(owner_url, pool_size=2)
+        try:
+            async with effect_stack(tmp, owner_url, runtime_url) as effects:
+                stack = FlowStack(effects, catalog_url)
+                catalog = stack.spawn_catalog()
+                await catalog.wait_serving()
+                env = {**_DEFAULTS, "FLOW_RUNTIME_WORKERS": str(workers)}
+                owner_child = stack.spawn_owner(**_DEFAULTS)
+                runtime_child = stack.spawn_runtime(**env)
+                await owner_child.wait_serving()
+                await runtime_child.wait_serving()
+                demo = await stack.seed()
+                await _wait_all(stack, [await stack.create_contact("warm@example.com")], 60)
+                trips: list[_Trip] = []
+                if samples:
+                    for i in range(samples):
+                        run_id = await stack.create_contact(f"c{i}@example.com")
+                        await _wait_all(stack, [run_id], 60)
+                    trips = await _trips(runtime, owner, demo.org_id)
+                    trips = sorted(trips, key=lambda t: t.at[0])[1:]  # without the warm-up
+                rate, rows = 0.0, ""
+                commit = await _commit_ms(runtime)
+                if burst:
+                    before = len(await _trips(runtime, owner, demo.org_id))
+                    run_ids = await asyncio.gather(
+                        *(stack.create_contact(f"b{i}@example.com") for i in range(burst))
+                    )
+                    await _wait_all(stack, run_ids, 300)
+                    every = sorted(await _trips(runtime, owner, demo.org_id), key=lambda t: t.at[0])
+                    mine = every[before:]
+                    span = (
+                        max(t.at[-1] for t in mine) - min(t.at[0] for t in mine)
+                    ).total_seconds()
+                    rate = len(mine) / span if span > 0 else 0.0
+                    rows = await _rows_per_effect(runtime, owner, demo.org_id, len(every))
+        finally:
+            await runtime.dispose()
+            await owner.dispose()
+    return trips, rate, rows, commit
+
+
+async def _bench(label: str, samples: int, burst: int) -> None:
+    with tempfile.TemporaryDirectory() as t1:
+        trips, _, _, commit = await _stack_run(label, samples, 0, 1, Path(t1))
+    with tempfile.TemporaryDirectory() as t2:
+        _, rate, rows, _ = await _stack_run(label, 0, burst, 4, Path(t2))
+    totals = [t.total_ms for t in trips]
+    p50 = _pct(totals, 0.5)
+    print(
+        f"{label:<8} effect round trip (submit committed → Flow resumed), {len(totals)} effects: "
+        f"p50 {p50:6.1f} ms  p99 {_pct(totals, 0.99):6.1f} ms  (target p50 ≤ 30 ms)"
+    )
+    print(
+        f"{label:<8}   one write transaction p50 {commit:5.1f} ms here and now: the round trip"
+        f" is {p50 / commit:4.1f} of them (10 write commits, 2 gRPC calls, 1 SMTP session)"
+    )
+    hops = list(zip(*(t.hops_ms() for t in trips), strict=True))
+    parts = [f"{name} {statistics.median(h):.1f}" for name, h in zip(HOPS, hops, strict=True)]
+    print(f"{label:<8}   per hop p50 ms: " + ", ".join(parts))
+    print(f"{label:<8} effects/s, {burst} at once, 4 runtime workers   {rate:8.1f}")
+    print(f"{label:<8}   rows per effect: {rows}")
+
+
+def run(seconds: float, *, samples: int = 40, burst: int = 60) -> None:
+    """Print the effect figures (``seconds`` is unused: the counts bound the run)."""
+    del seconds
+    print("external effects (three services on loopback, local SMTP server)")
+    asyncio.run(_bench("sqlite", samples, burst))
+    if os.environ.get("FLOW_TEST_MYSQL_URL"):
+        asyncio.run(_bench("mariadb", samples, burst))
+    else:
+        print("mariadb  skipped (set FLOW_TEST_MYSQL_URL=mysql+aiomysql://root:@127.0.0.1:3307)")

@@ -1,0 +1,108 @@
+"""``FlowEffectLink`` rows (§10.8): immutable lineage from a Flow step to its effect.
+
+The link is written once, last in the ``EffectSubmit`` transaction (after the outbox
+enqueue), and never updated: it is not a second effect-state machine. Remote outcome is
+read from the owner's receipt; delivery state from the canonical Runtime outbox. Every
+read is scoped by the complete work scope (or, for a run's support read, by org and
+run); a link of another scope is invisible.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from runtime_svc.effects.model import LinkRecord
+from runtime_svc.kernel.wait_model import WorkScopeKey
+from runtime_svc.schema import flow_effect_links
+from services.db import insert_if_absent
+from services.errors import ConflictError
+
+__all__ = ["insert_link_txn", "link_by_key_txn", "links_of_run_txn"]
+
+_IMMUTABLE = (
+    "effect_link_id",
+    "flow_run_id",
+    "step_execution_id",
+    "effect_owner_kind",
+    "runtime_outbox_message_id",
+    "submission_attempt_id",
+)
+
+
+def _link(row: RowMapping) -> LinkRecord:
+    return LinkRecord(**{f: row[f] for f in LinkRecord.__dataclass_fields__})
+
+
+async def insert_link_txn(conn: AsyncConnection, link: LinkRecord, now: datetime) -> bool:
+    """Insert ``link`` in the caller's ``EffectSubmit`` transaction (last, §15.1 step 4).
+
+    Returns:
+        False when the same link exists already (a retry of the same submit).
+
+    Raises:
+        ConflictError: the handoff key already has a *different* link.
+    """
+    values = {f: getattr(link, f) for f in LinkRecord.__dataclass_fields__}
+    values["created_at"] = now  # the transaction's database time, never the caller's
+    if await insert_if_absent(conn, flow_effect_links, values):
+        return True
+    scope = WorkScopeKey(
+        link.org_id,
+        link.app_installation_id,
+        link.runtime_capability_id,
+        link.runtime_work_binding_digest,
+    )
+    existing = await link_by_key_txn(conn, scope, link.effect_handoff_key)
+    if existing is None or any(getattr(existing, f) != getattr(link, f) for f in _IMMUTABLE):
+        raise ConflictError(
+            "the handoff key already has another effect link",
+            entity="flow_effect_links",
+            key=link.effect_link_id,
+        )
+    return False
+
+
+async def link_by_key_txn(
+    conn: AsyncConnection, scope: WorkScopeKey, handoff_key: str
+) -> LinkRecord | None:
+    """The link of ``handoff_key`` in exactly ``scope`` (no lock)."""
+    c = flow_effect_links.c
+    row = (
+        (
+            await conn.execute(
+                select(flow_effect_links).where(
+                    c.org_id == scope.org_id,
+                    c.app_installation_id == scope.app_installation_id,
+                    c.runtime_capability_id == scope.runtime_capability_id,
+                    c.runtime_work_binding_digest == scope.runtime_work_binding_digest,
+                    c.effect_handoff_key == handoff_key,
+                )
+            )
+        )
+        .mappings()
+        .first()
+    )
+    return None if row is None else _link(row)
+
+
+async def links_of_run_txn(
+    conn: AsyncConnection, org_id: str, flow_run_id: str
+) -> list[LinkRecord]:
+    """Every link of ``(org_id, flow_run_id)``, by link id (the support read)."""
+    c = flow_effect_links.c
+    rows = (
+        (
+            await conn.execute(
+                select(flow_effect_links)
+                .where(c.org_id == org_id, c.flow_run_id == flow_run_id)
+                .order_by(c.effect_link_id)
+            )
+        )
+        .mappings()
+        .all()
+    )
+    return [_link(r) for r in rows]
