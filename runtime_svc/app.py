@@ -25,9 +25,9 @@ from runtime_svc.worker.binary import BinaryCheck
 from runtime_svc.worker.settings import WorkerSettings
 from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import load_signing_key
+from services.background import Wakeup
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration
-from services.background import Wakeup
 from services.service_main import Background
 
 __all__ = ["SERVICE_NAMES", "RuntimeApp"]

@@ -34,11 +34,10 @@ from runtime_svc.worker.loop import Outcome, StepWorker, Sweeper
 from runtime_svc.worker.settings import WorkerSettings
 from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
-from services.background import IdleBackoff, LoopGroup
+from services.background import IdleBackoff, LoopGroup, Wakeup
 from services.config import ServiceConfig
 from services.db import db_now
 from services.errors import FailedPreconditionError
-from services.background import Wakeup
 from services.request_dedupe import RequestLedger
 from services.request_retention import RequestRetention
 
