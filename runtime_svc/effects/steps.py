@@ -78,6 +78,7 @@ from runtime_svc.worker.executor import (
 from services.auth import TrustedRuntimeWorkScope
 from services.db import transaction
 from services.effect_contract import EffectContractError
+from services.invariants import InvariantError
 
 __all__ = ["EffectSteps", "PreparedSubmit"]
 
@@ -203,7 +204,8 @@ class EffectSteps:
         ordinal: int,
     ) -> tuple[StepOutcome, PreparedSubmit]:
         effect = step.effect
-        assert effect is not None
+        if effect is None:
+            raise InvariantError(f"step {step.key} is not an effect step")
         try:
             completion = plan.step(effect.completion_step)
         except (KeyError, LookupError):
@@ -316,7 +318,8 @@ class EffectSteps:
         ordinal: int,
     ) -> StepOutcome:
         effect = step.effect
-        assert effect is not None
+        if effect is None:
+            raise InvariantError(f"step {step.key} is not an effect step")
         env = env_of(context)
         for var in plan.variables:
             env.setdefault(var.name, [] if var.type.startswith("list<") else None)
@@ -346,7 +349,8 @@ class EffectSteps:
         flow_run_id: str,
     ) -> Advance:
         effect, decl = step.effect, step.dependency
-        assert effect is not None
+        if effect is None:
+            raise InvariantError(f"step {step.key} is not an effect step")
         if found is None or found[1] is None or decl is None:
             log.warning("effect completion %s has no consumed receipt; quarantining", step.key)
             return QuarantineRun(CAUSE_EFFECT_RECEIPT_INVALID)
