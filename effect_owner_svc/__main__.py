@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from effect_owner_svc.app import build_services, start_owner_background
+from effect_owner_svc.app import build_services, start_owner_background, state_sources
 from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
 from services.config import ServiceName
 from services.service_main import run_service
@@ -17,5 +17,6 @@ if __name__ == "__main__":
             build_services,
             outbox=OWNER_OUTBOX,
             background=start_owner_background,
+            state_sources=state_sources,
         )
     )

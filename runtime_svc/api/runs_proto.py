@@ -27,6 +27,7 @@ from runtime_svc.runs.resolve import FlowTarget
 from services.errors import InvalidArgumentError
 from services.json_limits import MAX_JSON_DEPTH, JsonLimitError, loads_bounded
 from services.proto import common_v1, runtime_v1
+from services.telemetry import trace_id_of
 
 __all__ = [
     "attempt_proto",
@@ -106,6 +107,7 @@ def run_proto(view: RunView) -> Any:
         created_at=timestamp(r.created_at),
         updated_at=timestamp(r.updated_at),
         idempotency_key=caller_key(r.idempotency_key),
+        trace_id=trace_id_of(r.trace_context) or "",
         compatibility=runtime_v1.CompatibilityProjection(
             status=_compat(r.interview_status),
             current_element=r.current_element or "",

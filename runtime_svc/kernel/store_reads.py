@@ -81,6 +81,11 @@ class Candidate:
     step_state_version: int
     run_after: datetime
     queue_class: str
+    #: Telemetry only (never compared by the claim): the run's stored trace context,
+    #: execution profile and the step's kind.
+    trace_context: str | None = None
+    execution_profile: str = ""
+    step_kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -351,7 +356,10 @@ def _candidate_columns() -> tuple[Any, ...]:
         s.state_version,
         s.run_after,
         s.queue_class,
+        s.step_kind,
         r.state_version.label("root_state_version"),
+        r.trace_context,
+        r.execution_profile,
     )
 
 
@@ -364,6 +372,9 @@ def _candidate(org_id: str, row: RowMapping) -> Candidate:
         step_state_version=row["state_version"],
         run_after=row["run_after"],
         queue_class=row["queue_class"],
+        trace_context=row["trace_context"],
+        execution_profile=row["execution_profile"],
+        step_kind=row["step_kind"],
     )
 
 

@@ -37,6 +37,7 @@ from runtime_svc.waits.resolution import Matcher
 from services.db import run_in_transaction, transaction
 from services.errors import FailedPreconditionError, NotFoundError
 from services.faults import CrashPoint, crash_point
+from services.metrics import metrics
 
 __all__ = ["SignalService", "SubmitOutcome"]
 
@@ -160,6 +161,9 @@ class SignalService:
             return SubmitOutcome(existing, duplicate=True), False
 
         outcome, fresh = await run_in_transaction(self._engine, txn)
+        spec = self._registry.spec(new.producer_kind)
+        kind = "new" if fresh else "stale" if outcome.stale else "duplicate"
+        metrics().signal_submitted(spec.family.value if spec else "unknown", kind)
         if not fresh:
             return outcome
         crash_point(CrashPoint.AFTER_SIGNAL_COMMIT, new.producer_kind)

@@ -38,6 +38,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ from runtime_svc.kernel.decisions import (
     RetryScheduled,
 )
 from runtime_svc.kernel.store_reads import expired_leases_txn, get_run_txn
+from runtime_svc.observability.hooks import StepWatch, attempt_exhausted, attempt_retried
 from runtime_svc.records import Actor, Lineage, RecordView
 from runtime_svc.records.model import RecordState
 from runtime_svc.records.store import read_record_txn
@@ -107,6 +109,7 @@ from services.errors import (
     NotFoundError,
 )
 from services.faults import CrashPoint, crash_point, raise_connection_lost_after_commit
+from services.metrics import metrics
 
 if TYPE_CHECKING:  # the waits package imports the executor of this one
     from runtime_svc.records.engine import ChangeSink
@@ -261,10 +264,26 @@ class StepWorker:
     # --- one step --------------------------------------------------------------------------
 
     async def process(self, org_id: str, candidate: Candidate) -> Outcome:
-        """Claim ``candidate`` and, if won, execute and commit its step."""
-        claimed = await self.store.claim(org_id, candidate, lease_owner=self.owner)
+        """Claim ``candidate`` and, if won, execute and commit its step (the attempt
+        carries the run's trace id; its span is current while the step runs)."""
+        watch = _watch(candidate)
+        claimed = await self.store.claim(
+            org_id, candidate, lease_owner=self.owner, trace_id=watch.trace_id
+        )
         if isinstance(claimed, NotEligible):
+            watch.lost(claimed.reason)
             return Outcome.NOT_ELIGIBLE
+        with watch.attempt(
+            claimed.flow_run_id,
+            claimed.step_execution_id,
+            claimed.attempt_id,
+            claimed.attempt_number,
+        ) as finish:
+            outcome = await self._claimed(org_id, claimed)
+            finish(outcome.value)
+        return outcome
+
+    async def _claimed(self, org_id: str, claimed: LeaseFence) -> Outcome:
         crash_point(CrashPoint.AFTER_CLAIM_COMMIT)
         try:
             fence = await self.store.mark_running(org_id, claimed)
@@ -402,6 +421,7 @@ class StepWorker:
         plan, step, context = prepared.plan, prepared.step, prepared.context
         outcome, view, snapshots = prepared.outcome, prepared.view, prepared.snapshots
         key = step.key
+        began = time.perf_counter()
         try:
             async with transaction(self._engine) as conn:
                 read: list[ReadToken] = []
@@ -459,6 +479,7 @@ class StepWorker:
                     await self._waits.commit_txn(conn, prepared.wait)
                 crash_point(CrashPoint.BEFORE_STEP_COMMIT, key)
             raise_connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, key)
+            metrics().step_transaction(plan.profile.value, step.kind.value, _since(began))
         except StepFault as fault:  # rolled back before any lifecycle write
             return await self._fail(org_id, fence, fault.code)
         except FenceLostError:
@@ -509,8 +530,10 @@ class StepWorker:
         except FenceLostError:
             return Outcome.FENCE_LOST
         if isinstance(decision, RetryScheduled):
+            attempt_retried(failure.safe_error_code)
             return ok
         if isinstance(decision, RetryExhausted):
+            attempt_exhausted()
             return Outcome.FAILED
         return Outcome.FENCE_LOST  # cancellation won
 
@@ -544,6 +567,20 @@ class StepWorker:
         while len(self._plans) > _MAX_CACHED_PLANS:
             self._plans.popitem(last=False)
         return value
+
+
+def _watch(candidate: Candidate) -> StepWatch:
+    return StepWatch(
+        lane=candidate.queue_class,
+        profile=candidate.execution_profile,
+        step_kind=candidate.step_kind,
+        trace_context=candidate.trace_context,
+        run_after=candidate.run_after,
+    )
+
+
+def _since(began: float) -> float:
+    return time.perf_counter() - began
 
 
 @dataclass(frozen=True)
@@ -679,6 +716,7 @@ class Sweeper:
             )
             if not isinstance(decision, NoChange):
                 recovered += 1
+        metrics().leases_expired(recovered)
         cancelled = 0
         for run_id in await self.store.pending_cancellations(org_id, limit=self._limit):
             if isinstance(await self.store.complete_cancel(org_id, run_id), CancelCompleted):
