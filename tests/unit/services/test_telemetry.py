@@ -107,8 +107,10 @@ def test_span_with_an_empty_carrier_continues_the_current_context(
     spans: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
     _, exporter = spans
-    with telemetry.span("request"), telemetry.span("child", parent=None), telemetry.span(
-        "fallback", parent="garbage"
+    with (
+        telemetry.span("request"),
+        telemetry.span("child", parent=None),
+        telemetry.span("fallback", parent="garbage"),
     ):
         pass
     fallback, child, request = exporter.get_finished_spans()
