@@ -21,7 +21,9 @@ MariaDB:
 * durable-wait wake latency (signal accepted → step Running) p50/p99 with 1,000 and
   100,000 waiting runs and their ratio, the transactions and statements of one wake, and
   the periodic reconciler's cost per sweep as the waiting population grows
-  (``bench/wait_bench.py``).
+  (``bench/wait_bench.py``);
+* durable steps/s with tracing and metrics off vs on and the overhead (target ≤ 5 %)
+  (``bench/telemetry_bench.py``).
 
 Nothing here is asserted; figures depend on the machine.
 """
@@ -39,7 +41,14 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench import cluster_bench, compile_bench, durable_bench, sync_bench, wait_bench
+from bench import (
+    cluster_bench,
+    compile_bench,
+    durable_bench,
+    sync_bench,
+    telemetry_bench,
+    wait_bench,
+)
 from services import db
 from services.digest import versioned_digest
 
@@ -147,4 +156,5 @@ if __name__ == "__main__":
     durable_bench.run(_SECONDS)
     sync_bench.run(_SECONDS)
     wait_bench.run(_SECONDS)
+    telemetry_bench.run(_SECONDS)
     cluster_bench.run(_SECONDS)
