@@ -31,7 +31,9 @@ def test_null_metrics_hooks_do_nothing() -> None:
 async def test_the_telemetry_bench_reports_every_figure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    figures = await telemetry_bench._bench("sqlite", f"sqlite+aiosqlite:///{tmp_path / 't.db'}", 1.5)
+    figures = await telemetry_bench._bench(
+        "sqlite", f"sqlite+aiosqlite:///{tmp_path / 't.db'}", 1.5
+    )
     out = capsys.readouterr().out
     assert figures["off"] > 0 and figures["on"] > 0
     assert 0 < figures["share"] < 1
