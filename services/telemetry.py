@@ -72,6 +72,7 @@ __all__ = [
     "current_trace_id",
     "decode_carrier",
     "encode_carrier",
+    "exporter_for",
     "extract_context",
     "inject_context",
     "instrument_engine",
@@ -106,6 +107,11 @@ class _State:
     """The provider this module installed (so :func:`shutdown_tracing` flushes only it)."""
 
     provider: TracerProvider | None = None
+
+
+def exporter_for(cfg: ServiceConfig) -> SpanExporter | None:
+    """The span exporter ``FLOW_OTEL_EXPORTER`` names (None for ``none``)."""
+    return _exporter(cfg)
 
 
 def _exporter(cfg: ServiceConfig) -> SpanExporter | None:
@@ -173,20 +179,32 @@ def shutdown_tracing() -> None:
         provider.shutdown()
 
 
-def instrument_engine(engine: Any, cfg: ServiceConfig) -> None:
-    """One span per SQL statement on ``engine`` when ``FLOW_OTEL_SQL`` is on.
+def instrument_engine(
+    engine: Any, cfg: ServiceConfig, *, tracer_provider: trace.TracerProvider | None = None
+) -> bool:
+    """One span per SQL statement on ``engine`` when ``FLOW_OTEL_SQL`` is on (the
+    instrumentor is process-wide: a process instruments its one engine).
 
     Args:
         engine: an ``AsyncEngine`` (its ``sync_engine`` is instrumented).
         cfg: the process configuration.
+        tracer_provider: default: the installed provider.
+
+    Returns:
+        Whether the engine is instrumented.
     """
     if not cfg.telemetry.sql_spans:
-        return
+        return False
     from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 
+    # The instrumentation declares SQLAlchemy < 2.1; it hooks the stable cursor-execute
+    # events, which 2.1 keeps (tests/integration/observability checks the spans appear).
     SQLAlchemyInstrumentor().instrument(
-        engine=engine.sync_engine, tracer_provider=trace.get_tracer_provider()
+        engine=engine.sync_engine,
+        tracer_provider=tracer_provider or trace.get_tracer_provider(),
+        skip_dep_check=True,
     )
+    return True
 
 
 def tracer() -> trace.Tracer:

@@ -190,3 +190,30 @@ def test_metrics_port_unset_means_no_endpoint_and_zero_means_a_free_port() -> No
 
 def test_configure_tracing_is_off_when_disabled() -> None:
     assert telemetry.configure_tracing(_cfg(FLOW_OTEL_ENABLED="false")) is None
+
+
+def test_the_exporter_setting_selects_the_exporter_class() -> None:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+        OTLPSpanExporter as GrpcExporter,
+    )
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    assert telemetry.exporter_for(_cfg()) is None
+    assert isinstance(
+        telemetry.exporter_for(_cfg(FLOW_OTEL_EXPORTER="console")), ConsoleSpanExporter
+    )
+    assert isinstance(
+        telemetry.exporter_for(_cfg(FLOW_OTEL_CONSOLE_EXPORT="true")), ConsoleSpanExporter
+    )
+    http = telemetry.exporter_for(_cfg(FLOW_OTEL_EXPORTER="otlp"))
+    assert isinstance(http, HttpExporter)
+    grpc_exporter = telemetry.exporter_for(
+        _cfg(FLOW_OTEL_EXPORTER="otlp", OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
+    )
+    assert isinstance(grpc_exporter, GrpcExporter)
+    for exporter in (http, grpc_exporter):
+        assert exporter is not None
+        exporter.shutdown()
