@@ -166,9 +166,7 @@ def common(name: str, spec: dict[str, Any]) -> dict[str, Any]:
                 "exporter": {"enum": ["otlp", "console", "none"]},
                 "consoleExport": BOOL,
                 "sqlSpans": BOOL,
-                "otlp": obj(
-                    {"endpoint": STR, "protocol": {"enum": ["http/protobuf", "grpc"]}}
-                ),
+                "otlp": obj({"endpoint": STR, "protocol": {"enum": ["http/protobuf", "grpc"]}}),
             }
         ),
         "metrics": obj(
