@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,26 +43,11 @@ from services.metrics import (
     metrics,
     start_metrics_server,
 )
-from tests.integration.kernel.conftest import kernel_db_url  # noqa: F401
-from tests.integration.waits.support import World, approval, new_scope, signal_flow
+from tests.integration.waits.support import World, approval, signal_flow
 from tests.integration.worker.support import record_view
 from tests.support.metrics import SECTION_19, Scrape, scrape
 
 pytestmark = pytest.mark.asyncio
-
-
-@pytest.fixture
-async def engine(kernel_db_url: str) -> AsyncIterator[AsyncEngine]:  # noqa: F811
-    eng = db.create_engine(kernel_db_url, pool_size=8)
-    try:
-        yield eng
-    finally:
-        await eng.dispose()
-
-
-@pytest.fixture
-def world(engine: AsyncEngine) -> World:
-    return World(engine, new_scope())
 
 
 @dataclass
