@@ -95,6 +95,8 @@ helm-check: $(INSTALL_STAMP) $(HELM) $(KUBE_VALIDATE) ## helm lint --strict, hel
 	$(HELM) template prod helm/nexus-flow -n flow -f helm/nexus-flow/ci/production-tls-mariadb-values.yaml > $$out/nexus-flow-production.yaml; \
 	$(HELM) lint --strict --quiet helm/nexus-flow -f helm/examples/galera-values.yaml; \
 	$(HELM) template galera helm/nexus-flow -n flow -f helm/examples/galera-values.yaml > $$out/nexus-flow-galera.yaml; \
+	$(HELM) template check helm/runtime --set metrics.podMonitor.enabled=true | grep -q '^kind: PodMonitor' \
+	  || { echo "helm-check: metrics.podMonitor.enabled rendered no PodMonitor"; exit 1; }; \
 	if $(HELM) template check helm/runtime --set extraEnv.FLOW_CRASH_AT=step_commit_returned >/dev/null 2>&1; then \
 	  echo "helm-check: the runtime schema accepted a fault hook (FLOW_CRASH_AT)"; exit 1; fi; \
 	for f in $$out/*.yaml; do \

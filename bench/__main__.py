@@ -26,6 +26,8 @@ MariaDB:
   receipt → Flow resumed) p50/p99 with the three services as processes on loopback and a
   local SMTP server, its per-hop cost drivers, and effects/s with 4 runtime workers
   (``bench/effect_bench.py``).
+* durable steps/s with tracing and metrics off vs on and the overhead (target ≤ 5 %)
+  (``bench/telemetry_bench.py``).
 
 Nothing here is asserted; figures depend on the machine.
 """
@@ -49,6 +51,7 @@ from bench import (
     durable_bench,
     effect_bench,
     sync_bench,
+    telemetry_bench,
     wait_bench,
 )
 from services import db
@@ -159,4 +162,5 @@ if __name__ == "__main__":
     sync_bench.run(_SECONDS)
     wait_bench.run(_SECONDS)
     effect_bench.run(_SECONDS)
+    telemetry_bench.run(_SECONDS)
     cluster_bench.run(_SECONDS)

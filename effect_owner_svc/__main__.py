@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from effect_owner_svc.app import OwnerApp
+from effect_owner_svc.app import OwnerApp, state_sources
 from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
 from services.config import ServiceName
 from services.service_main import run_service
@@ -18,5 +18,6 @@ if __name__ == "__main__":
             app.build_services,
             outbox=OWNER_OUTBOX,
             background=app.start_background,
+            state_sources=state_sources,
         )
     )

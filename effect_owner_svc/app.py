@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from effect_owner_svc.api.servicer import SERVICE_NAME, build_effect_owner_service
 from effect_owner_svc.commands.model import CommandPolicy
 from effect_owner_svc.dispatcher.commands import CommandDispatcher
+from effect_owner_svc.observability import CommandStateSource
 from effect_owner_svc.providers.factory import ProviderSet, build_providers, served_kinds
 from effect_owner_svc.receipts.delivery import WakeSignalDelivery
 from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
@@ -42,6 +43,7 @@ from services.config import (
 )
 from services.effect_contract import EFFECT_COMPLETION_FAMILY, WAKE_SIGNAL_SUBMIT_ROLE
 from services.grpc_server import ServiceRegistration
+from services.metrics_state import StateSource
 from services.outbox import DeliveryPolicy, FamilyRegistry, MessageFamily, OutboxDispatcher
 from services.peer_client import ScopedCredentials, peer_channel
 from services.request_dedupe import RequestLedger
@@ -53,6 +55,7 @@ __all__ = [
     "OwnerBackground",
     "build_services",
     "start_owner_background",
+    "state_sources",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,12 @@ async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[Se
     """The effect-owner RPCs (no wakeups: the loops poll)."""
     del cfg
     return [build_effect_owner_service(engine, served_kinds(load_effect_owner_settings()))]
+
+
+def state_sources(cfg: ServiceConfig) -> Sequence[StateSource]:
+    """The owner's authoritative-state gauges (commands by state; the owner outbox's
+    are added by ``run_service``)."""
+    return [CommandStateSource(count_cap=cfg.telemetry.count_cap)]
 
 
 def receipt_family(

@@ -35,6 +35,7 @@ from services.db import (
     KEY_LEN,
     TABLE_OPTIONS,
     TOKEN_LEN,
+    TRACE_CONTEXT_BYTES,
     WORK_SCOPE,
     JsonText,
     UtcDateTime,
@@ -126,6 +127,9 @@ external_commands = Table(
     Column("safe_error_code", String(ID_LEN), nullable=True),
     Column("result_digest", String(DIGEST_LEN), nullable=True),
     Column("reconcile_attempts", Integer, nullable=False, server_default=text("0")),
+    # The acceptance's W3C trace context (``services.telemetry``; revision 0004): the
+    # provider call and the receipt continue the run's trace. Diagnostics only.
+    Column("trace_context", JsonText(TRACE_CONTEXT_BYTES), nullable=True),
     PrimaryKeyConstraint("org_id", "external_command_id"),
     UniqueConstraint("org_id", "effect_handoff_key", name="uq_external_commands_handoff"),
     ForeignKeyConstraint(

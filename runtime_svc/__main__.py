@@ -23,5 +23,6 @@ if __name__ == "__main__":
             app.build_services,
             outbox=RUNTIME_OUTBOX,
             background=app.start_background,
+            state_sources=app.state_sources,
         )
     )

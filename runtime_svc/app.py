@@ -18,6 +18,7 @@ from runtime_svc.api.runs import build_run_service
 from runtime_svc.api.signals import wake_signal_registration
 from runtime_svc.catalog_client import GrpcCatalogClient, ScopedCredentials, catalog_channel
 from runtime_svc.effects.finalizer import FlowEffectFinalizer
+from runtime_svc.observability import RuntimeStateSource
 from runtime_svc.outbox import RuntimeOutbox, start_runtime_outbox
 from runtime_svc.waits.runtime import WaitRuntime
 from runtime_svc.worker.background import start_background
@@ -28,6 +29,7 @@ from services.auth import load_signing_key
 from services.background import Wakeup
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration
+from services.metrics_state import StateSource
 from services.service_main import Background
 
 __all__ = ["SERVICE_NAMES", "RuntimeApp"]
@@ -88,6 +90,12 @@ class RuntimeApp:
             await build_record_service(cfg, engine, views, changes=waits.producer),
             wake_signal_registration(waits.signals, bindings),
         ]
+
+    def state_sources(self, cfg: ServiceConfig) -> Sequence[StateSource]:
+        """The runtime's authoritative-state gauges (runs, lanes, waits, divergence, dual
+        ownership; the Runtime outbox's are added by ``run_service``)."""
+        t = cfg.telemetry
+        return [RuntimeStateSource(count_cap=t.count_cap, window=t.probe_window)]
 
     async def start_background(self, cfg: ServiceConfig, engine: AsyncEngine) -> Background:
         """The workers and sweeps (``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS``) and the

@@ -48,6 +48,7 @@ from services.db import (
     KEY_LEN,
     TABLE_OPTIONS,
     TOKEN_LEN,
+    TRACE_CONTEXT_BYTES,
     WORK_SCOPE,
     JsonText,
     UtcDateTime,
@@ -293,6 +294,9 @@ flow_runs = Table(
     _time("paused_at", nullable=True),
     _time("created_at"),
     _time("updated_at"),
+    # The run's W3C trace context (``services.telemetry``; revision 0010): every attempt
+    # and hop of the run continues this trace. Diagnostics, never in a checkpoint.
+    Column("trace_context", JsonText(TRACE_CONTEXT_BYTES), nullable=True),
     PrimaryKeyConstraint("org_id", "flow_run_id"),
     UniqueConstraint("org_id", "idempotency_key", name="uq_flow_runs_idempotency"),
     ForeignKeyConstraint(
@@ -451,6 +455,8 @@ flow_dependencies = Table(
     Index("ix_flow_dependencies_producer", *WORK_SCOPE, "producer_kind", "producer_key", "state"),
     Index("ix_flow_dependencies_deadline", "org_id", "state", "deadline"),
     Index("ix_flow_dependencies_probe", "org_id", "state", "next_probe_at"),
+    # The oldest pending dependency per org, one index seek (metrics; revision 0010).
+    Index("ix_flow_dependencies_age", "org_id", "state", "created_at"),
     **TABLE_OPTIONS,
 )
 
@@ -479,6 +485,9 @@ flow_wake_signals = Table(
     Column("evidence_json", JsonText(MAX_SUMMARY_BYTES), nullable=True),
     _time("next_match_at", nullable=True),
     _time("consumed_at", nullable=True),
+    # The producer's W3C trace context (revision 0010): the resolution continues the
+    # trace that delivered the signal. Diagnostics, outside the immutable evidence.
+    Column("trace_context", JsonText(TRACE_CONTEXT_BYTES), nullable=True),
     PrimaryKeyConstraint(*WORK_SCOPE, "wake_signal_id"),
     UniqueConstraint(
         *WORK_SCOPE,

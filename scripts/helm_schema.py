@@ -164,7 +164,28 @@ def common(name: str, spec: dict[str, Any]) -> dict[str, Any]:
                 "clientServerName": STR,
             }
         ),
-        "otel": obj({"enabled": BOOL, "consoleExport": BOOL}),
+        "otel": obj(
+            {
+                "enabled": BOOL,
+                "exporter": {"enum": ["otlp", "console", "none"]},
+                "consoleExport": BOOL,
+                "sqlSpans": BOOL,
+                "otlp": obj({"endpoint": STR, "protocol": {"enum": ["http/protobuf", "grpc"]}}),
+            }
+        ),
+        "metrics": obj(
+            {
+                "enabled": BOOL,
+                "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                "stateIntervalMs": count(),
+                "stateOrgs": count(1),
+                "countCap": count(1),
+                "probeWindow": count(1),
+                "podAnnotations": BOOL,
+                "podMonitor": obj({"enabled": BOOL, "interval": STR, "labels": K8S_OBJECT}),
+                "scrapers": K8S_LIST,
+            }
+        ),
         "extraEnv": {
             "type": "object",
             "description": "more environment variables; fault hooks are refused",

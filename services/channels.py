@@ -16,7 +16,9 @@ same client-side TLS/mTLS settings and message limits::
   certificate is presented to servers that require client certificates
   (``FLOW_TLS_CLIENT_CA`` on their side);
 * **plaintext** otherwise (development, loopback, or a mesh that provides mTLS);
-* message limits both ways: ``FLOW_GRPC_MAX_MESSAGE_BYTES``.
+* message limits both ways: ``FLOW_GRPC_MAX_MESSAGE_BYTES``;
+* tracing (``FLOW_OTEL_ENABLED``): OpenTelemetry client interceptors, so every call is a
+  CLIENT span and carries the W3C trace context to the callee (:func:`tracing_interceptors`).
 
 ``credentials`` (optional) is a credential source (``services.auth.CredentialSource``
 or any ``() -> str``) sent as ``authorization: Bearer`` on every call: as call
@@ -36,11 +38,13 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
 from services.auth import bearer_client_interceptors, channel_credentials
 from services.config import ConfigError, ServiceConfig, ServiceName
+from services.telemetry import configure_tracing
 
-__all__ = ["channel_options", "client_channel", "uses_tls"]
+__all__ = ["channel_options", "client_channel", "tracing_interceptors", "uses_tls"]
 
 
 def uses_tls(cfg: ServiceConfig) -> bool:
@@ -82,8 +86,10 @@ def client_channel(
     if not target:
         raise ConfigError(f"no target configured for the {audience.value} service")
     all_options = [*channel_options(cfg), *options]
+    traced = tracing_interceptors(cfg)
     if not cfg.client_tls:
-        interceptors = bearer_client_interceptors(credentials) if credentials else None
+        bearer = bearer_client_interceptors(credentials) if credentials else []
+        interceptors = [*traced, *bearer] or None
         return grpc.aio.insecure_channel(target, options=all_options, interceptors=interceptors)
     try:
         tls = channel_credentials(
@@ -97,4 +103,14 @@ def client_channel(
             f"cannot read the client TLS material for the {audience.value} channel: "
             f"{type(exc).__name__} ({getattr(exc, 'filename', '')})"
         ) from exc
-    return grpc.aio.secure_channel(target, tls, options=all_options)
+    return grpc.aio.secure_channel(target, tls, options=all_options, interceptors=traced or None)
+
+
+def tracing_interceptors(cfg: ServiceConfig) -> list[Any]:
+    """The OpenTelemetry client interceptors of ``cfg`` (none when tracing is off): one
+    CLIENT span per call whose W3C ``traceparent`` travels in the call's metadata, so the
+    callee's server span continues the caller's trace."""
+    provider = configure_tracing(cfg)
+    if provider is None:
+        return []
+    return list(aio_client_interceptors(tracer_provider=provider))  # type: ignore[no-untyped-call]

@@ -28,6 +28,7 @@ __all__ = [
     "ServiceConfig",
     "ServiceName",
     "SmtpSettings",
+    "TelemetrySettings",
     "WebhookSettings",
     "load_config",
     "load_effect_owner_settings",
@@ -155,9 +156,50 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     "FLOW_SHUTDOWN_GRACE_S": ("10", "seconds in-flight RPCs get to finish after SIGTERM"),
     "FLOW_OTEL_ENABLED": (
         "true",
-        "instrument gRPC with OpenTelemetry (spans exported only when an exporter is configured)",
+        "tracing on: OpenTelemetry spans (gRPC server and client, step attempts, outbox, "
+        "effects, waits) and W3C trace context stored with runs, outbox messages, commands "
+        "and wake signals; `false` = no spans, no propagation (see FLOW_OTEL_EXPORTER)",
     ),
-    "FLOW_OTEL_CONSOLE_EXPORT": ("false", "export spans to stderr (debugging)"),
+    "FLOW_OTEL_EXPORTER": (
+        "none",
+        "where spans go: `otlp` (the standard `OTEL_EXPORTER_OTLP_*` variables: endpoint, "
+        "protocol `http/protobuf` or `grpc`, headers, TLS), `console` (stderr) or `none` "
+        "(trace ids are still minted and propagated)",
+    ),
+    "FLOW_OTEL_CONSOLE_EXPORT": (
+        "false",
+        "deprecated: `true` means FLOW_OTEL_EXPORTER=console (logged as a warning)",
+    ),
+    "FLOW_OTEL_SQL": (
+        "false",
+        "one span per SQL statement (opentelemetry-instrumentation-sqlalchemy); verbose, "
+        "for diagnosis",
+    ),
+    "FLOW_METRICS_PORT": (
+        "",
+        "Prometheus `/metrics` port of this process on FLOW_LISTEN_HOST (empty = no "
+        "endpoint, 0 = pick a free port and log it); every process has its own",
+    ),
+    "FLOW_METRICS_STATE_MS": (
+        "15000",
+        "period of the bounded authoritative-state scan behind the state gauges (run "
+        "counts, queue and dependency ages, outbox and command backlogs, divergence, dual "
+        "ownership); 0 = off (set it on one replica per database)",
+    ),
+    "FLOW_METRICS_STATE_ORGS": (
+        "50",
+        "orgs one state-scan pass refreshes (the scan rotates over every org)",
+    ),
+    "FLOW_METRICS_COUNT_CAP": (
+        "10000",
+        "largest count one state gauge reads per org and state (a gauge at the cap "
+        "means at least that many)",
+    ),
+    "FLOW_METRICS_PROBE_WINDOW": (
+        "500",
+        "runs per org one pass checks for projection divergence and dual ownership "
+        "(a keyset window; every run is checked across passes)",
+    ),
     "FLOW_LOG_LEVEL": ("INFO", "Python log level"),
     "FLOW_CRASH_AT": (
         "",
@@ -346,6 +388,97 @@ def _expand(value: str, data_dir: Path) -> str:
     return value.replace("$FLOW_DATA_DIR", str(data_dir))
 
 
+#: ``FLOW_OTEL_EXPORTER`` values.
+OTEL_EXPORTERS = ("otlp", "console", "none")
+#: OTLP transports the exporter package ships (``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL``).
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+
+
+@dataclass(frozen=True)
+class TelemetrySettings:
+    """Tracing export and metrics of one process (``FLOW_OTEL_*``, ``FLOW_METRICS_*``).
+
+    Attributes:
+        exporter: ``otlp``, ``console`` or ``none``.
+        otlp_protocol: the OTLP transport, from the standard
+            ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL``
+            (default ``http/protobuf``, the OpenTelemetry specification's default); the
+            exporters read endpoint, headers, timeout and TLS from the standard
+            variables themselves.
+        sql_spans: one span per SQL statement.
+        metrics_port: ``/metrics`` port (None: no endpoint; 0: a free port).
+        state_interval_ms: period of the authoritative-state scan (0: off).
+        state_orgs: orgs one scan pass refreshes.
+        count_cap: largest count a state gauge reads per org and state.
+        probe_window: runs per org one pass checks for divergence and dual ownership.
+        warnings: configuration notes to log once at start-up (deprecated variables).
+    """
+
+    exporter: str = "none"
+    otlp_protocol: str = "http/protobuf"
+    sql_spans: bool = False
+    metrics_port: int | None = None
+    state_interval_ms: int = 15000
+    state_orgs: int = 50
+    count_cap: int = 10000
+    probe_window: int = 500
+    warnings: tuple[str, ...] = ()
+
+
+def _telemetry(e: Mapping[str, str], enabled: bool) -> TelemetrySettings:
+    """``FLOW_OTEL_EXPORTER`` (with the deprecated ``FLOW_OTEL_CONSOLE_EXPORT``), the OTLP
+    protocol and the ``FLOW_METRICS_*`` settings.
+
+    Raises:
+        ConfigError: an unknown exporter or protocol, a contradiction between the
+            exporter variables, or a malformed number.
+    """
+    explicit = e.get("FLOW_OTEL_EXPORTER", "").strip().lower()
+    exporter = explicit or _get(e, "FLOW_OTEL_EXPORTER")
+    if exporter not in OTEL_EXPORTERS:
+        raise ConfigError(f"FLOW_OTEL_EXPORTER must be one of {OTEL_EXPORTERS}, got {exporter!r}")
+    warnings: list[str] = []
+    if _bool(e, "FLOW_OTEL_CONSOLE_EXPORT"):
+        if explicit and explicit != "console":
+            raise ConfigError(
+                f"FLOW_OTEL_CONSOLE_EXPORT=true contradicts FLOW_OTEL_EXPORTER={explicit}"
+            )
+        exporter = "console"
+        warnings.append(
+            "FLOW_OTEL_CONSOLE_EXPORT is deprecated: set FLOW_OTEL_EXPORTER=console instead"
+        )
+    if not enabled and explicit in ("otlp", "console"):
+        raise ConfigError(
+            f"FLOW_OTEL_EXPORTER={explicit} needs tracing: FLOW_OTEL_ENABLED is false"
+        )
+    protocol = (
+        e.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "").strip()
+        or e.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip()
+        or OTLP_PROTOCOLS[0]
+    )
+    if exporter == "otlp" and protocol not in OTLP_PROTOCOLS:
+        raise ConfigError(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL must be one of {OTLP_PROTOCOLS}, got {protocol!r}"
+        )
+    raw_port = _get(e, "FLOW_METRICS_PORT").strip()
+    port: int | None = None
+    if raw_port:
+        port = _int(e, "FLOW_METRICS_PORT")
+        if port > 65535:
+            raise ConfigError(f"FLOW_METRICS_PORT must be <= 65535, got {port}")
+    return TelemetrySettings(
+        exporter=exporter if enabled else "none",
+        otlp_protocol=protocol,
+        sql_spans=enabled and _bool(e, "FLOW_OTEL_SQL"),
+        metrics_port=port,
+        state_interval_ms=_int(e, "FLOW_METRICS_STATE_MS"),
+        state_orgs=_int(e, "FLOW_METRICS_STATE_ORGS", minimum=1),
+        count_cap=_int(e, "FLOW_METRICS_COUNT_CAP", minimum=1),
+        probe_window=_int(e, "FLOW_METRICS_PROBE_WINDOW", minimum=1),
+        warnings=tuple(warnings),
+    )
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     """Settings for one service process."""
@@ -397,6 +530,7 @@ class ServiceConfig:
     runtime_wait_batch: int = 100
     #: External signal producer kinds ``SubmitWakeSignal`` accepts (sorted, distinct).
     runtime_signal_kinds: tuple[str, ...] = ("external.signal",)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
 
     @property
     def is_production(self) -> bool:
@@ -446,6 +580,9 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
     if e.get("FLOW_RUNTIME_RETRY_MAX_MS") and retry_max != _int(e, "FLOW_RUNTIME_RETRY_MAX_MS"):
         raise ConfigError("FLOW_RUNTIME_RETRY_MAX_MS must be >= FLOW_RUNTIME_RETRY_BASE_MS")
 
+    otel_enabled = _bool(e, "FLOW_OTEL_ENABLED")
+    telemetry = _telemetry(e, otel_enabled)
+
     port_var = _PORT_VARS[service]
     port = _int(e, port_var)
     if port > 65535:
@@ -469,8 +606,8 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         tls_client_ca=tls_client_ca,
         grpc_max_message_bytes=_int(e, "FLOW_GRPC_MAX_MESSAGE_BYTES", minimum=1024),
         shutdown_grace_s=float(_int(e, "FLOW_SHUTDOWN_GRACE_S")),
-        otel_enabled=_bool(e, "FLOW_OTEL_ENABLED"),
-        otel_console_export=_bool(e, "FLOW_OTEL_CONSOLE_EXPORT"),
+        otel_enabled=otel_enabled,
+        otel_console_export=telemetry.exporter == "console",
         log_level=_get(e, "FLOW_LOG_LEVEL").upper(),
         catalog_target=_get(e, "FLOW_CATALOG_TARGET")
         or f"127.0.0.1:{_int(e, 'FLOW_CATALOG_PORT')}",
@@ -498,6 +635,7 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         runtime_wait_sweep_ms=_int(e, "FLOW_RUNTIME_WAIT_SWEEP_MS", minimum=1),
         runtime_wait_batch=_int(e, "FLOW_RUNTIME_WAIT_BATCH", minimum=1),
         runtime_signal_kinds=_csv(e, "FLOW_RUNTIME_SIGNAL_KINDS"),
+        telemetry=telemetry,
     )
 
 

@@ -66,6 +66,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from services.db_cluster import install_session_hooks
 from services.errors import CommitOutcomeUnknownError, ConflictError, FenceLostError
+from services.metrics import metrics
 
 __all__ = [
     "CODE_LEN",
@@ -78,6 +79,7 @@ __all__ = [
     "SQLITE_BUSY_TIMEOUT_MS",
     "TABLE_OPTIONS",
     "TOKEN_LEN",
+    "TRACE_CONTEXT_BYTES",
     "WORK_SCOPE",
     "Backoff",
     "DbErrorClass",
@@ -120,6 +122,9 @@ TOKEN_LEN = 128
 DIGEST_LEN = 100
 #: Enumerated codes: states, kinds, profiles, failure classes.
 CODE_LEN = 32
+#: A stored W3C trace context (``services.telemetry``: JSON of ``traceparent`` and
+#: ``tracestate``): diagnostics that carry a run's trace across asynchronous hops.
+TRACE_CONTEXT_BYTES = 1024
 
 #: MySQL/MariaDB/TiDB table options: binary collation so ids, keys and digests compare
 #: byte-for-byte (MariaDB's default ``utf8mb4_general_ci`` would make ``"A"`` collide with
@@ -454,13 +459,16 @@ async def transaction(
         await conn.begin()
         try:
             yield conn
-        except BaseException:
+        except BaseException as exc:
             await _rollback_quietly(conn)
+            metrics().transaction_finished("rolled_back", classify_db_error(exc).value)
             raise
         try:
             await conn.commit()
         except Exception as exc:
             kind = classify_db_error(exc)
+            outcome = "rolled_back" if kind in _ROLLED_BACK_AT_COMMIT else "commit_unknown"
+            metrics().transaction_finished(outcome, kind.value)
             if kind not in _ROLLED_BACK_AT_COMMIT:
                 # A connection whose COMMIT outcome is unknown is never reused: its
                 # session may still hold the transaction (or be gone).
@@ -474,6 +482,7 @@ async def transaction(
                 raise CommitOutcomeUnknownError(message) from exc
             await _rollback_quietly(conn)
             raise
+        metrics().transaction_finished("committed")
     finally:
         await conn.close()
 
@@ -673,7 +682,8 @@ def outbox_delivery_columns() -> list[Column[Any]]:
     dispatcher can serve the Runtime outbox and the effect owner's outbox.
 
     ``delivery_state`` is the transport lifecycle; ``lease_*`` fence the dispatcher that is
-    delivering a row; ``state_version`` is the compare-and-swap version of the row.
+    delivering a row; ``state_version`` is the compare-and-swap version of the row;
+    ``trace_context`` carries the producer's trace to the delivery.
     """
     return [
         Column("delivery_state", String(CODE_LEN), nullable=False),
@@ -685,6 +695,10 @@ def outbox_delivery_columns() -> list[Column[Any]]:
         Column("last_error_code", String(CODE_LEN), nullable=True),
         Column("delivered_at", UtcDateTime(), nullable=True),
         Column("state_version", BigInteger, nullable=False),
+        # The W3C trace context of the enqueuing span (``services.telemetry``): the
+        # delivery continues the producer's trace. Diagnostics only — written once, never
+        # compared on a duplicate enqueue and never part of a digest.
+        Column("trace_context", JsonText(TRACE_CONTEXT_BYTES), nullable=True),
     ]
 
 

@@ -2,7 +2,9 @@
 
 :func:`start_server` builds a ``grpc.aio`` server with, outermost first::
 
-    OpenTelemetry (when cfg.otel_enabled)  one span per RPC, sees the final status
+    OpenTelemetry (when cfg.otel_enabled)  one span per RPC, sees the final status; the
+                                           span continues the caller's W3C traceparent
+                                           (``services.telemetry`` sets the provider up)
     ErrorMappingInterceptor                FlowError / anything else -> status (+ detail);
                                            malformed request -> INVALID_ARGUMENT, response
                                            over the message limit -> OUT_OF_RANGE
@@ -32,7 +34,6 @@ import asyncio
 import inspect
 import logging
 import signal
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,11 +42,7 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 from services import faults
 from services.auth import (
@@ -58,6 +55,7 @@ from services.auth import (
 from services.config import ServiceConfig
 from services.errors import ErrorMappingInterceptor, UnimplementedError
 from services.request_limits import RequestLimitsInterceptor
+from services.telemetry import configure_tracing
 
 __all__ = [
     "RunningServer",
@@ -122,21 +120,6 @@ class RunningServer:
         await self.server.wait_for_termination()
 
 
-def _tracer_provider(cfg: ServiceConfig) -> TracerProvider:
-    """The process's SDK tracer provider, installed on first use."""
-    current = trace.get_tracer_provider()
-    if isinstance(current, TracerProvider):
-        return current
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": f"nexus-flow-{cfg.service.value}"})
-    )
-    if cfg.otel_console_export:
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
-    trace.set_tracer_provider(provider)
-    installed = trace.get_tracer_provider()
-    return installed if isinstance(installed, TracerProvider) else provider
-
-
 def _verifier(cfg: ServiceConfig) -> CredentialVerifier:
     default = cfg.data_dir / "auth" / TRUSTED_KEYS_FILE
     if not cfg.is_production and cfg.auth_trusted_keys == default:
@@ -177,8 +160,8 @@ async def start_server(
         raise ValueError(f"duplicate service names in {names}")
 
     interceptors: list[grpc.aio.ServerInterceptor] = []
-    if cfg.otel_enabled:
-        provider = _tracer_provider(cfg)
+    provider = configure_tracing(cfg)
+    if provider is not None:
         interceptors.append(aio_server_interceptor(tracer_provider=provider))  # type: ignore[no-untyped-call]
     interceptors += [
         ErrorMappingInterceptor(max_response_bytes=cfg.grpc_max_message_bytes),

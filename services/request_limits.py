@@ -111,6 +111,10 @@ FIELD_LIMITS: Mapping[str, int] = {
     "action_type": TOKEN_LEN,
     "owner_registration_id": TOKEN_LEN,
     "page_token": DEFAULT_MAX_CHARS,
+    # map keys and string values (a map's entry message may bound them further,
+    # _QUALIFIED_LIMITS)
+    "key": DEFAULT_MAX_CHARS,
+    "value": DEFAULT_MAX_CHARS,
     # API names
     "flow_api_name": NAME_LEN,
     "flow_api_names": NAME_LEN,
@@ -150,6 +154,9 @@ _QUALIFIED_LIMITS: Mapping[str, int] = {
     # Record field values and Flow inputs: bounded by the message size and by the
     # metadata view's own rules (max_length), not by a name limit.
     "google.protobuf.Value.string_value": 4 * 1024 * 1024,
+    # W3C trace context carried in an outbox envelope (services.telemetry bounds).
+    "nexus.flow.common.v1.RuntimeOutboxEnvelope.TraceContextEntry.key": 64,
+    "nexus.flow.common.v1.RuntimeOutboxEnvelope.TraceContextEntry.value": 512,
 }
 
 _TIMESTAMP = "google.protobuf.Timestamp"

@@ -11,6 +11,11 @@ one; ``services.outbox.cli``). Each
 service's ``__main__`` only names itself and supplies factories for its
 servicers and (optionally) its background loops.
 
+Every process (``serve`` and ``worker`` alike) sets up tracing
+(``services.telemetry``), serves ``/metrics`` on ``FLOW_METRICS_PORT`` when it is set
+and, with ``FLOW_METRICS_STATE_MS`` > 0, runs the bounded authoritative-state scan of the
+service's state sources (``services.metrics_state``).
+
 Before migrating or serving, the database server's settings are checked
 (:func:`services.db_profiles.verify_database`, and on a Galera node
 :func:`services.db_cluster.check_cluster`): a MySQL-protocol server whose settings
@@ -33,9 +38,21 @@ from services import db, db_cluster, db_profiles, faults, migrate
 from services.config import ConfigError, ServiceConfig, ServiceName, load_config
 from services.grpc_server import ServiceRegistration, serve_forever
 from services.logging import configure_logging
+from services.metrics import MetricsServer, start_metrics_server
+from services.metrics_state import OutboxStateSource, StateScan, StateSource
 from services.outbox.store import OutboxTable
+from services.background import LoopGroup
+from services.telemetry import configure_tracing, instrument_engine, shutdown_tracing
 
-__all__ = ["Background", "BackgroundFactory", "RegistrationFactory", "run_service"]
+__all__ = [
+    "Background",
+    "BackgroundFactory",
+    "Observability",
+    "RegistrationFactory",
+    "StateSourceFactory",
+    "run_service",
+    "start_observability",
+]
 
 #: Builds the servicers of one service from its configuration and database engine.
 RegistrationFactory = Callable[
@@ -53,7 +70,58 @@ class Background(Protocol):
 #: Starts a service's background loops once its servicers exist.
 BackgroundFactory = Callable[[ServiceConfig, AsyncEngine], Awaitable[Background]]
 
+#: Builds a service's state sources from its configuration.
+StateSourceFactory = Callable[[ServiceConfig], Sequence[StateSource]]
+
 log = logging.getLogger(__name__)
+
+
+class Observability:
+    """The process's ``/metrics`` endpoint and state scan (stopped together)."""
+
+    def __init__(self, server: MetricsServer | None, loops: LoopGroup | None) -> None:
+        self.server, self._loops = server, loops
+
+    async def stop(self) -> None:
+        """Stop the scan, then the endpoint (idempotent)."""
+        loops, self._loops = self._loops, None
+        if loops is not None:
+            await loops.stop()
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
+
+
+async def start_observability(
+    cfg: ServiceConfig, engine: AsyncEngine, sources: Sequence[StateSource]
+) -> Observability:
+    """Serve ``/metrics`` on ``FLOW_METRICS_PORT`` (when set) and run the bounded state
+    scan every ``FLOW_METRICS_STATE_MS`` (when > 0 and the service has sources).
+
+    Raises:
+        ConfigError: the metrics port cannot be bound.
+    """
+    settings = cfg.telemetry
+    if settings.metrics_port is None:
+        return Observability(None, None)
+    try:
+        server = start_metrics_server(cfg.listen_host, settings.metrics_port)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {cfg.listen_host}:{settings.metrics_port} "
+            f"(FLOW_METRICS_PORT): {exc}"
+        ) from exc
+    loops = None
+    if sources and settings.state_interval_ms > 0:
+        scan = StateScan(
+            engine,
+            sources,
+            orgs_per_pass=settings.state_orgs,
+            interval_s=settings.state_interval_ms / 1000,
+        )
+        loops = LoopGroup([scan.loop()]).start()
+    return Observability(server, loops)
+
 
 _PORT_VARS = {
     ServiceName.CATALOG: "FLOW_CATALOG_PORT",
@@ -73,9 +141,13 @@ async def _serve(
     migrations_pkg: str,
     factory: RegistrationFactory,
     background: BackgroundFactory | None,
+    state_sources: Sequence[StateSource] = (),
 ) -> None:
+    configure_tracing(cfg)
     engine = db.create_engine(cfg.db_url, pool_size=cfg.db_pool_size)
+    instrument_engine(engine, cfg)
     loops: Background | None = None
+    observed = Observability(None, None)
     try:
         settings = await db_profiles.verify_database(engine)
         if settings is not None:
@@ -84,6 +156,7 @@ async def _serve(
         await db_cluster.check_cluster(engine)
         if cfg.db_auto_migrate:
             await migrate.upgrade(cfg.db_url, migrations_pkg)
+        observed = await start_observability(cfg, engine, state_sources)
         registrations = await factory(cfg, engine)
         if background is not None:
             loops = await background(cfg, engine)
@@ -91,7 +164,9 @@ async def _serve(
     finally:
         if loops is not None:
             await loops.stop()
+        await observed.stop()
         await engine.dispose()
+        shutdown_tracing()
 
 
 def run_service(
@@ -102,8 +177,14 @@ def run_service(
     *,
     background: BackgroundFactory | None = None,
     outbox: OutboxTable | None = None,
+    state_sources: StateSourceFactory | None = None,
 ) -> int:
-    """Parse ``argv`` and serve or manage the schema of ``service``; returns the exit code."""
+    """Parse ``argv`` and serve or manage the schema of ``service``; returns the exit code.
+
+    ``state_sources`` builds the service's authoritative-state gauges
+    (``services.metrics_state``); the outbox's backlog gauges are added when ``outbox``
+    is given.
+    """
     parser = argparse.ArgumentParser(prog=f"python -m {migrations_pkg}")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("serve", help="serve gRPC (default)")
@@ -143,8 +224,12 @@ def run_service(
         return 3
     if args.command == "worker":
         factory = _no_servicers
+    sources = list(state_sources(cfg) if state_sources is not None else ())
+    if outbox is not None:
+        name = "owner" if service is ServiceName.EFFECT_OWNER else service.value
+        sources.append(OutboxStateSource(outbox, name, count_cap=cfg.telemetry.count_cap))
     try:
-        asyncio.run(_serve(cfg, migrations_pkg, factory, background))
+        asyncio.run(_serve(cfg, migrations_pkg, factory, background, sources))
     except KeyboardInterrupt:
         return 0
     except ConfigError as exc:  # e.g. key or TLS material a factory could not read

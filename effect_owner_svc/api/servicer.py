@@ -44,6 +44,7 @@ from effect_owner_svc.inbox.store import (
     refuse_foreign_key,
     reject_if_unaccepted_txn,
 )
+from effect_owner_svc.observability import accept_span, handoff_decided
 from effect_owner_svc.receipts.store import get_receipt_txn
 from effect_owner_svc.schema import owner_requests
 from services.auth import TrustedIdentity, TrustedRuntimeWorkScope, current_identity
@@ -118,7 +119,13 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
                 return None  # refusals are not recorded: a retry decides again
             return bytes(_accept_response(value).SerializeToString())
 
-        done = await self._ledger.execute(self._engine, key, work, encode)
+        # The command keeps this span's trace context: its provider call and receipt
+        # continue the run's trace (the envelope's context when the call carried none).
+        with accept_span(
+            request.envelope.trace_context, handoff.attributes.runtime_outbox_message_id
+        ):
+            done = await self._ledger.execute(self._engine, key, work, encode)
+        handoff_decided(done.value)
         if done.replayed or done.value is None:
             return done.message(effect_v1.AcceptHandoffResponse)
         if isinstance(done.value, Refusal):

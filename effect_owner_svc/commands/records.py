@@ -101,6 +101,8 @@ class CommandRecord:
     result_digest: str | None
     created_at: datetime
     updated_at: datetime
+    #: The acceptance's W3C trace context (``services.telemetry`` JSON): diagnostics only.
+    trace_context: str | None = None
 
 
 def command_from_row(row: RowMapping) -> CommandRecord:
@@ -135,6 +137,7 @@ def command_from_row(row: RowMapping) -> CommandRecord:
         result_digest=row["result_digest"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        trace_context=row.get("trace_context"),
     )
 
 

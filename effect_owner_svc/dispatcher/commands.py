@@ -45,6 +45,7 @@ from effect_owner_svc.commands.store import (
     record_attempt_txn,
     record_lookup_txn,
 )
+from effect_owner_svc.observability import command_span, provider_call
 from effect_owner_svc.providers.base import (
     Provider,
     ProviderCommand,
@@ -145,6 +146,12 @@ class CommandDispatcher:
             step: Started | Reconciling | None = await run_in_transaction(self._engine, claim)
         except FenceLostError:
             return False
+        with command_span(command):
+            return await self._drive(provider, command, step)
+
+    async def _drive(
+        self, provider: Provider, command: CommandRecord, step: Started | Reconciling | None
+    ) -> bool:
         while step is not None:
             try:
                 if isinstance(step, Started):
@@ -189,26 +196,33 @@ class CommandDispatcher:
             payload_schema_version=command.payload_schema_version,
             payload=json.loads(command.payload),
         )
-        try:
-            return await asyncio.wait_for(provider.submit(request), self._call_timeout())
-        except TimeoutError:
-            return ProviderOutcome.unknown("provider_call_timeout")
-        except Exception:
-            # The call may have reached the remote side before failing here.
-            log.exception("provider %s raised for %s", provider.name, command.command_id)
-            return ProviderOutcome.unknown("provider_error")
+        with provider_call(command.effect_owner_kind, "submit") as call:
+            try:
+                outcome = await asyncio.wait_for(provider.submit(request), self._call_timeout())
+            except TimeoutError:
+                outcome = ProviderOutcome.unknown("provider_call_timeout")
+            except Exception:
+                # The call may have reached the remote side before failing here.
+                log.exception("provider %s raised for %s", provider.name, command.command_id)
+                outcome = ProviderOutcome.unknown("provider_error")
+            return call.done(outcome)
 
     async def _reconcile(self, provider: Provider, reconciling: Reconciling) -> Started | None:
         command = reconciling.command
-        try:
-            found = await asyncio.wait_for(
-                provider.lookup(command.provider_idempotency_key), self._call_timeout()
-            )
-        except TimeoutError:
-            found = ProviderOutcome.unknown("lookup_timeout")
-        except Exception:
-            log.exception("provider %s lookup raised for %s", provider.name, command.command_id)
-            found = ProviderOutcome.unknown("lookup_error")
+        with provider_call(command.effect_owner_kind, "lookup") as call:
+            try:
+                found = await asyncio.wait_for(
+                    provider.lookup(command.provider_idempotency_key), self._call_timeout()
+                )
+            except TimeoutError:
+                found = ProviderOutcome.unknown("lookup_timeout")
+            except Exception:
+                log.exception("provider %s lookup raised for %s", provider.name, command.command_id)
+                found = ProviderOutcome.unknown("lookup_error")
+            if found is not None:
+                call.done(found)
+            else:
+                call.outcome = "no_lookup"
 
         async def record(conn: AsyncConnection) -> ReceiptRecord | Started | None:
             now = await db_now(conn)

@@ -47,6 +47,7 @@ from effect_owner_svc.schema import external_commands, owner_inbox
 from services.db import db_now, insert_if_absent, run_in_transaction
 from services.effect_contract import provider_idempotency_key
 from services.faults import CrashPoint, crash_point
+from services.telemetry import current_carrier
 
 __all__ = [
     "Accepted",
@@ -251,6 +252,8 @@ async def accept_handoff_txn(conn: AsyncConnection, request: HandoffRequest) -> 
                 provider_idempotency_key=provider_idempotency_key(
                     request.effect_owner_kind, attrs.effect_handoff_key
                 ),
+                # The acceptance span's trace: the provider call and receipt continue it.
+                trace_context=current_carrier(),
             )
         )
         fence = await _existing_fence_txn(conn, attrs)

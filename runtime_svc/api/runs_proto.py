@@ -29,6 +29,7 @@ from services.errors import InvalidArgumentError
 from services.json_limits import MAX_JSON_DEPTH, JsonLimitError, loads_bounded
 from services.outbox import DeliveryState
 from services.proto import common_v1, runtime_v1
+from services.telemetry import trace_id_of
 
 __all__ = [
     "attempt_proto",
@@ -108,6 +109,7 @@ def run_proto(view: RunView) -> Any:
         created_at=timestamp(r.created_at),
         updated_at=timestamp(r.updated_at),
         idempotency_key=caller_key(r.idempotency_key),
+        trace_id=trace_id_of(r.trace_context) or "",
         compatibility=runtime_v1.CompatibilityProjection(
             status=_compat(r.interview_status),
             current_element=r.current_element or "",

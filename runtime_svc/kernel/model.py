@@ -95,6 +95,8 @@ class RunRecord:
     paused_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    #: The run's W3C trace context (``services.telemetry`` JSON): diagnostics only.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)

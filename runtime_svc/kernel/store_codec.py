@@ -57,6 +57,7 @@ def run_from_row(r: RowMapping) -> RunRecord:
         paused_at=r["paused_at"],
         created_at=r["created_at"],
         updated_at=r["updated_at"],
+        trace_context=r.get("trace_context"),
     )
 
 

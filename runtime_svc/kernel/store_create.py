@@ -25,6 +25,7 @@ from runtime_svc.kernel.store_rows import (
     prepare_checkpoint,
 )
 from runtime_svc.kernel.tables import check_transition, compatibility_status
+from runtime_svc.observability.hooks import run_trace_context
 from runtime_svc.schema import execution_plans, flow_runs
 from services.auth import TrustedRuntimeWorkScope
 from services.db import insert_if_absent
@@ -166,6 +167,7 @@ async def create_run_txn(
         "current_element": first.plan_step_key,
         "created_at": now,
         "updated_at": now,
+        "trace_context": run_trace_context(run_id, request.plan_id, plan["execution_profile"]),
     }
     if not await insert_if_absent(conn, flow_runs, values):
         # Lost the insert race on the idempotency key: read the winner back.

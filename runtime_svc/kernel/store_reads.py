@@ -86,6 +86,11 @@ class Candidate:
     queue_class: str
     #: The plan the run is bound to (a worker verifies it before the first claim).
     plan_id: str = ""
+    #: Telemetry only (never compared by the claim): the run's stored trace context,
+    #: execution profile and the step's kind.
+    trace_context: str | None = None
+    execution_profile: str = ""
+    step_kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -413,8 +418,11 @@ def _candidate_columns() -> tuple[Any, ...]:
         s.state_version,
         s.run_after,
         s.queue_class,
+        s.step_kind,
         r.state_version.label("root_state_version"),
         r.plan_id,
+        r.trace_context,
+        r.execution_profile,
     )
 
 
@@ -428,6 +436,9 @@ def _candidate(org_id: str, row: RowMapping) -> Candidate:
         run_after=row["run_after"],
         queue_class=row["queue_class"],
         plan_id=row["plan_id"],
+        trace_context=row["trace_context"],
+        execution_profile=row["execution_profile"],
+        step_kind=row["step_kind"],
     )
 
 

@@ -66,7 +66,8 @@ from runtime_svc.schema import (
 )
 from services.db import cas_update, insert_if_absent
 from services.digest import versioned_digest
-from services.errors import ConflictError, FenceLostError, NotFoundError
+from services.errors import ConflictError, FenceLostError, InvalidArgumentError, NotFoundError
+from services.metrics import metrics
 
 __all__ = [
     "PreparedCheckpoint",
@@ -428,7 +429,11 @@ def prepare_checkpoint(checkpoint: CheckpointInput, *, max_bytes: int) -> Prepar
     Raises:
         InvalidArgumentError: too large, not JSON, or credential material.
     """
-    context = validate_checkpoint_payload(checkpoint.context, max_bytes=max_bytes)
+    try:
+        context = validate_checkpoint_payload(checkpoint.context, max_bytes=max_bytes)
+    except InvalidArgumentError as exc:
+        metrics().checkpoint_rejected(exc.reason)
+        raise
     cursor = validate_checkpoint_payload(
         checkpoint.plan_cursor, max_bytes=MAX_PLAN_CURSOR_BYTES, field="plan_cursor"
     )
@@ -495,4 +500,5 @@ async def insert_checkpoint(
     }
     if not await insert_if_absent(conn, flow_checkpoints, values):
         raise ConflictError("checkpoint sequence taken", entity=RUNS, key=flow_run_id)
+    metrics().checkpoint_written(len(checkpoint.context_json.encode("utf-8")))
     return meta

@@ -50,6 +50,7 @@ from runtime_svc.kernel.wait_model import (
     SignalState,
     WorkScopeKey,
 )
+from runtime_svc.observability.hooks import signal_trace_context
 from runtime_svc.schema import flow_dependencies, flow_step_executions, flow_wake_signals
 from services.db import cas_update, insert_if_absent, run_in_transaction
 from services.errors import ConflictError, FenceLostError
@@ -131,6 +132,7 @@ def signal_from_row(r: RowMapping) -> SignalRecord:
         state_version=r["state_version"],
         next_match_at=r["next_match_at"],
         consumed_at=r["consumed_at"],
+        trace_context=r.get("trace_context"),
     )
 
 
@@ -269,6 +271,8 @@ async def insert_signal_txn(
         "state_version": 0,
         "next_match_at": match_at,
         "consumed_at": None,
+        # The producer's span (SubmitWakeSignal, or the step whose write signalled).
+        "trace_context": signal_trace_context(),
     }
     return await insert_if_absent(conn, flow_wake_signals, values)
 

@@ -147,6 +147,8 @@ class SignalRecord:
     state_version: int
     next_match_at: datetime | None
     consumed_at: datetime | None
+    #: The producer's W3C trace context (``services.telemetry`` JSON): diagnostics only.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.auth import TrustedRuntimeWorkScope, bearer_metadata
 from services.effect_contract import FLOW_EFFECT_SUBMIT_FAMILY_VERSION
+from services.metrics import metrics
 from services.outbox import (
     AcceptedReceipt,
     Delivered,
@@ -44,6 +45,7 @@ from services.outbox import (
 )
 from services.peer_client import TRANSIENT_STATUS_CODES, rpc_error_reason
 from services.proto import common_v1, effect_v1
+from services.telemetry import decode_carrier
 
 __all__ = ["EffectHandoff", "envelope_of", "owner_channels", "receipt_matches"]
 
@@ -85,7 +87,7 @@ def _ts(value: Any) -> Timestamp | None:
 def envelope_of(m: OutboxMessage) -> Any:
     """The immutable ``RuntimeOutboxEnvelope`` of a persisted ``flow.effect.submit`` row."""
     extra = m.extra
-    return common_v1.RuntimeOutboxEnvelope(
+    envelope = common_v1.RuntimeOutboxEnvelope(
         org_id=m.org_id,
         app_installation_id=m.app_installation_id,
         runtime_capability_id=m.runtime_capability_id,
@@ -108,6 +110,9 @@ def envelope_of(m: OutboxMessage) -> Any:
         ),
         enqueued_at=_ts(m.created_at),
     )
+    # The step attempt's trace context (diagnostics; outside the digest and the fence).
+    envelope.trace_context.update(decode_carrier(m.trace_context))
+    return envelope
 
 
 def receipt_matches(fence: Any, m: OutboxMessage) -> bool:
@@ -171,6 +176,7 @@ class EffectHandoff:
         if resp.fence.state != _ACCEPTED or not receipt_matches(resp.fence, m):
             log.warning("owner receipt for %s does not match the message", m.message_id)
             return Refused("receipt_mismatch")
+        metrics().effect_accepted(str(m.extra["effect_owner_kind"]), m.created_at)
         return Delivered("owner_accepted")
 
     async def reconcile(self, m: OutboxMessage) -> ReconcileResult:
@@ -196,6 +202,7 @@ class EffectHandoff:
         if not receipt_matches(resp.fence, m):
             return UnknownReceipt("receipt_mismatch")
         if resp.fence.state == _ACCEPTED:
+            metrics().effect_accepted(str(m.extra["effect_owner_kind"]), m.created_at)
             return AcceptedReceipt("accepted_on_reconcile")
         if resp.fence.state == _REJECTED:
             return RejectedReceipt("owner_rejected")

@@ -9,6 +9,7 @@ are held on the connection.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +29,7 @@ from runtime_svc.resources import (
 )
 from services.db import db_now
 from services.errors import AlreadyExistsError
+from services.metrics import metrics
 
 __all__ = [
     "RECORD_ENTITY",
@@ -159,6 +161,7 @@ async def acquire_locks_txn(
     if missing:
         raise ValueError("every record the lock plan creates needs its CREATE mutation")
     held = HeldLocks(org_id, plan, await db_now(conn))
+    began = time.perf_counter()
     for key in plan.keys:
         obj, rid = key.object_or_namespace, key.record_identity
         if key.resource_class is ResourceClass.BUSINESS_RECORD:
@@ -183,4 +186,5 @@ async def acquire_locks_txn(
             break  # Flow lifecycle classes follow; they are the caller's (canonical order)
         if on_locked is not None:
             await on_locked(key)
+    metrics().locks_acquired(time.perf_counter() - began)
     return held

@@ -31,7 +31,7 @@ import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -57,8 +57,10 @@ from runtime_svc.kernel.transitions_waits import (
 from runtime_svc.kernel.wait_model import (
     DependencyRecord,
     DependencyState,
+    SignalRecord,
     WorkScopeKey,
 )
+from runtime_svc.observability.hooks import wait_resolved
 from runtime_svc.records.store import read_record_txn
 from runtime_svc.schema import flow_step_executions
 from runtime_svc.waits import queries
@@ -68,6 +70,7 @@ from runtime_svc.worker.executor import env_of
 from services.db import transaction
 from services.errors import NotFoundError
 from services.faults import CrashPoint, crash_point
+from services.metrics import metrics
 
 __all__ = ["Clock", "Matcher", "WaitContext", "evaluate_condition", "split_record_key"]
 
@@ -272,15 +275,16 @@ class Matcher:
             log.warning(
                 "dependency %s: producer %s is not registered", dep.dependency_id, dep.producer_kind
             )
+            metrics().producer_missing()
             return _Action(expire=CAUSE_PRODUCER_MISSING, quarantine=True), None
         if spec.family is ProducerFamily.TIMER:
-            return await self._timer(conn, dep), None
+            return replace(await self._timer(conn, dep), family=spec.family.value), None
         try:
             ctx = await self.context_txn(conn, dep)
         except NotFoundError:
             return _Action(NoChange("run_missing")), None
         if spec.family is ProducerFamily.RECORD_CHANGE:
-            return await self._record(conn, dep, ctx), ctx.bounds
+            return replace(await self._record(conn, dep, ctx), family=spec.family.value), ctx.bounds
         return await self._signals(conn, dep, ctx, spec.family), ctx.bounds
 
     # --- families (evidence reads; the transitions run after the read closed) ----------
@@ -291,7 +295,7 @@ class Matcher:
         if due is None or due > now:
             return _Action(NoChange("not_due"))
         receipt = {"producer": dep.producer_kind, "due_at": due.isoformat()}
-        return _Action(resolve=[(None, receipt, None)])
+        return _Action(resolve=[(None, receipt, None)], notified={None: _Notice(due)})
 
     async def _record(
         self, conn: AsyncConnection, dep: DependencyRecord, ctx: WaitContext
@@ -321,7 +325,8 @@ class Matcher:
             "condition_digest": dep.condition_digest,
         }
         signal_id = None if signal is None else signal.wake_signal_id
-        return _Action(resolve=[(signal_id, receipt, record.version)])
+        notified = {} if signal is None else {signal_id: _Notice.of(signal)}
+        return _Action(resolve=[(signal_id, receipt, record.version)], notified=notified)
 
     async def _signals(
         self,
@@ -342,6 +347,7 @@ class Matcher:
             condition = ctx.decl.condition
         env = await self._env(conn, ctx.root) if condition else {}
         attempts: list[tuple[str | None, dict[str, Any], int | None]] = []
+        notified: dict[str | None, _Notice] = {}
         for signal in candidates:
             if condition:
                 evidence = json.loads(signal.evidence_json) if signal.evidence_json else {}
@@ -359,9 +365,10 @@ class Matcher:
                 # names an effect that happened; §10.1): command and outcome.
                 receipt.update(_effect_outcome(signal.evidence_json))
             attempts.append((signal.wake_signal_id, receipt, None))
+            notified[signal.wake_signal_id] = _Notice.of(signal)
         if not attempts:
             return _Action(NoChange("condition_false"))
-        return _Action(resolve=attempts)
+        return _Action(resolve=attempts, notified=notified, family=family.value)
 
 
 def _effect_outcome(evidence_json: str | None) -> dict[str, Any]:
@@ -383,15 +390,30 @@ _NEXT_CANDIDATE = frozenset(
 
 
 @dataclass(frozen=True)
+class _Notice:
+    """When a candidate's notification arrived and the producer's trace context."""
+
+    at: datetime | None
+    trace_context: str | None = None
+
+    @classmethod
+    def of(cls, signal: SignalRecord) -> _Notice:
+        return cls(signal.received_at, signal.trace_context)
+
+
+@dataclass(frozen=True)
 class _Action:
     """What an evidence read decided: nothing, resolutions to try in order (signal id,
-    receipt, wake version), or an expiry (with its fault-path successor)."""
+    receipt, wake version), or an expiry (with its fault-path successor). ``notified``
+    (when each candidate's notification arrived) and ``family`` feed the wait metrics."""
 
     outcome: NoChange | None = None
     resolve: list[tuple[str | None, dict[str, Any], int | None]] | None = None
     expire: str | None = None
     fault: FaultStep | None = None
     quarantine: bool = False
+    notified: dict[str | None, _Notice] = field(default_factory=dict)
+    family: str = ""
 
     async def run(self, waits: WaitStore, dep: DependencyRecord) -> WaitTransition | NoChange:
         if self.expire is not None:
@@ -420,6 +442,16 @@ class _Action:
             if isinstance(result, WaitTransition):
                 # Resolved and committed; the scheduler has not claimed the step yet.
                 crash_point(CrashPoint.AFTER_RESOLUTION_COMMIT, dep.producer_kind)
+                notice = self.notified.get(signal_id) or _Notice(None)
+                wait_resolved(
+                    flow_run_id=dep.flow_run_id,
+                    dependency_id=dep.dependency_id,
+                    producer_kind=dep.producer_kind,
+                    family=self.family or "unknown",
+                    created_at=dep.created_at,
+                    notified_at=notice.at,
+                    signal_trace=notice.trace_context,
+                )
                 return result
             if result.reason not in _NEXT_CANDIDATE:
                 return result

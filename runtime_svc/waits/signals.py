@@ -42,6 +42,7 @@ from services.db import run_in_transaction, transaction
 from services.errors import FailedPreconditionError, NotFoundError
 from services.faults import CrashPoint, crash_point
 from services.invariants import InvariantError
+from services.metrics import metrics
 from services.request_dedupe import RequestKey, RequestLedger
 
 __all__ = ["SignalService", "SubmitOutcome"]
@@ -131,6 +132,7 @@ class SignalService:
         outcome, fresh = await run_in_transaction(
             self._engine, lambda conn: self._accept_txn(conn, scope, new)
         )
+        self._observed(new, outcome, fresh)
         return await self._matched(scope, new, outcome) if fresh else outcome
 
     async def submit_once(
@@ -162,6 +164,8 @@ class SignalService:
         )
         if done.response is None:  # pragma: no cover - encode always answers
             raise InvariantError("a signal submission without a recorded response")
+        if not done.replayed and done.value is not None:
+            self._observed(new, done.value[0], done.value[1])
         if done.replayed or done.value is None or not done.value[1]:
             return done.response
         final = await self._matched(scope, new, done.value[0])
@@ -206,6 +210,12 @@ class SignalService:
                 field_path="wake_token",
             )
         return SubmitOutcome(existing, duplicate=True), False
+
+    def _observed(self, new: NewSignal, outcome: SubmitOutcome, fresh: bool) -> None:
+        """Count the submission by producer family and kind (new, stale, duplicate)."""
+        spec = self._registry.spec(new.producer_kind)
+        kind = "new" if fresh else "stale" if outcome.stale else "duplicate"
+        metrics().signal_submitted(spec.family.value if spec else "unknown", kind)
 
     async def _matched(
         self, scope: WorkScopeKey, new: NewSignal, outcome: SubmitOutcome

@@ -41,6 +41,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,6 +77,7 @@ from runtime_svc.kernel.decisions import (
     RetryScheduled,
 )
 from runtime_svc.kernel.store_reads import get_run_txn
+from runtime_svc.observability.hooks import StepWatch, attempt_exhausted, attempt_retried
 from runtime_svc.records import Actor, Lineage, RecordView
 from runtime_svc.records.model import RecordState
 from runtime_svc.records.store import read_record_txn
@@ -119,6 +121,7 @@ from services.faults import (
     step_entered,
 )
 from services.invariants import InvariantError
+from services.metrics import metrics
 
 if TYPE_CHECKING:  # the waits and effects packages import the executor of this one
     from runtime_svc.effects.steps import EffectSteps, PreparedSubmit
@@ -296,7 +299,8 @@ class StepWorker:
     # --- one step --------------------------------------------------------------------------
 
     async def process(self, org_id: str, candidate: Candidate) -> Outcome:
-        """Claim ``candidate`` and, if won, execute and commit its step.
+        """Claim ``candidate`` and, if won, execute and commit its step (the attempt
+        carries the run's trace id; its span is current while the step runs).
 
         With a binary check, a plan this binary may not execute (its sealed catalog
         entries or handlers do not match, §8.4) is never claimed: nothing is mutated.
@@ -308,9 +312,24 @@ class StepWorker:
                 return Outcome.NOT_ELIGIBLE
             if await self._binary.refusals(scope, plan):
                 return Outcome.NOT_ELIGIBLE
-        claimed = await self.store.claim(org_id, candidate, lease_owner=self.owner)
+        watch = _watch(candidate)
+        claimed = await self.store.claim(
+            org_id, candidate, lease_owner=self.owner, trace_id=watch.trace_id
+        )
         if isinstance(claimed, NotEligible):
+            watch.lost(claimed.reason)
             return Outcome.NOT_ELIGIBLE
+        with watch.attempt(
+            claimed.flow_run_id,
+            claimed.step_execution_id,
+            claimed.attempt_id,
+            claimed.attempt_number,
+        ) as finish:
+            outcome = await self._claimed(org_id, claimed)
+            finish(outcome.value)
+        return outcome
+
+    async def _claimed(self, org_id: str, claimed: LeaseFence) -> Outcome:
         crash_point(CrashPoint.AFTER_CLAIM_COMMIT)
         try:
             fence = await self.store.mark_running(org_id, claimed)
@@ -466,6 +485,7 @@ class StepWorker:
         plan, step, context = prepared.plan, prepared.step, prepared.context
         outcome, view, snapshots = prepared.outcome, prepared.view, prepared.snapshots
         key = step.key
+        began = time.perf_counter()
         try:
             async with transaction(self._engine) as conn:
                 read: list[ReadToken] = []
@@ -533,6 +553,7 @@ class StepWorker:
                     await self._effects.commit_txn(conn, prepared.effect)
                 crash_point(CrashPoint.BEFORE_STEP_COMMIT, key)
             raise_connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, key)
+            metrics().step_transaction(plan.profile.value, step.kind.value, _since(began))
         except StepFault as fault:  # rolled back before any lifecycle write
             return await self._fail(org_id, fence, fault.code)
         except FenceLostError:
@@ -598,8 +619,10 @@ class StepWorker:
         except FenceLostError:
             return Outcome.FENCE_LOST
         if isinstance(decision, RetryScheduled):
+            attempt_retried(failure.safe_error_code)
             return ok
         if isinstance(decision, RetryExhausted):
+            attempt_exhausted()
             return Outcome.FAILED
         return Outcome.FENCE_LOST  # cancellation won
 
@@ -633,6 +656,20 @@ class StepWorker:
         while len(self._plans) > _MAX_CACHED_PLANS:
             self._plans.popitem(last=False)
         return value
+
+
+def _watch(candidate: Candidate) -> StepWatch:
+    return StepWatch(
+        lane=candidate.queue_class,
+        profile=candidate.execution_profile,
+        step_kind=candidate.step_kind,
+        trace_context=candidate.trace_context,
+        run_after=candidate.run_after,
+    )
+
+
+def _since(began: float) -> float:
+    return time.perf_counter() - began
 
 
 @dataclass(frozen=True)
@@ -806,6 +843,7 @@ class Sweeper:
             )
             if not isinstance(decision, NoChange):
                 recovered += 1
+        metrics().leases_expired(recovered)
         cancelled = 0
         for run_id in await self.store.pending_cancellations(org_id, limit=self._limit):
             if isinstance(await self.store.complete_cancel(org_id, run_id), CancelCompleted):

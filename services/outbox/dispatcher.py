@@ -25,16 +25,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.background import BackgroundLoop, LoopGroup, Wakeup
 from services.db import db_now, run_in_transaction
 from services.errors import FenceLostError
 from services.faults import CrashPoint, crash_point
+from services.metrics import metrics
 from services.outbox.families import FamilyRegistry, FinalizationTicket, MessageFamily
 from services.outbox.model import (
     PRE_FINAL_STATES,
@@ -61,12 +64,21 @@ from services.outbox.store import (
     orgs_with_repair_work,
     pre_final_messages,
 )
+from services.telemetry import span
 
-__all__ = ["OutboxDispatcher", "SweepReport"]
+__all__ = ["DELIVER_SPAN", "OutboxDispatcher", "SweepReport"]
 
 log = logging.getLogger(__name__)
 
 _ORG_LIMIT = 100
+#: The span of one delivery or reconciliation attempt.
+DELIVER_SPAN = "outbox.deliver"
+
+
+def _result_code(result: object) -> str:
+    """``RetryLater`` → ``retry_later`` (the metric label and span attribute)."""
+    name = type(result).__name__
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
 
 
 @dataclass(frozen=True)
@@ -156,13 +168,36 @@ class OutboxDispatcher:
             False when another dispatcher won the claim.
         """
         family = self._families[message.family]
+        started = time.time_ns()
         leased = await self._claim(message, family)
         if leased is None:
             return False
+        # The delivery continues the trace of the span that enqueued the message (a step
+        # attempt, a command dispatch); the peer call below is its child.
+        with span(
+            DELIVER_SPAN,
+            parent=leased.trace_context,
+            kind=SpanKind.PRODUCER,
+            start_time=started,
+            attributes={
+                "nexus.flow.outbox": self._spec.table.name,
+                "nexus.flow.message_family": message.family,
+                "nexus.flow.message_id": message.message_id,
+                "nexus.flow.delivery_attempt": leased.delivery_attempts + 1,
+            },
+        ) as current:
+            result = await self._deliver_leased(family, leased)
+            current.set_attribute("nexus.flow.result", result)
+        return True
+
+    async def _deliver_leased(self, family: MessageFamily, leased: OutboxMessage) -> str:
+        """Deliver or reconcile a claimed message and record the outcome; returns the
+        result code (metrics and the span)."""
         timeout_s = family.policy.lease_ms / 1000 * 0.8
         decide: Callable[[datetime], Transition]
+        result: DeliveryResult | ReconcileResult
         if leased.delivery_state is DeliveryState.RECONCILING:
-            result_r = await self._bounded_reconcile(family, leased, timeout_s)
+            result = result_r = await self._bounded_reconcile(family, leased, timeout_s)
 
             def decide(now: datetime) -> Transition:
                 return decide_after_reconcile(
@@ -174,7 +209,7 @@ class OutboxDispatcher:
                     rng=self._rng,
                 )
         else:
-            result_d = await self._bounded_deliver(family, leased, timeout_s)
+            result = result_d = await self._bounded_deliver(family, leased, timeout_s)
             if isinstance(result_d, Delivered):
                 crash_point(CrashPoint.AFTER_OUTBOX_DELIVERY, family.name)
 
@@ -191,9 +226,12 @@ class OutboxDispatcher:
                 )
 
         recorded = await self._apply(leased, decide)
+        code = _result_code(result)
+        delivered = recorded is not None and recorded.delivery_state is DeliveryState.DELIVERED
+        metrics().outbox_attempt(leased.family, code, leased.created_at, delivered)
         if recorded is not None and recorded.delivery_state in PRE_FINAL_STATES:
             await self.finalize(recorded)
-        return True
+        return code
 
     async def _claim(self, message: OutboxMessage, family: MessageFamily) -> OutboxMessage | None:
         async def fn(conn: AsyncConnection) -> OutboxMessage:

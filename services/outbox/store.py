@@ -45,6 +45,7 @@ from services.outbox.model import (
     Transition,
     terminal_state_for,
 )
+from services.telemetry import current_carrier, encode_carrier
 
 __all__ = [
     "EnqueueResult",
@@ -80,6 +81,8 @@ _DELIVERY_COLUMNS = frozenset(
         "state_version",
         "created_at",
         "updated_at",
+        # Diagnostics, not message identity: never compared on a duplicate enqueue.
+        "trace_context",
     }
 )
 
@@ -149,11 +152,18 @@ class OutboxMessage:
     updated_at: datetime
     deadline: datetime | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: The enqueuing span's W3C trace context (``services.telemetry`` JSON), or None.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)
 class NewOutboxMessage:
-    """What a caller enqueues. ``payload`` is canonical JSON text (no credentials)."""
+    """What a caller enqueues. ``payload`` is canonical JSON text (no credentials).
+
+    ``trace_context`` (a W3C carrier, ``services.telemetry``) defaults to the current
+    span's, so a message enqueued inside a step attempt or a command dispatch continues
+    that trace; it is diagnostics and never part of the message identity.
+    """
 
     org_id: str
     app_installation_id: str
@@ -165,6 +175,7 @@ class NewOutboxMessage:
     payload: str
     payload_digest: str
     extra: Mapping[str, Any] = field(default_factory=dict)
+    trace_context: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +215,7 @@ def _message(spec: OutboxTable, row: RowMapping) -> OutboxMessage:
         updated_at=row["updated_at"],
         deadline=row[spec.deadline_column] if spec.deadline_column else None,
         extra=extra,
+        trace_context=row.get("trace_context"),
     )
 
 
@@ -262,6 +274,11 @@ async def enqueue_txn(
         "state_version": 1,
         "created_at": when,
         "updated_at": when,
+        "trace_context": (
+            current_carrier()
+            if message.trace_context is None
+            else encode_carrier(message.trace_context)
+        ),
     }
     if await insert_if_absent(conn, t, values):
         return EnqueueResult(message.message_id, True)

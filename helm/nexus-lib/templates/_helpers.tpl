@@ -114,7 +114,20 @@ FLOW_CLIENT_TLS_SERVER_NAME: {{ . | quote }}
 FLOW_GRPC_MAX_MESSAGE_BYTES: {{ .Values.grpc.maxMessageBytes | int64 | quote }}
 FLOW_SHUTDOWN_GRACE_S: {{ .Values.grpc.shutdownGraceSeconds | int64 | quote }}
 FLOW_OTEL_ENABLED: {{ .Values.otel.enabled | quote }}
-FLOW_OTEL_CONSOLE_EXPORT: {{ .Values.otel.consoleExport | quote }}
+{{- /* otel.consoleExport is the deprecated spelling of exporter: console. */}}
+FLOW_OTEL_EXPORTER: {{ ternary "console" .Values.otel.exporter .Values.otel.consoleExport | quote }}
+FLOW_OTEL_SQL: {{ .Values.otel.sqlSpans | quote }}
+{{- with .Values.otel.otlp.endpoint }}
+OTEL_EXPORTER_OTLP_ENDPOINT: {{ . | quote }}
+{{- end }}
+OTEL_EXPORTER_OTLP_PROTOCOL: {{ .Values.otel.otlp.protocol | quote }}
+{{- if .Values.metrics.enabled }}
+FLOW_METRICS_PORT: {{ .Values.metrics.port | int64 | quote }}
+FLOW_METRICS_STATE_MS: {{ .Values.metrics.stateIntervalMs | int64 | quote }}
+FLOW_METRICS_STATE_ORGS: {{ .Values.metrics.stateOrgs | int64 | quote }}
+FLOW_METRICS_COUNT_CAP: {{ .Values.metrics.countCap | int64 | quote }}
+FLOW_METRICS_PROBE_WINDOW: {{ .Values.metrics.probeWindow | int64 | quote }}
+{{- end }}
 FLOW_LOG_LEVEL: {{ .Values.logLevel | quote }}
 FLOW_REQUEST_RETENTION_HOURS: {{ .Values.requestRetentionHours | int64 | quote }}
 {{- range $name, $value := .Values.extraEnv }}

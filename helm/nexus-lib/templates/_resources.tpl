@@ -108,6 +108,13 @@ spec:
         {{- with .Values.networkPolicy.clients }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+    {{- if and .Values.metrics.enabled .Values.metrics.scrapers }}
+    - ports:
+        - port: {{ .Values.metrics.port }}
+          protocol: TCP
+      from:
+        {{- toYaml .Values.metrics.scrapers | nindent 8 }}
+    {{- end }}
 {{- end }}
 {{- end -}}
 

@@ -39,6 +39,11 @@ spec:
       annotations:
         # Roll the pods when their configuration changes.
         checksum/config: {{ include "nexus.configmap" $root | sha256sum }}
+        {{- if and $v.metrics.enabled $v.metrics.podAnnotations }}
+        prometheus.io/scrape: "true"
+        prometheus.io/port: {{ $v.metrics.port | quote }}
+        prometheus.io/path: /metrics
+        {{- end }}
         {{- with $v.podAnnotations }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -63,6 +68,11 @@ spec:
             - name: grpc
               containerPort: {{ $v.port }}
               protocol: TCP
+            {{- if $v.metrics.enabled }}
+            - name: metrics
+              containerPort: {{ $v.metrics.port }}
+              protocol: TCP
+            {{- end }}
           envFrom:
             - configMapRef:
                 name: {{ include "nexus.fullname" $root }}
@@ -211,5 +221,32 @@ spec:
       volumes:
         - name: data
           emptyDir: {}
+{{- end }}
+{{- end -}}
+
+
+{{/*
+nexus.podMonitor: a Prometheus Operator PodMonitor scraping `/metrics` of every pod of the
+chart (API and worker Deployments alike).
+*/}}
+{{- define "nexus.podMonitor" -}}
+{{- if and .Values.metrics.enabled .Values.metrics.podMonitor.enabled }}
+apiVersion: monitoring.coreos.com/v1
+kind: PodMonitor
+metadata:
+  name: {{ include "nexus.fullname" . }}
+  labels:
+    {{- include "nexus.labels" . | nindent 4 }}
+    {{- with .Values.metrics.podMonitor.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  selector:
+    matchLabels:
+      {{- include "nexus.selectorLabels" . | nindent 6 }}
+  podMetricsEndpoints:
+    - port: metrics
+      path: /metrics
+      interval: {{ .Values.metrics.podMonitor.interval }}
 {{- end }}
 {{- end -}}
