@@ -10,8 +10,10 @@ from runtime_svc.api.definitions import build_definition_service
 from runtime_svc.api.records import CatalogRecordViews, build_record_service
 from runtime_svc.api.runs import build_run_service
 from runtime_svc.catalog_client import ScopedCredentials, catalog_channel
+from runtime_svc.migration.process import start_bridge_duties
 from runtime_svc.worker.background import start_background
 from runtime_svc.worker.settings import WorkerSettings
+from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration, unimplemented_servicer
 from services.proto import runtime_v1
@@ -47,7 +49,9 @@ async def build_services(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[Se
 
 
 async def start_runtime_background(cfg: ServiceConfig, engine: AsyncEngine) -> Background:
-    """The runtime's workers and sweeps (``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS``).
+    """The runtime's workers and sweeps (``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS``)
+    and its bridge duties (§20.3: writer registration — a binary the control record has
+    left behind refuses to start here, before serving — heartbeat, legacy scheduler).
 
     Mutation steps validate against the metadata view of the run's work scope, read from
     the catalog (``FLOW_CATALOG_TARGET``) exactly as the record service reads it; only a
@@ -57,4 +61,19 @@ async def start_runtime_background(cfg: ServiceConfig, engine: AsyncEngine) -> B
     views = None
     if not settings.view_file:
         views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.from_config(cfg))
-    return await start_background(cfg, engine, views=views, settings=settings)
+    background = await start_background(cfg, engine, views=views, settings=settings)
+    legacy_views: RecordViewSource | None = views
+    if legacy_views is None and settings.view_file:
+        legacy_views = FixedViews.from_file(settings.view_file)
+    try:
+        return await start_bridge_duties(
+            engine,
+            background,
+            views=legacy_views,
+            legacy_scheduler=settings.legacy_scheduler,
+            lease_ms=settings.lease_ms,
+            idle_s=settings.idle_ms / 1000,
+        )
+    except BaseException:
+        await background.stop()
+        raise

@@ -260,7 +260,8 @@ flow_runs = Table(
     *work_scope_columns(),
     _id("flow_run_id"),
     _id("flow_version_id"),
-    _id("plan_id"),
+    # NULL only on a LegacyInterpreter-owned run (no compiled plan; revision 0009).
+    _id("plan_id", nullable=True),
     _code("execution_profile"),
     Column("execution_owner", String(CODE_LEN), nullable=False, server_default="LegacyInterpreter"),
     _code("runtime_state"),
@@ -290,6 +291,11 @@ flow_runs = Table(
     _time("paused_at", nullable=True),
     _time("created_at"),
     _time("updated_at"),
+    # Legacy-owned field set of a LegacyInterpreter run (revision 0009, runtime_svc.legacy):
+    # the interview context and the legacy scheduler's claim. NULL on V2 runs.
+    Column("legacy_context", JsonText(MAX_CONTEXT_PAYLOAD_BYTES), nullable=True),
+    Column("legacy_claimed_by", String(TOKEN_LEN), nullable=True),
+    _time("legacy_claim_until", nullable=True),
     PrimaryKeyConstraint("org_id", "flow_run_id"),
     UniqueConstraint("org_id", "idempotency_key", name="uq_flow_runs_idempotency"),
     ForeignKeyConstraint(
@@ -301,6 +307,16 @@ flow_runs = Table(
     Index("ix_flow_runs_migration", "org_id", "ownership_epoch", "runtime_state"),
     Index("ix_flow_runs_plan", "org_id", "plan_id"),
     Index("ix_flow_runs_history", "org_id", "flow_version_id", "created_at", "flow_run_id"),
+    # §20.3 (6): the legacy due-list filters (org, owner, epoch, legacy status, time).
+    Index(
+        "ix_flow_runs_legacy_due",
+        "org_id",
+        "execution_owner",
+        "ownership_epoch",
+        "interview_status",
+        "run_after",
+        "flow_run_id",
+    ),
     **TABLE_OPTIONS,
 )
 
@@ -621,3 +637,7 @@ audit_records = Table(
     Index("ix_audit_records_run", "org_id", "flow_run_id", "occurred_at"),
     **TABLE_OPTIONS,
 )
+
+
+# The §20 migration-contract tables live in their own module on this metadata.
+from runtime_svc import schema_bridge as _schema_bridge  # noqa: E402,F401

@@ -141,6 +141,10 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "30",
         "runtime: terminal runs older than this are physically purged (Flow lineage only)",
     ),
+    "FLOW_RUNTIME_LEGACY_SCHEDULER": (
+        "true",
+        "runtime: run the LegacyInterpreter scheduler (due list, stale-claim recovery) here",
+    ),
     "FLOW_RUNTIME_VIEW_FILE": (
         "",
         "tests/dev only: a metadata-view JSON used for every scope instead of the catalog",

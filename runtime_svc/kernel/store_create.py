@@ -25,6 +25,7 @@ from runtime_svc.kernel.store_rows import (
     prepare_checkpoint,
 )
 from runtime_svc.kernel.tables import check_transition, compatibility_status
+from runtime_svc.migration.protocol import require_v2_admission_txn
 from runtime_svc.schema import execution_plans, flow_runs
 from services.auth import TrustedRuntimeWorkScope
 from services.db import insert_if_absent
@@ -134,6 +135,9 @@ async def create_run_txn(
         ConflictError: the idempotency key was used for a different request.
         InvalidArgumentError: the input checkpoint is too large or holds credentials
             (before any SQL).
+        V2AdmissionClosedError: §20.3 — no V2 admission before both bridge gates, on a
+            pre-bridge binary, or while admission is disabled (a replay of an existing
+            run is still answered).
     """
     org = scope.org_id
     prepared = prepare_checkpoint(request.input, max_bytes=max_checkpoint_bytes)
@@ -142,6 +146,7 @@ async def create_run_txn(
         existing = await _by_idempotency_key(conn, org, request.idempotency_key)
         if existing is not None:
             return _replay(existing, request_digest)
+    await require_v2_admission_txn(conn)
     p = execution_plans.c
     stmt = select(execution_plans).where(p.org_id == org, p.plan_id == request.plan_id)
     plan = (await conn.execute(stmt)).mappings().first()

@@ -30,7 +30,10 @@ from runtime_svc.kernel import (
     StartRunRequest,
     SupportView,
 )
-from runtime_svc.kernel.states import TERMINAL_RUN_STATES
+from runtime_svc.kernel.states import TERMINAL_RUN_STATES, ExecutionOwner
+from runtime_svc.legacy.service import LegacyInterviewService
+from runtime_svc.migration.cohorts import choose_owner_txn
+from runtime_svc.migration.protocol import V2AdmissionClosedError
 from runtime_svc.runs.inputs import validate_input_variables
 from runtime_svc.runs.keys import start_key
 from runtime_svc.runs.listing import ListFilters, list_runs_txn
@@ -45,6 +48,7 @@ from runtime_svc.runs.tokens import PageTokenCodec
 from runtime_svc.schema import execution_plans
 from services.auth import TrustedIdentity, TrustedRuntimeWorkScope
 from services.db import transaction
+from services.digest import versioned_digest
 from services.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -138,6 +142,9 @@ class RunService:
         atomic_budget_s: how long ``StartRun`` of a Bounded Atomic Flow executes it
             synchronously when the request asks for a shorter (or no) wait; clamped to
             ``max_wait_s``.
+        legacy: the LegacyInterpreter owner (§20): new runs whose cohort selects it are
+            admitted there, and reads/deletes/cancels of its runs are routed to it;
+            ``None`` admits V2 only (a legacy-owned choice then fails closed).
     """
 
     def __init__(
@@ -150,6 +157,7 @@ class RunService:
         poll_interval_s: float = 0.05,
         atomic: AtomicRunner | None = None,
         atomic_budget_s: float = 5.0,
+        legacy: LegacyInterviewService | None = None,
     ) -> None:
         self._engine = engine
         self.store = store
@@ -158,6 +166,7 @@ class RunService:
         self._poll_s = poll_interval_s
         self._atomic = atomic
         self._atomic_budget_s = atomic_budget_s
+        self._legacy = legacy
 
     # --- start -------------------------------------------------------------------------
 
@@ -187,6 +196,9 @@ class RunService:
         inputs = validate_input_variables(
             resolved.variables, input_variables, max_bytes=self.store.max_checkpoint_bytes
         )
+        key = start_key(resolved.flow_api_name, idempotency_key) if idempotency_key else None
+        if self._legacy is not None and await self._legacy_owned_start(scope, resolved, key):
+            return await self._start_legacy(scope, resolved, inputs, key)
         first = first_step_of(resolved.plan, resolved.row.execution_profile)
         request = StartRunRequest(
             plan_id=resolved.row.plan_id,
@@ -195,11 +207,16 @@ class RunService:
                 context={"variables": inputs},
                 plan_cursor={"step": first.plan_step_key},
             ),
-            idempotency_key=(
-                start_key(resolved.flow_api_name, idempotency_key) if idempotency_key else None
-            ),
+            idempotency_key=key,
         )
-        result = await self._create(scope, request)
+        try:
+            result = await self._create(scope, request)
+        except V2AdmissionClosedError:
+            # Admission closed between the owner choice and the insert (§20.9): the new
+            # run returns to the legacy cohort; nothing V2 was written.
+            if self._legacy is None:
+                raise
+            return await self._start_legacy(scope, resolved, inputs, key)
         run = result.run
         completed = run.state in TERMINAL_RUN_STATES
         if (
@@ -217,6 +234,55 @@ class RunService:
             completed = run.state in TERMINAL_RUN_STATES
         view = await self._view(run, resolved)
         return StartOutcome(view, completed=completed, existing_run=not result.created)
+
+    async def _legacy_owned_start(
+        self, scope: TrustedRuntimeWorkScope, resolved: ResolvedPlan, key: str | None
+    ) -> bool:
+        """Whether this start belongs to the LegacyInterpreter: a replayed key keeps the
+        owner of the run it names; a new run gets its cohort's owner (§20.6-§20.8)."""
+        async with transaction(self._engine, readonly=True) as conn:
+            if key is not None:
+                existing = await self.store.run_by_key_txn(conn, scope.org_id, key)
+                if existing is not None:
+                    return existing.execution_owner is ExecutionOwner.LEGACY_INTERPRETER
+            choice = await choose_owner_txn(
+                conn, scope.org_id, resolved.row.flow_version_id, resolved.row.execution_profile
+            )
+        return choice.owner is ExecutionOwner.LEGACY_INTERPRETER
+
+    async def _start_legacy(
+        self,
+        scope: TrustedRuntimeWorkScope,
+        resolved: ResolvedPlan,
+        inputs: Mapping[str, Any],
+        key: str | None,
+    ) -> StartOutcome:
+        """``CreateInterview`` on the legacy owner; its first segment runs now."""
+        assert self._legacy is not None
+        digest = versioned_digest(
+            "legacy-start-request",
+            {
+                "scope": [scope.org_id, scope.app_installation_id, scope.runtime_capability_id,
+                          scope.runtime_work_binding_digest],
+                "flow_version_id": resolved.row.flow_version_id,
+                "input": dict(inputs),
+            },
+        )  # fmt: skip
+        try:
+            interview, created = await self._legacy.start(
+                scope,
+                resolved.row.flow_version_id,
+                inputs,
+                idempotency_key=key,
+                request_digest=digest,
+            )
+        except ConflictError as exc:
+            if isinstance(exc, FenceLostError) or key is None:
+                raise
+            raise IdempotencyKeyReusedError() from exc
+        run = await self.store.get_run(scope.org_id, interview.flow_run_id, include_deleted=True)
+        view = RunView(run, resolved.flow_api_name, "", interview.outputs())
+        return StartOutcome(view, completed=interview.terminal, existing_run=not created)
 
     async def _create(self, scope: TrustedRuntimeWorkScope, request: StartRunRequest) -> Any:
         # The store reads a lost insert race back and compares request digests, so a
@@ -289,6 +355,13 @@ class RunService:
     async def _with_outputs(self, view: RunView) -> RunView:
         if view.run.state is not RunState.SUCCEEDED:
             return view
+        if view.run.execution_owner is ExecutionOwner.LEGACY_INTERPRETER:
+            if self._legacy is None:
+                return view
+            interview = await self._legacy.get(
+                view.run.org_id, view.run.flow_run_id, include_deleted=True
+            )
+            return RunView(view.run, view.flow_api_name, "", interview.outputs())
         async with transaction(self._engine, readonly=True) as conn:
             row = await repo.get_plan_txn(conn, view.run.org_id, view.run.plan_id)
         if row is None:
@@ -323,6 +396,13 @@ class RunService:
     async def support(self, org_id: str, flow_run_id: str) -> RunSupport:
         """§19 support read of ``(org_id, flow_run_id)`` — never by run id alone, never a
         checkpoint payload; deleted runs are hidden like on every normal read path."""
+        run = await self.store.get_run(org_id, flow_run_id)
+        if run.execution_owner is ExecutionOwner.LEGACY_INTERPRETER:
+            raise FailedPreconditionError(
+                f"run {flow_run_id} is owned by the legacy interpreter: it has no plan, "
+                "steps or checkpoints; read it with GetRun (compatibility projection)",
+                reason="legacy_owned_run",
+            )
         support = await self.store.support_view(org_id, flow_run_id)
         async with transaction(self._engine, readonly=True) as conn:
             (view,) = await self._views(conn, [support.run])
@@ -340,6 +420,13 @@ class RunService:
         return RunSupport(view, support, row, plan, ids)
 
     # --- delete and cancel -------------------------------------------------------------
+
+    def _require_legacy(self) -> LegacyInterviewService:
+        if self._legacy is None:
+            raise FailedPreconditionError(
+                "this process serves no legacy interpreter owner", reason="legacy_owner_absent"
+            )
+        return self._legacy
 
     async def _check_version(self, org_id: str, flow_run_id: str, expected: int) -> RunRecord:
         run = await self.store.get_run(org_id, flow_run_id, include_deleted=True)
@@ -364,7 +451,13 @@ class RunService:
         """
         _require_role(identity, DELETE_ROLE, "delete")
         org = identity.org_id
-        await self._check_version(org, flow_run_id, expected_state_version)
+        run = await self._check_version(org, flow_run_id, expected_state_version)
+        if run.execution_owner is ExecutionOwner.LEGACY_INTERPRETER:
+            # §10.1: the typed LegacyInterpreter/0/StateVersion cancellation-and-tombstone.
+            await self._require_legacy().delete(
+                org, flow_run_id, expected_version=expected_state_version or None
+            )
+            return await self.get_run(org, flow_run_id, include_deleted=True)
         await self.store.delete_run(org, flow_run_id)
         return await self.get_run(org, flow_run_id, include_deleted=True)
 
@@ -385,6 +478,11 @@ class RunService:
         before = await self._check_version(org, flow_run_id, expected_state_version)
         if before.is_deleted:
             raise NotFoundError("flow_run", flow_run_id)
+        if before.execution_owner is ExecutionOwner.LEGACY_INTERPRETER:
+            after = await self._require_legacy().cancel(
+                org, flow_run_id, expected_version=expected_state_version or None
+            )
+            return await self.get_run(org, after.flow_run_id, include_deleted=True)
         await self.store.request_cancel(org, flow_run_id)
         view = await self.get_run(org, flow_run_id)
         if view.run.state in TERMINAL_RUN_STATES - {RunState.CANCELLED}:

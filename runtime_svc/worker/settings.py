@@ -18,6 +18,8 @@ variable                           default    meaning
                                               (lineage rows only; records/audit stay)
 ``FLOW_RUNTIME_VIEW_FILE``         (none)     test/dev only: a MetadataViewInput JSON used
                                               as every scope's record view
+``FLOW_RUNTIME_LEGACY_SCHEDULER``  ``true``   run the LegacyInterpreter scheduler here (due
+                                              list, stale-claim recovery; §20.8 drain)
 =================================  =========  ==============================================
 """
 
@@ -71,6 +73,7 @@ class WorkerSettings:
     batch_size: int = 20
     view_file: str | None = None
     retention_days: int = 30
+    legacy_scheduler: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -92,6 +95,7 @@ class WorkerSettings:
             sweep_ms=_int(e, "FLOW_RUNTIME_SWEEP_MS", 1_000, 1),
             view_file=e.get("FLOW_RUNTIME_VIEW_FILE") or None,
             retention_days=_int(e, "FLOW_RUNTIME_RETENTION_DAYS", 30, 1),
+            legacy_scheduler=_bool(e, "FLOW_RUNTIME_LEGACY_SCHEDULER", True),
         )
 
     def retry_policy(self) -> RetryPolicy:
