@@ -132,13 +132,16 @@ async def bridge_begin(engine: AsyncEngine) -> DeploymentControl:
         return await read_control_txn(conn)
 
 
-async def drain_begin(engine: AsyncEngine) -> DeploymentControl:
-    """Start draining: pre-bridge binaries can no longer register (start)."""
+async def drain_begin(engine: AsyncEngine, *, restart: bool = False) -> DeploymentControl:
+    """Start draining: pre-bridge binaries can no longer register (start).
+
+    ``restart`` moves the drain start to now — after a refused drain gate, once the
+    straggling pre-bridge writer named in its evidence is gone."""
     async with transaction(engine) as conn:
         control = await lock_control_txn(conn)
         if control.phase is not Phase.ADDITIVE:
             raise GateRefusedError("drain begin", [f"phase_is_{control.phase.value}"])
-        if control.drain_started_at is None:
+        if control.drain_started_at is None or restart:
             now = await db_now(conn)
             await update_control_txn(conn, control.state_version, {"drain_started_at": now}, now)
         return await read_control_txn(conn)
