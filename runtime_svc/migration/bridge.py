@@ -54,6 +54,7 @@ from services.db import db_now, transaction
 from services.errors import FailedPreconditionError
 
 __all__ = [
+    "DRAIN_SETTLE_S",
     "GateRefusedError",
     "bridge_begin",
     "clear_quarantine",
@@ -147,12 +148,22 @@ async def drain_begin(engine: AsyncEngine, *, restart: bool = False) -> Deployme
         return await read_control_txn(conn)
 
 
-async def drain_verify(engine: AsyncEngine) -> DeploymentControl:
+#: Minimum time between the drain start and the drain gate: MySQL-family servers serve
+#: ``information_schema.INNODB_TRX`` from a cache refreshed at most every 0.1 s, so a
+#: snapshot taken too soon after the drain start could predate it.
+DRAIN_SETTLE_S = 1.0
+
+
+async def drain_verify(
+    engine: AsyncEngine, *, settle_s: float = DRAIN_SETTLE_S
+) -> DeploymentControl:
     """The drain gate: record authoritative zero-old-writer evidence, or refuse."""
     async with transaction(engine) as conn:
         control = await lock_control_txn(conn)
         now = await db_now(conn)
         started = control.drain_started_at
+        if started is not None and (now - started).total_seconds() < settle_s:
+            raise GateRefusedError("drain gate", ["drain_too_recent"])
         writers = await fleet.live_writers_txn(conn, now)
         pre_bridge = [w for w in writers if int(w["write_protocol_generation"]) < 1]
         open_txns, kind = (None, "drain_not_started")

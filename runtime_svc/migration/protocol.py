@@ -19,8 +19,6 @@ from collections.abc import Mapping
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from runtime_svc.migration.control import read_control_txn
-from runtime_svc.migration.gates import v2_admission_refusal
 from services.errors import FailedPreconditionError
 
 __all__ = [
@@ -87,6 +85,11 @@ async def require_v2_admission_txn(conn: AsyncConnection, *, generation: int | N
         V2AdmissionClosedError: see :func:`runtime_svc.migration.gates.v2_admission_refusal`.
         FailedPreconditionError: the control record is missing.
     """
+    # Imported here: the kernel's create path imports this module, and the control record
+    # decodes kernel enums — a module-level import would be a cycle.
+    from runtime_svc.migration.control import read_control_txn
+    from runtime_svc.migration.gates import v2_admission_refusal
+
     control = await read_control_txn(conn)
     refusal = v2_admission_refusal(
         control, binary_generation() if generation is None else generation

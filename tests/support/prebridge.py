@@ -114,20 +114,22 @@ async def old_update_status(engine: AsyncEngine, interview_id: str, status: str)
 
 async def _main(db_url: str, count: int) -> int:
     engine = db.create_engine(db_url)
+    process_id = f"prebridge-{uuid.uuid4().hex[:12]}"
     try:
         try:
             await fleet.register_writer(
                 engine,
-                fleet.WriterRegistration(
-                    f"prebridge-{uuid.uuid4().hex[:12]}", "0.1.0", 0, "legacy", "prebridge-app"
-                ),
+                fleet.WriterRegistration(process_id, "0.1.0", 0, "legacy", "prebridge-app"),
             )
         except BinaryRefusedError as exc:
             print(f"refusing to start: {exc.safe_message}", file=sys.stderr)
             return 3
-        for i in range(count):
-            await old_insert(engine, flow="prebridge_app", position="start", interview_id=None)
-            print(f"inserted {i + 1}", flush=True)
+        try:
+            for i in range(count):
+                await old_insert(engine, flow="prebridge_app", position="start")
+                print(f"inserted {i + 1}", flush=True)
+        finally:
+            await fleet.stop_writer(engine, process_id)  # graceful shutdown
         return 0
     finally:
         await engine.dispose()

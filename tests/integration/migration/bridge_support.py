@@ -85,5 +85,5 @@ async def through_org_schema_gate(
 ) -> None:
     """Drain (nothing running) and pass the org-schema gate."""
     await bridge.drain_begin(engine)
-    await bridge.drain_verify(engine)
+    await bridge.drain_verify(engine, settle_s=0)
     await bridge.org_schema_gate(engine, issuer.proven(scope), LegacyInterviewStore(engine))

@@ -195,7 +195,7 @@ async def test_the_bridge_walk_through_adopts_every_row_after_a_zero_null_final_
     late = await old_insert(fresh_engine, flow="legacy_pure", position="calc")  # after a sweep
 
     await bridge.drain_begin(fresh_engine)
-    await bridge.drain_verify(fresh_engine)
+    await bridge.drain_verify(fresh_engine, settle_s=0)
     receipt = await bridge.org_schema_gate(
         fresh_engine, issuer.proven(scope), LegacyInterviewStore(fresh_engine)
     )
@@ -237,7 +237,7 @@ async def test_v2_admission_is_impossible_before_both_gates_and_on_a_pre_bridge_
     refusals = []
     for gate in (
         lambda: bridge.drain_begin(fresh_engine),
-        lambda: bridge.drain_verify(fresh_engine),
+        lambda: bridge.drain_verify(fresh_engine, settle_s=0),
         lambda: bridge.org_schema_gate(
             fresh_engine, issuer.proven(scope), LegacyInterviewStore(fresh_engine)
         ),
