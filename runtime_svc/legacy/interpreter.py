@@ -579,13 +579,31 @@ class _Walk:
     # --- resume -----------------------------------------------------------------------
 
     def resume(self, signal: Resume) -> Failed | StillWaiting | None:
-        """Release the current wait (``None``: continue walking)."""
+        """Release the current wait (``None``: continue walking). Once the wait's terminal
+        deadline has passed its expiry policy applies, whatever the signal."""
         state = self.state
         wait = state.wait
         assert wait is not None
         frame = state.top
         element = self.element(frame, str(state.position))
         expired = wait.deadline_at is not None and self.now >= wait.deadline_at
+        if not expired:
+            return self.release_for(signal, wait, frame, element)
+        state.wait = None
+        if wait.expiry_policy == "fault_path" and element.fault is not None:
+            state.position = element.fault
+            return None
+        return Failed("wait_expired", wait.element, quarantined=wait.expiry_policy == "quarantine")
+
+    def release_for(
+        self, signal: Resume, wait: WaitSpec, frame: Frame, element: Element
+    ) -> StillWaiting | None:
+        """Release a wait whose terminal bound has not passed (``None``: released).
+
+        An event/action wait needs its evidence (and the event condition); a time wait
+        is released by the due claim at or after its resume time. Anything else leaves
+        the interview waiting unchanged.
+        """
         if isinstance(signal, EventArrived):
             if wait.kind is WaitKind.ACTION and isinstance(element, ActionCall):
                 if element.output_variable:
@@ -596,27 +614,15 @@ class _Walk:
                 spec = element.wait
                 assert isinstance(spec, EventWait)
                 env = {**frame.variables, "$Event": dict(signal.evidence)}
-                holds = spec.condition is None or _eval(spec.condition, env) is True
-                if not holds:
-                    return StillWaiting(wait)
-                self.release(element.next)
-                return None
+                if spec.condition is None or _eval(spec.condition, env) is True:
+                    self.release(element.next)
+                    return None
             return StillWaiting(wait)
-        if (
-            wait.kind is WaitKind.TIME
-            and wait.resume_at is not None
-            and self.now >= wait.resume_at
-            and (wait.deadline_at is None or wait.resume_at <= wait.deadline_at)
-        ):
+        due = wait.resume_at is not None and self.now >= wait.resume_at
+        if wait.kind is WaitKind.TIME and due:
             self.release(element.next)
             return None
-        if not expired:
-            return StillWaiting(wait)
-        state.wait = None
-        if wait.expiry_policy == "fault_path" and element.fault is not None:
-            state.position = element.fault
-            return None
-        return Failed("wait_expired", wait.element, quarantined=wait.expiry_policy == "quarantine")
+        return StillWaiting(wait)
 
     def release(self, nxt: str | None) -> None:
         self.state.wait = None

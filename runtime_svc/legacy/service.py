@@ -5,7 +5,9 @@ interviews — the bridge-protected ``LegacyInterpreter`` owner of epoch 0 (§20
 A segment is: a fenced claim (its own short transaction), then ONE transaction that walks
 the elements with :class:`~runtime_svc.legacy.ports.LivePorts` — business writes through
 the record engine, in element order — and ends with the fenced legacy commit of the
-interview row (§13.1: business rows first, the lifecycle row last). If the commit's
+interview row (§13.1: business rows first, the lifecycle row last). A segment that ends
+in an unhandled fault keeps none of its business writes (a savepoint is rolled back) but
+publishes the interview's ``Error`` state. If the commit's
 locked-row recheck fails (a delete won, a stale recovery re-queued it) the whole
 transaction rolls back: no business write of a fenced segment survives. A crash after
 the claim leaves the row ``Running`` with an expiring claim; stale-claim recovery returns
@@ -167,7 +169,14 @@ class LegacyInterviewService:
                 segment = Segment(Failed(exc.code, state.path), state, (), (), ())
             else:
                 ports = LivePorts(conn, claim.org_id, claim.flow_run_id, library, view)
+                # An unhandled fault rolls the segment's business writes back (the legacy
+                # all-or-nothing segment); the Error state itself is still published.
+                savepoint = await conn.begin_nested()
                 segment = await run_segment(library.root, state, ports, now=now, resume=signal)
+                if isinstance(segment.status, Failed):
+                    await savepoint.rollback()
+                else:
+                    await savepoint.commit()
             await self.store.commit_txn(conn, claim, segment)
             return segment
 

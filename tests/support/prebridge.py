@@ -48,9 +48,7 @@ def old_context(flow: str, version: int, position: str | None, variables: dict[s
     return json.dumps(
         {
             "v": 1,
-            "frames": [
-                {"flow": flow, "version": version, "prefix": "", "variables": variables}
-            ],
+            "frames": [{"flow": flow, "version": version, "prefix": "", "variables": variables}],
             "position": position,
         }
     )

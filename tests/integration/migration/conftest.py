@@ -62,9 +62,7 @@ def new_scope(org: str | None = None) -> TrustedRuntimeWorkScope:
     )
 
 
-async def register_flow(
-    engine: AsyncEngine, org_id: str, source: dict[str, Any]
-) -> str:
+async def register_flow(engine: AsyncEngine, org_id: str, source: dict[str, Any]) -> str:
     """Store a Flow version (what RegisterFlowVersion writes); returns its id."""
     version_id = f"fv-{uuid.uuid4().hex[:12]}"
     async with db.transaction(engine) as conn:
@@ -102,9 +100,7 @@ class LegacyWorld:
     def other_service(self, owner: str) -> LegacyInterviewService:
         """A second legacy scheduler process on the same database and clock."""
         store = LegacyInterviewStore(self.engine, lease=LEASE, clock=self.clock)
-        return LegacyInterviewService(
-            self.engine, store, FixedViews(record_view()), owner=owner
-        )
+        return LegacyInterviewService(self.engine, store, FixedViews(record_view()), owner=owner)
 
     async def flow(self, source: dict[str, Any]) -> str:
         return await register_flow(self.engine, self.org, source)

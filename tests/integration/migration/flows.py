@@ -8,9 +8,9 @@ from typing import Any
 __all__ = ["event_wait_flow", "pure_flow", "time_wait_flow", "write_flow"]
 
 
-def _flow(name: str, elements: list[dict[str, Any]], variables: list[dict[str, Any]]) -> (
-    dict[str, Any]
-):
+def _flow(
+    name: str, elements: list[dict[str, Any]], variables: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
         "api_name": name,
         "version": 1,

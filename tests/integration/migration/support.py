@@ -22,8 +22,8 @@ __all__ = [
     "capture_inserts",
     "raw_run",
     "tamper",
-    "v2_world",
     "v2_waiting_run",
+    "v2_world",
 ]
 
 

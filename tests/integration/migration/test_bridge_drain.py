@@ -54,9 +54,7 @@ async def test_the_drain_gate_demands_zero_live_pre_bridge_writers(
     with pytest.raises(bridge.GateRefusedError) as refused:
         await bridge.drain_verify(fresh_engine, settle_s=0)
     assert refused.value.reasons == ("pre_bridge_writers_live",)
-    assert [w["process_id"] for w in refused.value.evidence["live_pre_bridge_writers"]] == [
-        "old-1"
-    ]
+    assert [w["process_id"] for w in refused.value.evidence["live_pre_bridge_writers"]] == ["old-1"]
 
     await fleet.stop_writer(fresh_engine, "old-1")  # the rollout stopped the old pod
     control = await bridge.drain_verify(fresh_engine, settle_s=0)
@@ -183,7 +181,7 @@ def _runtime(tmp: Path, db_url: str, *, generation: int) -> ServiceProcess:
         "sys.exit(m.main())"
     )
     log = open(proc.log_path, "ab")  # noqa: SIM115 - closed by ServiceProcess._close
-    proc._log = log  # noqa: SLF001
+    proc._log = log
     proc.proc = subprocess.Popen(
         [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
     )

@@ -60,8 +60,7 @@ async def _receipts(engine: AsyncEngine) -> list[dict[str, object]]:
     async with db.transaction(engine, readonly=True) as conn:
         t = flow_interview_org_backfill_receipts
         return [
-            dict(r)
-            for r in (await conn.execute(select(t).order_by(t.c.completed_at))).mappings()
+            dict(r) for r in (await conn.execute(select(t).order_by(t.c.completed_at))).mappings()
         ]
 
 
@@ -123,7 +122,7 @@ async def test_an_unprovable_authority_stamps_nothing_and_quarantines_the_rollou
     }[case]
     if case == "expired":
         verifier = issuer.verifier
-        verifier._now = lambda: 10**12  # noqa: SLF001 - far in the future
+        verifier._now = lambda: 10**12
     authority = issuer.authority(*statements)
     assert isinstance(authority, AuthorityUnproven)
 

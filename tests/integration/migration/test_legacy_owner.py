@@ -145,7 +145,10 @@ async def test_a_direct_resume_releases_an_event_wait_only_when_its_condition_ho
     rejected = await legacy.service.resume(legacy.org, run_id, {"status": "rejected"})
     assert rejected.interview.status is CompatibilityStatus.PAUSED
     approved = await legacy.service.resume(
-        legacy.org, run_id, {"status": "approved"}, expected_version=rejected.interview.state_version
+        legacy.org,
+        run_id,
+        {"status": "approved"},
+        expected_version=rejected.interview.state_version,
     )
     assert approved.interview.status is CompatibilityStatus.FINISHED
     assert approved.interview.outputs() == {"outcome": "approved"}
@@ -324,7 +327,12 @@ async def test_every_legacy_mutator_carries_owner_epoch_and_version_predicates(
         except LegacyRejectedError as exc:
             assert exc.rejection is Rejection.NOT_LEGACY_OWNED
     forged = LegacyClaim(
-        legacy.scope, v2_run, claim.flow_version_id, v2_row["state_version"], claim.token, claim.context
+        legacy.scope,
+        v2_run,
+        claim.flow_version_id,
+        v2_row["state_version"],
+        claim.token,
+        claim.context,
     )
     await _refused_segment(legacy, forged)
     # ... and the SQL predicate alone cannot match it either (owner, epoch, version).
@@ -359,7 +367,9 @@ async def test_the_v2_scheduler_never_sees_or_changes_a_legacy_run(legacy: Legac
     before = await raw_run(legacy.engine, legacy.org, run_id)
 
     for queue in ("durable_mutation", "bounded_atomic_foreground", "legacy_interpreter"):
-        assert all(c.flow_run_id != run_id for c in await world.store.eligible_work(legacy.org, queue))
+        assert all(
+            c.flow_run_id != run_id for c in await world.store.eligible_work(legacy.org, queue)
+        )
     try:
         await world.store.delete_run(legacy.org, run_id)
         raise AssertionError("the V2 store changed a legacy row")

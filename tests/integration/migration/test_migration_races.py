@@ -77,14 +77,13 @@ async def test_a_legacy_claim_racing_a_v2_transition_never_wins_and_never_distur
             outcomes.append(await legacy.recover_one(scope.org_id, run_id))
         return outcomes
 
-    results = await asyncio.gather(
-        *(v2(r) for r in run_ids), *(old_scheduler(r) for r in run_ids)
-    )
+    results = await asyncio.gather(*(v2(r) for r in run_ids), *(old_scheduler(r) for r in run_ids))
 
     assert results[:RUNS] == [RunState.SUCCEEDED] * RUNS
     for outcomes in results[RUNS:]:
         assert outcomes and all(
-            o == Rejected(Rejection.NOT_LEGACY_OWNED) for o in outcomes  # type: ignore[union-attr]
+            o == Rejected(Rejection.NOT_LEGACY_OWNED)
+            for o in outcomes  # type: ignore[union-attr]
         ), outcomes
     for run_id in run_ids:
         row = await raw_run(maria, scope.org_id, run_id)
