@@ -16,7 +16,7 @@ __all__ = ["build_parser", "main"]
 
 #: Command groups: each module exposes ``register(subparsers)``; a group whose module is
 #: not present yet is simply not offered.
-GROUPS = ("flowctl.auth", "flowctl.catalog", "flowctl.flow")
+GROUPS = ("flowctl.auth", "flowctl.catalog", "flowctl.flow", "flowctl.deploy")
 
 
 def build_parser() -> argparse.ArgumentParser:
