@@ -31,6 +31,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any, Protocol
 
 from runtime_svc.compiler import ExpressionEvalError, FlowDef, evaluate, parse_expression
@@ -255,9 +256,22 @@ def _eval(expr: Expr | str | None, env: Mapping[str, Any]) -> Any:
         raise LegacyFault("expression_error", str(exc)) from exc
 
 
+def _exact(value: Any) -> Any:
+    """JSON numbers as the evaluator's exact numbers: an integral float (a protobuf
+    ``Struct`` number) is an ``int``, any other float the decimal it prints as."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else Decimal(repr(value))
+    if isinstance(value, Mapping):
+        return {k: _exact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_exact(v) for v in value]
+    return value
+
+
 def initial_variables(flow: FlowDef, given: Mapping[str, Any]) -> dict[str, Any]:
-    """``given`` plus every declared variable it lacks (``null``, collections ``[]``)."""
-    out = dict(given)
+    """``given`` (numbers made exact) plus every declared variable it lacks (``null``,
+    collections ``[]``)."""
+    out = {k: _exact(v) for k, v in given.items()}
     for var in flow.variables:
         out.setdefault(var.name, [] if var.collection else None)
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["event_wait_flow", "pure_flow", "time_wait_flow", "write_flow"]
+__all__ = ["event_wait_flow", "pure_flow", "pure_wait_flow", "time_wait_flow", "write_flow"]
 
 
 def _flow(
@@ -163,4 +163,33 @@ def event_wait_flow(
             {"name": "ticket", "type": "string", "input": True},
             {"name": "outcome", "type": "string", "output": True},
         ],
+    )
+
+
+def pure_wait_flow(name: str = "legacy_pure_wait") -> dict[str, Any]:
+    """A one-hour timer between two assignments: pauses without touching any record."""
+    return _flow(
+        name,
+        [
+            {
+                "api_name": "before",
+                "type": "Assignment",
+                "assignments": [{"target": "stage", "value": "'waiting'"}],
+                "next": "hold",
+            },
+            {
+                "api_name": "hold",
+                "type": "Wait",
+                "wait": {"kind": "time", "duration": "PT1H"},
+                "deadline": "P1D",
+                "expiry_policy": "terminal_failure",
+                "next": "after",
+            },
+            {
+                "api_name": "after",
+                "type": "Assignment",
+                "assignments": [{"target": "stage", "value": "'done'"}],
+            },
+        ],
+        [{"name": "stage", "type": "string", "output": True}],
     )
