@@ -20,16 +20,20 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from runtime_svc.kernel.states import CompatibilityStatus
+from runtime_svc.legacy.admission import admit_legacy_txn
+from runtime_svc.legacy.store import LegacyInterviewStore
 from runtime_svc.migration import bridge, fleet
 from runtime_svc.migration.control import Phase
 from runtime_svc.migration.protocol import BinaryRefusedError
 from runtime_svc.schema_bridge import flow_interview_writers, flow_interviews
-from services import db
+from services import db, migrate
 from tests.integration.migration.bridge_support import Issuer, through_org_schema_gate
 from tests.integration.migration.conftest import new_scope, register_flow
-from tests.integration.migration.flows import pure_flow
+from tests.integration.migration.flows import pure_flow, write_flow
+from tests.integration.worker.support import view_file
 from tests.support.prebridge import old_insert
-from tests.support.procs import ROOT, ServiceProcess, free_port, service_env
+from tests.support.procs import ROOT, ServiceProcess, assert_eventually, free_port, service_env
 
 _PREBRIDGE = fleet.WriterRegistration("old-1", "0.1.0", 0, "legacy", "old-host")
 
@@ -106,8 +110,6 @@ async def test_a_pre_bridge_binary_cannot_register_once_the_drain_started(
 async def test_an_open_pre_bridge_transaction_refuses_the_drain_gate(
     mariadb_url: str,
 ) -> None:
-    from services import migrate
-
     await migrate.upgrade(mariadb_url, "runtime_svc")
     engine = db.create_engine(mariadb_url)
     url = make_url(mariadb_url)
@@ -192,8 +194,6 @@ def _runtime(tmp: Path, db_url: str, *, generation: int) -> ServiceProcess:
 async def test_a_pre_bridge_binary_cannot_restart_after_the_gate(
     db_url: str, tmp_path: Path
 ) -> None:
-    from services import migrate
-
     await migrate.upgrade(db_url, "runtime_svc")
     engine = db.create_engine(db_url)
     try:
@@ -225,5 +225,54 @@ async def test_a_pre_bridge_binary_cannot_restart_after_the_gate(
             await asyncio.to_thread(bridge_runtime.wait_serving)  # the bridge binary serves
         finally:
             bridge_runtime.terminate()
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.e2e
+async def test_the_runtime_process_registers_and_its_legacy_scheduler_drains_due_interviews(
+    db_url: str, tmp_path: Path
+) -> None:
+    await migrate.upgrade(db_url, "runtime_svc")
+    engine = db.create_engine(db_url)
+    scope = new_scope()
+    store = LegacyInterviewStore(engine)
+    try:
+        version = await register_flow(engine, scope.org_id, write_flow("scheduled_write"))
+        async with db.transaction(engine) as conn:
+            interview, claim, _ = await admit_legacy_txn(
+                conn, scope, version, {"label": "Scheduled"}, store=store
+            )
+        assert claim is None and interview.status is CompatibilityStatus.PAUSED  # due now
+
+        port = free_port()
+        env = service_env(
+            tmp_path,
+            "runtime",
+            port,
+            db_url=db_url,
+            extra={
+                "FLOW_RUNTIME_WORKERS": "0",
+                "FLOW_RUNTIME_IDLE_MS": "50",
+                "FLOW_RUNTIME_VIEW_FILE": view_file(tmp_path),
+                "FLOW_CATALOG_PORT": str(free_port()),
+            },
+        )
+        runtime = ServiceProcess("runtime", port, env, tmp_path / "runtime.log").start()
+        try:
+            await asyncio.to_thread(runtime.wait_serving)
+
+            async def finished() -> bool:
+                got = await store.get(scope.org_id, interview.flow_run_id)
+                return got.status is CompatibilityStatus.FINISHED
+
+            await assert_eventually(finished, timeout=60, what="legacy interview finished")
+            async with db.transaction(engine, readonly=True) as conn:
+                live = await fleet.live_writers_txn(conn, await db.db_now(conn))
+            assert [w["write_protocol_generation"] for w in live] == [1]
+        finally:
+            assert runtime.terminate() == 0
+        async with db.transaction(engine, readonly=True) as conn:  # stopped on shutdown
+            assert await fleet.live_writers_txn(conn, await db.db_now(conn)) == []
     finally:
         await engine.dispose()

@@ -258,3 +258,22 @@ def test_the_dual_ownership_metric_renders_every_kind() -> None:
     assert 'nexus_flow_dual_ownership_runs{kind="v2_epoch_zero"} 1' in text
     assert 'nexus_flow_runs_by_owner{owner="LegacyInterpreter",epoch="0"} 2' in text
     assert report.dual_ownership_total == 1
+
+
+def test_the_inventory_names_the_legacy_behaviour_each_plan_relies_upon() -> None:
+    from runtime_svc.compiler import compile_plan
+    from runtime_svc.definitions import inventory_row
+    from tests.unit.compiler.compiler_corpus import FLOWS, case_inputs, read_json
+
+    def behaviours(name: str) -> tuple[str, ...]:
+        source = read_json(FLOWS / name / "flow.json")
+        inputs = case_inputs(name)
+        row = inventory_row(name, f"fv-{name}", source, inputs, compile_plan(source, inputs))
+        return row.legacy_behaviors
+
+    assert "legacy.inline_external_call" in behaviours("durable_send_email")
+    assert "legacy.paused_interview_wait" in behaviours("durable_wait_time_fault_path")
+    assert "legacy.subflow_call_frame" in behaviours("atomic_subflow_line_items")
+    assert "legacy.all_or_nothing_segment" in behaviours("durable_unbounded_loop")
+    assert "legacy.all_or_nothing_segment" not in behaviours("durable_snapshot_verify")
+    assert behaviours("autolaunched_pure_compute") == ()
