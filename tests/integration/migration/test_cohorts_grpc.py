@@ -22,11 +22,12 @@ from runtime_svc.migration import bridge, cohorts, reconcile
 from runtime_svc.migration.cohorts import CohortRefusedError
 from runtime_svc.migration.shadow import compare_flow_version
 from runtime_svc.migration.shadow_model import Scenario
-from runtime_svc.schema import flow_runs
+from runtime_svc.schema import audit_records, business_events, flow_runs, records, runtime_outbox
+from runtime_svc.schema_bridge import flow_shadow_comparisons
 from services.proto import common_v1, runtime_v1
 from tests.integration.definitions.conftest import module_db_url
 from tests.integration.definitions.harness import error_detail, new_org, rows, run_db
-from tests.integration.migration.flows import pure_flow, pure_wait_flow
+from tests.integration.migration.flows import pure_flow, pure_wait_flow, write_flow
 from tests.integration.runs.harness import RunClient, RunServers, publish_and_activate
 from tests.integration.worker.support import make_worker, record_view
 
@@ -267,3 +268,34 @@ def test_reconciliation_reports_zero_dual_ownership(servers: RunServers, client:
     assert set(report.dual_ownership) == set(reconcile.DUAL_OWNERSHIP_KINDS)
     deployment = run_db(servers.db_url, reconcile.reconcile_ownership)
     assert deployment.dual_ownership_total == 0  # across every org of this deployment
+
+
+def test_a_persisted_shadow_comparison_writes_only_its_evidence(
+    servers: RunServers, client: RunClient
+) -> None:
+    pub, plans = _setup(servers, client, write_flow("shadow_write"))
+    org = pub.scope[0]
+    tables = (flow_runs, records, business_events, audit_records, runtime_outbox)
+    before = {t.name: len(rows(servers.db_url, t, org_id=org)) for t in tables}
+
+    [result] = run_db(
+        servers.db_url,
+        lambda e: compare_flow_version(
+            e,
+            org,
+            plans["shadow_write"].flow_version_id,
+            [Scenario("creates_and_touches", inputs={"label": "Acme"})],
+            view=record_view(),
+        ),
+    )
+
+    assert result.comparison.outcome.value == "match"
+    assert [w[:2] for w in result.comparison.legacy.writes] == [
+        ("create", "Account"),
+        ("update", "Account"),
+    ]
+    after = {t.name: len(rows(servers.db_url, t, org_id=org)) for t in tables}
+    assert after == before  # no business mutation, no effect, no run: only evidence
+    [evidence] = rows(servers.db_url, flow_shadow_comparisons, comparison_id=result.comparison_id)
+    assert (evidence["org_id"], evidence["outcome"], evidence["blocking"]) == (org, "match", False)
+    assert evidence["plan_digest"] == plans["shadow_write"].plan_digest
