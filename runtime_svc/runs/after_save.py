@@ -96,16 +96,21 @@ async def admit_after_save_runs_txn(
     record = mutation.record
     run_ids: list[str] = []
     ordered = sorted(selection.plans, key=lambda p: (p.dispatch_order, p.flow_api_name))
+
+    def key_of(flow_api_name: str) -> str:
+        return after_save_key(
+            scope.org_id,
+            record.object_name,
+            record.record_id,
+            mutation.history_sequence,
+            flow_api_name,
+        )
+
     if mutation.replayed:
         for admitted in ordered:
-            key = after_save_key(
-                scope.org_id,
-                record.object_name,
-                record.record_id,
-                mutation.history_sequence,
-                admitted.flow_api_name,
+            existing = await store.run_by_key_txn(
+                conn, scope.org_id, key_of(admitted.flow_api_name)
             )
-            existing = await store.run_by_key_txn(conn, scope.org_id, key)
             if existing is not None:
                 run_ids.append(existing.flow_run_id)
         return run_ids
@@ -136,13 +141,7 @@ async def admit_after_save_runs_txn(
             "event_id": mutation.event_id,
             "event": event,
         }
-        key = after_save_key(
-            scope.org_id,
-            record.object_name,
-            record.record_id,
-            mutation.history_sequence,
-            admitted.flow_api_name,
-        )
+        key = key_of(admitted.flow_api_name)
         variables = {k: to_json_value(v) for k, v in env.items()}
         choice = await choose_owner_txn(
             conn, scope.org_id, row.flow_version_id, row.execution_profile

@@ -9,8 +9,6 @@ admission switch restore it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,35 +23,17 @@ from runtime_svc.migration.shadow_model import Scenario
 from runtime_svc.schema import audit_records, business_events, flow_runs, records, runtime_outbox
 from runtime_svc.schema_bridge import flow_shadow_comparisons
 from services.proto import common_v1, runtime_v1
-from tests.integration.definitions.conftest import module_db_url
 from tests.integration.definitions.harness import error_detail, new_org, rows, run_db
 from tests.integration.migration.flows import pure_flow, pure_wait_flow, write_flow
+from tests.integration.runs.conftest import client, module_db_url, servers
 from tests.integration.runs.harness import RunClient, RunServers, publish_and_activate
 from tests.integration.worker.support import make_worker, record_view
 
-__all__ = ["module_db_url"]
+__all__ = ["client", "module_db_url", "servers"]
 
 LEGACY = common_v1.ExecutionOwner.EXECUTION_OWNER_LEGACY_INTERPRETER
 V2 = common_v1.ExecutionOwner.EXECUTION_OWNER_FLOW_RUNTIME_V2
 S = common_v1.CompatibilityStatus
-
-
-@pytest.fixture(scope="module")
-def servers(module_db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunServers]:
-    running = RunServers(module_db_url, Path(tmp_path_factory.mktemp("data"))).start()
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-@pytest.fixture(scope="module")
-def client(servers: RunServers) -> Iterator[RunClient]:
-    c = servers.run_client()
-    try:
-        yield c
-    finally:
-        c.channel.close()
 
 
 def _setup(servers: RunServers, client: RunClient, *sources: dict[str, Any]) -> tuple[Any, Any]:
