@@ -28,6 +28,7 @@ from tests.integration.migration.flows import pure_flow, pure_wait_flow, write_f
 from tests.integration.runs.conftest import client, module_db_url, servers
 from tests.integration.runs.harness import RunClient, RunServers, publish_and_activate
 from tests.integration.worker.support import make_worker, record_view
+from tests.unit.compiler.compiler_corpus import FLOWS, read_json
 
 __all__ = ["client", "module_db_url", "servers"]
 
@@ -279,3 +280,58 @@ def test_a_persisted_shadow_comparison_writes_only_its_evidence(
     [evidence] = rows(servers.db_url, flow_shadow_comparisons, comparison_id=result.comparison_id)
     assert (evidence["org_id"], evidence["outcome"], evidence["blocking"]) == (org, "match", False)
     assert evidence["plan_digest"] == plans["shadow_write"].plan_digest
+
+
+def test_cohorts_five_to_seven_are_data_enabled_only_by_their_own_evidence(
+    servers: RunServers, client: RunClient
+) -> None:
+    corpus = {
+        n: read_json(FLOWS / n / "flow.json")
+        for n in ("durable_send_email", "durable_subflow_effect")
+    }
+    child = read_json(FLOWS / "_inputs" / "subflows" / "notify_owner.json")
+    pub, plans = _setup(servers, client, child, *corpus.values())
+    org = pub.scope[0]
+
+    def evidence(name: str, scenario: Scenario) -> Any:
+        [result] = run_db(
+            servers.db_url,
+            lambda e: compare_flow_version(
+                e, org, plans[name].flow_version_id, [scenario], view=record_view()
+            ),
+        )
+        return result
+
+    def enable(name: str, cohort: str, comparison_id: str) -> Any:
+        return run_db(
+            servers.db_url,
+            lambda e: cohorts.set_cohort(
+                e,
+                org,
+                plans[name].flow_version_id,
+                "durable_orchestration",
+                ExecutionOwner.FLOW_RUNTIME_V2,
+                cohort=cohort,
+                evidence_comparison_id=comparison_id,
+            ),
+        )
+
+    [email] = [
+        s for s in _corpus_scenarios("durable_send_email") if s.name == "delivered_then_marked"
+    ]
+    effect = evidence("durable_send_email", email)
+    # Explained and benign (V2's durable effect boundary): the evidence admits cohort 7.
+    assert (effect.comparison.outcome.value, effect.comparison.blocking) == ("explained", False)
+    flag = enable("durable_send_email", "external_effects", effect.comparison_id)
+    assert (
+        flag.new_run_owner is ExecutionOwner.FLOW_RUNTIME_V2 and flag.cohort == "external_effects"
+    )
+
+    blocked = evidence("durable_subflow_effect", _corpus_scenarios("durable_subflow_effect")[0])
+    assert blocked.comparison.blocking  # V2 fails closed on the Subflow element today
+    with pytest.raises(CohortRefusedError, match="blocks V2 ownership"):
+        enable("durable_subflow_effect", "large_complex", blocked.comparison_id)
+
+
+def _corpus_scenarios(name: str) -> list[Scenario]:
+    return [Scenario.from_dict(s) for s in read_json(FLOWS / name / "shadow.json")["scenarios"]]
