@@ -23,6 +23,7 @@ GROUPS = (
     "flowctl.runs",
     "flowctl.records",
     "flowctl.signal",
+    "flowctl.deploy",
 )
 
 

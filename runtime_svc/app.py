@@ -18,6 +18,7 @@ from runtime_svc.api.runs import build_run_service
 from runtime_svc.api.signals import wake_signal_registration
 from runtime_svc.catalog_client import GrpcCatalogClient, ScopedCredentials, catalog_channel
 from runtime_svc.effects.finalizer import FlowEffectFinalizer
+from runtime_svc.migration.process import start_bridge_duties
 from runtime_svc.observability import RuntimeStateSource
 from runtime_svc.outbox import RuntimeOutbox, start_runtime_outbox
 from runtime_svc.waits.runtime import WaitRuntime
@@ -98,7 +99,8 @@ class RuntimeApp:
         return [RuntimeStateSource(count_cap=t.count_cap, window=t.probe_window)]
 
     async def start_background(self, cfg: ServiceConfig, engine: AsyncEngine) -> Background:
-        """The workers and sweeps (``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS``) and the
+        """The workers and sweeps (``FLOW_RUNTIME_WORKERS``/``FLOW_RUNTIME_SWEEPS``), the
+        bridge duties (§20.3: writer registration, heartbeat, legacy scheduler) and the
         canonical-outbox dispatcher (``FLOW_OUTBOX_DISPATCHERS``).
 
         Mutation steps validate against the metadata view of the run's work scope, read
@@ -126,16 +128,34 @@ class RuntimeApp:
             work_wake=self.work_wake,
             outbox_wake=self.outbox_wake,
         )
+        # §20.3: register in the writer fleet (a binary the control record has left behind
+        # refuses to start here, before serving), heartbeat, the legacy scheduler.
+        legacy_views: RecordViewSource | None = views
+        if legacy_views is None and settings.view_file:
+            legacy_views = FixedViews.from_file(settings.view_file)
+        try:
+            bridged = await start_bridge_duties(
+                engine,
+                workers,
+                views=legacy_views,
+                legacy_scheduler=settings.legacy_scheduler,
+                lease_ms=settings.lease_ms,
+                idle_s=settings.idle_ms / 1000,
+            )
+        except BaseException:
+            await workers.stop()
+            raise
         # §15.4: a Rejected or AcceptanceUnknown handoff converges the Flow root-first
         # and only then becomes terminal, in the finalizer's one transaction.
         waits = self.waits(cfg, engine)
         finalizer = FlowEffectFinalizer(engine, waits.matcher)
         outbox = await start_runtime_outbox(cfg, engine, finalizer=finalizer, wake=self.outbox_wake)
-        return _RuntimeBackground(workers, outbox)
+        return _RuntimeBackground(bridged, outbox)
 
 
 class _RuntimeBackground:
-    """Workers/sweeps and the canonical-outbox dispatcher, stopped together."""
+    """Workers/sweeps with the bridge duties, and the canonical-outbox dispatcher,
+    stopped together."""
 
     def __init__(self, workers: Background, outbox: RuntimeOutbox | None) -> None:
         self._workers, self._outbox = workers, outbox

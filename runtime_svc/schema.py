@@ -264,7 +264,8 @@ flow_runs = Table(
     *work_scope_columns(),
     _id("flow_run_id"),
     _id("flow_version_id"),
-    _id("plan_id"),
+    # NULL only on a LegacyInterpreter-owned run (no compiled plan; revision 0009).
+    _id("plan_id", nullable=True),
     _code("execution_profile"),
     Column("execution_owner", String(CODE_LEN), nullable=False, server_default="LegacyInterpreter"),
     _code("runtime_state"),
@@ -297,6 +298,11 @@ flow_runs = Table(
     # The run's W3C trace context (``services.telemetry``; revision 0010): every attempt
     # and hop of the run continues this trace. Diagnostics, never in a checkpoint.
     Column("trace_context", JsonText(TRACE_CONTEXT_BYTES), nullable=True),
+    # Legacy-owned field set of a LegacyInterpreter run (revision 0009, runtime_svc.legacy):
+    # the interview context and the legacy scheduler's claim. NULL on V2 runs.
+    Column("legacy_context", JsonText(MAX_CONTEXT_PAYLOAD_BYTES), nullable=True),
+    Column("legacy_claimed_by", String(TOKEN_LEN), nullable=True),
+    _time("legacy_claim_until", nullable=True),
     PrimaryKeyConstraint("org_id", "flow_run_id"),
     UniqueConstraint("org_id", "idempotency_key", name="uq_flow_runs_idempotency"),
     ForeignKeyConstraint(
@@ -310,6 +316,16 @@ flow_runs = Table(
     Index("ix_flow_runs_history", "org_id", "flow_version_id", "created_at", "flow_run_id"),
     # The wait repair sweep's bounded cursor over Waiting roots (revision 0008).
     Index("ix_flow_runs_state_id", "org_id", "runtime_state", "flow_run_id"),
+    # §20.3 (6): the legacy due-list filters (org, owner, epoch, legacy status, time).
+    Index(
+        "ix_flow_runs_legacy_due",
+        "org_id",
+        "execution_owner",
+        "ownership_epoch",
+        "interview_status",
+        "run_after",
+        "flow_run_id",
+    ),
     **TABLE_OPTIONS,
 )
 
@@ -680,3 +696,5 @@ audit_records = Table(
 #: 0007): (complete trusted scope, rpc, request_id) -> digest of the request body and the
 #: original response. Purged by the runtime's retention sweep.
 runtime_requests = request_dedupe_table(metadata, "runtime_requests")
+# The §20 migration-contract tables live in their own module on this metadata.
+from runtime_svc import schema_bridge as _schema_bridge  # noqa: E402,F401

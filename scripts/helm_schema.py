@@ -267,6 +267,7 @@ def runtime_only() -> dict[str, Any]:
                 "items": {"type": "string", "pattern": r"^[a-z][a-z0-9_.-]{0,63}$"},
                 "minItems": 1,
             },
+            "legacyScheduler": BOOL,
         }
     )
     return {

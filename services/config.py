@@ -236,6 +236,10 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "external.signal",
         "runtime: external signal producer kinds `SubmitWakeSignal` accepts (comma separated)",
     ),
+    "FLOW_RUNTIME_LEGACY_SCHEDULER": (
+        "true",
+        "runtime: run the LegacyInterpreter scheduler (due list, stale-claim recovery) here",
+    ),
     "FLOW_RUNTIME_VIEW_FILE": (
         "",
         "tests/dev only: a metadata-view JSON used for every scope instead of the catalog",
@@ -530,6 +534,8 @@ class ServiceConfig:
     runtime_wait_batch: int = 100
     #: External signal producer kinds ``SubmitWakeSignal`` accepts (sorted, distinct).
     runtime_signal_kinds: tuple[str, ...] = ("external.signal",)
+    #: ``FLOW_RUNTIME_LEGACY_SCHEDULER``: run the LegacyInterpreter scheduler here (§20).
+    runtime_legacy_scheduler: bool = True
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
 
     @property
@@ -635,6 +641,7 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         runtime_wait_sweep_ms=_int(e, "FLOW_RUNTIME_WAIT_SWEEP_MS", minimum=1),
         runtime_wait_batch=_int(e, "FLOW_RUNTIME_WAIT_BATCH", minimum=1),
         runtime_signal_kinds=_csv(e, "FLOW_RUNTIME_SIGNAL_KINDS"),
+        runtime_legacy_scheduler=_bool(e, "FLOW_RUNTIME_LEGACY_SCHEDULER"),
         telemetry=telemetry,
     )
 

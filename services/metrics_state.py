@@ -32,11 +32,11 @@ from typing import Any, Protocol
 from sqlalchemy import ColumnElement, Select, Table, func, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.background import BackgroundLoop
 from services.db import db_now, transaction
 from services.metrics import FlowMetrics, StateFamily, metrics, seconds_since
 from services.outbox.model import DUE_STATES, LIVE_STATES
 from services.outbox.store import OutboxTable
-from services.background import BackgroundLoop
 
 __all__ = [
     "OutboxStateSource",

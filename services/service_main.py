@@ -35,13 +35,13 @@ from typing import Protocol
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services import db, db_cluster, db_profiles, faults, migrate
+from services.background import LoopGroup
 from services.config import ConfigError, ServiceConfig, ServiceName, load_config
 from services.grpc_server import ServiceRegistration, serve_forever
 from services.logging import configure_logging
 from services.metrics import MetricsServer, start_metrics_server
 from services.metrics_state import OutboxStateSource, StateScan, StateSource
 from services.outbox.store import OutboxTable
-from services.background import LoopGroup
 from services.telemetry import configure_tracing, instrument_engine, shutdown_tracing
 
 __all__ = [

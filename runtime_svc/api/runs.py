@@ -15,6 +15,7 @@ import hashlib
 import os
 import socket
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -31,6 +32,8 @@ from runtime_svc.api.runs_proto import (
 from runtime_svc.atomic import AtomicRunner
 from runtime_svc.catalog_client import ScopedCredentials, catalog_channel
 from runtime_svc.kernel import FlowRunStateStore
+from runtime_svc.legacy.service import LegacyInterviewService
+from runtime_svc.legacy.store import LegacyInterviewStore
 from runtime_svc.records.engine import ChangeSink
 from runtime_svc.runs import PageTokenCodec, RunService, RunView, StartOutcome
 from runtime_svc.worker.settings import WorkerSettings
@@ -225,6 +228,14 @@ async def build_run_service(
         else:
             views = CatalogRecordViews(catalog_channel(cfg), ScopedCredentials.for_service(cfg))
     owner = f"{socket.gethostname()}:{os.getpid()}/atomic/{uuid.uuid4().hex[:8]}"
+    # §20: new runs whose cohort selects the legacy owner run on the element walker
+    # (record writes validated by the same views; none configured -> they fail closed).
+    legacy = LegacyInterviewService(
+        engine,
+        LegacyInterviewStore(engine, lease=timedelta(milliseconds=settings.lease_ms)),
+        views,
+        owner=f"{socket.gethostname()}:{os.getpid()}/legacy-start/{uuid.uuid4().hex[:8]}",
+    )
     service = RunService(
         engine,
         store,
@@ -235,6 +246,7 @@ async def build_run_service(
             if views is not None
             else None
         ),
+        legacy=legacy,
     )
     return ServiceRegistration(
         SERVICE_NAME,

@@ -78,6 +78,14 @@ def _compat(code: str) -> Any:
         return common_v1.CompatibilityStatus.COMPATIBILITY_STATUS_UNSPECIFIED
 
 
+def _run_profile(code: str) -> Any:
+    # A LegacyInterpreter run was accepted under no §9 profile (no compiled plan).
+    try:
+        return profile_proto(code)
+    except ValueError:
+        return common_v1.ExecutionProfile.EXECUTION_PROFILE_UNSPECIFIED
+
+
 def run_proto(view: RunView) -> Any:
     """``runtime_v1.FlowRun`` with its §18.2 compatibility projection."""
     r = view.run
@@ -91,7 +99,7 @@ def run_proto(view: RunView) -> Any:
         flow_version_id=r.flow_version_id,
         plan_id=r.plan_id,
         plan_digest=view.plan_digest,
-        execution_profile=profile_proto(r.execution_profile),
+        execution_profile=_run_profile(r.execution_profile),
         execution_owner=_ev(r.execution_owner),
         runtime_state=_ev(r.state),
         current_step_execution_id=r.current_step_execution_id or "",

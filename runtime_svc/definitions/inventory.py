@@ -24,6 +24,7 @@ from runtime_svc.compiler import (
     ExecutionPlan,
     ExecutionProfile,
     PlanCompileError,
+    StepKind,
 )
 from runtime_svc.compiler.inventory import cohort_of
 from runtime_svc.definitions.source import SubflowRef, subflow_refs
@@ -188,6 +189,28 @@ def _legacy(source: Mapping[str, Any], diagnostics: tuple[DiagnosticValue, ...])
     return out
 
 
+def _legacy_of_plan(plan: ExecutionPlan) -> list[str]:
+    """Legacy-interpreter behaviour a V2 plan of this Flow no longer offers the same way
+    (§20.4 "legacy behavior relied upon"; the shadow comparison checks each of them)."""
+    kinds = [s.kind for s in plan.steps]
+    out = []
+    if StepKind.EFFECT_SUBMIT in kinds:
+        # Legacy: the external call ran inline, inside the interview's transaction.
+        out.append("legacy.inline_external_call")
+    if StepKind.DEPENDENCY_WAIT in kinds:
+        out.append("legacy.paused_interview_wait")
+    if plan.subflows:
+        out.append("legacy.subflow_call_frame")
+    mutations = sum(1 for k in kinds if k is StepKind.BOUNDED_MUTATION)
+    if plan.profile is ExecutionProfile.DURABLE_ORCHESTRATION and (
+        mutations > 1 or (mutations and plan.loops)
+    ):
+        # Legacy: one all-or-nothing segment; V2: every mutation step (and every loop
+        # iteration of one) commits on its own.
+        out.append("legacy.all_or_nothing_segment")
+    return out
+
+
 def inventory_row(
     flow_api_name: str,
     flow_version_id: str,
@@ -214,6 +237,7 @@ def inventory_row(
             cohort=Cohort.METADATA_ONLY,
         )
     plan = outcome
+    legacy = (*legacy, *_legacy_of_plan(plan))
     proven = plan.bounds.max_fanout is not None and all(lp.bound is not None for lp in plan.loops)
     return InventoryRow(
         flow_api_name=flow_api_name,

@@ -72,6 +72,7 @@ class RunRecord:
     runtime_capability_id: str
     runtime_work_binding_digest: str
     flow_version_id: str
+    #: ``""`` on a LegacyInterpreter-owned run (no compiled plan).
     plan_id: str
     execution_profile: str
     execution_owner: ExecutionOwner

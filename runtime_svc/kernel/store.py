@@ -75,6 +75,7 @@ from runtime_svc.kernel.store_create import (
     StartRunRequest,
     StartRunResult,
     create_run_txn,
+    run_by_idempotency_key_txn,
 )
 from runtime_svc.kernel.store_reads import (
     DEFAULT_PAGE_SIZE,
@@ -235,6 +236,13 @@ class FlowRunStateStore:
         # Validate the input checkpoint before opening the transaction (no SQL for it).
         prepare_checkpoint(request.input, max_bytes=self.max_checkpoint_bytes)
         return await self._run(lambda conn: self.create_run_txn(conn, scope, request))
+
+    async def run_by_key_txn(
+        self, conn: AsyncConnection, org_id: str, idempotency_key: str
+    ) -> RunRecord | None:
+        """The run accepted under ``idempotency_key`` in ``org_id`` (a replayed start
+        maps to the run its first application started), or ``None``."""
+        return await run_by_idempotency_key_txn(conn, org_id, idempotency_key)
 
     async def create_run_txn(
         self, conn: AsyncConnection, scope: TrustedRuntimeWorkScope, request: StartRunRequest

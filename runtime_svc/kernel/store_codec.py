@@ -34,7 +34,8 @@ def run_from_row(r: RowMapping) -> RunRecord:
         runtime_capability_id=r["runtime_capability_id"],
         runtime_work_binding_digest=r["runtime_work_binding_digest"],
         flow_version_id=r["flow_version_id"],
-        plan_id=r["plan_id"],
+        # A LegacyInterpreter-owned run has no compiled plan (NULL since revision 0009).
+        plan_id=r["plan_id"] or "",
         execution_profile=r["execution_profile"],
         execution_owner=ExecutionOwner.from_code(r["execution_owner"]),
         state=RunState.from_code(r["runtime_state"]),

@@ -25,6 +25,7 @@ from runtime_svc.kernel.store_rows import (
     prepare_checkpoint,
 )
 from runtime_svc.kernel.tables import check_transition, compatibility_status
+from runtime_svc.migration.protocol import require_v2_admission_txn
 from runtime_svc.observability.hooks import run_trace_context
 from runtime_svc.schema import execution_plans, flow_runs
 from services.auth import TrustedRuntimeWorkScope
@@ -37,6 +38,7 @@ __all__ = [
     "StartRunRequest",
     "StartRunResult",
     "create_run_txn",
+    "run_by_idempotency_key_txn",
 ]
 
 
@@ -92,6 +94,13 @@ class StartRunResult:
     created: bool
 
 
+async def run_by_idempotency_key_txn(
+    conn: AsyncConnection, org_id: str, key: str
+) -> RunRecord | None:
+    """The run of ``org_id`` accepted under ``key`` (soft-deleted included), or ``None``."""
+    return await _by_idempotency_key(conn, org_id, key)
+
+
 async def _by_idempotency_key(conn: AsyncConnection, org_id: str, key: str) -> RunRecord | None:
     t = flow_runs.c
     stmt = select(t.flow_run_id).where(t.org_id == org_id, t.idempotency_key == key)
@@ -127,6 +136,9 @@ async def create_run_txn(
         ConflictError: the idempotency key was used for a different request.
         InvalidArgumentError: the input checkpoint is too large or holds credentials
             (before any SQL).
+        V2AdmissionClosedError: §20.3 — no V2 admission before both bridge gates, on a
+            pre-bridge binary, or while admission is disabled (a replay of an existing
+            run is still answered).
     """
     org = scope.org_id
     prepared = prepare_checkpoint(request.input, max_bytes=max_checkpoint_bytes)
@@ -135,6 +147,7 @@ async def create_run_txn(
         existing = await _by_idempotency_key(conn, org, request.idempotency_key)
         if existing is not None:
             return _replay(existing, request_digest)
+    await require_v2_admission_txn(conn)
     p = execution_plans.c
     stmt = select(execution_plans).where(p.org_id == org, p.plan_id == request.plan_id)
     plan = (await conn.execute(stmt)).mappings().first()

@@ -34,6 +34,9 @@ from runtime_svc.definitions import (
 )
 from runtime_svc.definitions import repository as repo
 from runtime_svc.kernel import CheckpointInput, FlowRunStateStore, StartRunRequest
+from runtime_svc.kernel.states import ExecutionOwner
+from runtime_svc.legacy.admission import admit_legacy_txn
+from runtime_svc.migration.cohorts import choose_owner_txn
 from runtime_svc.records.model import MutationResult
 from runtime_svc.runs.keys import after_save_key
 from runtime_svc.runs.resolve import first_step_of
@@ -93,6 +96,16 @@ async def admit_after_save_runs_txn(
     record = mutation.record
     run_ids: list[str] = []
     ordered = sorted(selection.plans, key=lambda p: (p.dispatch_order, p.flow_api_name))
+
+    def key_of(flow_api_name: str) -> str:
+        return after_save_key(
+            scope,
+            record.object_name,
+            record.record_id,
+            mutation.history_sequence,
+            flow_api_name,
+        )
+
     env = trigger_env(
         record.record_id,
         record.fields,
@@ -113,7 +126,6 @@ async def admit_after_save_runs_txn(
                 reason="after_save.entry_condition_failed",
                 attributes={"flow_api_name": admitted.flow_api_name},
             ) from None
-        first = first_step_of(plan, row.execution_profile)
         trigger = {
             "object": record.object_name,
             "record_id": record.record_id,
@@ -121,23 +133,34 @@ async def admit_after_save_runs_txn(
             "event_id": mutation.event_id,
             "event": event,
         }
+        key = key_of(admitted.flow_api_name)
+        variables = {k: to_json_value(v) for k, v in env.items()}
+        choice = await choose_owner_txn(
+            conn, scope.org_id, row.flow_version_id, row.execution_profile
+        )
+        if choice.owner is ExecutionOwner.LEGACY_INTERPRETER:
+            # §20.6-§20.8: the cohort selects the legacy owner for this new run; it is
+            # admitted due now, in this record transaction, for the legacy scheduler.
+            interview, _, _ = await admit_legacy_txn(
+                conn,
+                scope,
+                row.flow_version_id,
+                variables,
+                trigger=trigger,
+                idempotency_key=key,
+                request_digest=key,
+            )
+            run_ids.append(interview.flow_run_id)
+            continue
+        first = first_step_of(plan, row.execution_profile)
         request = StartRunRequest(
             plan_id=row.plan_id,
             first_step=first,
             input=CheckpointInput(
-                context={
-                    "variables": {k: to_json_value(v) for k, v in env.items()},
-                    "trigger": trigger,
-                },
+                context={"variables": variables, "trigger": trigger},
                 plan_cursor={"step": first.plan_step_key},
             ),
-            idempotency_key=after_save_key(
-                scope,
-                record.object_name,
-                record.record_id,
-                mutation.history_sequence,
-                admitted.flow_api_name,
-            ),
+            idempotency_key=key,
         )
         result = await store.create_run_txn(conn, scope, request)
         run_ids.append(result.run.flow_run_id)

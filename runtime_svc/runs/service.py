@@ -32,7 +32,7 @@ from runtime_svc.kernel import (
     StartRunResult,
     SupportView,
 )
-from runtime_svc.kernel.states import TERMINAL_RUN_STATES
+from runtime_svc.kernel.states import TERMINAL_RUN_STATES, ExecutionOwner
 from runtime_svc.kernel.store_reads import (
     RunCursor,
     RunFilters,
@@ -40,6 +40,9 @@ from runtime_svc.kernel.store_reads import (
     get_run_txn,
     list_runs_txn,
 )
+from runtime_svc.legacy.service import LegacyInterviewService
+from runtime_svc.migration.cohorts import choose_owner_txn
+from runtime_svc.migration.protocol import V2AdmissionClosedError
 from runtime_svc.runs.inputs import validate_input_variables
 from runtime_svc.runs.keys import start_key
 from runtime_svc.runs.resolve import (
@@ -55,6 +58,7 @@ from runtime_svc.schema import execution_plans, runtime_requests
 from runtime_svc.waits.support import DependencySupport, dependency_support_txn
 from services.auth import CANCEL_ROLE, DELETE_ROLE, TrustedIdentity, TrustedRuntimeWorkScope
 from services.db import db_now, run_in_transaction, transaction
+from services.digest import versioned_digest
 from services.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -158,6 +162,17 @@ def _require_role(identity: TrustedIdentity, role: str, action: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A start request after resolution and validation: the V2 request, the inputs and
+    whether the run's cohort gives it to the LegacyInterpreter (§20)."""
+
+    resolved: ResolvedPlan
+    request: StartRunRequest
+    inputs: Mapping[str, Any]
+    legacy: bool
+
+
 class RunService:
     """Start, read, list, delete and cancel Flow runs of one database.
 
@@ -172,6 +187,9 @@ class RunService:
             synchronously when the request asks for a shorter (or no) wait; clamped to
             ``max_wait_s``.
         ledger: the request-dedupe ledger of the mutating RPCs (``runtime_requests``).
+        legacy: the LegacyInterpreter owner (§20): new runs whose cohort selects it are
+            admitted there, and reads/deletes/cancels of its runs are routed to it;
+            ``None`` admits V2 only (a legacy-owned choice then fails closed).
 
     Methods named ``*_once`` take the request's :class:`~services.request_dedupe.RequestKey`
     and an encoder and return the response bytes: the mutation and its ledger row commit
@@ -189,6 +207,7 @@ class RunService:
         atomic: AtomicRunner | None = None,
         atomic_budget_s: float = 5.0,
         ledger: RequestLedger | None = None,
+        legacy: LegacyInterviewService | None = None,
     ) -> None:
         self._engine = engine
         self._ledger = ledger or RequestLedger(runtime_requests)
@@ -198,6 +217,7 @@ class RunService:
         self._poll_s = poll_interval_s
         self._atomic = atomic
         self._atomic_budget_s = atomic_budget_s
+        self._legacy = legacy
 
     # --- start -------------------------------------------------------------------------
 
@@ -219,9 +239,18 @@ class RunService:
                 (nothing is written).
             AlreadyExistsError: ``idempotency_key`` was used for a different request.
         """
-        resolved, request = await self._prepare(scope, target, input_variables, idempotency_key)
-        result = await self._create(scope, request)
-        return await self._drive(scope, resolved, result.run, not result.created, wait_budget_s)
+        p = await self._prepare(scope, target, input_variables, idempotency_key)
+        if p.legacy:
+            return await self._start_legacy(scope, p)
+        try:
+            result = await self._create(scope, p.request)
+        except V2AdmissionClosedError:
+            # Admission closed between the owner choice and the insert (§20.9): the new
+            # run returns to the legacy cohort; nothing V2 was written.
+            if self._legacy is None:
+                raise
+            return await self._start_legacy(scope, p)
+        return await self._drive(scope, p.resolved, result.run, not result.created, wait_budget_s)
 
     async def start_run_once(
         self,
@@ -250,17 +279,32 @@ class RunService:
             if stored.completed:
                 return stored.payload
             return await self._resume(scope, key, responder, stored.payload, wait_budget_s)
-        resolved, request = await self._prepare(scope, target, input_variables, idempotency_key)
+        p = await self._prepare(scope, target, input_variables, idempotency_key)
+        resolved = p.resolved
+        if p.legacy:
+            return await self._ledger.once(
+                self._engine, key, lambda: self._start_legacy(scope, p), responder.encode
+            )
 
         async def create(conn: AsyncConnection) -> StartRunResult:
-            return await self._create_txn(conn, scope, request)
+            return await self._create_txn(conn, scope, p.request)
 
         def provisional(result: StartRunResult) -> bytes:
             view = RunView(result.run, resolved.flow_api_name, resolved.row.plan_digest)
             terminal = result.run.state in TERMINAL_RUN_STATES
             return responder.encode(StartOutcome(view, terminal, not result.created))
 
-        done = await self._ledger.execute(self._engine, key, create, provisional, completed=False)
+        try:
+            done = await self._ledger.execute(
+                self._engine, key, create, provisional, completed=False
+            )
+        except V2AdmissionClosedError:
+            # As in start_run: nothing V2 (and no ledger row) was written.
+            if self._legacy is None:
+                raise
+            return await self._ledger.once(
+                self._engine, key, lambda: self._start_legacy(scope, p), responder.encode
+            )
         if done.replayed and done.response is not None:
             if done.completed:
                 return done.response
@@ -277,7 +321,9 @@ class RunService:
         target: FlowTarget | str,
         input_variables: Mapping[str, Any],
         idempotency_key: str,
-    ) -> tuple[ResolvedPlan, StartRunRequest]:
+    ) -> _Prepared:
+        """Resolve the plan, validate the inputs, build the V2 request and choose the
+        owner (nothing written)."""
         async with transaction(self._engine, readonly=True) as conn:
             if isinstance(target, FlowTarget):
                 resolved = await resolve_plan_txn(conn, scope, target)
@@ -300,7 +346,10 @@ class RunService:
                 else None
             ),
         )
-        return resolved, request
+        legacy = self._legacy is not None and await self._legacy_owned_start(
+            scope, resolved, request.idempotency_key
+        )
+        return _Prepared(resolved, request, inputs, legacy)
 
     async def _resume(
         self,
@@ -350,6 +399,50 @@ class RunService:
             outputs = await self._outputs_txn(conn, run, resolved.plan)
         view = RunView(run, resolved.flow_api_name, resolved.row.plan_digest, outputs)
         return StartOutcome(view, completed=completed, existing_run=existing)
+
+    async def _legacy_owned_start(
+        self, scope: TrustedRuntimeWorkScope, resolved: ResolvedPlan, key: str | None
+    ) -> bool:
+        """Whether this start belongs to the LegacyInterpreter: a replayed key keeps the
+        owner of the run it names; a new run gets its cohort's owner (§20.6-§20.8)."""
+        async with transaction(self._engine, readonly=True) as conn:
+            if key is not None:
+                existing = await self.store.run_by_key_txn(conn, scope.org_id, key)
+                if existing is not None:
+                    return existing.execution_owner is ExecutionOwner.LEGACY_INTERPRETER
+            choice = await choose_owner_txn(
+                conn, scope.org_id, resolved.row.flow_version_id, resolved.row.execution_profile
+            )
+        return choice.owner is ExecutionOwner.LEGACY_INTERPRETER
+
+    async def _start_legacy(self, scope: TrustedRuntimeWorkScope, p: _Prepared) -> StartOutcome:
+        """``CreateInterview`` on the legacy owner; its first segment runs now."""
+        legacy = self._require_legacy()
+        key = p.request.idempotency_key
+        digest = versioned_digest(
+            "legacy-start-request",
+            {
+                "scope": [scope.org_id, scope.app_installation_id, scope.runtime_capability_id,
+                          scope.runtime_work_binding_digest],
+                "flow_version_id": p.resolved.row.flow_version_id,
+                "input": dict(p.inputs),
+            },
+        )  # fmt: skip
+        try:
+            interview, created = await legacy.start(
+                scope,
+                p.resolved.row.flow_version_id,
+                p.inputs,
+                idempotency_key=key,
+                request_digest=digest,
+            )
+        except ConflictError as exc:
+            if isinstance(exc, FenceLostError) or key is None:
+                raise
+            raise IdempotencyKeyReusedError() from exc
+        run = await self.store.get_run(scope.org_id, interview.flow_run_id, include_deleted=True)
+        view = RunView(run, p.resolved.flow_api_name, "", interview.outputs())
+        return StartOutcome(view, completed=interview.terminal, existing_run=not created)
 
     async def _create_txn(
         self, conn: AsyncConnection, scope: TrustedRuntimeWorkScope, request: StartRunRequest
@@ -428,6 +521,13 @@ class RunService:
         (view,) = await self._views(conn, [run])
         if run.state is not RunState.SUCCEEDED:
             return view
+        if run.execution_owner is ExecutionOwner.LEGACY_INTERPRETER:
+            if self._legacy is None:
+                return view
+            interview = await self._legacy.store.get_txn(
+                conn, run.org_id, run.flow_run_id, include_deleted=True
+            )
+            return replace(view, plan_digest="", output_variables=interview.outputs())
         row = await repo.get_plan_txn(conn, run.org_id, run.plan_id)
         if row is None:
             return view
@@ -471,6 +571,13 @@ class RunService:
     async def support(self, org_id: str, flow_run_id: str) -> RunSupport:
         """§19 support read of ``(org_id, flow_run_id)`` — never by run id alone, never a
         checkpoint payload; deleted runs are hidden like on every normal read path."""
+        run = await self.store.get_run(org_id, flow_run_id)
+        if run.execution_owner is ExecutionOwner.LEGACY_INTERPRETER:
+            raise FailedPreconditionError(
+                f"run {flow_run_id} is owned by the legacy interpreter: it has no plan, "
+                "steps or checkpoints; read it with GetRun (compatibility projection)",
+                reason="legacy_owned_run",
+            )
         support = await self.store.support_view(org_id, flow_run_id)
         async with transaction(self._engine, readonly=True) as conn:
             (view,) = await self._views(conn, [support.run])
@@ -502,6 +609,32 @@ class RunService:
             raise FailedPreconditionError("the request produced no response", reason="internal")
         return done.response
 
+    def _require_legacy(self) -> LegacyInterviewService:
+        if self._legacy is None:
+            raise FailedPreconditionError(
+                "this process serves no legacy interpreter owner", reason="legacy_owner_absent"
+            )
+        return self._legacy
+
+    async def _legacy_owned(self, org_id: str, flow_run_id: str) -> bool:
+        """Whether ``flow_run_id`` is a LegacyInterpreter run (§20: its lifecycle writes
+        are the legacy owner's typed, version-fenced commands). A missing run is left to
+        the V2 path, which answers ``NOT_FOUND``."""
+        try:
+            run = await self.store.get_run(org_id, flow_run_id, include_deleted=True)
+        except NotFoundError:
+            return False
+        return run.execution_owner is ExecutionOwner.LEGACY_INTERPRETER
+
+    async def _delete_legacy(self, org: str, flow_run_id: str, expected: int | None) -> RunView:
+        # §10.1: the typed LegacyInterpreter/0/StateVersion cancellation-and-tombstone.
+        await self._require_legacy().delete(org, flow_run_id, expected_version=expected)
+        return await self.get_run(org, flow_run_id, include_deleted=True)
+
+    async def _cancel_legacy(self, org: str, flow_run_id: str, expected: int | None) -> RunView:
+        after = await self._require_legacy().cancel(org, flow_run_id, expected_version=expected)
+        return await self.get_run(org, after.flow_run_id, include_deleted=True)
+
     async def delete_run(
         self,
         identity: TrustedIdentity,
@@ -522,6 +655,8 @@ class RunService:
         """
         _require_role(identity, DELETE_ROLE, "delete")
         org = identity.org_id
+        if await self._legacy_owned(org, flow_run_id):
+            return await self._delete_legacy(org, flow_run_id, expected_state_version)
         return await run_in_transaction(
             self._engine,
             lambda conn: self._delete_txn(conn, org, flow_run_id, expected_state_version),
@@ -539,6 +674,13 @@ class RunService:
         """:meth:`delete_run` deduplicated on ``key`` (the role is checked first)."""
         _require_role(identity, DELETE_ROLE, "delete")
         org = identity.org_id
+        if await self._legacy_owned(org, flow_run_id):
+            return await self._ledger.once(
+                self._engine,
+                key,
+                lambda: self._delete_legacy(org, flow_run_id, expected_state_version),
+                encode,
+            )
         return await self._once(
             key,
             lambda conn: self._delete_txn(conn, org, flow_run_id, expected_state_version),
@@ -573,6 +715,8 @@ class RunService:
         """
         _require_role(identity, CANCEL_ROLE, "cancel")
         org = identity.org_id
+        if await self._legacy_owned(org, flow_run_id):
+            return await self._cancel_legacy(org, flow_run_id, expected_state_version)
         return await run_in_transaction(
             self._engine,
             lambda conn: self._cancel_txn(conn, org, flow_run_id, expected_state_version),
@@ -590,6 +734,13 @@ class RunService:
         """:meth:`cancel_run` deduplicated on ``key`` (the role is checked first)."""
         _require_role(identity, CANCEL_ROLE, "cancel")
         org = identity.org_id
+        if await self._legacy_owned(org, flow_run_id):
+            return await self._ledger.once(
+                self._engine,
+                key,
+                lambda: self._cancel_legacy(org, flow_run_id, expected_state_version),
+                encode,
+            )
         return await self._once(
             key,
             lambda conn: self._cancel_txn(conn, org, flow_run_id, expected_state_version),

@@ -377,8 +377,11 @@ async def interpret(
     reader: RecordReader | None = None,
     query: RecordQuery | None = None,
     meter: BudgetMeter | None = None,
+    trace: list[str] | None = None,
 ) -> StepOutcome:
     """Execute ``step``'s nodes over the checkpoint ``context`` (see the module docstring).
+
+    ``trace`` (shadow comparison, §20.5) receives the id of every node executed.
 
     Raises:
         StepFault: a classified, terminal failure of the step's logic, including
@@ -397,7 +400,9 @@ async def interpret(
         return StepOutcome(
             context_of(env, context), (), FailRun(step.fault_code or "explicit_fault")
         )
-    intents, advance = await run_nodes(plan, step, env, reader=reader, query=query, meter=meter)
+    intents, advance = await run_nodes(
+        plan, step, env, reader=reader, query=query, meter=meter, trace=trace
+    )
     return StepOutcome(context_of(env, context), tuple(intents), advance)
 
 
@@ -410,6 +415,7 @@ async def run_nodes(
     query: RecordQuery | None = None,
     meter: BudgetMeter | None = None,
     transform: bool = False,
+    trace: list[str] | None = None,
 ) -> tuple[list[MutationIntent], Advance]:
     """Walk ``step``'s nodes from its entry, mutating ``env`` in place; returns the
     mutation intents (node order) and where the run goes next.
@@ -434,6 +440,8 @@ async def run_nodes(
                 raise StepFault("step_bound_exceeded")
             if meter is not None:
                 meter.step()
+            if trace is not None:
+                trace.append(node_id)
             node = nodes.get(node_id)
             element = None if node is None else node.element
             if element is None:
@@ -503,6 +511,12 @@ async def _run_element(
             elif op == "subtract":
                 current = _current(env, target)
                 _assign(env, target, _eval("a - b", {"a": current or 0, "b": value}))
+            elif op == "add_item":
+                # docs/flow-language.md §4: add one item to a collection (null = empty).
+                current = _current(env, target)
+                if current is not None and not isinstance(current, list):
+                    raise StepFault("assignment_target_invalid", f"{target} is not a collection")
+                _assign(env, target, [*(current or []), value])
             else:
                 raise StepFault("unsupported_element", f"assignment op {op!r}")
         return "next", nxt

@@ -36,6 +36,8 @@ class WorkerSettings:
         wait_sweep_ms: period of the wake reconciler and the wait expiry/repair sweeps.
         wait_batch: rows one wait sweep handles per org.
         signal_kinds: external signal producer kinds ``SubmitWakeSignal`` accepts.
+        legacy_scheduler: run the LegacyInterpreter scheduler here (§20 due list and
+            stale-claim recovery; ``FLOW_RUNTIME_LEGACY_SCHEDULER``).
     """
 
     workers: int = 1
@@ -54,6 +56,7 @@ class WorkerSettings:
     wait_sweep_ms: int = 1_000
     wait_batch: int = 100
     signal_kinds: tuple[str, ...] = ("external.signal",)
+    legacy_scheduler: bool = True
 
     @classmethod
     def from_config(cls, cfg: ServiceConfig) -> WorkerSettings:
@@ -73,6 +76,7 @@ class WorkerSettings:
             wait_sweep_ms=cfg.runtime_wait_sweep_ms,
             wait_batch=cfg.runtime_wait_batch,
             signal_kinds=cfg.runtime_signal_kinds,
+            legacy_scheduler=cfg.runtime_legacy_scheduler,
         )
 
     def retry_policy(self) -> RetryPolicy:
