@@ -209,6 +209,8 @@ def _runtime_side(
         demo.binding_digest,
     )
     md = tokens.md(org, inst, cap, digest)
+    # A runtime without workers (a worker process executes its runs) cannot park the run.
+    park = runtime_cfg.runtime_workers > 0
     scope = common_v1.TrustedRuntimeWorkScope(
         org_id=org,
         app_installation_id=inst,
@@ -263,7 +265,7 @@ def _runtime_side(
         request.wait_budget.FromSeconds(10)
         run = runs.StartRun(request, metadata=md, timeout=_TIMEOUT_S).run
         # Parked on its durable wait; the page's SubmitWakeSignal approves it.
-        approval = start_waiting_run(channel, md, request=f"cookbook-{nonce}")
+        approval = start_waiting_run(channel, md, request=f"cookbook-{nonce}", park=park)
         # Leave the demo with exactly its own active Flows; the page re-activates it.
         defs.DeactivateFlowVersion(
             runtime_v1.DeactivateFlowVersionRequest(

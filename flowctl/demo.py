@@ -340,11 +340,17 @@ def _activate_flow(
 
 
 def start_waiting_run(
-    runtime_channel: grpc.Channel, md: Metadata, request: str | None = None
+    runtime_channel: grpc.Channel,
+    md: Metadata,
+    request: str | None = None,
+    *,
+    park: bool = True,
 ) -> WaitingRun:
     """Start an :data:`WAITING_FLOW` run for the approval ``request`` (its idempotency key;
-    by default a fresh ``demo-…`` each start) and wait, bounded, until it is parked on its
-    durable wait (or has moved on). Returns the signal that approves it.
+    by default a fresh ``demo-…`` each start) and, with ``park``, wait (bounded) until it
+    is parked on its durable wait or has moved on. Without ``park`` — the runtime process
+    runs no workers (``FLOW_RUNTIME_WORKERS=0``; a worker process will execute it) — the
+    run is returned as accepted. Returns the signal that approves it.
 
     Raises:
         DemoSeedError: a call failed.
@@ -366,7 +372,7 @@ def start_waiting_run(
         ).run
     waiting = common_v1.RunState.RUN_STATE_WAITING
     with _step(f"waiting for the {WAITING_FLOW} run to reach its wait"):
-        for _ in range(_WAIT_POLLS):
+        for _ in range(_WAIT_POLLS if park else 0):
             if run.runtime_state not in _MOVING:
                 break
             time.sleep(_WAIT_POLL_S)
@@ -375,7 +381,7 @@ def start_waiting_run(
                 metadata=md,
                 timeout=_CALL_TIMEOUT_S,
             ).run
-    if run.runtime_state != waiting:
+    if run.runtime_state != waiting and park:
         _log.warning("the demo %s run is %s, not waiting", WAITING_FLOW, run.runtime_state)
     state = common_v1.RunState.Name(run.runtime_state).removeprefix("RUN_STATE_").lower()
     return WaitingRun(
@@ -478,7 +484,12 @@ def seed(
             _activate_flow(runtime, org_md, scoped_md, scope, f, generation_id, catalog_digest)
             for f in flows
         )
-        waiting = start_waiting_run(runtime_channel, scoped_md) if WAITING_FLOW in names else None
+        park = configs[ServiceName.RUNTIME].runtime_workers > 0
+        waiting = (
+            start_waiting_run(runtime_channel, scoped_md, park=park)
+            if WAITING_FLOW in names
+            else None
+        )
     summary = DemoSummary(
         org_id=org,
         app_installation_id=inst,
