@@ -39,6 +39,7 @@ __all__ = [
     "DELETE_ROLE",
     "HANDOFF_SUBMIT_ROLE",
     "OPERATOR_ROLES",
+    "ROUTING_ROLE",
     "SIGNALS_SUBMIT_ROLE",
     "TRUSTED_KEYS_VERSION",
     "UNCONSTRAINED",
@@ -61,8 +62,11 @@ SIGNALS_SUBMIT_ROLE = "flow.signals.submit"
 #: May hand an effect to an effect owner (``AcceptHandoff``/``RejectIfUnaccepted``): the
 #: runtime's own service credential only.
 HANDOFF_SUBMIT_ROLE = "effects.handoff.submit"
+#: May act as a deployment routing statement (§20.2 trusted OrgID backfill,
+#: ``flowctl deploy routing mint``; checked by ``runtime_svc.migration.authority``).
+ROUTING_ROLE = "flow.deployment.routing"
 #: Every role a service checks today; what an operator key of the dev stack may sign.
-OPERATOR_ROLES: tuple[str, ...] = (CANCEL_ROLE, DELETE_ROLE, SIGNALS_SUBMIT_ROLE)
+OPERATOR_ROLES: tuple[str, ...] = (CANCEL_ROLE, DELETE_ROLE, SIGNALS_SUBMIT_ROLE, ROUTING_ROLE)
 TRUSTED_KEYS_VERSION = 2
 _ENTRY_KEYS = frozenset({"public_key", "orgs", "audiences", "roles"})
 _AUDIENCES = frozenset(s.value for s in ServiceName)

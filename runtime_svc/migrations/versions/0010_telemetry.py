@@ -38,5 +38,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_flow_dependencies_age", table_name="flow_dependencies")
     for table in reversed(_TABLES):
-        with op.batch_alter_table(table) as batch:
-            batch.drop_column("trace_context")
+        # Plain ALTER TABLE … DROP COLUMN (SQLite >= 3.35, MariaDB, MySQL): never a batch
+        # rebuild of flow_runs, which step, checkpoint and dependency rows reference.
+        op.execute(f"ALTER TABLE {table} DROP COLUMN trace_context")

@@ -118,7 +118,7 @@ def test_flowctl_drives_the_bridge_end_to_end(
     routing.write_text(str(statement))
 
     code, receipt = run(capsys, "deploy", "org-backfill", "--routing", str(routing))
-    assert code == 0 and (receipt["stamped"], receipt["org_id"]) == (1, scope.org_id)
+    assert code == 0 and (receipt["stamped"], receipt["org_id"]) == (1, scope.org_id), receipt
     code, refused = run(capsys, "deploy", "admission", "enable")
     assert code == 1 and refused["reasons"] == ["write_protocol_not_enabled"]
     assert run(capsys, "deploy", "drain", "begin")[0] == 0
