@@ -173,7 +173,9 @@ def new_database(
     """A new database on the cluster, migrated for ``service_pkg`` through node
     ``migrate_through`` (DDL replicates in total order), dropped afterwards."""
     name = f"flow_cl_{uuid.uuid4().hex[:16]}"
-    admin = galera.admin()
+    # Created on the node that migrates: the other nodes apply the replicated DDL
+    # asynchronously, so a connection to another node right after could miss it.
+    admin = galera.admin(migrate_through)
     try:
         with admin.cursor() as cursor:
             cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
