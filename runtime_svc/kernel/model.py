@@ -98,6 +98,9 @@ class RunRecord:
     updated_at: datetime
     #: The run's W3C trace context (``services.telemetry`` JSON): diagnostics only.
     trace_context: str | None = None
+    #: When an operator paused the run (``PauseRun``); ``None`` when not paused. An
+    #: overlay on :attr:`state`: no claim picks a paused run (issue 14 item 5).
+    operator_paused_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,7 @@ _META = frozenset(
         "expect_epoch",
         "expect_lease_token_digest",
         "expect_current_step",
+        "require_not_paused",
         "expect_input_checkpoint_id",
         "expect_root_state_version_at_claim",
         "require_live",
@@ -247,7 +251,8 @@ class RunPatch:
     Predicates: org, id, ``state_version = expected_version``, ``runtime_state =
     from_state``, owner FlowRuntimeV2, ``ownership_epoch = expect_epoch``; with
     ``require_live`` also ``is_deleted = false AND delete_requested_at IS NULL``; with
-    ``expect_current_step`` also the current-step pointer.
+    ``expect_current_step`` also the current-step pointer; with ``require_not_paused``
+    also ``operator_paused_at IS NULL`` (a claim never takes a paused run).
     """
 
     flow_run_id: str
@@ -257,6 +262,7 @@ class RunPatch:
     expect_epoch: int
     require_live: bool = True
     expect_current_step: str | None = None
+    require_not_paused: bool = False
     current_step_execution_id: str | Keep | None = KEEP
     current_checkpoint_id: str | Keep | None = KEEP
     run_after: datetime | Keep | None = KEEP
