@@ -81,7 +81,7 @@ class OperatorRefused:
 def _refusal(root: RunRecord) -> OperatorRefused | None:
     if root.execution_owner is not ExecutionOwner.FLOW_RUNTIME_V2:
         return OperatorRefused("legacy_owned_run")
-    if root.is_deleted or root.delete_requested_at is not None:
+    if root.is_deleted:  # (``delete_requested_at`` alone is a cancellation's time)
         return OperatorRefused("deleted")
     return None
 
