@@ -74,9 +74,12 @@ async def _assert_consistent(world: World, run_id: str) -> None:
         for s in await rows(world.engine, flow_step_executions, org_id=world.org)
     }
     deps = await rows(world.engine, flow_dependencies, org_id=world.org)
-    assert stranded_runs(
-        runs, steps, max_attempts=TEST_POLICY.max_attempts, drained=True, dependencies=deps
-    ) == []
+    assert (
+        stranded_runs(
+            runs, steps, max_attempts=TEST_POLICY.max_attempts, drained=True, dependencies=deps
+        )
+        == []
+    )
     view = await world.store.support_view(world.org, run_id)
     assert view.current_step is not None
     assert root_step_consistent(view.run.state, view.current_step.state)
