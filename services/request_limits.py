@@ -106,6 +106,8 @@ FIELD_LIMITS: Mapping[str, int] = {
     "producer_key": KEY_LEN,
     "evidence_reference": KEY_LEN,
     "handler_ref": KEY_LEN,
+    # operator free text kept in an audit record (PauseRun, RetryQuarantinedRun)
+    "reason": KEY_LEN,
     "wake_token": TOKEN_LEN,
     "holder_id": TOKEN_LEN,
     "action_type": TOKEN_LEN,
