@@ -77,6 +77,7 @@ PLACEHOLDERS: Mapping[str, str] = {
     "plan": "<cookbook-plan-id>",
     "plan_digest": "<cookbook-plan-digest>",
     "run": "<cookbook-run-id>",
+    "checkpoint": "<cookbook-run-checkpoint-id>",
     "approval_run": "<cookbook-approval-run-id>",
     "handoff_key": "<cookbook-handoff-key>",
     "command": "<cookbook-command-id>",

@@ -429,6 +429,22 @@ CALLS: tuple[Call, ...] = (
     ),
     Call(
         RUNS,
+        "RestartFromCheckpoint",
+        "run a failed run again from one of its checkpoints (needs role flow.runs.operate)",
+        {
+            "request_id": "cb-restart-{nonce}",
+            "org_id": "{org}",
+            "flow_run_id": "{run}",
+            "checkpoint_id": "{checkpoint}",
+            "reason": "INC-3 downstream fixed",
+        },
+        "runtime",
+        "DEMO_TOKEN",
+        "FAILED_PRECONDITION",
+        "the run succeeded (run_not_failed); only a failed run is restarted",
+    ),
+    Call(
+        RUNS,
         "DeleteRun",
         "public delete: soft-delete (needs role flow.runs.delete)",
         {"request_id": "cb-delete-run-{nonce}", "org_id": "{org}", "flow_run_id": "{run}"},

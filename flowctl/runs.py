@@ -12,6 +12,7 @@
     flowctl run delete RUN_ID [--expected-version V]
     flowctl run pause|resume RUN_ID [--reason TEXT] [--expected-version V]   # flowctl.runs_operate
     flowctl run retry-quarantined RUN_ID --reason TEXT [--expected-version V]
+    flowctl run restart RUN_ID --checkpoint CKPT --reason TEXT [--expected-version V]
     flowctl run view RUN_ID --html FILE   # a self-contained timeline page (flowctl.timeline)
 
 Every command prints a table by default and the response as JSON with ``--json``.

@@ -6,12 +6,14 @@
     flowctl run pause RUN_ID [--reason TEXT] [--expected-version V]
     flowctl run resume RUN_ID [--reason TEXT] [--expected-version V]
     flowctl run retry-quarantined RUN_ID --reason TEXT [--expected-version V]
+    flowctl run restart RUN_ID --checkpoint CKPT --reason TEXT [--expected-version V]
 
 Each mints its call credential with the role the runtime requires
 (``flow.runs.operate``) and sends a fresh ``request_id`` unless ``--request-id`` repeats
 one. ``--expected-version`` is presence-aware (``0`` expects version 0). A paused run is
 not claimed until resumed; ``retry-quarantined`` is the explicit, audited decision to
-retry a reconciled commit-unknown quarantine (``--reason`` required).
+retry a reconciled commit-unknown quarantine and ``restart`` runs a failed run again from
+one of its checkpoints (``--reason`` required for both).
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ OPERATE_ROLE = "flow.runs.operate"
 _CALL_TIMEOUT_S = 30.0
 
 
-def _call(args: argparse.Namespace, rpc: str, request_type: Any) -> int:
+def _call(args: argparse.Namespace, rpc: str, request_type: Any, **extra: str) -> int:
     request = request_type(
         request_id=args.request_id or uuid.uuid4().hex,
         org_id=args.org,
         flow_run_id=args.run_id,
         reason=args.reason or "",
+        **extra,
     )
     if args.expected_version is not None:
         request.expected_state_version.CopyFrom(Int64Value(value=args.expected_version))
@@ -83,6 +86,15 @@ def _retry(args: argparse.Namespace) -> int:
     return _call(args, "RetryQuarantinedRun", runtime_v1.RetryQuarantinedRunRequest)
 
 
+def _restart(args: argparse.Namespace) -> int:
+    return _call(
+        args,
+        "RestartFromCheckpoint",
+        runtime_v1.RestartFromCheckpointRequest,
+        checkpoint_id=args.checkpoint,
+    )
+
+
 def register_operator_commands(
     command: Callable[..., Any], state_text: Callable[[int], str]
 ) -> None:
@@ -96,11 +108,20 @@ def register_operator_commands(
             _retry,
             "why the retry is safe (required; kept in the audit record)",
         ),
+        (
+            "restart",
+            "run a failed run again from one of its checkpoints (explicit, audited decision)",
+            _restart,
+            "why the restart is safe (required; kept in the audit record)",
+        ),
     ):
         p = command(name, text, func)
-        p.add_argument(
-            "--reason", default="", required=name == "retry-quarantined", help=reason_help
-        )
+        required = name in ("retry-quarantined", "restart")
+        p.add_argument("--reason", default="", required=required, help=reason_help)
+        if name == "restart":
+            p.add_argument(
+                "--checkpoint", required=True, help="checkpoint id of the run (run support)"
+            )
         p.add_argument(
             "--expected-version", type=int, default=None, help="expected state version (CAS)"
         )

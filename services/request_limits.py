@@ -87,6 +87,7 @@ FIELD_LIMITS: Mapping[str, int] = {
     "message_family": ID_LEN,
     "handler_implementation_version": ID_LEN,
     "reason_code": ID_LEN,
+    "checkpoint_id": ID_LEN,
     "producer_kind": ID_LEN,
     # content digests and fingerprints
     "runtime_work_binding_digest": DIGEST_LEN,

@@ -116,7 +116,8 @@ class _StartResponses:
 
 class FlowRunServicer(runtime_v1.FlowRunServiceServicer):
     """Start, read, list, support-read, delete and cancel Flow runs (§10.1, §18, §19),
-    and the operator controls pause, resume and quarantine retry (issue 14 item 5).
+    and the operator controls pause, resume, quarantine retry and restart from a
+    checkpoint (issue 14 item 5).
 
     Mutating RPCs are deduplicated on ``request_id`` (``services.request_dedupe``): a
     retry gets the original response bytes, a reuse with another body is refused.
@@ -232,6 +233,19 @@ class FlowRunServicer(runtime_v1.FlowRunServiceServicer):
             expected_state_version=_present_version(request),
         )
         return runtime_v1.RetryQuarantinedRunResponse.FromString(data)
+
+    async def RestartFromCheckpoint(self, request: Any, context: Context) -> Any:
+        key = _request_key("RestartFromCheckpoint", request)
+        data = await self._ops.restart_from_checkpoint_once(
+            current_identity(),
+            _require(request, "flow_run_id"),
+            request.checkpoint_id,
+            request.reason,
+            key,
+            _encode_view(runtime_v1.RestartFromCheckpointResponse),
+            expected_state_version=_present_version(request),
+        )
+        return runtime_v1.RestartFromCheckpointResponse.FromString(data)
 
 
 def page_token_secret(cfg: ServiceConfig) -> bytes:

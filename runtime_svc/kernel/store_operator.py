@@ -23,33 +23,46 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import false, update
+from sqlalchemy import false, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from runtime_svc.compiler.kinds import EFFECT_COMPLETION_PRODUCER
 from runtime_svc.kernel.decisions import RUNS
 from runtime_svc.kernel.errors import StateVersionMismatchError, fence_lost
-from runtime_svc.kernel.model import RunRecord
+from runtime_svc.kernel.model import RunRecord, StepRecord
 from runtime_svc.kernel.states import ExecutionOwner, StepState
-from runtime_svc.kernel.store_rows import lock_run, lock_step
+from runtime_svc.kernel.store_codec import step_from_row
+from runtime_svc.kernel.store_reads import get_checkpoint_txn
+from runtime_svc.kernel.store_rows import apply_transition, lock_run, lock_step, new_id
 from runtime_svc.kernel.tables import compatibility_status
 from runtime_svc.kernel.transitions_operator import (
     OperatorNoChange,
     OperatorRefused,
     PauseChange,
+    Restart,
     decide_pause,
+    decide_restart,
     decide_resume,
 )
-from runtime_svc.schema import audit_records, flow_runs
+from runtime_svc.kernel.wait_model import DependencyState
+from runtime_svc.schema import (
+    audit_records,
+    flow_dependencies,
+    flow_runs,
+    flow_step_executions,
+)
 from services.db import db_now
 from services.digest import canonical_json
-from services.errors import FailedPreconditionError, NotFoundError
+from services.errors import FailedPreconditionError, FenceLostError, NotFoundError
 
 __all__ = [
     "OPERATOR_ACTOR_KIND",
     "OperatorActor",
     "insert_operator_audit_txn",
     "pause_run_txn",
+    "restart_run_txn",
     "resume_run_txn",
+    "unknown_effects_txn",
 ]
 
 #: ``audit_records.actor_kind`` of an operator decision (also the ops CLI's).
@@ -209,4 +222,126 @@ async def resume_run_txn(
         await _apply_pause(conn, org_id, decision, step_state, expected_state_version)
         details = {"reason": reason} if reason else {}
         await insert_operator_audit_txn(conn, org_id, actor, "flow_run.resume", root, details)
+    return decision
+
+
+async def unknown_effects_txn(conn: AsyncConnection, org_id: str, flow_run_id: str) -> int:
+    """Effect-completion dependencies of the run whose owner outcome is not known yet
+    (``Pending``) or ambiguous (``Quarantined``): a retry or restart could repeat their
+    effect. Read under the root lock, which every dependency transition takes first."""
+    d = flow_dependencies.c
+    stmt = (
+        select(func.count())
+        .select_from(flow_dependencies)
+        .where(
+            d.org_id == org_id,
+            d.flow_run_id == flow_run_id,
+            d.producer_kind == EFFECT_COMPLETION_PRODUCER,
+            d.state.in_([DependencyState.PENDING.code, DependencyState.QUARANTINED.code]),
+        )
+    )
+    return int((await conn.execute(stmt)).scalar_one())
+
+
+async def _consumer_of(
+    conn: AsyncConnection, org_id: str, flow_run_id: str, checkpoint_id: str
+) -> tuple[StepRecord | None, int]:
+    """The first step execution of the run that took ``checkpoint_id`` as input, and the
+    next invocation ordinal of its plan step (read under the root lock)."""
+    s = flow_step_executions.c
+    row = (
+        (
+            await conn.execute(
+                select(flow_step_executions)
+                .where(
+                    s.org_id == org_id,
+                    s.flow_run_id == flow_run_id,
+                    s.input_checkpoint_id == checkpoint_id,
+                )
+                .order_by(s.created_at, s.invocation_ordinal, s.step_execution_id)
+                .limit(1)
+            )
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        return None, 0
+    source = step_from_row(row)
+    last = (
+        await conn.execute(
+            select(func.max(s.invocation_ordinal)).where(
+                s.org_id == org_id,
+                s.flow_run_id == flow_run_id,
+                s.plan_step_key == source.plan_step_key,
+            )
+        )
+    ).scalar_one()
+    return source, 0 if last is None else int(last) + 1
+
+
+async def restart_run_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    flow_run_id: str,
+    checkpoint_id: str,
+    actor: OperatorActor,
+    *,
+    reason: str,
+    expected_state_version: int | None = None,
+) -> Restart:
+    """Restart a failed run from one of its checkpoints
+    (:func:`~runtime_svc.kernel.transitions_operator.decide_restart`): root first, then
+    the checkpoint and its consumer step read under the root lock, the fenced root
+    UPDATE plus the new step's insert (``apply_transition``), and the audit record.
+
+    Raises:
+        NotFoundError: run missing, foreign or deleted; checkpoint missing, foreign or
+            of another run.
+        StateVersionMismatchError: the root is not at ``expected_state_version``.
+        FailedPreconditionError: ``run_quarantined``, ``run_not_failed``,
+            ``checkpoint_not_a_step_input``, ``effect_outcome_unknown``,
+            ``legacy_owned_run`` — nothing written.
+    """
+    root, _ = await _locked_root(conn, org_id, flow_run_id, expected_state_version)
+    await get_checkpoint_txn(conn, org_id, flow_run_id, checkpoint_id)
+    source, ordinal = await _consumer_of(conn, org_id, flow_run_id, checkpoint_id)
+    now = await db_now(conn)
+    decision = decide_restart(
+        root,
+        checkpoint_id,
+        source,
+        new_step_execution_id=new_id("step"),
+        invocation_ordinal=ordinal,
+        now=now,
+    )
+    if isinstance(decision, OperatorRefused):
+        raise _refuse(decision, "restart", flow_run_id)
+    if await unknown_effects_txn(conn, org_id, flow_run_id):
+        raise FailedPreconditionError(
+            f"cannot restart run {flow_run_id}: an effect of the run has no known owner "
+            "outcome (pending or ambiguous); reconcile it with the effect owner first",
+            reason="effect_outcome_unknown",
+        )
+    try:
+        await apply_transition(conn, org_id, decision.transition, now)
+    except FenceLostError as exc:
+        if expected_state_version is None:
+            raise
+        raise StateVersionMismatchError(expected_state_version, exc.found_version) from exc
+    await insert_operator_audit_txn(
+        conn,
+        org_id,
+        actor,
+        "flow_run.restart",
+        root,
+        {
+            "checkpoint_id": checkpoint_id,
+            "source_step_execution_id": decision.source_step_execution_id,
+            "failed_step_execution_id": root.current_step_execution_id,
+            "terminal_cause_code": root.terminal_cause_code,
+            "reason": reason,
+        },
+        step_execution_id=decision.step_execution_id,
+    )
     return decision

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from runtime_svc.compiler.kinds import EFFECT_COMPLETION_PRODUCER
 from runtime_svc.kernel.errors import StateVersionMismatchError
 from runtime_svc.kernel.model import AttemptRecord, RunRecord, StepRecord
 from runtime_svc.kernel.reconcile import (
@@ -34,14 +33,16 @@ from runtime_svc.kernel.reconcile import (
     decide_reconcile,
 )
 from runtime_svc.kernel.states import AttemptOutcome, RunState
-from runtime_svc.kernel.store_operator import OperatorActor, insert_operator_audit_txn
+from runtime_svc.kernel.store_operator import (
+    OperatorActor,
+    insert_operator_audit_txn,
+    unknown_effects_txn,
+)
 from runtime_svc.kernel.store_rows import lock_latest_attempt, lock_run, lock_step
 from runtime_svc.kernel.tables import check_operator_transition, compatibility_status
-from runtime_svc.kernel.wait_model import DependencyState
 from runtime_svc.schema import (
     business_events,
     flow_checkpoints,
-    flow_dependencies,
     flow_runs,
     flow_step_attempts,
     flow_step_executions,
@@ -233,24 +234,6 @@ async def _apply(
     )
 
 
-async def _unknown_effects(conn: AsyncConnection, org_id: str, flow_run_id: str) -> int:
-    """Effect-completion dependencies of the run whose owner outcome is not known yet
-    (``Pending``) or ambiguous (``Quarantined``). Read under the root lock, which every
-    dependency transition takes first."""
-    d = flow_dependencies.c
-    stmt = (
-        select(func.count())
-        .select_from(flow_dependencies)
-        .where(
-            d.org_id == org_id,
-            d.flow_run_id == flow_run_id,
-            d.producer_kind == EFFECT_COMPLETION_PRODUCER,
-            d.state.in_([DependencyState.PENDING.code, DependencyState.QUARANTINED.code]),
-        )
-    )
-    return int((await conn.execute(stmt)).scalar_one())
-
-
 def _check_actor(actor: OperatorActor, reason: str) -> None:
     if not actor.actor_id.strip() or len(actor.actor_id) > _MAX_OPERATOR:
         raise InvalidArgumentError(
@@ -304,7 +287,7 @@ async def reconcile_quarantine_txn(
         )
     if step is None or attempt is None or evidence is None:
         raise InvariantError("a reconcile decision without its step, attempt or marker")
-    if resolution is Resolution.RETRY and await _unknown_effects(conn, org_id, flow_run_id):
+    if resolution is Resolution.RETRY and await unknown_effects_txn(conn, org_id, flow_run_id):
         raise FailedPreconditionError(
             f"cannot retry run {flow_run_id}: an effect of the run has no known owner "
             "outcome (pending or ambiguous); reconcile it with the effect owner first",

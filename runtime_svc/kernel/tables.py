@@ -49,6 +49,14 @@ decision, admits them:
 * ``Quarantined -> TerminalFailed`` (run) with ``Quarantined -> Failed`` (step): the
   operator's other resolution of the same reconciliation — the ambiguity is closed as a
   failure (``quarantine_resolved_failed``), so the run stops counting as quarantined.
+* ``TerminalFailed -> Runnable`` (run only; ``RestartFromCheckpoint``). An operator
+  restarts a failed run from one of its own checkpoints: the root points at a **new**
+  ``Pending`` execution of the step that checkpoint was the input of; every old step,
+  attempt and checkpoint keeps its terminal state (no step arrow is added, nothing is
+  deleted). The failure was decided and recorded; restarting is a new, audited decision
+  with its own cause, not a rewrite of the old one. Refused while any effect of the run
+  has no known owner outcome, and never offered for ``Quarantined`` (ambiguity is
+  reconciled first), ``Cancelled`` (the cancellation is final) or ``Succeeded``.
 
 The operator pause (``PauseRun``) is no arrow: it is an overlay
 (``flow_runs.operator_paused_at``) on a non-terminal state that only makes the claim
@@ -201,7 +209,11 @@ def check_transition(kind: str, from_state: IntEnum, to_state: IntEnum) -> None:
 
 #: Operator-only exits of ``Quarantined`` (run), see the module docstring.
 OPERATOR_RUN_ARROWS: frozenset[tuple[RunState, RunState]] = frozenset(
-    {(_R.QUARANTINED, _R.RUNNABLE), (_R.QUARANTINED, _R.TERMINAL_FAILED)}
+    {
+        (_R.QUARANTINED, _R.RUNNABLE),
+        (_R.QUARANTINED, _R.TERMINAL_FAILED),
+        (_R.TERMINAL_FAILED, _R.RUNNABLE),
+    }
 )
 #: Operator-only exits of ``Quarantined`` (step), see the module docstring.
 OPERATOR_STEP_ARROWS: frozenset[tuple[StepState, StepState]] = frozenset(

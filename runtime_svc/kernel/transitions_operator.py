@@ -24,7 +24,22 @@ Semantics:
   the eligible scan orders by due time). Resuming a run that is not paused is a no-op
   answer (idempotent), whatever its state.
 
-Both compare an optional caller ``expected_state_version`` with the locked root *and* in
+* **Restart from a checkpoint** (``RestartFromCheckpoint``, :func:`decide_restart`): only
+  a ``TerminalFailed`` V2 run, from one of its *own* checkpoints that was the input of a
+  step execution. The root takes the operator-only arrow ``TerminalFailed -> Runnable``
+  (:mod:`runtime_svc.kernel.tables`) and points at a **new** ``Pending`` execution of that
+  step (next invocation ordinal, the checkpoint as its immutable input, due now); its
+  terminal cause and completion time are cleared. Nothing old is rewritten or deleted:
+  the failed step, every attempt and checkpoint keep their terminal facts and stay in
+  the support read. Steps after the checkpoint run again — their business writes and
+  effects are applied again, which is what the operator asks for — so the store refuses
+  while an effect of the run has no known owner outcome. Refused: ``run_quarantined``
+  (reconcile with ``RetryQuarantinedRun`` first), ``run_not_failed`` (any other state:
+  an active run would need its in-flight step fenced — cancel it first; ``Succeeded`` /
+  ``Cancelled`` are final), ``checkpoint_not_a_step_input`` (e.g. the output of the
+  last step). A run paused before it failed stays paused after the restart.
+
+All compare an optional caller ``expected_state_version`` with the locked root *and* in
 the conditional UPDATE (``StateVersionMismatchError``), like ``CancelRun``.
 """
 
@@ -33,7 +48,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from runtime_svc.kernel.model import RunRecord
+from runtime_svc.kernel.model import NewStep, RunRecord, StepRecord, Transition
+from runtime_svc.kernel.patches import patch_root
 from runtime_svc.kernel.states import (
     ACTIVE_RUN_STATES,
     TERMINAL_RUN_STATES,
@@ -45,7 +61,9 @@ __all__ = [
     "OperatorNoChange",
     "OperatorRefused",
     "PauseChange",
+    "Restart",
     "decide_pause",
+    "decide_restart",
     "decide_resume",
 ]
 
@@ -110,3 +128,64 @@ def decide_resume(root: RunRecord) -> PauseChange | OperatorNoChange | OperatorR
     if root.operator_paused_at is None:
         return OperatorNoChange("not_paused")
     return PauseChange(root.flow_run_id, root.state_version, root.state, root.ownership_epoch, None)
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Apply ``transition`` (root ``TerminalFailed -> Runnable``, new ``Pending`` step)."""
+
+    transition: Transition
+    step_execution_id: str
+    source_step_execution_id: str
+
+
+def decide_restart(
+    root: RunRecord,
+    checkpoint_id: str,
+    source: StepRecord | None,
+    *,
+    new_step_execution_id: str,
+    invocation_ordinal: int,
+    now: datetime,
+) -> Restart | OperatorRefused:
+    """Restart ``root`` from ``checkpoint_id``, whose consumer was the step execution
+    ``source`` (``None``: no step of the run took it as input). See the module docstring.
+    """
+    refused = _refusal(root)
+    if refused is not None:
+        return refused
+    if root.state is RunState.QUARANTINED:
+        return OperatorRefused("run_quarantined")
+    if root.state is not RunState.TERMINAL_FAILED:
+        return OperatorRefused("run_not_failed")
+    if (
+        source is None
+        or source.flow_run_id != root.flow_run_id
+        or source.input_checkpoint_id != checkpoint_id
+    ):
+        return OperatorRefused("checkpoint_not_a_step_input")
+    run = patch_root(
+        root,
+        RunState.RUNNABLE,
+        operator=True,
+        expect_current_step=root.current_step_execution_id,
+        current_step_execution_id=new_step_execution_id,
+        current_checkpoint_id=checkpoint_id,
+        current_element=source.plan_step_key,
+        run_after=now,
+        completed_at=None,
+        terminal_cause_code=None,
+    )
+    step = NewStep(
+        step_execution_id=new_step_execution_id,
+        flow_run_id=root.flow_run_id,
+        plan_step_key=source.plan_step_key,
+        invocation_ordinal=invocation_ordinal,
+        step_kind=source.step_kind,
+        input_checkpoint_id=checkpoint_id,
+        ownership_epoch=root.ownership_epoch,
+        run_after=now,
+        queue_class=source.queue_class,
+    )
+    transition = Transition(run=run, new_step=step)
+    return Restart(transition, new_step_execution_id, source.step_execution_id)

@@ -1,5 +1,5 @@
 """Operator controls of a Flow run (issue 14 item 5): ``PauseRun``, ``ResumeRun``,
-``RetryQuarantinedRun`` behind ``FlowRunService``.
+``RetryQuarantinedRun``, ``RestartFromCheckpoint`` behind ``FlowRunService``.
 
 Built exactly like ``CancelRun`` (:mod:`runtime_svc.runs.service`): the role
 (:data:`~services.auth.trust.OPERATE_ROLE`) is checked before any read; the trusted org
@@ -7,11 +7,9 @@ comes from the credential; the store decision, its audit record (the caller's su
 signing key id, never the credential), the answer's view read and the request-ledger row
 (``request_id`` dedupe) commit in **one** transaction; a caller's
 ``expected_state_version`` is compared inside the store's compare-and-swap. Semantics of
-the decisions: :mod:`runtime_svc.kernel.transitions_operator` (pause/resume) and
-:mod:`runtime_svc.kernel.reconcile` (the quarantine retry, the same store path as
-``python -m runtime_svc.ops quarantine retry``).
-
-``RestartFromCheckpoint`` is not offered (yet): see the README's operator-controls row.
+the decisions: :mod:`runtime_svc.kernel.transitions_operator` (pause/resume, restart
+from a checkpoint) and :mod:`runtime_svc.kernel.reconcile` (the quarantine retry, the same
+store path as ``python -m runtime_svc.ops quarantine retry``).
 """
 
 from __future__ import annotations
@@ -21,7 +19,12 @@ from collections.abc import Callable
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.reconcile import Resolution
-from runtime_svc.kernel.store_operator import OperatorActor, pause_run_txn, resume_run_txn
+from runtime_svc.kernel.store_operator import (
+    OperatorActor,
+    pause_run_txn,
+    restart_run_txn,
+    resume_run_txn,
+)
 from runtime_svc.kernel.store_reads import get_run_txn
 from runtime_svc.kernel.store_reconcile import reconcile_quarantine_txn
 from runtime_svc.runs.service import RunService, RunView, _require_role
@@ -232,5 +235,80 @@ class RunOperator:
         return await self._runs.run_once(
             key,
             lambda conn: self._retry_txn(conn, identity, flow_run_id, expected_state_version, why),
+            encode,
+        )
+
+    async def _restart_txn(
+        self,
+        conn: AsyncConnection,
+        identity: TrustedIdentity,
+        flow_run_id: str,
+        checkpoint_id: str,
+        expected: int | None,
+        reason: str,
+    ) -> RunView:
+        await restart_run_txn(
+            conn,
+            identity.org_id,
+            flow_run_id,
+            checkpoint_id,
+            _actor(identity),
+            reason=reason,
+            expected_state_version=expected,
+        )
+        return await self._view(conn, identity.org_id, flow_run_id)
+
+    def _restart_args(self, identity: TrustedIdentity, checkpoint_id: str, reason: str) -> str:
+        _require_role(identity, OPERATE_ROLE, "restart")
+        if not checkpoint_id:
+            raise InvalidArgumentError("checkpoint_id is required", field_path="checkpoint_id")
+        return _reason(reason, required=True)
+
+    async def restart_from_checkpoint(
+        self,
+        identity: TrustedIdentity,
+        flow_run_id: str,
+        checkpoint_id: str,
+        reason: str,
+        *,
+        expected_state_version: int | None = None,
+    ) -> RunView:
+        """Restart a failed run from one of its own checkpoints
+        (:func:`~runtime_svc.kernel.store_operator.restart_run_txn`).
+
+        Raises:
+            PermissionDeniedError: the credential lacks ``flow.runs.operate``.
+            InvalidArgumentError: no checkpoint id; empty or over-long ``reason``.
+            NotFoundError: run or checkpoint missing, foreign or of another run.
+            FailedPreconditionError: ``run_quarantined``, ``run_not_failed``,
+                ``checkpoint_not_a_step_input``, ``effect_outcome_unknown``,
+                ``legacy_owned_run`` or ``state_version_mismatch``.
+        """
+        why = self._restart_args(identity, checkpoint_id, reason)
+        return await run_in_transaction(
+            self._runs.engine,
+            lambda conn: self._restart_txn(
+                conn, identity, flow_run_id, checkpoint_id, expected_state_version, why
+            ),
+        )
+
+    async def restart_from_checkpoint_once(
+        self,
+        identity: TrustedIdentity,
+        flow_run_id: str,
+        checkpoint_id: str,
+        reason: str,
+        key: RequestKey,
+        encode: Encode,
+        *,
+        expected_state_version: int | None = None,
+    ) -> bytes:
+        """:meth:`restart_from_checkpoint` deduplicated on ``key`` (role checked first)."""
+        why = self._restart_args(identity, checkpoint_id, reason)
+        return await self._runs.run_once(
+            key,
+            lambda conn: self._restart_txn(
+                conn, identity, flow_run_id, checkpoint_id, expected_state_version, why
+            ),
             encode,
         )

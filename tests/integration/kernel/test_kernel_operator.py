@@ -15,13 +15,22 @@ from typing import Any
 import pytest
 
 from runtime_svc.compiler.kinds import EFFECT_COMPLETION_PRODUCER
-from runtime_svc.kernel import CheckpointInput, LeaseFence, RunState, StepState
+from runtime_svc.kernel import (
+    AttemptOutcome,
+    CheckpointInput,
+    FailureClass,
+    LeaseFence,
+    RunState,
+    StepFailure,
+    StepState,
+)
 from runtime_svc.kernel.decisions import EnterWait, NotEligible, Quarantined, WaitResolved
 from runtime_svc.kernel.errors import StateVersionMismatchError
 from runtime_svc.kernel.reconcile import Resolution
 from runtime_svc.kernel.store_operator import (
     OperatorActor,
     pause_run_txn,
+    restart_run_txn,
     resume_run_txn,
 )
 from runtime_svc.kernel.store_reconcile import reconcile_quarantine_txn
@@ -318,3 +327,94 @@ async def test_retry_is_refused_while_an_effect_outcome_is_unknown(world: World)
     assert caught.value.reason == "effect_outcome_unknown"
     assert (await world.store.get_run(world.org, run_id)).state is RunState.QUARANTINED
     assert await _audit(world, run_id) == []
+
+
+async def _failed_at_second_step(world: World) -> tuple[str, str, str]:
+    """A run whose second step failed terminally: ``(run, s1 input, s2 input)``."""
+    run_id = await start(world)
+    first = await _running(world, run_id)
+    await _commit_next(world, first)
+    second = await _running(world, run_id)
+    failure = StepFailure(FailureClass.TERMINAL, "boom", AttemptOutcome.ROLLED_BACK)
+    await world.store.record_rollback(world.org, second, failure)
+    run = await world.store.get_run(world.org, run_id)
+    assert run.state is RunState.TERMINAL_FAILED
+    return run_id, first.input_checkpoint_id, second.input_checkpoint_id
+
+
+async def _restart(world: World, run_id: str, checkpoint: str, expected: int | None = None) -> Any:
+    return await _txn(
+        world,
+        lambda c: restart_run_txn(
+            c,
+            world.org,
+            run_id,
+            checkpoint,
+            ALICE,
+            reason="INC-8 downstream fixed",
+            expected_state_version=expected,
+        ),
+    )
+
+
+@pytest.mark.parametrize("from_step", ["s1", "s2"])
+async def test_restart_from_a_checkpoint_runs_a_new_step_and_keeps_history(
+    world: World, from_step: str
+) -> None:
+    run_id, s1_input, s2_input = await _failed_at_second_step(world)
+    checkpoint = s1_input if from_step == "s1" else s2_input
+    before = await world.store.support_view(world.org, run_id)
+    old_steps = {s.step_execution_id: s.state for s in before.steps}
+    with pytest.raises(StateVersionMismatchError):
+        await _restart(world, run_id, checkpoint, expected=before.run.state_version + 1)
+    restarted = await _restart(world, run_id, checkpoint, expected=before.run.state_version)
+    view = await world.store.support_view(world.org, run_id)
+    assert view.run.state is RunState.RUNNABLE
+    assert (view.run.terminal_cause_code, view.run.completed_at) == (None, None)
+    assert view.run.current_checkpoint_id == checkpoint
+    assert view.current_step is not None
+    assert view.current_step.step_execution_id == restarted.step_execution_id
+    assert (view.current_step.plan_step_key, view.current_step.invocation_ordinal) == (
+        from_step,
+        1,
+    )
+    assert view.current_step.input_checkpoint_id == checkpoint
+    # Nothing old is rewritten or deleted.
+    assert {
+        s.step_execution_id: s.state for s in view.steps if s.step_execution_id in old_steps
+    } == (old_steps)
+    await _assert_consistent(world, run_id)
+    fence = await _running(world, run_id)
+    assert fence.input_checkpoint_id == checkpoint
+    [audit] = await rows(world.engine, audit_records, org_id=world.org, flow_run_id=run_id)
+    details = json.loads(audit["details"])
+    assert (audit["action"], details["checkpoint_id"], details["terminal_cause_code"]) == (
+        "flow_run.restart",
+        checkpoint,
+        before.run.terminal_cause_code,
+    )
+
+
+async def test_restart_refusals_write_nothing(world: World) -> None:
+    running = await start(world)
+    ckpt = (await world.store.get_run(world.org, running)).current_checkpoint_id
+    assert ckpt is not None
+    with pytest.raises(FailedPreconditionError) as caught:
+        await _restart(world, running, ckpt)
+    assert caught.value.reason == "run_not_failed"
+
+    run_id, s1_input, _ = await _failed_at_second_step(world)
+    with pytest.raises(NotFoundError):
+        await _restart(world, run_id, ckpt)  # a checkpoint of another run
+    last = (await world.store.support_view(world.org, run_id)).steps
+    outputs = [s.output_checkpoint_id for s in last if s.output_checkpoint_id]
+    quarantined, _ = await _quarantined(world)
+    q_ckpt = (await world.store.get_run(world.org, quarantined)).current_checkpoint_id
+    assert q_ckpt is not None
+    with pytest.raises(FailedPreconditionError) as caught:
+        await _restart(world, quarantined, q_ckpt)
+    assert caught.value.reason == "run_quarantined"
+    assert (await world.store.get_run(world.org, run_id)).state is RunState.TERMINAL_FAILED
+    assert await _audit(world, run_id) == []
+    assert outputs  # s1's output is s2's input: a step input, so restartable
+    await _restart(world, run_id, s1_input)

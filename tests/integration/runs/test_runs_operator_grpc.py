@@ -20,7 +20,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from google.protobuf.wrappers_pb2 import Int64Value
 
-from runtime_svc.kernel import FlowRunStateStore, LeaseFence
+from runtime_svc.kernel import (
+    AttemptOutcome,
+    FailureClass,
+    FlowRunStateStore,
+    LeaseFence,
+    StepFailure,
+)
 from runtime_svc.kernel.decisions import Quarantined
 from runtime_svc.schema import audit_records, runtime_requests
 from services import db
@@ -44,6 +50,7 @@ from tests.support.procs import ROOT
 OPERATE = (*ALL_ROLES, "flow.runs.operate")
 RUNNABLE = common_v1.RunState.RUN_STATE_RUNNABLE
 QUARANTINED = common_v1.RunState.RUN_STATE_QUARANTINED
+TERMINAL_FAILED = common_v1.RunState.RUN_STATE_TERMINAL_FAILED
 PAUSED = common_v1.CompatibilityStatus.COMPATIBILITY_STATUS_PAUSED
 RUNNING = common_v1.CompatibilityStatus.COMPATIBILITY_STATUS_RUNNING
 
@@ -230,10 +237,68 @@ def test_retry_quarantined_is_an_explicit_audited_decision(
     )
 
 
-def test_flowctl_run_pause_resume_and_retry_quarantined(
+def _fail(db_url: str, org: str, run_id: str) -> None:
+    """Claim and run the run's step, then fail it terminally (a proven rollback)."""
+
+    async def main() -> None:
+        engine = db.create_engine(db_url, pool_size=2)
+        try:
+            store = FlowRunStateStore(engine)
+            candidate = await store.candidate_for_run(org, run_id)
+            assert candidate is not None
+            fence = await store.claim(org, candidate, lease_owner="grpc-test")
+            assert isinstance(fence, LeaseFence)
+            fence = await store.mark_running(org, fence)
+            failure = StepFailure(FailureClass.TERMINAL, "boom", AttemptOutcome.ROLLED_BACK)
+            await store.record_rollback(org, fence, failure)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
+
+
+def test_restart_from_checkpoint_runs_a_failed_run_again(
+    servers: RunServers, client: RunClient
+) -> None:
+    pub = _setup(servers, client)
+    org = pub.scope[0]
+    run_id = client.start(pub, flow="make_task").run.flow_run_id
+    _fail(servers.db_url, org, run_id)
+    failed = client.get(pub, run_id)
+    assert failed.runtime_state == TERMINAL_FAILED
+    [step] = client.support(pub, run_id).steps
+    checkpoint = step.input_checkpoint_id
+
+    def restart(roles: Any = OPERATE, **kw: Any) -> Any:
+        req = _request(runtime_v1.RestartFromCheckpointRequest, pub, run_id, **kw)
+        md = client.creds(pub, roles=roles)
+        return client.runs.RestartFromCheckpoint(req, metadata=md, timeout=30)
+
+    code, detail = _code(lambda: restart(roles=ALL_ROLES, checkpoint_id=checkpoint, reason="r"))
+    assert (code, detail.code) == (grpc.StatusCode.PERMISSION_DENIED, "role_missing")
+    code, detail = _code(lambda: restart(checkpoint_id=checkpoint))
+    assert (code, detail.field_path) == (grpc.StatusCode.INVALID_ARGUMENT, "reason")
+    code, _ = _code(lambda: restart(checkpoint_id="ckpt_missing", reason="r"))
+    assert code == grpc.StatusCode.NOT_FOUND
+    stale = failed.state_version + 1
+    code, detail = _code(lambda: restart(checkpoint_id=checkpoint, reason="r", expected=stale))
+    assert (code, detail.code) == (grpc.StatusCode.FAILED_PRECONDITION, "state_version_mismatch")
+    assert client.get(pub, run_id).runtime_state == TERMINAL_FAILED
+
+    again = restart(checkpoint_id=checkpoint, reason="INC-4", expected=failed.state_version).run
+    assert again.runtime_state == RUNNABLE and not again.terminal_cause_code
+    assert again.current_step_execution_id != step.step_execution_id
+    steps = {s.step_execution_id: s for s in client.support(pub, run_id).steps}
+    assert steps[step.step_execution_id].state == step.state  # history kept
+    code, detail = _code(lambda: restart(checkpoint_id=checkpoint, reason="again"))
+    assert (code, detail.code) == (grpc.StatusCode.FAILED_PRECONDITION, "run_not_failed")
+    assert [a["action"] for a in _audit(servers, org, run_id)] == ["flow_run.restart"]
+
+
+def test_flowctl_run_operator_commands(
     servers: RunServers, client: RunClient, tmp_path: Path
 ) -> None:
-    """``flowctl run pause|resume|retry-quarantined`` as a real subprocess: it mints its
+    """``flowctl run pause|resume|retry-quarantined|restart`` as a real subprocess: it mints its
     credential with ``flow.runs.operate``; a refusal is one line and exit 1."""
     pub = _setup(servers, client)
     run_id = client.start(pub, flow="make_task").run.flow_run_id
@@ -285,3 +350,6 @@ def test_flowctl_run_pause_resume_and_retry_quarantined(
     assert "not_quarantined" in refused.stderr and "Traceback" not in refused.stderr
     missing = flowctl("retry-quarantined")
     assert missing.returncode == 2 and "--reason" in missing.stderr
+    checkpoint = client.get(pub, run_id).current_checkpoint_id
+    active = flowctl("restart", "--checkpoint", checkpoint, "--reason", "INC-7")
+    assert active.returncode == 1 and "run_not_failed" in active.stderr

@@ -4,10 +4,13 @@ projection of a paused run, and the operator-only exits of ``Quarantined``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from runtime_svc.kernel.decisions import Claimed, ClaimRequest, NotEligible
 from runtime_svc.kernel.errors import IllegalTransitionError, TerminalStateError
+from runtime_svc.kernel.model import RunRecord, StepRecord
 from runtime_svc.kernel.states import (
     ACTIVE_RUN_STATES,
     TERMINAL_RUN_STATES,
@@ -28,7 +31,9 @@ from runtime_svc.kernel.transitions_operator import (
     OperatorNoChange,
     OperatorRefused,
     PauseChange,
+    Restart,
     decide_pause,
+    decide_restart,
     decide_resume,
 )
 from tests.unit.kernel.factories import POLICY, T0, run, step
@@ -99,6 +104,7 @@ def test_quarantine_exits_are_operator_only() -> None:
     assert {
         (RunState.QUARANTINED, RunState.RUNNABLE),
         (RunState.QUARANTINED, RunState.TERMINAL_FAILED),
+        (RunState.TERMINAL_FAILED, RunState.RUNNABLE),
     } == OPERATOR_RUN_ARROWS
     assert {
         (StepState.QUARANTINED, StepState.RETRY_SCHEDULED),
@@ -118,3 +124,65 @@ def test_quarantine_exits_are_operator_only() -> None:
         check_operator_transition("run", RunState.QUARANTINED, RunState.RUNNING)
     with pytest.raises(IllegalTransitionError):
         check_operator_transition("step", StepState.QUARANTINED, StepState.PENDING)
+
+
+def _restart(root: RunRecord, source: StepRecord | None, checkpoint: str = "ckpt_1") -> Any:
+    return decide_restart(
+        root, checkpoint, source, new_step_execution_id="step_new", invocation_ordinal=1, now=T0
+    )
+
+
+def test_a_failed_run_restarts_on_a_new_pending_step_of_the_checkpoints_consumer() -> None:
+    failed = run(
+        state=RunState.TERMINAL_FAILED,
+        state_version=4,
+        current_step_execution_id="step_2",
+        terminal_cause_code="step_failed",
+        completed_at=T0,
+    )
+    source = step(plan_step_key="s1", input_checkpoint_id="ckpt_1")
+    decision = _restart(failed, source)
+    assert isinstance(decision, Restart)
+    patch, new = decision.transition.run, decision.transition.new_step
+    assert patch is not None and new is not None
+    assert (patch.from_state, patch.to_state, patch.expected_version) == (
+        RunState.TERMINAL_FAILED,
+        RunState.RUNNABLE,
+        4,
+    )
+    assert patch.operator and patch.expect_current_step == "step_2"
+    assert (patch.current_step_execution_id, patch.current_checkpoint_id) == ("step_new", "ckpt_1")
+    assert (patch.completed_at, patch.terminal_cause_code) == (None, None)
+    assert (new.plan_step_key, new.invocation_ordinal, new.input_checkpoint_id, new.state) == (
+        "s1",
+        1,
+        "ckpt_1",
+        StepState.PENDING,
+    )
+    assert decision.transition.step is None  # the failed step is never rewritten
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        (RunState.QUARANTINED, "run_quarantined"),
+        (RunState.SUCCEEDED, "run_not_failed"),
+        (RunState.CANCELLED, "run_not_failed"),
+        (RunState.RUNNABLE, "run_not_failed"),
+        (RunState.WAITING, "run_not_failed"),
+    ],
+)
+def test_restart_is_only_for_a_failed_run(state: RunState, reason: str) -> None:
+    assert _restart(run(state=state), step()) == OperatorRefused(reason)
+
+
+def test_restart_needs_a_checkpoint_that_was_a_step_input_of_the_run() -> None:
+    failed = run(state=RunState.TERMINAL_FAILED)
+    refused = OperatorRefused("checkpoint_not_a_step_input")
+    assert _restart(failed, None) == refused
+    assert _restart(failed, step(flow_run_id="run_other")) == refused
+    assert _restart(failed, step(input_checkpoint_id="ckpt_9")) == refused
+    legacy = run(state=RunState.TERMINAL_FAILED, execution_owner=ExecutionOwner.LEGACY_INTERPRETER)
+    assert _restart(legacy, step()) == OperatorRefused("legacy_owned_run")
+    with pytest.raises(TerminalStateError):  # the arrow exists for operators only
+        check_transition("run", RunState.TERMINAL_FAILED, RunState.RUNNABLE)
