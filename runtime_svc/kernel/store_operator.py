@@ -1,4 +1,5 @@
-"""Operator pause/resume against the database (issue 14 item 5; part of the state store).
+"""Operator pause/resume and restart from a checkpoint against the database (issue 14
+item 5; part of the state store).
 
 Each function runs in the caller's transaction (``PauseRun``/``ResumeRun`` put the
 request-ledger row in the same one): lock the root first (§12 order; nothing else is
@@ -10,6 +11,10 @@ conditional UPDATE whose row count must be 1 — compared on the root's
 fence (the heartbeat's shape, ``store_rows.extend_lease_row``). The same transaction
 recomputes the §18.2 projection (a paused active run is ``Paused``) and appends one
 audit record naming the caller.
+
+:func:`restart_run_txn` (``RestartFromCheckpoint``) is an ordinary fenced transition
+(``apply_transition``: the root's conditional UPDATE *with* a version bump, the new step's
+insert) over the operator-only arrow ``TerminalFailed -> Runnable``.
 
 The quarantine retry (``RetryQuarantinedRun``) is
 :func:`runtime_svc.kernel.store_reconcile.reconcile_quarantine_txn`, shared with
