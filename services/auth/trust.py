@@ -58,8 +58,8 @@ CANCEL_ROLE = "flow.runs.cancel"
 #: May delete a Flow run (``FlowRunService.DeleteRun``).
 DELETE_ROLE = "flow.runs.delete"
 #: May take the operator controls of a Flow run (``FlowRunService.PauseRun``,
-#: ``ResumeRun``, ``RetryQuarantinedRun``, ``RestartFromCheckpoint``): one role for every decision that overrides
-#: the scheduler, audited with the caller's identity.
+#: ``ResumeRun``, ``RetryQuarantinedRun``, ``RestartFromCheckpoint``): one role for
+#: every decision that overrides the scheduler, audited with the caller's identity.
 OPERATE_ROLE = "flow.runs.operate"
 #: May submit a durable wake signal (``WakeSignalService.SubmitWakeSignal``).
 SIGNALS_SUBMIT_ROLE = "flow.signals.submit"
