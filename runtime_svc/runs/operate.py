@@ -29,7 +29,6 @@ from runtime_svc.kernel.store_reads import get_run_txn
 from runtime_svc.kernel.store_reconcile import reconcile_quarantine_txn
 from runtime_svc.runs.service import RunService, RunView, _require_role
 from services.auth import OPERATE_ROLE, TrustedIdentity
-from services.db import run_in_transaction
 from services.errors import InvalidArgumentError
 from services.request_dedupe import RequestKey
 
@@ -101,32 +100,6 @@ class RunOperator:
         )
         return await self._view(conn, identity.org_id, flow_run_id)
 
-    async def pause_run(
-        self,
-        identity: TrustedIdentity,
-        flow_run_id: str,
-        *,
-        expected_state_version: int | None = None,
-        reason: str = "",
-    ) -> RunView:
-        """Pause an active run; idempotent.
-
-        Raises:
-            PermissionDeniedError: the credential lacks ``flow.runs.operate``.
-            NotFoundError: missing, foreign or deleted.
-            FailedPreconditionError: ``run_terminal``, ``run_cancelling``,
-                ``legacy_owned_run``; ``state_version_mismatch``.
-            InvalidArgumentError: reason over 200 characters.
-        """
-        _require_role(identity, OPERATE_ROLE, "pause")
-        why = _reason(reason, required=False)
-        return await run_in_transaction(
-            self._runs.engine,
-            lambda conn: self._pause_txn(
-                conn, identity, flow_run_id, expected_state_version, why, pause=True
-            ),
-        )
-
     async def pause_run_once(
         self,
         identity: TrustedIdentity,
@@ -137,7 +110,16 @@ class RunOperator:
         expected_state_version: int | None = None,
         reason: str = "",
     ) -> bytes:
-        """:meth:`pause_run` deduplicated on ``key`` (the role is checked first)."""
+        """Pause an active run; idempotent. Deduplicated on ``key`` (the role is checked
+        first, before any read).
+
+        Raises:
+            PermissionDeniedError: the credential lacks ``flow.runs.operate``.
+            NotFoundError: missing, foreign or deleted.
+            FailedPreconditionError: ``run_terminal``, ``run_cancelling``,
+                ``legacy_owned_run``; ``state_version_mismatch``.
+            InvalidArgumentError: reason over 200 characters.
+        """
         _require_role(identity, OPERATE_ROLE, "pause")
         why = _reason(reason, required=False)
         return await self._runs.run_once(
@@ -146,30 +128,6 @@ class RunOperator:
                 conn, identity, flow_run_id, expected_state_version, why, pause=True
             ),
             encode,
-        )
-
-    async def resume_run(
-        self,
-        identity: TrustedIdentity,
-        flow_run_id: str,
-        *,
-        expected_state_version: int | None = None,
-        reason: str = "",
-    ) -> RunView:
-        """Clear a pause; idempotent (a run that is not paused answers unchanged).
-
-        Raises:
-            PermissionDeniedError: the credential lacks ``flow.runs.operate``.
-            NotFoundError: missing, foreign or deleted.
-            FailedPreconditionError: ``legacy_owned_run``; ``state_version_mismatch``.
-        """
-        _require_role(identity, OPERATE_ROLE, "resume")
-        why = _reason(reason, required=False)
-        return await run_in_transaction(
-            self._runs.engine,
-            lambda conn: self._pause_txn(
-                conn, identity, flow_run_id, expected_state_version, why, pause=False
-            ),
         )
 
     async def resume_run_once(
@@ -182,7 +140,14 @@ class RunOperator:
         expected_state_version: int | None = None,
         reason: str = "",
     ) -> bytes:
-        """:meth:`resume_run` deduplicated on ``key`` (the role is checked first)."""
+        """Clear a pause; idempotent (a run that is not paused answers unchanged).
+        Deduplicated on ``key`` (the role is checked first).
+
+        Raises:
+            PermissionDeniedError: the credential lacks ``flow.runs.operate``.
+            NotFoundError: missing, foreign or deleted.
+            FailedPreconditionError: ``legacy_owned_run``; ``state_version_mismatch``.
+        """
         _require_role(identity, OPERATE_ROLE, "resume")
         why = _reason(reason, required=False)
         return await self._runs.run_once(
@@ -191,32 +156,6 @@ class RunOperator:
                 conn, identity, flow_run_id, expected_state_version, why, pause=False
             ),
             encode,
-        )
-
-    async def retry_quarantined_run(
-        self,
-        identity: TrustedIdentity,
-        flow_run_id: str,
-        reason: str,
-        *,
-        expected_state_version: int | None = None,
-    ) -> RunView:
-        """The operator's recorded decision to retry a reconciled commit-unknown
-        quarantine (:func:`~runtime_svc.kernel.store_reconcile.reconcile_quarantine_txn`).
-
-        Raises:
-            PermissionDeniedError: the credential lacks ``flow.runs.operate``.
-            InvalidArgumentError: empty or over-long ``reason``.
-            NotFoundError: missing, foreign or deleted.
-            FailedPreconditionError: the refusal code (``not_quarantined``,
-                ``not_commit_unknown``, ``marker_shows_commit``, ``attempt_budget_spent``,
-                ``effect_outcome_unknown``) or ``state_version_mismatch``.
-        """
-        _require_role(identity, OPERATE_ROLE, "retry")
-        why = _reason(reason, required=True)
-        return await run_in_transaction(
-            self._runs.engine,
-            lambda conn: self._retry_txn(conn, identity, flow_run_id, expected_state_version, why),
         )
 
     async def retry_quarantined_run_once(
@@ -229,7 +168,18 @@ class RunOperator:
         *,
         expected_state_version: int | None = None,
     ) -> bytes:
-        """:meth:`retry_quarantined_run` deduplicated on ``key`` (role checked first)."""
+        """The operator's recorded decision to retry a reconciled commit-unknown
+        quarantine (:func:`~runtime_svc.kernel.store_reconcile.reconcile_quarantine_txn`),
+        deduplicated on ``key`` (the role is checked first).
+
+        Raises:
+            PermissionDeniedError: the credential lacks ``flow.runs.operate``.
+            InvalidArgumentError: empty or over-long ``reason``.
+            NotFoundError: missing, foreign or deleted.
+            FailedPreconditionError: the refusal code (``not_quarantined``,
+                ``not_commit_unknown``, ``marker_shows_commit``, ``attempt_budget_spent``,
+                ``effect_outcome_unknown``) or ``state_version_mismatch``.
+        """
         _require_role(identity, OPERATE_ROLE, "retry")
         why = _reason(reason, required=True)
         return await self._runs.run_once(
@@ -264,34 +214,6 @@ class RunOperator:
             raise InvalidArgumentError("checkpoint_id is required", field_path="checkpoint_id")
         return _reason(reason, required=True)
 
-    async def restart_from_checkpoint(
-        self,
-        identity: TrustedIdentity,
-        flow_run_id: str,
-        checkpoint_id: str,
-        reason: str,
-        *,
-        expected_state_version: int | None = None,
-    ) -> RunView:
-        """Restart a failed run from one of its own checkpoints
-        (:func:`~runtime_svc.kernel.store_operator.restart_run_txn`).
-
-        Raises:
-            PermissionDeniedError: the credential lacks ``flow.runs.operate``.
-            InvalidArgumentError: no checkpoint id; empty or over-long ``reason``.
-            NotFoundError: run or checkpoint missing, foreign or of another run.
-            FailedPreconditionError: ``run_quarantined``, ``run_not_failed``,
-                ``checkpoint_not_a_step_input``, ``effect_outcome_unknown``,
-                ``legacy_owned_run`` or ``state_version_mismatch``.
-        """
-        why = self._restart_args(identity, checkpoint_id, reason)
-        return await run_in_transaction(
-            self._runs.engine,
-            lambda conn: self._restart_txn(
-                conn, identity, flow_run_id, checkpoint_id, expected_state_version, why
-            ),
-        )
-
     async def restart_from_checkpoint_once(
         self,
         identity: TrustedIdentity,
@@ -303,7 +225,18 @@ class RunOperator:
         *,
         expected_state_version: int | None = None,
     ) -> bytes:
-        """:meth:`restart_from_checkpoint` deduplicated on ``key`` (role checked first)."""
+        """Restart a failed run from one of its own checkpoints
+        (:func:`~runtime_svc.kernel.store_operator.restart_run_txn`), deduplicated on
+        ``key`` (the role is checked first).
+
+        Raises:
+            PermissionDeniedError: the credential lacks ``flow.runs.operate``.
+            InvalidArgumentError: no checkpoint id; empty or over-long ``reason``.
+            NotFoundError: run or checkpoint missing, foreign or of another run.
+            FailedPreconditionError: ``run_quarantined``, ``run_not_failed``,
+                ``checkpoint_not_a_step_input``, ``effect_outcome_unknown``,
+                ``legacy_owned_run`` or ``state_version_mismatch``.
+        """
         why = self._restart_args(identity, checkpoint_id, reason)
         return await self._runs.run_once(
             key,
