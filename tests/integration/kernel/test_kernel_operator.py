@@ -418,3 +418,23 @@ async def test_restart_refusals_write_nothing(world: World) -> None:
     assert await _audit(world, run_id) == []
     assert outputs  # s1's output is s2's input: a step input, so restartable
     await _restart(world, run_id, s1_input)
+
+
+async def test_an_expired_lease_of_a_paused_run_is_recovered_but_not_reclaimed(
+    world: World,
+) -> None:
+    run_id = await start(world)
+    await _running(world, run_id)
+    await _pause(world, run_id)
+    world.clock.advance(milliseconds=TEST_POLICY.lease_duration_ms + 1)
+    [recovered] = await world.store.recover_expired(world.org)
+    assert recovered.flow_run_id == run_id
+    world.clock.advance(milliseconds=TEST_POLICY.max_delay_ms * 2)  # any backoff is due
+    view = await world.store.support_view(world.org, run_id)
+    assert view.run.state is RunState.RUNNABLE and view.run.interview_status == "Paused"
+    assert view.current_step is not None
+    assert view.current_step.state is StepState.RETRY_SCHEDULED
+    assert run_id not in await _eligible(world)
+    await _assert_consistent(world, run_id)
+    await _resume(world, run_id)
+    await claim(world, run_id)
