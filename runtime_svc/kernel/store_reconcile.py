@@ -207,7 +207,10 @@ async def _apply(
         expected_version=root.state_version,
         values={
             "runtime_state": decision.run_state.code,
-            "interview_status": compatibility_status(decision.run_state, decision.step_state).code,
+            # A run paused before its step was quarantined stays paused (and projected so).
+            "interview_status": compatibility_status(
+                decision.run_state, decision.step_state, paused=root.operator_paused_at is not None
+            ).code,
             "run_after": now if retry else None,
             "completed_at": None if retry else now,
             "terminal_cause_code": None if retry else CAUSE_QUARANTINE_FAILED,

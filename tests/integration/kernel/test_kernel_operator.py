@@ -438,3 +438,19 @@ async def test_an_expired_lease_of_a_paused_run_is_recovered_but_not_reclaimed(
     await _assert_consistent(world, run_id)
     await _resume(world, run_id)
     await claim(world, run_id)
+
+
+async def test_a_run_paused_before_its_quarantine_stays_paused_after_the_retry(
+    world: World,
+) -> None:
+    run_id = await start(world)
+    fence = await _running(world, run_id)
+    await _pause(world, run_id)  # the running attempt then loses its COMMIT
+    assert isinstance(await world.store.quarantine_commit_unknown(world.org, fence), Quarantined)
+    assert (await world.store.get_run(world.org, run_id)).interview_status == "Error"
+    await _retry(world, run_id)
+    run = await world.store.get_run(world.org, run_id)
+    assert (run.state, run.interview_status) == (RunState.RUNNABLE, "Paused")
+    assert run_id not in await _eligible(world)
+    await _resume(world, run_id)
+    await claim(world, run_id)
