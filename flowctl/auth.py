@@ -6,8 +6,9 @@ installation, runtime capability, binding digest), read from ``$FLOW_DATA_DIR/de
 the demo stack. ``--org`` (with optional ``--app-installation``/``--capability``/
 ``--binding-digest``) mints for exactly the scope given instead. ``--role`` adds a role
 (repeatable): ``flow.runs.cancel`` may cancel runs, ``flow.runs.delete`` may delete
-them. The server still refuses claims the signing key may not sign (its trusted-keys
-entry, ``services.auth.trust``).
+them, ``flow.runs.operate`` may pause, resume, retry or restart them. The server still
+refuses claims the signing key may not sign (its trusted-keys entry,
+``services.auth.trust``).
 """
 
 from __future__ import annotations

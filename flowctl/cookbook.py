@@ -77,6 +77,7 @@ PLACEHOLDERS: Mapping[str, str] = {
     "plan": "<cookbook-plan-id>",
     "plan_digest": "<cookbook-plan-digest>",
     "run": "<cookbook-run-id>",
+    "checkpoint": "<cookbook-run-checkpoint-id>",
     "approval_run": "<cookbook-approval-run-id>",
     "handoff_key": "<cookbook-handoff-key>",
     "command": "<cookbook-command-id>",
@@ -171,8 +172,9 @@ def render(ids: Ids, *, filled: bool) -> str:
         "```",
         "",
         "`DEMO_TOKEN` carries the demo's complete work scope (`org-demo / inst-demo / cap-flow /"
-        " <binding>`) with the operator roles `flow.runs.cancel`, `flow.runs.delete` and "
-        "`flow.signals.submit`; `SCOPE_TOKEN` the cookbook's second scope (`inst-cookbook / "
+        " <binding>`) with the operator roles `flow.runs.cancel`, `flow.runs.delete`, "
+        "`flow.runs.operate` and `flow.signals.submit`; `SCOPE_TOKEN` the cookbook's second "
+        "scope (`inst-cookbook / "
         "cap-cookbook`) used by the catalog writes. `RUNTIME_TOKEN` is the *runtime's* "
         "identity: signed with the runtime's service key (`FLOW_AUTH_SERVICE_KEY`, key id "
         "`runtime-service`, `./.data/auth/runtime_service_key.pem` on the dev stack) for the "

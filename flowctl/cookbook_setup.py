@@ -279,6 +279,7 @@ def _runtime_side(
         "plan": plan.plan_id,
         "plan_digest": plan.plan_digest,
         "run": run.flow_run_id,
+        "checkpoint": run.current_checkpoint_id,
         "approval_run": approval.flow_run_id,
     }
 

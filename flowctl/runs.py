@@ -10,6 +10,9 @@
     flowctl run watch RUN_ID [--timeout S] [--interval S]
     flowctl run cancel RUN_ID [--reason CODE] [--expected-version V]
     flowctl run delete RUN_ID [--expected-version V]
+    flowctl run pause|resume RUN_ID [--reason TEXT] [--expected-version V]   # flowctl.runs_operate
+    flowctl run retry-quarantined RUN_ID --reason TEXT [--expected-version V]
+    flowctl run restart RUN_ID --checkpoint CKPT --reason TEXT [--expected-version V]
     flowctl run view RUN_ID --html FILE   # a self-contained timeline page (flowctl.timeline)
 
 Every command prints a table by default and the response as JSON with ``--json``.
@@ -56,6 +59,7 @@ from flowctl.output import (
     table,
     timestamp_text,
 )
+from flowctl.runs_operate import register_operator_commands
 from flowctl.timeline import render_html
 from services.config import ServiceName
 from services.proto import common_v1, runtime_v1
@@ -486,7 +490,9 @@ _STATE_NAMES = [
 
 def register(groups: Any) -> None:
     """Add the ``run`` command group."""
-    run = groups.add_parser("run", help="start, read, follow, cancel and delete Flow runs")
+    run = groups.add_parser(
+        "run", help="start, read, follow, cancel, delete, pause and resume Flow runs"
+    )
     commands = run.add_subparsers(dest="command", required=True)
 
     def command(name: str, help_text: str, func: Any, *, run_id: bool = True) -> Any:
@@ -537,6 +543,8 @@ def register(groups: Any) -> None:
     delete = command("delete", "soft-delete a run (cancels it when not terminal)", _delete)
     delete.add_argument("--expected-version", type=int, default=0, help="expected state version")
     delete.add_argument("--request-id", default="", help="idempotency token of this call")
+
+    register_operator_commands(command, _state)
 
     view = command("view", "write a self-contained HTML timeline of a run", _view)
     view.add_argument("--html", required=True, metavar="FILE", help="page to write")

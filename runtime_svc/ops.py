@@ -1,8 +1,12 @@
 """Operator operations on the runtime database: ``python -m runtime_svc.ops``.
 
-Until the fenced ``RetryQuarantinedRun`` RPC exists (operator controls), an operator
-reconciles a commit-unknown quarantine here, with the runtime's own database settings
-(``FLOW_RUNTIME_DB_URL``; on a cluster any node — reads are causal)::
+An operator reconciles a commit-unknown quarantine here, with the runtime's own
+database settings (``FLOW_RUNTIME_DB_URL``; on a cluster any node — reads are causal),
+or — for ``retry`` — through the role-checked, request-deduplicated
+``FlowRunService.RetryQuarantinedRun`` (``flowctl run retry-quarantined``). Both take
+the same store path (:func:`runtime_svc.kernel.store_reconcile.reconcile_quarantine_txn`)
+with the same refusals (including ``effect_outcome_unknown``) and audit record; ``fail``
+is offered here only::
 
     python -m runtime_svc.ops quarantine show  --org ORG --run RUN
     python -m runtime_svc.ops quarantine retry --org ORG --run RUN --operator alice --reason INC-42

@@ -295,6 +295,9 @@ flow_runs = Table(
     _time("paused_at", nullable=True),
     _time("created_at"),
     _time("updated_at"),
+    # Operator pause overlay (revision 0011, PauseRun/ResumeRun): set while an operator
+    # holds the run; no claim picks a paused run. Not ``paused_at`` (the §18.2 wait time).
+    _time("operator_paused_at", nullable=True),
     # The run's W3C trace context (``services.telemetry``; revision 0010): every attempt
     # and hop of the run continues this trace. Diagnostics, never in a checkpoint.
     Column("trace_context", JsonText(TRACE_CONTEXT_BYTES), nullable=True),

@@ -87,6 +87,7 @@ FIELD_LIMITS: Mapping[str, int] = {
     "message_family": ID_LEN,
     "handler_implementation_version": ID_LEN,
     "reason_code": ID_LEN,
+    "checkpoint_id": ID_LEN,
     "producer_kind": ID_LEN,
     # content digests and fingerprints
     "runtime_work_binding_digest": DIGEST_LEN,
@@ -106,6 +107,8 @@ FIELD_LIMITS: Mapping[str, int] = {
     "producer_key": KEY_LEN,
     "evidence_reference": KEY_LEN,
     "handler_ref": KEY_LEN,
+    # operator free text kept in an audit record (PauseRun, RetryQuarantinedRun)
+    "reason": KEY_LEN,
     "wake_token": TOKEN_LEN,
     "holder_id": TOKEN_LEN,
     "action_type": TOKEN_LEN,

@@ -36,6 +36,7 @@ from runtime_svc.legacy.service import LegacyInterviewService
 from runtime_svc.legacy.store import LegacyInterviewStore
 from runtime_svc.records.engine import ChangeSink
 from runtime_svc.runs import PageTokenCodec, RunService, RunView, StartOutcome
+from runtime_svc.runs.operate import RunOperator
 from runtime_svc.worker.settings import WorkerSettings
 from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import current_identity
@@ -82,6 +83,14 @@ def _expected_version(request: Any) -> int | None:
     return value
 
 
+def _present_version(request: Any) -> int | None:
+    """The presence-aware ``expected_state_version`` of an operator control (unset: no
+    expectation; set, including to 0: compared in the store's compare-and-swap)."""
+    if not request.HasField("expected_state_version"):
+        return None
+    return int(request.expected_state_version.value)
+
+
 def _encode_view(cls: Any) -> Any:
     def encode(view: RunView) -> bytes:
         data: bytes = cls(run=run_proto(view)).SerializeToString(deterministic=True)
@@ -106,7 +115,9 @@ class _StartResponses:
 
 
 class FlowRunServicer(runtime_v1.FlowRunServiceServicer):
-    """Start, read, list, support-read, delete and cancel Flow runs (§10.1, §18, §19).
+    """Start, read, list, support-read, delete and cancel Flow runs (§10.1, §18, §19),
+    and the operator controls pause, resume, quarantine retry and restart from a
+    checkpoint (issue 14 item 5).
 
     Mutating RPCs are deduplicated on ``request_id`` (``services.request_dedupe``): a
     retry gets the original response bytes, a reuse with another body is refused.
@@ -116,6 +127,7 @@ class FlowRunServicer(runtime_v1.FlowRunServiceServicer):
         self, service: RunService, *, max_response_bytes: int = DEFAULT_CLIENT_MAX_BYTES
     ) -> None:
         self._svc = service
+        self._ops = RunOperator(service)
         self._max_response = max_response_bytes
 
     async def StartRun(self, request: Any, context: Context) -> Any:
@@ -183,6 +195,57 @@ class FlowRunServicer(runtime_v1.FlowRunServiceServicer):
             expected_state_version=_expected_version(request),
         )
         return runtime_v1.CancelRunResponse.FromString(data)
+
+    # --- operator controls (runtime_svc.runs.operate) ---------------------------------
+
+    async def PauseRun(self, request: Any, context: Context) -> Any:
+        key = _request_key("PauseRun", request)
+        data = await self._ops.pause_run_once(
+            current_identity(),
+            _require(request, "flow_run_id"),
+            key,
+            _encode_view(runtime_v1.PauseRunResponse),
+            expected_state_version=_present_version(request),
+            reason=request.reason,
+        )
+        return runtime_v1.PauseRunResponse.FromString(data)
+
+    async def ResumeRun(self, request: Any, context: Context) -> Any:
+        key = _request_key("ResumeRun", request)
+        data = await self._ops.resume_run_once(
+            current_identity(),
+            _require(request, "flow_run_id"),
+            key,
+            _encode_view(runtime_v1.ResumeRunResponse),
+            expected_state_version=_present_version(request),
+            reason=request.reason,
+        )
+        return runtime_v1.ResumeRunResponse.FromString(data)
+
+    async def RetryQuarantinedRun(self, request: Any, context: Context) -> Any:
+        key = _request_key("RetryQuarantinedRun", request)
+        data = await self._ops.retry_quarantined_run_once(
+            current_identity(),
+            _require(request, "flow_run_id"),
+            request.reason,
+            key,
+            _encode_view(runtime_v1.RetryQuarantinedRunResponse),
+            expected_state_version=_present_version(request),
+        )
+        return runtime_v1.RetryQuarantinedRunResponse.FromString(data)
+
+    async def RestartFromCheckpoint(self, request: Any, context: Context) -> Any:
+        key = _request_key("RestartFromCheckpoint", request)
+        data = await self._ops.restart_from_checkpoint_once(
+            current_identity(),
+            _require(request, "flow_run_id"),
+            request.checkpoint_id,
+            request.reason,
+            key,
+            _encode_view(runtime_v1.RestartFromCheckpointResponse),
+            expected_state_version=_present_version(request),
+        )
+        return runtime_v1.RestartFromCheckpointResponse.FromString(data)
 
 
 def page_token_secret(cfg: ServiceConfig) -> bytes:

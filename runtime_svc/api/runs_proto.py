@@ -123,6 +123,7 @@ def run_proto(view: RunView) -> Any:
             current_element=r.current_element or "",
             paused_at=timestamp(r.paused_at),
         ),
+        operator_paused_at=timestamp(r.operator_paused_at),
     )
     if view.output_variables is not None:
         msg.output_variables.update(dict(view.output_variables))

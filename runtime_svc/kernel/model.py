@@ -28,7 +28,7 @@ from runtime_svc.kernel.states import (
     RunState,
     StepState,
 )
-from runtime_svc.kernel.tables import check_transition
+from runtime_svc.kernel.tables import check_operator_transition, check_transition
 
 __all__ = [
     "KEEP",
@@ -98,6 +98,9 @@ class RunRecord:
     updated_at: datetime
     #: The run's W3C trace context (``services.telemetry`` JSON): diagnostics only.
     trace_context: str | None = None
+    #: When an operator paused the run (``PauseRun``); ``None`` when not paused. An
+    #: overlay on :attr:`state`: no claim picks a paused run (issue 14 item 5).
+    operator_paused_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,8 @@ _META = frozenset(
         "expect_epoch",
         "expect_lease_token_digest",
         "expect_current_step",
+        "require_not_paused",
+        "operator",
         "expect_input_checkpoint_id",
         "expect_root_state_version_at_claim",
         "require_live",
@@ -247,7 +252,8 @@ class RunPatch:
     Predicates: org, id, ``state_version = expected_version``, ``runtime_state =
     from_state``, owner FlowRuntimeV2, ``ownership_epoch = expect_epoch``; with
     ``require_live`` also ``is_deleted = false AND delete_requested_at IS NULL``; with
-    ``expect_current_step`` also the current-step pointer.
+    ``expect_current_step`` also the current-step pointer; with ``require_not_paused``
+    also ``operator_paused_at IS NULL`` (a claim never takes a paused run).
     """
 
     flow_run_id: str
@@ -257,19 +263,24 @@ class RunPatch:
     expect_epoch: int
     require_live: bool = True
     expect_current_step: str | None = None
+    require_not_paused: bool = False
+    #: An operator-only arrow (``tables.check_operator_transition``), never automatic.
+    operator: bool = False
     current_step_execution_id: str | Keep | None = KEEP
     current_checkpoint_id: str | Keep | None = KEEP
     run_after: datetime | Keep | None = KEEP
     started_at: datetime | Keep = KEEP
-    completed_at: datetime | Keep = KEEP
-    terminal_cause_code: str | Keep = KEEP
+    completed_at: datetime | Keep | None = KEEP
+    terminal_cause_code: str | Keep | None = KEEP
     is_deleted: bool | Keep = KEEP
     delete_requested_at: datetime | Keep = KEEP
     current_element: str | Keep | None = KEEP
     paused_at: datetime | Keep | None = KEEP
 
     def __post_init__(self) -> None:
-        if self.from_state is self.to_state:
+        if self.operator:
+            check_operator_transition("run", self.from_state, self.to_state)
+        elif self.from_state is self.to_state:
             _check_same_state("run", self.from_state, self)
         else:
             check_transition("run", self.from_state, self.to_state)

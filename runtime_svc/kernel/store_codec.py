@@ -59,6 +59,7 @@ def run_from_row(r: RowMapping) -> RunRecord:
         created_at=r["created_at"],
         updated_at=r["updated_at"],
         trace_context=r.get("trace_context"),
+        operator_paused_at=r.get("operator_paused_at"),
     )
 
 

@@ -476,6 +476,7 @@ async def eligible_work_txn(
                 r.current_step_execution_id == s.step_execution_id,
                 r.is_deleted == false(),
                 r.delete_requested_at.is_(None),
+                r.operator_paused_at.is_(None),
                 r.execution_owner == _V2,
                 r.ownership_epoch == ownership_epoch,
             )
@@ -512,6 +513,7 @@ async def candidate_for_run_txn(
             r.runtime_state == RunState.RUNNABLE.code,
             r.is_deleted == false(),
             r.delete_requested_at.is_(None),
+            r.operator_paused_at.is_(None),
             r.execution_owner == _V2,
             r.ownership_epoch == ownership_epoch,
         )

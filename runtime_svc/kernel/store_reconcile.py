@@ -6,8 +6,10 @@ the marker again under those locks, asks :func:`runtime_svc.kernel.reconcile.dec
 and applies the decision as conditional UPDATEs of root and step (row count 1 each, on
 their state versions and the ``Quarantined`` state) plus one audit record of the
 decision — one transaction. See :mod:`runtime_svc.kernel.reconcile` for the semantics;
-operators run it through ``python -m runtime_svc.ops quarantine …`` until a fenced
-``RetryQuarantinedRun`` RPC exists.
+operators run it through ``python -m runtime_svc.ops quarantine …`` or, for ``retry``,
+the fenced, role-checked ``FlowRunService.RetryQuarantinedRun`` — both call
+:func:`reconcile_quarantine_txn`. A retry is also refused while any effect of the run
+has no known owner outcome (``effect_outcome_unknown``).
 
 On a cluster the marker read is a causal read (``services.db_cluster``): whichever node
 the operator's connection reaches has applied every commit certified before the read.
@@ -15,12 +17,12 @@ the operator's connection reaches has applied every commit certified before the 
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from runtime_svc.kernel.errors import StateVersionMismatchError
 from runtime_svc.kernel.model import AttemptRecord, RunRecord, StepRecord
 from runtime_svc.kernel.reconcile import (
     CAUSE_QUARANTINE_FAILED,
@@ -31,10 +33,14 @@ from runtime_svc.kernel.reconcile import (
     decide_reconcile,
 )
 from runtime_svc.kernel.states import AttemptOutcome, RunState
+from runtime_svc.kernel.store_operator import (
+    OperatorActor,
+    insert_operator_audit_txn,
+    unknown_effects_txn,
+)
 from runtime_svc.kernel.store_rows import lock_latest_attempt, lock_run, lock_step
-from runtime_svc.kernel.tables import compatibility_status
+from runtime_svc.kernel.tables import check_operator_transition, compatibility_status
 from runtime_svc.schema import (
-    audit_records,
     business_events,
     flow_checkpoints,
     flow_runs,
@@ -42,8 +48,12 @@ from runtime_svc.schema import (
     flow_step_executions,
 )
 from services.db import cas_update, db_now, run_in_transaction, transaction
-from services.digest import canonical_json
-from services.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from services.errors import (
+    FailedPreconditionError,
+    FenceLostError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from services.invariants import InvariantError
 
 __all__ = [
@@ -51,10 +61,10 @@ __all__ = [
     "ReconcileResult",
     "inspect_quarantine",
     "reconcile_quarantine",
+    "reconcile_quarantine_txn",
 ]
 
 _AUDIT_ACTION = "reconcile_quarantine"
-_AUDIT_ACTOR_KIND = "operator"
 _MAX_REASON = 200
 _MAX_OPERATOR = 128  # audit_records.actor_id
 
@@ -183,6 +193,9 @@ async def _apply(
     step: StepRecord,
     decision: ReconcileDecision,
 ) -> None:
+    # The operator-only exits of Quarantined (runtime_svc.kernel.tables module docstring).
+    check_operator_transition("run", root.state, decision.run_state)
+    check_operator_transition("step", step.state, decision.step_state)
     now = await db_now(conn)
     retry = decision.resolution is Resolution.RETRY
     r, s = flow_runs.c, flow_step_executions.c
@@ -194,7 +207,10 @@ async def _apply(
         expected_version=root.state_version,
         values={
             "runtime_state": decision.run_state.code,
-            "interview_status": compatibility_status(decision.run_state, decision.step_state).code,
+            # A run paused before its step was quarantined stays paused (and projected so).
+            "interview_status": compatibility_status(
+                decision.run_state, decision.step_state, paused=root.operator_paused_at is not None
+            ).code,
             "run_after": now if retry else None,
             "completed_at": None if retry else now,
             "terminal_cause_code": None if retry else CAUSE_QUARANTINE_FAILED,
@@ -221,6 +237,90 @@ async def _apply(
     )
 
 
+def _check_actor(actor: OperatorActor, reason: str) -> None:
+    if not actor.actor_id.strip() or len(actor.actor_id) > _MAX_OPERATOR:
+        raise InvalidArgumentError(
+            f"an operator identity of 1-{_MAX_OPERATOR} characters is required",
+            field_path="operator",
+        )
+    if not reason.strip() or len(reason) > _MAX_REASON:
+        raise InvalidArgumentError(
+            f"a reason of 1-{_MAX_REASON} characters is required", field_path="reason"
+        )
+
+
+async def reconcile_quarantine_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    flow_run_id: str,
+    resolution: Resolution,
+    *,
+    actor: OperatorActor,
+    reason: str,
+    max_attempts: int,
+    expected_state_version: int | None = None,
+    request_rpc: str = "",
+) -> ReconcileResult:
+    """:func:`reconcile_quarantine` inside the caller's transaction — the one store path
+    of both ``python -m runtime_svc.ops quarantine`` and ``RetryQuarantinedRun``.
+
+    ``expected_state_version`` (``None``: no expectation) is compared with the locked
+    root and carried by the root's conditional UPDATE.
+
+    Raises:
+        NotFoundError: no such run in ``org_id`` (or deleted).
+        StateVersionMismatchError: the root is not at ``expected_state_version``.
+        FailedPreconditionError: refused; ``reason`` is the code of
+            :func:`~runtime_svc.kernel.reconcile.decide_reconcile` or
+            ``effect_outcome_unknown`` (an effect of the run has no known owner outcome:
+            a retry could repeat it).
+        InvalidArgumentError: empty operator or reason, or over-long ones.
+    """
+    _check_actor(actor, reason)
+    root, step, attempt, evidence = await _read(conn, org_id, flow_run_id)
+    if expected_state_version is not None and root.state_version != expected_state_version:
+        raise StateVersionMismatchError(expected_state_version, root.state_version)
+    decision = decide_reconcile(
+        root, step, attempt, evidence, resolution, max_attempts=max_attempts
+    )
+    if isinstance(decision, ReconcileRefused):
+        raise FailedPreconditionError(
+            f"cannot {resolution.value} run {flow_run_id}: {decision.reason}",
+            reason=decision.reason,
+        )
+    if step is None or attempt is None or evidence is None:
+        raise InvariantError("a reconcile decision without its step, attempt or marker")
+    if resolution is Resolution.RETRY and await unknown_effects_txn(conn, org_id, flow_run_id):
+        raise FailedPreconditionError(
+            f"cannot retry run {flow_run_id}: an effect of the run has no known owner "
+            "outcome (pending or ambiguous); reconcile it with the effect owner first",
+            reason="effect_outcome_unknown",
+        )
+    try:
+        await _apply(conn, org_id, root, step, decision)
+    except FenceLostError as exc:
+        if expected_state_version is None:
+            raise
+        raise StateVersionMismatchError(expected_state_version, exc.found_version) from exc
+    await insert_operator_audit_txn(
+        conn,
+        org_id,
+        actor,
+        _AUDIT_ACTION,
+        root,
+        {
+            "resolution": resolution.value,
+            "reason": reason,
+            "attempt_outcome": attempt.outcome.name,
+            "evidence": evidence.__dict__,
+            **({"request_rpc": request_rpc} if request_rpc else {}),
+        },
+        step_execution_id=step.step_execution_id,
+        attempt_id=attempt.attempt_id,
+    )
+    return ReconcileResult(_report(root, step, attempt, evidence), resolution, decision.run_state)
+
+
 async def reconcile_quarantine(
     engine: AsyncEngine,
     org_id: str,
@@ -231,7 +331,8 @@ async def reconcile_quarantine(
     reason: str,
     max_attempts: int,
 ) -> ReconcileResult:
-    """Read the marker under the lifecycle locks and apply the operator's ``resolution``.
+    """Read the marker under the lifecycle locks and apply the operator's ``resolution``
+    (one transaction; :func:`reconcile_quarantine_txn`).
 
     Args:
         operator: who decided (kept in the audit record; an identity, not a secret).
@@ -240,56 +341,21 @@ async def reconcile_quarantine(
 
     Raises:
         NotFoundError: no such run in ``org_id``.
-        FailedPreconditionError: the decision was refused; ``reason`` is the code of
-            :func:`~runtime_svc.kernel.reconcile.decide_reconcile`.
+        FailedPreconditionError: the decision was refused (see
+            :func:`reconcile_quarantine_txn`).
         InvalidArgumentError: empty operator or an over-long reason.
     """
-    if not operator.strip() or len(operator) > _MAX_OPERATOR:
-        raise InvalidArgumentError(
-            f"an operator identity of 1-{_MAX_OPERATOR} characters is required",
-            field_path="operator",
-        )
-    if not reason.strip() or len(reason) > _MAX_REASON:
-        raise InvalidArgumentError(
-            f"a reason of 1-{_MAX_REASON} characters is required", field_path="reason"
-        )
-
-    async def fn(conn: AsyncConnection) -> ReconcileResult:
-        root, step, attempt, evidence = await _read(conn, org_id, flow_run_id)
-        decision = decide_reconcile(
-            root, step, attempt, evidence, resolution, max_attempts=max_attempts
-        )
-        if isinstance(decision, ReconcileRefused):
-            raise FailedPreconditionError(
-                f"cannot {resolution.value} run {flow_run_id}: {decision.reason}",
-                reason=decision.reason,
-            )
-        if step is None or attempt is None or evidence is None:
-            raise InvariantError("a reconcile decision without its step, attempt or marker")
-        await _apply(conn, org_id, root, step, decision)
-        await conn.execute(
-            audit_records.insert().values(
-                org_id=org_id,
-                audit_record_id=f"aud_{uuid.uuid4().hex}",
-                actor_kind=_AUDIT_ACTOR_KIND,
-                actor_id=operator,
-                action=_AUDIT_ACTION,
-                flow_run_id=flow_run_id,
-                step_execution_id=step.step_execution_id,
-                attempt_id=attempt.attempt_id,
-                details=canonical_json(
-                    {
-                        "resolution": resolution.value,
-                        "reason": reason,
-                        "attempt_outcome": attempt.outcome.name,
-                        "evidence": evidence.__dict__,
-                    }
-                ).decode("utf-8"),
-                occurred_at=await db_now(conn),
-            )
-        )
-        return ReconcileResult(
-            _report(root, step, attempt, evidence), resolution, decision.run_state
-        )
-
-    return await run_in_transaction(engine, fn)
+    actor = OperatorActor(operator)
+    _check_actor(actor, reason)
+    return await run_in_transaction(
+        engine,
+        lambda conn: reconcile_quarantine_txn(
+            conn,
+            org_id,
+            flow_run_id,
+            resolution,
+            actor=actor,
+            reason=reason,
+            max_attempts=max_attempts,
+        ),
+    )

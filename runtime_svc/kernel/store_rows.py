@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, false, func, select, update
+from sqlalchemy import ColumnElement, case, false, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.checkpoint_guard import validate_checkpoint_payload
@@ -45,6 +45,7 @@ from runtime_svc.kernel.model import (
     patch_changes,
 )
 from runtime_svc.kernel.states import (
+    ACTIVE_RUN_STATES,
     AttemptOutcome,
     CodedEnum,
     ExecutionOwner,
@@ -237,11 +238,13 @@ async def _apply_run(
 ) -> int:
     t = flow_runs.c
     values = _coded(patch_changes(patch))
-    values.update(
-        runtime_state=patch.to_state.code,
-        interview_status=compatibility_status(patch.to_state, step_state).code,
-        updated_at=now,
-    )
+    status: Any = compatibility_status(patch.to_state, step_state).code
+    if patch.to_state in ACTIVE_RUN_STATES:
+        # An operator-paused run (PauseRun) keeps projecting §18.2 ``Paused`` through
+        # every transition it still takes (a running step's commit, a wait resolution).
+        paused = compatibility_status(patch.to_state, step_state, paused=True).code
+        status = case((t.operator_paused_at.is_not(None), paused), else_=status)
+    values.update(runtime_state=patch.to_state.code, interview_status=status, updated_at=now)
     predicates: list[ColumnElement[bool]] = [
         t.runtime_state == patch.from_state.code,
         t.execution_owner == _V2,
@@ -251,6 +254,8 @@ async def _apply_run(
         predicates += [t.is_deleted == false(), t.delete_requested_at.is_(None)]
     if patch.expect_current_step is not None:
         predicates.append(t.current_step_execution_id == patch.expect_current_step)
+    if patch.require_not_paused:
+        predicates.append(t.operator_paused_at.is_(None))
     return await cas_update(
         conn,
         flow_runs,

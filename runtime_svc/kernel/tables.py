@@ -26,6 +26,42 @@ non-terminal with no transition left, issue 10 item 4):
   ``CancelRequested -> Cancelled``, which would claim a cancellation whose external
   effect may have happened. The effect finalizer and the handoff disposition sweep
   (``runtime_svc.effects``) use it only for ``AcceptanceUnknown`` / ``OUTCOME_UNKNOWN``.
+
+Operator-only extensions (:data:`OPERATOR_RUN_ARROWS`, :data:`OPERATOR_STEP_ARROWS`;
+issue 14 item 5, ``RetryQuarantinedRun`` and ``python -m runtime_svc.ops quarantine``).
+They are deliberately **not** in :data:`RUN_TRANSITIONS`/:data:`STEP_TRANSITIONS`, so
+:func:`check_transition` keeps refusing every exit from ``Quarantined`` and no automatic
+path (worker, recovery, wait engine, effect finalizer) can ever take them; only
+:func:`check_operator_transition`, called by the one reconciliation store method
+(:mod:`runtime_svc.kernel.store_reconcile`) on an explicit, authorized, audited operator
+decision, admits them:
+
+* ``Quarantined -> Runnable`` (run) with ``Quarantined -> RetryScheduled`` (its current
+  step). §11.1 makes ``Quarantined`` terminal and §11.3 sends ``CommitUnknown`` /
+  ``RollbackUnknown`` to "quarantine or a dedicated reconciliation workflow"; §5.2.6
+  forbids *blind* retries. The retry is not blind: it is allowed only after the marker
+  read proved the lost transaction did not commit (no ``Committed`` attempt, no
+  checkpoint or business event of the quarantined attempt — which the quarantine's own
+  fence already guarantees), with no effect link of the run whose outcome is pending or
+  unknown, within the attempt budget, by a caller holding ``flow.runs.operate`` who
+  gives a reason. The quarantined attempt's ``CommitUnknown`` outcome is never rewritten;
+  the next claim starts a new attempt from the same immutable input checkpoint.
+* ``Quarantined -> TerminalFailed`` (run) with ``Quarantined -> Failed`` (step): the
+  operator's other resolution of the same reconciliation — the ambiguity is closed as a
+  failure (``quarantine_resolved_failed``), so the run stops counting as quarantined.
+* ``TerminalFailed -> Runnable`` (run only; ``RestartFromCheckpoint``). An operator
+  restarts a failed run from one of its own checkpoints: the root points at a **new**
+  ``Pending`` execution of the step that checkpoint was the input of; every old step,
+  attempt and checkpoint keeps its terminal state (no step arrow is added, nothing is
+  deleted). The failure was decided and recorded; restarting is a new, audited decision
+  with its own cause, not a rewrite of the old one. Refused while any effect of the run
+  has no known owner outcome, and never offered for ``Quarantined`` (ambiguity is
+  reconciled first), ``Cancelled`` (the cancellation is final) or ``Succeeded``.
+
+The operator pause (``PauseRun``) is no arrow: it is an overlay
+(``flow_runs.operator_paused_at``) on a non-terminal state that only makes the claim
+refuse (``runtime_svc.kernel.transitions_operator``); :func:`compatibility_status`
+projects a paused active run as §18.2 ``Paused``.
 """
 
 from __future__ import annotations
@@ -35,6 +71,7 @@ from enum import IntEnum
 
 from runtime_svc.kernel.errors import IllegalTransitionError, TerminalStateError
 from runtime_svc.kernel.states import (
+    ACTIVE_RUN_STATES,
     TERMINAL_ATTEMPT_OUTCOMES,
     TERMINAL_RUN_STATES,
     TERMINAL_STEP_STATES,
@@ -47,11 +84,14 @@ from runtime_svc.kernel.states import (
 __all__ = [
     "ATTEMPT_TRANSITIONS",
     "CONSISTENT_STEP_STATES",
+    "OPERATOR_RUN_ARROWS",
+    "OPERATOR_STEP_ARROWS",
     "RUN_EXTENSION_ARROWS",
     "RUN_TRANSITIONS",
     "STEP_EXTENSION_ARROWS",
     "STEP_TRANSITIONS",
     "TRANSITION_TABLES",
+    "check_operator_transition",
     "check_transition",
     "compatibility_status",
     "is_allowed",
@@ -167,6 +207,35 @@ def check_transition(kind: str, from_state: IntEnum, to_state: IntEnum) -> None:
         raise IllegalTransitionError(kind, from_state.name, to_state.name)
 
 
+#: Operator-only exits of ``Quarantined`` (run), see the module docstring.
+OPERATOR_RUN_ARROWS: frozenset[tuple[RunState, RunState]] = frozenset(
+    {
+        (_R.QUARANTINED, _R.RUNNABLE),
+        (_R.QUARANTINED, _R.TERMINAL_FAILED),
+        (_R.TERMINAL_FAILED, _R.RUNNABLE),
+    }
+)
+#: Operator-only exits of ``Quarantined`` (step), see the module docstring.
+OPERATOR_STEP_ARROWS: frozenset[tuple[StepState, StepState]] = frozenset(
+    {(_S.QUARANTINED, _S.RETRY_SCHEDULED), (_S.QUARANTINED, _S.FAILED)}
+)
+
+
+def check_operator_transition(kind: str, from_state: IntEnum, to_state: IntEnum) -> None:
+    """Raise unless ``from_state -> to_state`` is an operator-only arrow of ``kind``
+    (``"run"`` or ``"step"``): the explicit reconciliation of a quarantine. Never called
+    by an automatic path.
+
+    Raises:
+        IllegalTransitionError: not an operator arrow.
+    """
+    arrows: frozenset[tuple[IntEnum, IntEnum]] = (
+        OPERATOR_RUN_ARROWS if kind == "run" else OPERATOR_STEP_ARROWS
+    )
+    if (from_state, to_state) not in arrows or type(from_state) is not type(to_state):
+        raise IllegalTransitionError(f"operator {kind}", from_state.name, to_state.name)
+
+
 #: For each root state, the states its *current* step may be in (§18.2 "root and step
 #: projection never diverge"). ``TerminalFailed`` includes ``Succeeded``: a committed
 #: ``Terminal(failed)`` or explicit-fault step ends the run as failed.
@@ -205,9 +274,13 @@ _COMPATIBILITY: Mapping[RunState, CompatibilityStatus] = {
 
 
 def compatibility_status(
-    run_state: RunState, step_state: StepState | None = None
+    run_state: RunState, step_state: StepState | None = None, *, paused: bool = False
 ) -> CompatibilityStatus:
     """The legacy interview status of §18.2 for a root and its current step.
+
+    ``paused``: an operator paused the run (``operator_paused_at``); an active run
+    (Accepted, Runnable, Running, Waiting) then projects as ``Paused`` — it makes no
+    progress until resumed. A terminal or cancelling run projects by its state.
 
     Raises:
         IllegalTransitionError: (kind ``"projection"``) the root and current step states
@@ -215,4 +288,6 @@ def compatibility_status(
     """
     if step_state is not None and not root_step_consistent(run_state, step_state):
         raise IllegalTransitionError("projection", run_state.name, step_state.name)
+    if paused and run_state in ACTIVE_RUN_STATES:
+        return CompatibilityStatus.PAUSED
     return _COMPATIBILITY[run_state]

@@ -169,6 +169,8 @@ def decide_claim(
         (root.ownership_epoch != request.ownership_epoch, "epoch_mismatch"),
         (root.is_deleted or root.delete_requested_at is not None, "deleted"),
         (root.state is not RunState.RUNNABLE, "root_not_runnable"),
+        # PauseRun (issue 14 item 5): a paused run is never claimed until ResumeRun.
+        (root.operator_paused_at is not None, "paused"),
         (root.current_step_execution_id != step.step_execution_id, "not_current_step"),
         (step.flow_run_id != root.flow_run_id, "not_current_step"),
         (
@@ -196,6 +198,7 @@ def decide_claim(
         root,
         RunState.RUNNING,
         expect_current_step=step.step_execution_id,
+        require_not_paused=True,
         run_after=None,
         started_at=root.started_at or now,
     )

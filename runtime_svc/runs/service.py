@@ -598,6 +598,23 @@ class RunService:
 
     # --- delete and cancel -------------------------------------------------------------
 
+    async def view_txn(self, conn: AsyncConnection, run: RunRecord) -> RunView:
+        """The run's public view in ``conn`` (for :mod:`runtime_svc.runs.operate`)."""
+        return await self._view_txn(conn, run)
+
+    async def run_once(
+        self,
+        key: RequestKey,
+        work: Callable[[AsyncConnection], Awaitable[T]],
+        encode: Callable[[T], bytes],
+    ) -> bytes:
+        """``work`` and its request-ledger row in one transaction; a retry replays."""
+        return await self._once(key, work, encode)
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
+
     async def _once(
         self,
         key: RequestKey,

@@ -38,6 +38,7 @@ __all__ = [
     "CANCEL_ROLE",
     "DELETE_ROLE",
     "HANDOFF_SUBMIT_ROLE",
+    "OPERATE_ROLE",
     "OPERATOR_ROLES",
     "ROUTING_ROLE",
     "SIGNALS_SUBMIT_ROLE",
@@ -57,6 +58,10 @@ ANY = "*"
 CANCEL_ROLE = "flow.runs.cancel"
 #: May delete a Flow run (``FlowRunService.DeleteRun``).
 DELETE_ROLE = "flow.runs.delete"
+#: May take the operator controls of a Flow run (``FlowRunService.PauseRun``,
+#: ``ResumeRun``, ``RetryQuarantinedRun``, ``RestartFromCheckpoint``): one role for
+#: every decision that overrides the scheduler, audited with the caller's identity.
+OPERATE_ROLE = "flow.runs.operate"
 #: May submit a durable wake signal (``WakeSignalService.SubmitWakeSignal``).
 SIGNALS_SUBMIT_ROLE = "flow.signals.submit"
 #: May hand an effect to an effect owner (``AcceptHandoff``/``RejectIfUnaccepted``): the
@@ -66,7 +71,13 @@ HANDOFF_SUBMIT_ROLE = "effects.handoff.submit"
 #: ``flowctl deploy routing mint``; checked by ``runtime_svc.migration.authority``).
 ROUTING_ROLE = "flow.deployment.routing"
 #: Every role a service checks today; what an operator key of the dev stack may sign.
-OPERATOR_ROLES: tuple[str, ...] = (CANCEL_ROLE, DELETE_ROLE, SIGNALS_SUBMIT_ROLE, ROUTING_ROLE)
+OPERATOR_ROLES: tuple[str, ...] = (
+    CANCEL_ROLE,
+    DELETE_ROLE,
+    OPERATE_ROLE,
+    SIGNALS_SUBMIT_ROLE,
+    ROUTING_ROLE,
+)
 TRUSTED_KEYS_VERSION = 2
 _ENTRY_KEYS = frozenset({"public_key", "orgs", "audiences", "roles"})
 _AUDIENCES = frozenset(s.value for s in ServiceName)

@@ -23,6 +23,10 @@ A non-terminal run is *stranded* when nothing can ever move it:
 * ``Waiting`` — its current step must be ``Waiting`` on a ``Pending`` dependency (which
   resolves or expires at its deadline);
 * ``Accepted`` — nothing admits it any more: always stranded.
+
+An operator-paused run (``operator_paused_at``, ``PauseRun``) is legitimately idle: its
+structure is still checked (root and current step as above), but not that some process
+will claim it — the operator's ``ResumeRun`` is its future transition.
 """
 
 from __future__ import annotations
@@ -143,6 +147,8 @@ async def check_exactly_once(
 _TERMINAL = frozenset(s.code for s in _TERMINAL_RUNS)
 _CLAIMABLE = frozenset({"Pending", "RetryScheduled"})
 _LEASED = frozenset({"Claimed", "Running"})
+#: Reasons that only say "no process will claim it" — expected of a paused run.
+_IDLE_WHILE_PAUSED = frozenset({"no_due_time", "attempt_budget_spent"})
 
 
 def stranded_runs(
@@ -172,6 +178,8 @@ def stranded_runs(
             continue
         step = steps.get(run["current_step_execution_id"] or "")
         why = _why(state, step, pending_deps, max_attempts, drained)
+        if why in _IDLE_WHILE_PAUSED and run.get("operator_paused_at") is not None:
+            why = None
         if why is not None:
             out.append((run["flow_run_id"], why))
     return out

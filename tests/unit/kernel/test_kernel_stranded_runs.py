@@ -62,3 +62,17 @@ def test_stranded_runs(
         [_run(run)], {"s": step}, max_attempts=3, drained=drained, dependencies=deps
     )
     assert found == ([] if why is None else [("r", why)])
+
+
+def test_a_paused_run_is_idle_not_stranded_but_still_structurally_checked() -> None:
+    paused = {**_run("Runnable"), "operator_paused_at": NOW}
+    spent = _step("RetryScheduled", attempt_count=3)
+    assert stranded_runs([paused], {"s": spent}, max_attempts=3, drained=True) == []
+    assert stranded_runs([paused], {"s": _step("Pending", run_after=None)}, max_attempts=3) == []
+    assert stranded_runs([paused], {"s": _step("Waiting")}, max_attempts=3) == [
+        ("r", "runnable_with_Waiting_step")
+    ]
+    unpaused = _run("Runnable")
+    assert stranded_runs([unpaused], {"s": spent}, max_attempts=3, drained=True) == [
+        ("r", "attempt_budget_spent")
+    ]

@@ -270,3 +270,18 @@ def test_public_exports_are_pinned() -> None:
     )
     for name in kernel.__all__:
         assert hasattr(kernel, name), name
+
+
+def test_operator_arrows_are_documented_and_outside_the_automatic_tables() -> None:
+    """The operator-only exits of Quarantined (``RetryQuarantinedRun``, the ops CLI)
+    extend §11 only through ``check_operator_transition``: never in the tables."""
+    import runtime_svc.kernel.tables as tables
+
+    doc = tables.__doc__ or ""
+    for kind, arrows, table in (
+        ("run", tables.OPERATOR_RUN_ARROWS, RUN_TRANSITIONS),
+        ("step", tables.OPERATOR_STEP_ARROWS, STEP_TRANSITIONS),
+    ):
+        for a, b in arrows:
+            assert b not in table[a], (kind, a, b)  # type: ignore[index]
+            assert f"``{a.code} -> {b.code}``" in doc, (kind, a, b)  # type: ignore[attr-defined]
