@@ -22,6 +22,7 @@ from runtime_svc.migration.shadow import compare_flow_version
 from runtime_svc.migration.shadow_model import Scenario
 from runtime_svc.schema import audit_records, business_events, flow_runs, records, runtime_outbox
 from runtime_svc.schema_bridge import flow_shadow_comparisons
+from services.errors import NotFoundError
 from services.proto import common_v1, runtime_v1
 from tests.integration.definitions.harness import error_detail, new_org, rows, run_db
 from tests.integration.migration.flows import pure_flow, pure_wait_flow, write_flow
@@ -287,7 +288,12 @@ def test_cohorts_five_to_seven_are_data_enabled_only_by_their_own_evidence(
 ) -> None:
     corpus = {
         n: read_json(FLOWS / n / "flow.json")
-        for n in ("durable_send_email", "durable_subflow_effect")
+        for n in (
+            "durable_send_email",
+            "durable_subflow_effect",
+            "durable_wait_time_fault_path",
+            "durable_wait_record_condition",
+        )
     }
     child = read_json(FLOWS / "_inputs" / "subflows" / "notify_owner.json")
     pub, plans = _setup(servers, client, child, *corpus.values())
@@ -326,6 +332,22 @@ def test_cohorts_five_to_seven_are_data_enabled_only_by_their_own_evidence(
     assert (
         flag.new_run_owner is ExecutionOwner.FLOW_RUNTIME_V2 and flag.cohort == "external_effects"
     )
+
+    # Cohort 5 (time waits) and cohort 6 (producer waits: a record-condition wait), each
+    # by the comparison of its own Flow version; a wait is a §18.2 Paused observation on
+    # both owners, so nothing blocks.
+    for name, cohort in (
+        ("durable_wait_time_fault_path", "time_waits"),
+        ("durable_wait_record_condition", "producer_waits"),
+    ):
+        for scenario in _corpus_scenarios(name):
+            waited = evidence(name, scenario)
+            assert not waited.comparison.blocking, (name, scenario.name)
+        flag = enable(name, cohort, waited.comparison_id)
+        assert (flag.new_run_owner, flag.cohort) == (ExecutionOwner.FLOW_RUNTIME_V2, cohort)
+    # Another Flow version's evidence never enables a cohort: it is not found for this one.
+    with pytest.raises(NotFoundError):
+        enable("durable_wait_time_fault_path", "time_waits", effect.comparison_id)
 
     blocked = evidence("durable_subflow_effect", _corpus_scenarios("durable_subflow_effect")[0])
     assert blocked.comparison.blocking  # V2 fails closed on the Subflow element today
