@@ -36,5 +36,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("flow_runs") as batch:
-        batch.drop_column("operator_paused_at")
+    # Plain ALTER TABLE … DROP COLUMN (SQLite >= 3.35, MariaDB, MySQL): never a batch
+    # rebuild of flow_runs, which step, checkpoint and dependency rows reference.
+    op.execute("ALTER TABLE flow_runs DROP COLUMN operator_paused_at")
