@@ -139,6 +139,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: Attempts of the quarantine transaction after a lost COMMIT (see ``_quarantine``).
+_QUARANTINE_ATTEMPTS = 3
+
 #: Queue classes this worker serves (§16.1): mutation steps, synchronous-profile leftovers,
 #: woken waits and effect completions. A step the executor cannot run (e.g. an effect
 #: completion before the effect owner lands) is claimed and fails closed
@@ -627,10 +630,27 @@ class StepWorker:
         return Outcome.FENCE_LOST  # cancellation won
 
     async def _quarantine(self, org_id: str, fence: LeaseFence, outcome: AttemptOutcome) -> Outcome:
-        try:
-            decision = await self.store.quarantine_commit_unknown(org_id, fence, outcome)
-        except FenceLostError:
-            return Outcome.FENCE_LOST
+        # The connection that lost the business COMMIT is gone; the quarantine transaction
+        # opens a new one, which can itself be lost *before* its COMMIT while a failed node
+        # is still being routed around. Nothing of it committed then, and the decision is
+        # fenced, so it is tried again (bounded); past that, lease expiry recovers the step.
+        for attempt in range(1, _QUARANTINE_ATTEMPTS + 1):
+            try:
+                decision = await self.store.quarantine_commit_unknown(org_id, fence, outcome)
+                break
+            except FenceLostError:
+                return Outcome.FENCE_LOST
+            except CommitOutcomeUnknownError:
+                raise
+            except Exception as exc:
+                lost = classify_db_error(exc) is DbErrorClass.OUTCOME_UNKNOWN
+                if not lost or attempt == _QUARANTINE_ATTEMPTS:
+                    raise
+                log.warning(
+                    "quarantine of step %s: connection lost before COMMIT; retrying",
+                    fence.step_execution_id,
+                )
+                await asyncio.sleep(0.2 * attempt)
         if isinstance(decision, AlreadyCommitted):
             return Outcome.ALREADY_COMMITTED
         if isinstance(decision, Quarantined):
