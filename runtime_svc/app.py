@@ -109,6 +109,7 @@ class RuntimeApp:
         only a test/dev ``FLOW_RUNTIME_VIEW_FILE`` replaces both.
         """
         settings = WorkerSettings.from_config(cfg)
+        waits = self.waits(cfg, engine)
         views = None
         binary_check = None
         if not settings.view_file:
@@ -123,7 +124,7 @@ class RuntimeApp:
             engine,
             views=views,
             settings=settings,
-            waits=self.waits(cfg, engine),
+            waits=waits,
             binary_check=binary_check,
             work_wake=self.work_wake,
             outbox_wake=self.outbox_wake,
@@ -147,7 +148,6 @@ class RuntimeApp:
             raise
         # §15.4: a Rejected or AcceptanceUnknown handoff converges the Flow root-first
         # and only then becomes terminal, in the finalizer's one transaction.
-        waits = self.waits(cfg, engine)
         finalizer = FlowEffectFinalizer(engine, waits.matcher)
         outbox = await start_runtime_outbox(cfg, engine, finalizer=finalizer, wake=self.outbox_wake)
         return _RuntimeBackground(bridged, outbox)

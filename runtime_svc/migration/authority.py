@@ -21,8 +21,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.auth import ROUTING_ROLE as AUTH_ROUTING_ROLE
-from services.auth import CredentialVerifier, TrustedRuntimeWorkScope
+from services.auth import ROUTING_ROLE, CredentialVerifier, TrustedRuntimeWorkScope
 from services.digest import versioned_digest
 from services.errors import UnauthenticatedError
 
@@ -32,9 +31,6 @@ __all__ = [
     "DeploymentOrgAuthority",
     "resolve_authority",
 ]
-
-#: Role a credential needs to act as a deployment routing statement (``services.auth``).
-ROUTING_ROLE = AUTH_ROUTING_ROLE
 
 
 @dataclass(frozen=True)
