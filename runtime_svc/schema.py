@@ -76,6 +76,7 @@ __all__ = [
     "flow_checkpoints",
     "flow_dependencies",
     "flow_effect_links",
+    "flow_principals",
     "flow_record_watches",
     "flow_runs",
     "flow_step_attempts",
@@ -298,6 +299,13 @@ flow_runs = Table(
     # Operator pause overlay (revision 0011, PauseRun/ResumeRun): set while an operator
     # holds the run; no claim picks a paused run. Not ``paused_at`` (the §18.2 wait time).
     _time("operator_paused_at", nullable=True),
+    # §17.1 identity (revision 0012_identity), set once by StartRun / the after-save
+    # trigger: who initiated the run (the verified credential's subject, never a
+    # credential), the execution-principal mode and the digest of the authorization
+    # context it was admitted under. NULL on runs created before the revision.
+    Column("initiating_principal_id", String(TOKEN_LEN), nullable=True),
+    _code("execution_principal_mode", nullable=True),
+    _digest("authorization_context_digest", nullable=True),
     # The run's W3C trace context (``services.telemetry``; revision 0010): every attempt
     # and hop of the run continues this trace. Diagnostics, never in a checkpoint.
     Column("trace_context", JsonText(TRACE_CONTEXT_BYTES), nullable=True),
@@ -667,6 +675,24 @@ business_events = Table(
         ["records.org_id", "records.object_name", "records.record_id"],
     ),
     Index("ix_business_events_run", "org_id", "flow_run_id"),
+    **TABLE_OPTIONS,
+)
+
+#: Principal directory (§17.2, revision 0012_identity): the runtime's persisted authority
+#: on whether a principal may still act and the digest of its permission state (granted
+#: permissions, FLS and RLS grants, written by the org's identity sync). Each durable step
+#: compares it with the run's authorization-context digest (``runtime_svc.identity``).
+#: ``version`` fences every change (conditional UPDATE + rowcount).
+flow_principals = Table(
+    "flow_principals",
+    metadata,
+    _id("org_id"),
+    Column("principal_id", String(TOKEN_LEN), nullable=False),
+    _code("status"),  # enabled | disabled
+    _digest("permission_digest"),
+    _bigint("version"),
+    _time("updated_at"),
+    PrimaryKeyConstraint("org_id", "principal_id"),
     **TABLE_OPTIONS,
 )
 

@@ -49,6 +49,8 @@ EXPECTED_TABLES = {
         "business_events",
         "audit_records",
         "runtime_requests",
+        # §17 principal directory (revision 0012_identity).
+        "flow_principals",
         # §20 migration contract (revision 0009_legacy_bridge).
         "flow_interviews",
         "flow_deployment_control",
