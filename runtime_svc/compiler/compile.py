@@ -38,6 +38,7 @@ from .plan import (
     SubflowPin,
     trigger_binding_digest,
 )
+from .principals import declare_principals
 from .profiles import select_profile
 from .resolve import (
     check_inputs,
@@ -217,6 +218,7 @@ class _Compiler:
         )
         steps, start = build_steps(ctx, profile)
         if profile is ExecutionProfile.DURABLE_ORCHESTRATION:
+            steps = declare_principals(graph, caps, steps, sink)
             validate_durable(graph, caps, steps, self.inputs.policy, sink)
         sink.extend(validate_effect_pairs(steps))
         sink.raise_if_errors()

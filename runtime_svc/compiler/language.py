@@ -437,15 +437,22 @@ class ActionCall(Element):
     action_type: str
     inputs: tuple[tuple[str, Expr], ...] = ()
     output_variable: str | None = None
+    #: The explicit system/background identity (§17.1) the action runs as when its
+    #: catalog security policy is ``system`` or hands off to system on a denial.
+    system_identity: str | None = None
 
     TYPE: ClassVar[ElementType] = ElementType.ACTION_CALL
 
     def body(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "action_type": self.action_type,
             "inputs": _fields(self.inputs),
             "output_variable": self.output_variable,
         }
+        if self.system_identity is not None:
+            # Only when declared: the metadata digest of every other Flow is unchanged.
+            out["system_identity"] = self.system_identity
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)

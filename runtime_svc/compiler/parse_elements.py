@@ -87,7 +87,7 @@ ELEMENT_KEYS: dict[ElementType, frozenset[str]] = {
     ),
     ElementType.DELETE_RECORD: frozenset({"object", "record", "filters", "limit", "next", "fault"}),
     ElementType.ACTION_CALL: frozenset(
-        {"action_type", "inputs", "output_variable", "next", "fault"}
+        {"action_type", "inputs", "output_variable", "system_identity", "next", "fault"}
     ),
     ElementType.SUBFLOW: frozenset({"flow", "version", "inputs", "outputs", "next", "fault"}),
     ElementType.WAIT: frozenset({"wait", "deadline", "expiry_policy", "next", "fault"}),
@@ -343,6 +343,7 @@ def parse_element(sink: IssueSink, raw: Any, index: int) -> Element | None:
                 action_type=action,
                 inputs=inputs,
                 output_variable=r.text("output_variable", required=False, ident=True),
+                system_identity=r.text("system_identity", required=False),
             )
     elif etype is ElementType.SUBFLOW:
         flow, version = r.text("flow", ident=True), r.integer("version", required=True, minimum=1)

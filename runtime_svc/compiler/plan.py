@@ -23,6 +23,7 @@ from typing import Any
 from services.digest import versioned_digest
 
 from .diagnostics import Diagnostic
+from .identity import StepPrincipal
 from .inputs import CatalogGenerationRef, RuntimeWorkBindingRef, TriggerSubscription
 from .kinds import EdgeKind, ExecutionProfile, ExpiryPolicy, QueueClass, StepKind, TerminalOutcome
 
@@ -307,10 +308,15 @@ class PlanStep:
     verifies: tuple[str, ...] = ()
     outcome: TerminalOutcome | None = None
     fault_code: str | None = None
+    #: The declared execution principal (§17; durable non-terminal steps only).
+    principal: StepPrincipal | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Canonical form."""
+        """Canonical form (``principal`` only when declared, so the plans of the other
+        profiles keep their digests)."""
+        extra = {} if self.principal is None else {"principal": self.principal.to_dict()}
         return {
+            **extra,
             "key": self.key,
             "kind": self.kind.value,
             "entry": self.entry,
@@ -351,6 +357,9 @@ class PlanStep:
             verifies=tuple(d["verifies"]),
             outcome=_opt(d["outcome"], TerminalOutcome),
             fault_code=d["fault_code"],
+            principal=(
+                None if d.get("principal") is None else StepPrincipal.from_dict(d["principal"])
+            ),
         )
 
 

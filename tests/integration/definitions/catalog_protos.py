@@ -109,10 +109,14 @@ def descriptor_proto(c: Mapping[str, Any]) -> Any:
         )
     sec = c.get("security")
     if sec:
-        # The corpus uses free-form modes; the proto closes them over three values.
+        # The corpus uses free-form modes; the proto closes them over three values. Only
+        # an explicit "system" is system mode (it needs a declared identity, §17).
+        system = sec.get("principal_mode") == "system"
         d.security_policy.CopyFrom(
             common_v1.SecurityPolicy(
-                principal_mode=common_v1.PrincipalMode.PRINCIPAL_MODE_SYSTEM,
+                principal_mode=common_v1.PrincipalMode.PRINCIPAL_MODE_SYSTEM
+                if system
+                else common_v1.PrincipalMode.PRINCIPAL_MODE_INITIATING_PRINCIPAL,
                 reauthorization_policy=common_v1.ReauthorizationPolicy.REAUTHORIZATION_POLICY_FAULT_PATH,
             )
         )
