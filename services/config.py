@@ -220,6 +220,12 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     ),
     "FLOW_RUNTIME_IDLE_MS": ("500", "runtime: longest idle backoff of a worker with no work"),
     "FLOW_RUNTIME_SWEEP_MS": ("1000", "runtime: sweep interval"),
+    "FLOW_RUNTIME_REAUTH_CACHE_MS": (
+        "5000",
+        "runtime: how long a worker reuses a principal-directory state when a durable step "
+        "reauthorizes (§17.2; the staleness bound of a disable or permission change; 0 = "
+        "read it for every step)",
+    ),
     "FLOW_RUNTIME_RETENTION_DAYS": (
         "30",
         "runtime: terminal runs older than this are physically purged (Flow lineage only)",
@@ -528,6 +534,7 @@ class ServiceConfig:
     runtime_max_attempts: int = 5
     runtime_idle_ms: int = 500
     runtime_sweep_ms: int = 1_000
+    runtime_reauth_cache_ms: int = 5_000
     runtime_retention_days: int = 30
     runtime_view_file: str | None = None
     runtime_wait_sweep_ms: int = 1_000
@@ -636,6 +643,7 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         runtime_max_attempts=_int(e, "FLOW_RUNTIME_MAX_ATTEMPTS", minimum=1),
         runtime_idle_ms=_int(e, "FLOW_RUNTIME_IDLE_MS", minimum=1),
         runtime_sweep_ms=_int(e, "FLOW_RUNTIME_SWEEP_MS", minimum=1),
+        runtime_reauth_cache_ms=_int(e, "FLOW_RUNTIME_REAUTH_CACHE_MS"),
         runtime_retention_days=_int(e, "FLOW_RUNTIME_RETENTION_DAYS", minimum=1),
         runtime_view_file=_get(e, "FLOW_RUNTIME_VIEW_FILE") or None,
         runtime_wait_sweep_ms=_int(e, "FLOW_RUNTIME_WAIT_SWEEP_MS", minimum=1),

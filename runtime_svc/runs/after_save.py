@@ -33,6 +33,7 @@ from runtime_svc.definitions import (
     select_plan_for_trigger,
 )
 from runtime_svc.definitions import repository as repo
+from runtime_svc.identity import record_initiator_txn
 from runtime_svc.kernel import CheckpointInput, FlowRunStateStore, StartRunRequest
 from runtime_svc.kernel.states import ExecutionOwner
 from runtime_svc.legacy.admission import admit_legacy_txn
@@ -163,5 +164,7 @@ async def admit_after_save_runs_txn(
             idempotency_key=key,
         )
         result = await store.create_run_txn(conn, scope, request)
+        # §17.1: the principal whose save started the run (the SaveRecord caller).
+        await record_initiator_txn(conn, scope.org_id, result, plan)
         run_ids.append(result.run.flow_run_id)
     return run_ids

@@ -23,6 +23,7 @@ from runtime_svc.compiler.kinds import ExecutionProfile
 from runtime_svc.compiler.plan import ExecutionPlan
 from runtime_svc.definitions import repository as repo
 from runtime_svc.effects.support import EffectSupport, effect_support_txn
+from runtime_svc.identity import record_initiator_txn
 from runtime_svc.kernel import (
     CheckpointInput,
     FlowRunStateStore,
@@ -243,7 +244,7 @@ class RunService:
         if p.legacy:
             return await self._start_legacy(scope, p)
         try:
-            result = await self._create(scope, p.request)
+            result = await self._create(scope, p.request, p.resolved.plan)
         except V2AdmissionClosedError:
             # Admission closed between the owner choice and the insert (§20.9): the new
             # run returns to the legacy cohort; nothing V2 was written.
@@ -287,7 +288,7 @@ class RunService:
             )
 
         async def create(conn: AsyncConnection) -> StartRunResult:
-            return await self._create_txn(conn, scope, p.request)
+            return await self._create_txn(conn, scope, p.request, resolved.plan)
 
         def provisional(result: StartRunResult) -> bytes:
             view = RunView(result.run, resolved.flow_api_name, resolved.row.plan_digest)
@@ -445,22 +446,29 @@ class RunService:
         return StartOutcome(view, completed=interview.terminal, existing_run=not created)
 
     async def _create_txn(
-        self, conn: AsyncConnection, scope: TrustedRuntimeWorkScope, request: StartRunRequest
+        self,
+        conn: AsyncConnection,
+        scope: TrustedRuntimeWorkScope,
+        request: StartRunRequest,
+        plan: ExecutionPlan,
     ) -> StartRunResult:
         try:
-            return await self.store.create_run_txn(conn, scope, request)
+            result = await self.store.create_run_txn(conn, scope, request)
         except ConflictError as exc:
             if isinstance(exc, FenceLostError) or request.idempotency_key is None:
                 raise
             raise IdempotencyKeyReusedError() from exc
+        # §17.1: the run stores who initiated it, in the transaction that creates it.
+        await record_initiator_txn(conn, scope.org_id, result, plan)
+        return result
 
     async def _create(
-        self, scope: TrustedRuntimeWorkScope, request: StartRunRequest
+        self, scope: TrustedRuntimeWorkScope, request: StartRunRequest, plan: ExecutionPlan
     ) -> StartRunResult:
         # The store reads a lost insert race back and compares request digests, so a
         # concurrent duplicate is a replay and only a different body is a conflict.
         return await run_in_transaction(
-            self._engine, lambda conn: self._create_txn(conn, scope, request)
+            self._engine, lambda conn: self._create_txn(conn, scope, request, plan)
         )
 
     async def _wait(self, org_id: str, run: RunRecord, budget_s: float) -> RunRecord:

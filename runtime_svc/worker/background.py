@@ -117,6 +117,10 @@ async def start_background(
         db_now,
         on_submitted=None if outbox_wake is None else outbox_wake.notify,
     )
+    from runtime_svc.identity.reauth import Reauthorizer  # imports the executor too
+
+    # One directory cache per process: every worker reauthorizes through it (§17.2).
+    identity = Reauthorizer(engine, cache_ttl_s=s.reauth_cache_ms / 1000)
     group = LoopGroup()
     host = f"{socket.gethostname()}:{os.getpid()}"
     for i in range(s.workers):
@@ -131,6 +135,7 @@ async def start_background(
             waits=waits.steps,
             changes=waits.producer,
             effects=effects,
+            identity=identity,
         )
 
         async def work(w: StepWorker = worker) -> bool:

@@ -125,6 +125,7 @@ from services.metrics import metrics
 
 if TYPE_CHECKING:  # the waits and effects packages import the executor of this one
     from runtime_svc.effects.steps import EffectSteps, PreparedSubmit
+    from runtime_svc.identity.reauth import Reauthorizer
     from runtime_svc.records.engine import ChangeSink
     from runtime_svc.waits.steps import PreparedWait, WaitSteps
 
@@ -233,6 +234,8 @@ class StepWorker:
         changes: the record-change wake-signal producer of the step's record writes.
         effects: executes ``EffectSubmit``/``EffectCompletion`` steps (``None``: they
             fail closed with ``unsupported_step_kind``).
+        identity: reauthorizes each durable step before its transaction (§17.2,
+            :mod:`runtime_svc.identity`); ``None`` skips it (tests of other concerns).
     """
 
     def __init__(
@@ -252,8 +255,10 @@ class StepWorker:
         waits: WaitSteps | None = None,
         changes: ChangeSink | None = None,
         effects: EffectSteps | None = None,
+        identity: Reauthorizer | None = None,
     ) -> None:
         self._engine = engine
+        self._identity = identity
         self._waits = waits
         self._effects = effects
         self._changes = changes
@@ -385,6 +390,16 @@ class StepWorker:
         context: dict[str, Any] = json.loads(payload) or {}
         outcome: StepOutcome | None = None
         view: RecordView | None = None
+        if self._identity is not None:
+            # §17.2: reauthorize per the step's declared principal before any business
+            # transaction; a denial is the fault path (committed as the step's outcome)
+            # or a terminal StepFault with the safe reason code.
+            try:
+                denied = await self._identity.reauthorize(org_id, fence, plan, step, context)
+            except StepFault as fault:
+                raise _Abort(fault.code) from None
+            if denied is not None:
+                return _Prepared(plan, step, context, snapshots, denied, None)
         if step.kind is StepKind.DEPENDENCY_WAIT and self._waits is not None:
             # §14: enter the wait (dependency inserted with the commit) or resume it.
             try:

@@ -38,6 +38,8 @@ class WorkerSettings:
         signal_kinds: external signal producer kinds ``SubmitWakeSignal`` accepts.
         legacy_scheduler: run the LegacyInterpreter scheduler here (§20 due list and
             stale-claim recovery; ``FLOW_RUNTIME_LEGACY_SCHEDULER``).
+        reauth_cache_ms: principal-directory cache of step reauthorization (§17.2;
+            ``FLOW_RUNTIME_REAUTH_CACHE_MS``).
     """
 
     workers: int = 1
@@ -57,6 +59,7 @@ class WorkerSettings:
     wait_batch: int = 100
     signal_kinds: tuple[str, ...] = ("external.signal",)
     legacy_scheduler: bool = True
+    reauth_cache_ms: int = 5_000
 
     @classmethod
     def from_config(cls, cfg: ServiceConfig) -> WorkerSettings:
@@ -77,6 +80,7 @@ class WorkerSettings:
             wait_batch=cfg.runtime_wait_batch,
             signal_kinds=cfg.runtime_signal_kinds,
             legacy_scheduler=cfg.runtime_legacy_scheduler,
+            reauth_cache_ms=cfg.runtime_reauth_cache_ms,
         )
 
     def retry_policy(self) -> RetryPolicy:
