@@ -86,6 +86,10 @@ def _run_profile(code: str) -> Any:
         return common_v1.ExecutionProfile.EXECUTION_PROFILE_UNSPECIFIED
 
 
+#: Stored run mode -> ``common.v1.PrincipalMode`` (``mixed`` has none: UNSPECIFIED).
+_PRINCIPAL_MODES = {"initiating_principal": 2, "system": 3}
+
+
 def run_proto(view: RunView) -> Any:
     """``runtime_v1.FlowRun`` with its §18.2 compatibility projection."""
     r = view.run
@@ -125,6 +129,16 @@ def run_proto(view: RunView) -> Any:
         ),
         operator_paused_at=timestamp(r.operator_paused_at),
     )
+    if view.identity is not None and view.identity.initiating_principal_id:
+        mode = view.identity.execution_principal_mode or ""
+        msg.principal.CopyFrom(
+            runtime_v1.PrincipalContext(
+                principal_id=view.identity.initiating_principal_id,
+                principal_mode=_PRINCIPAL_MODES.get(mode, 0),  # type: ignore[arg-type]
+                authorization_context_digest=view.identity.authorization_context_digest or "",
+                execution_principal_mode=mode,
+            )
+        )
     if view.output_variables is not None:
         msg.output_variables.update(dict(view.output_variables))
     return msg

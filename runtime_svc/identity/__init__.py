@@ -17,6 +17,7 @@ from .directory import (
     read_run_identity_txn,
     record_initiator_txn,
     record_run_identity_txn,
+    run_identities_txn,
 )
 from .rules import (
     Allowed,
@@ -56,5 +57,6 @@ __all__ = [
     "reauthorizes",
     "record_initiator_txn",
     "record_run_identity_txn",
+    "run_identities_txn",
     "run_principal_mode",
 ]

@@ -49,6 +49,7 @@ __all__ = [
     "read_run_identity_txn",
     "record_initiator_txn",
     "record_run_identity_txn",
+    "run_identities_txn",
 ]
 
 #: ``flow_principals.principal_id`` / ``flow_runs.initiating_principal_id``.
@@ -178,6 +179,37 @@ async def record_initiator_txn(
     if not result.created or principal is None:
         return None
     return await record_run_identity_txn(conn, org_id, result.run.flow_run_id, principal, plan)
+
+
+async def run_identities_txn(
+    conn: AsyncConnection, org_id: str, flow_run_ids: Iterable[str]
+) -> dict[str, RunIdentity]:
+    """The stored identities of ``flow_run_ids`` in ``org_id`` (runs with none recorded
+    are missing)."""
+    ids = sorted(set(flow_run_ids))
+    if not ids:
+        return {}
+    r = flow_runs.c
+    rows = await conn.execute(
+        select(
+            r.flow_run_id,
+            r.initiating_principal_id,
+            r.execution_principal_mode,
+            r.authorization_context_digest,
+        ).where(
+            r.org_id == org_id,
+            r.flow_run_id.in_(ids),
+            r.initiating_principal_id.is_not(None),
+        )
+    )
+    return {
+        row.flow_run_id: RunIdentity(
+            row.initiating_principal_id,
+            row.execution_principal_mode,
+            row.authorization_context_digest,
+        )
+        for row in rows
+    }
 
 
 class PrincipalDirectory:

@@ -23,7 +23,7 @@ from runtime_svc.compiler.kinds import ExecutionProfile
 from runtime_svc.compiler.plan import ExecutionPlan
 from runtime_svc.definitions import repository as repo
 from runtime_svc.effects.support import EffectSupport, effect_support_txn
-from runtime_svc.identity import record_initiator_txn
+from runtime_svc.identity import RunIdentity, record_initiator_txn, run_identities_txn
 from runtime_svc.kernel import (
     CheckpointInput,
     FlowRunStateStore,
@@ -99,6 +99,8 @@ class RunView:
     flow_api_name: str
     plan_digest: str
     output_variables: Mapping[str, Any] | None = None
+    #: The §17.1 identity the run stored (``None``: not recorded).
+    identity: RunIdentity | None = None
 
 
 @dataclass(frozen=True)
@@ -398,7 +400,14 @@ class RunService:
             completed = run.state in TERMINAL_RUN_STATES
         async with transaction(self._engine, readonly=True) as conn:
             outputs = await self._outputs_txn(conn, run, resolved.plan)
-        view = RunView(run, resolved.flow_api_name, resolved.row.plan_digest, outputs)
+            identity = await run_identities_txn(conn, scope.org_id, [run.flow_run_id])
+        view = RunView(
+            run,
+            resolved.flow_api_name,
+            resolved.row.plan_digest,
+            outputs,
+            identity.get(run.flow_run_id),
+        )
         return StartOutcome(view, completed=completed, existing_run=existing)
 
     async def _legacy_owned_start(
@@ -512,6 +521,7 @@ class RunService:
                 select(p.plan_id, p.plan_digest).where(p.org_id == org, p.plan_id.in_(plan_ids))
             )
         }
+        identities = await run_identities_txn(conn, org, [r.flow_run_id for r in runs])
         out = []
         for r in runs:
             version = versions.get(r.flow_version_id)
@@ -520,6 +530,7 @@ class RunService:
                     r,
                     "" if version is None else version.flow_api_name,
                     str(digests.get(r.plan_id, "")),
+                    identity=identities.get(r.flow_run_id),
                 )
             )
         return out

@@ -13,11 +13,19 @@ from typing import Any
 import grpc
 import pytest
 
+from runtime_svc.identity import authorization_context_digest
 from runtime_svc.schema import flow_checkpoints, flow_runs, flow_step_executions
+from services.config import ServiceName
 from services.proto import common_v1
 from tests.integration.definitions import flows
-from tests.integration.definitions.harness import error_detail, new_org, rows
-from tests.integration.runs.harness import RunClient, RunServers, publish_and_activate
+from tests.integration.definitions.harness import KEY_ID, error_detail, new_org, rows
+from tests.integration.runs.harness import (
+    ALL_ROLES,
+    RunClient,
+    RunServers,
+    publish_and_activate,
+)
+from tests.support.servers import workload_metadata
 
 RUNNABLE = common_v1.RunState.RUN_STATE_RUNNABLE
 CANCEL_REQUESTED = common_v1.RunState.RUN_STATE_CANCEL_REQUESTED
@@ -221,3 +229,44 @@ def test_start_in_other_installation_of_same_org_is_not_found(
     )
     code, _ = _code(lambda: client.start(other, flow="make_task"))
     assert code == grpc.StatusCode.NOT_FOUND
+
+
+# --- §17.1: the run stores its initiating identity ---------------------------------------
+
+
+def test_start_run_stores_the_initiating_principal_mode_and_context_digest(
+    servers: RunServers, client: RunClient
+) -> None:
+    pub, _ = _setup(servers, client)
+    md = client.creds(pub)
+    first = client.start(pub, flow="make_task", inputs={"recordId": "a"}, key="k-1", md=md)
+    principal = first.run.principal
+    # The verified credential's subject, never a body field; the test principal is not
+    # in the org's principal directory, so its context digest says "unmanaged".
+    assert principal.principal_id == "runs-test"
+    assert principal.execution_principal_mode == "initiating_principal"
+    assert principal.principal_mode == common_v1.PrincipalMode.PRINCIPAL_MODE_INITIATING_PRINCIPAL
+    assert principal.authorization_context_digest == authorization_context_digest("runs-test", None)
+    assert client.get(pub, first.run.flow_run_id).principal == principal
+    # A replay under another subject keeps the first initiator.
+    other = client.start(
+        pub,
+        flow="make_task",
+        inputs={"recordId": "a"},
+        key="k-1",
+        md=workload_metadata(
+            client.private_key,
+            KEY_ID,
+            ServiceName.RUNTIME,
+            *pub.scope,
+            subject="someone-else",
+            roles=ALL_ROLES,
+        ),
+    )
+    assert other.existing_run and other.run.principal.principal_id == "runs-test"
+    (row,) = _runs_of(servers.db_url, pub.scope[0])
+    assert row["initiating_principal_id"] == "runs-test"
+    assert row["execution_principal_mode"] == "initiating_principal"
+    # No credential anywhere in the run row (§17.1): only ids and digests.
+    bearer = dict(md)["authorization"].split()[-1]
+    assert all(bearer not in str(v) for v in row.values())
