@@ -342,6 +342,8 @@ def render_html(support: Mapping[str, Any]) -> str:
         ("Flow", f"{run.get('flow_api_name', '?')} ({run.get('flow_version_id', '-')})"),
         ("Profile", _short(run.get("execution_profile", ""), "EXECUTION_PROFILE_")),
         ("Terminal cause", run.get("terminal_cause_code") or support.get("terminal_cause_code")),
+        ("Initiated by", run.get("principal", {}).get("principal_id")),
+        ("Principal mode", run.get("principal", {}).get("execution_principal_mode")),
         ("Plan", f"{run.get('plan_id', '-')}  {run.get('plan_digest', '')}"),
         (
             "Scope",

@@ -14,8 +14,18 @@ is offered here only::
 
 ``show`` prints the run state and the marker (JSON); ``retry`` and ``fail`` read the
 marker again under the run's locks and apply the decision with an audit record
-(:mod:`runtime_svc.kernel.store_reconcile`). Exit codes: 0 done, 1 refused or not
-found (the reason code is printed), 2 usage.
+(:mod:`runtime_svc.kernel.store_reconcile`).
+
+The principal directory (§17.2, :class:`runtime_svc.identity.PrincipalDirectory`) is
+maintained here by the org's identity sync or an operator — ids and grant names only,
+stored as a digest; never a credential::
+
+    python -m runtime_svc.ops principal show    --org ORG --principal user-ann
+    python -m runtime_svc.ops principal put     --org ORG --principal user-ann --grant Case.read ...
+    python -m runtime_svc.ops principal disable --org ORG --principal user-ann
+    python -m runtime_svc.ops principal enable  --org ORG --principal user-ann
+
+Exit codes: 0 done, 1 refused or not found (the reason code is printed), 2 usage.
 """
 
 from __future__ import annotations
@@ -26,19 +36,43 @@ import json
 import sys
 from collections.abc import Sequence
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from runtime_svc.identity import PrincipalDirectory
 from runtime_svc.kernel.reconcile import Resolution
 from runtime_svc.kernel.store_reconcile import inspect_quarantine, reconcile_quarantine
 from runtime_svc.worker.settings import WorkerSettings
 from services import db
 from services.config import ConfigError, ServiceName, load_config
-from services.errors import FlowError
+from services.errors import FlowError, NotFoundError
 
 __all__ = ["main"]
+
+
+async def _principal(engine: AsyncEngine, args: argparse.Namespace) -> dict[str, object]:
+    directory = PrincipalDirectory(engine)
+    if args.action == "show":
+        state = await directory.get(args.org, args.principal)
+        if state is None:
+            raise NotFoundError("flow_principal", args.principal)
+    elif args.action == "put":
+        state = await directory.put(
+            args.org, args.principal, enabled=not args.disabled, grants=args.grant
+        )
+    else:
+        state = await directory.set_enabled(args.org, args.principal, args.action == "enable")
+    return {
+        "principal_id": state.principal_id,
+        "status": state.status.value,
+        "permission_digest": state.permission_digest,
+    }
 
 
 async def _run(args: argparse.Namespace, db_url: str, max_attempts: int) -> dict[str, object]:
     engine = db.create_engine(db_url, pool_size=1)
     try:
+        if args.group == "principal":
+            return await _principal(engine, args)
         if args.action == "show":
             return (await inspect_quarantine(engine, args.org, args.run)).as_dict()
         result = await reconcile_quarantine(
@@ -76,6 +110,22 @@ def main(argv: Sequence[str] | None = None, *, db_url: str | None = None) -> int
         if name != "show":
             action.add_argument("--operator", required=True, help="who decides (audited)")
             action.add_argument("--reason", required=True, help="reason code or ticket")
+    principal = groups.add_parser("principal", help="the principal directory (§17.2)")
+    verbs = principal.add_subparsers(dest="action", required=True)
+    for name, text in (
+        ("show", "print a principal's status and permission digest"),
+        ("put", "register or update a principal and its grants"),
+        ("disable", "disable a principal (its runs' next steps are denied)"),
+        ("enable", "enable a principal again"),
+    ):
+        verb = verbs.add_parser(name, help=text)
+        verb.add_argument("--org", required=True)
+        verb.add_argument("--principal", required=True)
+        if name == "put":
+            verb.add_argument(
+                "--grant", action="append", default=[], help="permission/FLS/RLS grant name"
+            )
+            verb.add_argument("--disabled", action="store_true", help="register it disabled")
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:

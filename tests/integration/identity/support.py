@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,8 +153,11 @@ def compile_with_security(
 
 @dataclass
 class IdentityWorld(World):
-    """:class:`World` whose worker reauthorizes (directory read for every step)."""
+    """:class:`World` whose worker reauthorizes (by default reading the directory for
+    every step; ``reauth_ttl_s``/``reauth_clock`` select the cache bound)."""
 
+    reauth_ttl_s: float = 0.0
+    reauth_clock: Callable[[], float] = time.monotonic
     directory: PrincipalDirectory = field(init=False)
 
     def __post_init__(self) -> None:
@@ -166,7 +171,9 @@ class IdentityWorld(World):
             waits=self.rt.steps,
             changes=self.rt.producer,
             heartbeat=False,
-            identity=Reauthorizer(self.engine, cache_ttl_s=0),
+            identity=Reauthorizer(
+                self.engine, cache_ttl_s=self.reauth_ttl_s, clock=self.reauth_clock
+            ),
         )
 
     async def seed_with(self, source: dict[str, Any], security: dict[str, str] | None) -> str:

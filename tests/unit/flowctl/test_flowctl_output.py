@@ -124,3 +124,25 @@ def test_the_graph_colours_steps_by_state_and_loops_do_not_push_the_entry_down()
     assert 'fill="#d4f4dd"' in page and 'fill="#ffd9d6"' in page
     mermaid = mermaid_source(_support()["plan"])
     assert "s1 -.->|fault| s2" in mermaid and "start((start)) --> s0" in mermaid
+
+
+def test_run_get_and_the_page_show_the_initiating_principal_and_mode() -> None:
+    from flowctl.runs import _run_fields
+    from services.proto import runtime_v1
+
+    run = runtime_v1.FlowRun(
+        flow_run_id="run_1",
+        principal=runtime_v1.PrincipalContext(
+            principal_id="user-ann",
+            execution_principal_mode="mixed",
+            authorization_context_digest="authorization-context/v1:sha256:" + "0" * 64,
+        ),
+    )
+    text = _run_fields(run)
+    assert re.search(r"^initiated by: +user-ann$", text, re.M)
+    assert re.search(r"^principal mode: +mixed$", text, re.M)
+    assert "authorization-context/v1:sha256:" in text
+    support = _support()
+    support["run"]["principal"] = {"principal_id": "user-<ann>"}
+    page = render_html(support)
+    assert "Initiated by</dt><dd>user-&lt;ann&gt;" in page
