@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
+from runtime_svc.compiler import ExecutionPlan
 from runtime_svc.definitions.policy import DEFAULT_POLICY_DOCUMENT
 from runtime_svc.definitions.policy_store import PolicyStore
 from runtime_svc.schema import execution_plans, flow_runs, plan_activations
@@ -566,3 +567,72 @@ def test_requests_need_a_request_id(client: Client) -> None:
         )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_detail(err.value).field_path == "request_id"
+
+
+def _system_mode_flow(system_identity: str | None) -> dict[str, Any]:
+    fmt: dict[str, Any] = {
+        "api_name": "fmt",
+        "type": "ActionCall",
+        "action_type": "format_text",
+        "inputs": {"text": "'x'", "style": "'upper'"},
+        "output_variable": "subject",
+        "next": "after",
+    }
+    if system_identity is not None:
+        fmt["system_identity"] = system_identity
+    return {
+        "api_name": "system_task",
+        "version": 1 if system_identity is None else 2,
+        "process_type": "autolaunched",
+        "variables": [{"name": "subject", "type": "string"}],
+        "start": "pause",
+        "elements": [
+            {
+                "api_name": "pause",
+                "type": "Wait",
+                "wait": {"kind": "time", "duration": "PT1H"},
+                "deadline": "PT2H",
+                "expiry_policy": "terminal_failure",
+                "next": "fmt",
+            },
+            fmt,
+            {
+                "api_name": "after",
+                "type": "CreateRecord",
+                "object": "Task",
+                "fields": {"Subject": "subject"},
+            },
+        ],
+    }
+
+
+def test_system_mode_step_without_declared_identity_never_compiles_or_activates(
+    servers: Servers, client: Client, module_db_url: str
+) -> None:
+    """§22.6 "system-mode step requires explicit declared identity", through the API."""
+    org = new_org()
+    entries = json.loads(json.dumps(flows.entries()))
+    for e in entries:
+        if e["action_type"] == "format_text":
+            e["capabilities"]["security"] = {"principal_mode": "system"}
+    pub = servers.catalog.publish(org, flows.view(org), entries)
+    fv = client.register(org, _system_mode_flow(None))
+    resp = client.compile(pub, fv.flow_version_id)
+    assert not resp.compiled and not resp.HasField("plan")
+    (issue,) = [d for d in resp.diagnostics if d.code.startswith("principal.")]
+    assert issue.code == "principal.system_identity_required"
+    assert issue.severity == runtime_v1.DiagnosticSeverity.DIAGNOSTIC_SEVERITY_ERROR
+    assert "declares no explicit system identity" in issue.message
+    assert rows(module_db_url, execution_plans, org_id=org) == []
+
+    declared = client.register(org, _system_mode_flow("svc-task-bot"))
+    plan = _compiled(client, pub, declared)
+    client.activate(pub, declared.flow_version_id, plan)
+    (stored,) = rows(module_db_url, execution_plans, org_id=org)
+    principal = ExecutionPlan.from_dict(json.loads(stored["plan_payload"])).step("fmt").principal
+    assert principal is not None
+    assert principal.to_dict() == {
+        "mode": "system",
+        "on_denied": "fault_path",
+        "system_identity": "svc-task-bot",
+    }

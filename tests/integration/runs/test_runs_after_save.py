@@ -144,3 +144,31 @@ async def test_after_save_admission_refused_without_the_request_view(
     with pytest.raises(FailedPreconditionError) as err:
         await select_after_save_plans(engine, scope, "Contact", "create", None)
     assert err.value.reason == "admission.view_missing"
+
+
+async def test_after_save_run_stores_the_saving_principal(engine: AsyncEngine) -> None:
+    """§17.1: the run an after-save trigger starts is initiated by the SaveRecord caller
+    (the verified credential current for the RPC); in-process admission records none."""
+    from services.auth import TrustedIdentity, TrustedOrgContext, identity_context
+
+    scope, bound, _ = await _welcome(engine)
+    store = FlowRunStateStore(engine)
+    saver = TrustedIdentity(
+        subject="user-saver",
+        audiences=("runtime",),
+        org=TrustedOrgContext(scope.org_id, scope.app_installation_id),
+        runtime_capability_id=scope.runtime_capability_id,
+        work_scope=scope,
+        roles=frozenset(),
+        key_id="k1",
+        issued_at=0,
+        expires_at=0,
+    )
+    with identity_context(saver):
+        (run_id,) = await _admit(engine, store, scope, bound, _mutation(scope.org_id, 1))
+    (unattributed,) = await _admit(engine, store, scope, bound, _mutation(scope.org_id, 2))
+    rows = {r["flow_run_id"]: r for r in await _runs(engine, scope.org_id)}
+    assert rows[run_id]["initiating_principal_id"] == "user-saver"
+    assert rows[run_id]["execution_principal_mode"] == "initiating_principal"
+    assert str(rows[run_id]["authorization_context_digest"]).startswith("authorization-context/")
+    assert rows[unattributed]["initiating_principal_id"] is None
