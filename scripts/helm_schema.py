@@ -238,9 +238,7 @@ _TARGET = r"[a-z*][a-z0-9_.*-]*=[^\s:,=]+:\d+"
 
 
 #: FLOW_RUNTIME_WORKER_PROCESSES: an integer 0..64 or "auto" (services.config).
-WORKER_PROCESSES = {
-    "oneOf": [{"type": "integer", "minimum": 0, "maximum": 64}, {"const": "auto"}]
-}
+WORKER_PROCESSES = {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 64}, {"const": "auto"}]}
 
 
 def runtime_only() -> dict[str, Any]:
