@@ -16,6 +16,7 @@ import re
 import signal
 from pathlib import Path
 
+import grpc
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,6 +31,7 @@ from tests.integration.worker.support import (
     wait_until,
 )
 from tests.support.invariants import check_exactly_once
+from tests.support.procs import health_status
 
 pytestmark = pytest.mark.crash
 
@@ -108,6 +110,8 @@ async def test_worker_processes_contend_every_run_once_and_a_killed_one_is_resta
     ids = [(await start_run(store, seeded, label=f"P{i}")).flow_run_id for i in range(_RUNS)]
     sup = harness.spawn(env=_pool_env(2))
     slots = await _pool_started(sup, 2)
+    # Probes target the supervisor: SERVING once its pool is up.
+    assert await wait_until(lambda: _async_true(_serving(sup.port)), timeout_s=60)
     # Once work is under way, SIGKILL one worker process wherever it is (mid-step or not).
     assert await wait_until(
         lambda: _async_true(harness.entries_file.exists()), timeout_s=_FINISH_S
@@ -173,3 +177,39 @@ async def test_a_sigkilled_supervisor_leaves_no_worker_process(
     assert await sup.wait_exit(30) == -9
     gone = await wait_until(lambda: _async_true(not any(_alive(p) for p in pids)), timeout_s=90)
     assert gone, [p for p in pids if _alive(p)]
+
+
+def _serving(port: int) -> bool:
+    try:
+        return health_status(port) == 1  # SERVING
+    except grpc.RpcError:  # not up yet
+        return False
+
+
+async def test_a_worker_process_stopped_by_sigterm_mid_work_exits_0_and_its_runs_finish_once(
+    harness: Harness, engine: AsyncEngine, store: FlowRunStateStore
+) -> None:
+    """Graceful shutdown of ``runtime_svc worker`` while it executes: it drains (current
+    steps finish or are abandoned to lease expiry) and exits 0; worker processes started
+    afterwards finish every run exactly once."""
+    seeded = await seed(engine)
+    ids = [(await start_run(store, seeded, label=f"T{i}")).flow_run_id for i in range(6)]
+    env = {"FLOW_RUNTIME_SWEEPS": "false", "FLOW_RUNTIME_WORKERS": "2", "FLOW_LOG_LEVEL": "INFO"}
+    worker = harness.spawn(env=env, command="worker")
+
+    async def working() -> bool:
+        if worker.proc.poll() is not None:
+            pytest.fail(f"worker exited {worker.proc.returncode}:\n{worker.log_text()[-3000:]}")
+        return harness.entries_file.exists() and bool(harness.entries_file.read_text())
+
+    assert await wait_until(working, timeout_s=_FINISH_S), worker.log_text()[-3000:]
+    worker.proc.send_signal(signal.SIGTERM)
+    assert await worker.wait_exit(90) == 0, worker.log_text()[-3000:]
+    assert "SIGTERM received; draining" in worker.log_text()
+
+    sup = harness.spawn(env=_pool_env(2))
+    await _pool_started(sup, 2)
+    await _all_terminal(sup, store, seeded.org, ids)
+    await _assert_each_run_once(engine, seeded.org, ids)
+    every = [p for pids in _children(sup).values() for p in pids]
+    await _stop_and_assert_no_process(sup, every)
