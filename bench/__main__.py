@@ -12,6 +12,8 @@ MariaDB:
 * durable steps committed per second (10-step Flow, one record mutation per step, 1 and 4
   workers) against the raw commit rate, and claim latency with 1,000 vs 100,000 waiting runs
   (``bench/durable_bench.py``);
+* durable steps/s with 1 and 2 worker processes (1 and 4 workers each) on one database,
+  against the raw commit rate, with the worker CPU per step (``bench/process_bench.py``);
 * record mutations per second with no Flow, with one 5-element Embedded Before-Save Flow
   and as Bounded Atomic runs, their ratios and the before-save overhead (target < 15%)
   (``bench/sync_bench.py``);
@@ -50,6 +52,7 @@ from bench import (
     compile_bench,
     durable_bench,
     effect_bench,
+    process_bench,
     sync_bench,
     telemetry_bench,
     wait_bench,
@@ -159,6 +162,7 @@ async def _main() -> None:
 if __name__ == "__main__":
     asyncio.run(_main())
     durable_bench.run(_SECONDS)
+    process_bench.run(_SECONDS)
     sync_bench.run(_SECONDS)
     wait_bench.run(_SECONDS)
     effect_bench.run(_SECONDS)

@@ -342,6 +342,17 @@ def banner(
     lines += [f"  {svc.value:<13} {local_target(configs[svc])}" for svc in _MODULES]
     if mail:
         lines += [f"  {'mail sink':<13} {mail}  (e-mails the demo Flows send land here)"]
+    runtime = configs[ServiceName.RUNTIME]
+    procs, tasks = runtime.runtime_worker_processes, runtime.runtime_workers
+    lines += [
+        f"  {'step workers':<13} "
+        + (
+            f"{procs} worker processes x {tasks} (FLOW_RUNTIME_WORKER_PROCESSES)"
+            if procs
+            else f"{tasks} in the runtime process (FLOW_RUNTIME_WORKER_PROCESSES=auto:"
+            " one worker process per core)"
+        )
+    ]
     lines += [
         "",
         f"Demo ({demo.org_id} / {demo.app_installation_id} / {demo.runtime_capability_id}):",

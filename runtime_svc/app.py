@@ -8,6 +8,8 @@ local record writes.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,6 +23,7 @@ from runtime_svc.effects.finalizer import FlowEffectFinalizer
 from runtime_svc.migration.process import start_bridge_duties
 from runtime_svc.observability import RuntimeStateSource
 from runtime_svc.outbox import RuntimeOutbox, start_runtime_outbox
+from runtime_svc.processes import start_worker_processes
 from runtime_svc.waits.runtime import WaitRuntime
 from runtime_svc.worker.background import start_background
 from runtime_svc.worker.binary import BinaryCheck
@@ -31,6 +34,7 @@ from services.background import Wakeup
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration
 from services.metrics_state import StateSource
+from services.process_pool import ProcessPool
 from services.service_main import Background
 
 __all__ = ["SERVICE_NAMES", "RuntimeApp"]
@@ -107,8 +111,14 @@ class RuntimeApp:
         from the catalog (``FLOW_CATALOG_TARGET``) exactly as the record service reads
         it, and each plan is verified with the catalog before its first claim (§8.4);
         only a test/dev ``FLOW_RUNTIME_VIEW_FILE`` replaces both.
+
+        With ``FLOW_RUNTIME_WORKER_PROCESSES`` > 0 the step workers run in that many
+        supervised child processes instead of here (``runtime_svc.processes``); this
+        process keeps the once-per-deployment duties.
         """
         settings = WorkerSettings.from_config(cfg)
+        if cfg.runtime_worker_processes > 0:
+            settings = dataclasses.replace(settings, workers=0)
         waits = self.waits(cfg, engine)
         views = None
         binary_check = None
@@ -150,17 +160,27 @@ class RuntimeApp:
         # and only then becomes terminal, in the finalizer's one transaction.
         finalizer = FlowEffectFinalizer(engine, waits.matcher)
         outbox = await start_runtime_outbox(cfg, engine, finalizer=finalizer, wake=self.outbox_wake)
-        return _RuntimeBackground(bridged, outbox)
+        try:
+            pool = await start_worker_processes(cfg, os.environ)
+        except BaseException:
+            await _RuntimeBackground(bridged, outbox, None).stop()
+            raise
+        return _RuntimeBackground(bridged, outbox, pool)
 
 
 class _RuntimeBackground:
-    """Workers/sweeps with the bridge duties, and the canonical-outbox dispatcher,
-    stopped together."""
+    """Workers/sweeps with the bridge duties, the canonical-outbox dispatcher and the
+    supervised worker processes, stopped together (the processes first: they drain in
+    parallel, each on its own)."""
 
-    def __init__(self, workers: Background, outbox: RuntimeOutbox | None) -> None:
-        self._workers, self._outbox = workers, outbox
+    def __init__(
+        self, workers: Background, outbox: RuntimeOutbox | None, pool: ProcessPool | None
+    ) -> None:
+        self._workers, self._outbox, self._pool = workers, outbox, pool
 
     async def stop(self) -> None:
+        if self._pool is not None:
+            await self._pool.stop()
         if self._outbox is not None:
             await self._outbox.stop()
         await self._workers.stop()

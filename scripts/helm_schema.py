@@ -237,12 +237,17 @@ def common(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 _TARGET = r"[a-z*][a-z0-9_.*-]*=[^\s:,=]+:\d+"
 
 
+#: FLOW_RUNTIME_WORKER_PROCESSES: an integer 0..64 or "auto" (services.config).
+WORKER_PROCESSES = {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 64}, {"const": "auto"}]}
+
+
 def runtime_only() -> dict[str, Any]:
     worker = obj(
         {
             "enabled": BOOL,
             "replicaCount": count(1),
             "workers": count(1),
+            "processes": WORKER_PROCESSES,
             "sweeps": BOOL,
             "resources": resources(),
             "podDisruptionBudget": pdb(),
@@ -252,6 +257,7 @@ def runtime_only() -> dict[str, Any]:
     settings = obj(
         {
             "workers": count(),
+            "workerProcesses": WORKER_PROCESSES,
             "sweeps": BOOL,
             "leaseMs": count(1),
             "retryBaseMs": count(1),

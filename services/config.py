@@ -22,6 +22,7 @@ from pathlib import Path
 
 __all__ = [
     "ENV_VARS",
+    "MAX_WORKER_PROCESSES",
     "ConfigError",
     "EffectOwnerSettings",
     "OutboxSettings",
@@ -35,6 +36,8 @@ __all__ = [
     "load_outbox_settings",
     "mail_sink_dir",
     "parse_kind_map",
+    "usable_cores",
+    "worker_processes",
 ]
 
 
@@ -205,7 +208,16 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "",
         "fault hook: SIGKILL the process at the named point (tests only; refused in production)",
     ),
-    "FLOW_RUNTIME_WORKERS": ("1", "runtime: step-worker tasks in this process (0 = off)"),
+    "FLOW_RUNTIME_WORKERS": (
+        "1",
+        "runtime: step-worker tasks in each process that executes steps (0 = off)",
+    ),
+    "FLOW_RUNTIME_WORKER_PROCESSES": (
+        "0",
+        "runtime: worker processes this process starts and supervises (`python -m runtime_svc "
+        "worker --supervised`, each with FLOW_RUNTIME_WORKERS tasks; this process then runs "
+        "no step workers itself); `auto` = one per usable core; 0 = execute steps in-process",
+    ),
     "FLOW_RUNTIME_SWEEPS": (
         "true",
         "runtime: run lease-recovery and cancellation-cleanup sweeps in this process",
@@ -394,6 +406,43 @@ def _csv(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     return tuple(sorted(values))
 
 
+#: The most worker processes one runtime process supervises (a typo such as 400 for 4
+#: must not fork hundreds of interpreters).
+MAX_WORKER_PROCESSES = 64
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's cpuset;
+    ``os.cpu_count()`` where affinity is not available)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def worker_processes(raw: str, cores: int) -> int:
+    """``FLOW_RUNTIME_WORKER_PROCESSES``: ``auto`` is one process per usable core, an
+    integer is taken as is (0 = steps execute in this process).
+
+    Raises:
+        ConfigError: neither ``auto`` nor an integer in 0..MAX_WORKER_PROCESSES.
+    """
+    name = "FLOW_RUNTIME_WORKER_PROCESSES"
+    expected = f"{name} must be auto or an integer 0..{MAX_WORKER_PROCESSES}"
+    value = raw.strip().lower()
+    if value == "auto":
+        return min(max(1, cores), MAX_WORKER_PROCESSES)
+    try:
+        n = int(value)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{name} must be auto or an integer 0..{MAX_WORKER_PROCESSES}, got {raw!r}"
+        ) from exc
+    if not 0 <= n <= MAX_WORKER_PROCESSES:
+        raise ConfigError(f"{expected}, got {n}")
+    return n
+
+
 def _expand(value: str, data_dir: Path) -> str:
     return value.replace("$FLOW_DATA_DIR", str(data_dir))
 
@@ -527,6 +576,8 @@ class ServiceConfig:
     #: ``FLOW_RUNTIME_*``: the runtime's worker/sweep roles and timings (read by
     #: ``runtime_svc.worker.settings.WorkerSettings.from_config``).
     runtime_workers: int = 1
+    #: ``FLOW_RUNTIME_WORKER_PROCESSES`` resolved (``auto`` = usable cores; 0 = none).
+    runtime_worker_processes: int = 0
     runtime_sweeps: bool = True
     runtime_lease_ms: int = 60_000
     runtime_retry_base_ms: int = 1_000
@@ -636,6 +687,9 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         auth_service_key_id=_get(e, "FLOW_AUTH_SERVICE_KEY_ID").replace("<service>", service.value),
         request_retention_hours=_int(e, "FLOW_REQUEST_RETENTION_HOURS", minimum=1),
         runtime_workers=_int(e, "FLOW_RUNTIME_WORKERS"),
+        runtime_worker_processes=worker_processes(
+            _get(e, "FLOW_RUNTIME_WORKER_PROCESSES"), usable_cores()
+        ),
         runtime_sweeps=_bool(e, "FLOW_RUNTIME_SWEEPS"),
         runtime_lease_ms=_int(e, "FLOW_RUNTIME_LEASE_MS", minimum=1),
         runtime_retry_base_ms=retry_base,

@@ -4,7 +4,9 @@
 first when ``FLOW_DB_AUTO_MIGRATE`` is true) and the service's background loops;
 ``python -m <service> worker`` (services with background loops) runs only those loops,
 with a gRPC server that answers health and reflection and serves no RPC, so worker-only
-replicas scale apart from the API replicas and still have probes;
+replicas scale apart from the API replicas and still have probes; ``worker --supervised``
+is how a supervisor (``services.process_pool``) starts one: end-of-file on stdin (the
+supervisor stopped or died) drains the process exactly as SIGTERM does;
 ``python -m <service> db upgrade|verify|current`` manages the schema;
 ``python -m <service> outbox counts|list|show`` reads the service's outbox (when it has
 one; ``services.outbox.cli``). Each
@@ -28,6 +30,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
@@ -136,12 +140,34 @@ async def _no_servicers(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[Ser
     return ()
 
 
+def _drain_on_stdin_eof(running: object) -> None:
+    """Supervised child: when stdin reaches end-of-file (the supervisor closed the pipe
+    or died), signal this process SIGTERM so it drains through the one shutdown path."""
+    del running
+    loop = asyncio.get_running_loop()
+    fd = sys.stdin.fileno()
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(fd)
+            log.info("supervisor gone (stdin closed); draining")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    loop.add_reader(fd, readable)
+
+
 async def _serve(
     cfg: ServiceConfig,
     migrations_pkg: str,
     factory: RegistrationFactory,
     background: BackgroundFactory | None,
     state_sources: Sequence[StateSource] = (),
+    *,
+    supervised: bool = False,
 ) -> None:
     configure_tracing(cfg)
     engine = db.create_engine(cfg.db_url, pool_size=cfg.db_pool_size)
@@ -160,7 +186,9 @@ async def _serve(
         registrations = await factory(cfg, engine)
         if background is not None:
             loops = await background(cfg, engine)
-        await serve_forever(cfg, registrations)
+        await serve_forever(
+            cfg, registrations, on_started=_drain_on_stdin_eof if supervised else None
+        )
     finally:
         if loops is not None:
             await loops.stop()
@@ -189,8 +217,13 @@ def run_service(
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("serve", help="serve gRPC (default)")
     if background is not None:
-        sub.add_parser(
+        worker = sub.add_parser(
             "worker", help="run only the background loops (gRPC health and reflection only)"
+        )
+        worker.add_argument(
+            "--supervised",
+            action="store_true",
+            help="started by a supervisor: end-of-file on stdin drains the process like SIGTERM",
         )
     db_parser = sub.add_parser("db", help="schema management")
     db_parser.add_argument(
@@ -229,7 +262,10 @@ def run_service(
         name = "owner" if service is ServiceName.EFFECT_OWNER else service.value
         sources.append(OutboxStateSource(outbox, name, count_cap=cfg.telemetry.count_cap))
     try:
-        asyncio.run(_serve(cfg, migrations_pkg, factory, background, sources))
+        supervised = bool(getattr(args, "supervised", False))
+        asyncio.run(
+            _serve(cfg, migrations_pkg, factory, background, sources, supervised=supervised)
+        )
     except KeyboardInterrupt:
         return 0
     except ConfigError as exc:  # e.g. key or TLS material a factory could not read

@@ -94,7 +94,12 @@ class Harness:
         lines = self.entries_file.read_text().splitlines()
         return sum(1 for line in lines if line.split(" ", 1)[0] == step_key)
 
-    def spawn(self, crash_at: str | None = None, env: dict[str, str] | None = None) -> Child:
+    def spawn(
+        self,
+        crash_at: str | None = None,
+        env: dict[str, str] | None = None,
+        command: str = "serve",
+    ) -> Child:
         extra = dict(CHILD_ENV)
         extra["FLOW_RUNTIME_VIEW_FILE"] = view_file(self.tmp)
         extra["FLOW_DB_AUTO_MIGRATE"] = "false"
@@ -108,7 +113,7 @@ class Harness:
         log_path = self.tmp / f"child{len(self.children)}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - closed in Child.stop()
         proc = subprocess.Popen(
-            [sys.executable, "-m", RUNTIME_MODULE, "serve"],
+            [sys.executable, "-m", RUNTIME_MODULE, command],
             cwd=ROOT,
             env=child_env,
             stdout=log,

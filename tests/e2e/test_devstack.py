@@ -102,13 +102,24 @@ def _env(data_dir: Path, extra: Mapping[str, str] | None = None) -> tuple[dict[s
 
 
 @contextmanager
-def devstack(data_dir: Path, name: str, extra: Mapping[str, str] | None = None) -> Iterator[Stack]:
+def devstack(
+    data_dir: Path,
+    name: str,
+    extra: Mapping[str, str] | None = None,
+    *,
+    new_session: bool = False,
+) -> Iterator[Stack]:
     env, runtime_port = _env(data_dir, extra)
     effect_port = int(env.pop("_EFFECT_PORT"))
     out, err = data_dir.parent / f"{name}.out", data_dir.parent / f"{name}.err"
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flowctl.devstack"], cwd=ROOT, env=env, stdout=o, stderr=e
+            [sys.executable, "-m", "flowctl.devstack"],
+            cwd=ROOT,
+            env=env,
+            stdout=o,
+            stderr=e,
+            start_new_session=new_session,  # its own process group: a terminal's Ctrl-C
         )
     stack = Stack(proc, data_dir, runtime_port, out, err, effect_port)
     try:
@@ -500,3 +511,42 @@ def test_devstack_seeding_failure_stops_the_stack(tmp_path: Path) -> None:
         assert BANNER not in stack.out.read_text()
         assert seen, "the services were never started"
         assert _gone(seen), seen
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (children, grand-children, …; Linux ``/proc``)."""
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = [], [root]
+    while frontier:
+        pid = frontier.pop()
+        kids = [p for p, pp in parent.items() if pp == pid]
+        found += kids
+        frontier += kids
+    return found
+
+
+def test_devstack_with_worker_processes_runs_flows_and_ctrl_c_leaves_no_process(
+    tmp_path: Path,
+) -> None:
+    """``FLOW_RUNTIME_WORKER_PROCESSES=2 make run``: the runtime supervises two worker
+    processes that execute the demo (the waiting run parks and, woken, finishes); a
+    terminal's Ctrl-C (SIGINT to the whole process group) stops every process — the worker
+    processes included — and the stack exits 0."""
+    data_dir = tmp_path / "data"
+    extra = {"FLOW_RUNTIME_WORKER_PROCESSES": "2"}
+    with devstack(data_dir, "procs", extra, new_session=True) as stack:
+        text = stack.wait_banner()
+        assert "step workers  2 worker processes x 1" in text, text
+        demo = _assert_demo_active(stack)
+        _assert_the_banner_command_wakes_the_waiting_run(stack, text, demo)
+        family = _descendants(stack.proc.pid)
+        # Three services, the mail sink and the runtime's two worker processes.
+        assert len(family) == 6, family
+        os.killpg(stack.proc.pid, signal.SIGINT)
+        assert stack.proc.wait(timeout=90) == 0, stack.output()[-4000:]
+        wait_until(lambda: _gone(family), timeout=60, what="every process of the stack to exit")

@@ -173,3 +173,20 @@ def test_the_galera_example_passes_every_schema_and_names_a_database_secret() ->
             else:
                 merged[key] = value
         jsonschema.validate(merged, _schema(chart))
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [(0, True), (2, True), (64, True), ("auto", True), (-1, False), (65, False), ("4", False)],
+)
+def test_worker_processes_take_a_count_or_auto(value: Any, valid: bool) -> None:
+    """``FLOW_RUNTIME_WORKER_PROCESSES`` (``worker.processes``, ``runtime.workerProcesses``):
+    the schema admits what ``services.config.worker_processes`` accepts."""
+    for path in (("worker", "processes"), ("runtime", "workerProcesses")):
+        values = copy.deepcopy(_values("runtime"))
+        values[path[0]][path[1]] = value
+        if valid:
+            jsonschema.validate(values, _schema("runtime"))
+        else:
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(values, _schema("runtime"))

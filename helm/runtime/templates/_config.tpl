@@ -2,6 +2,7 @@
 {{- define "runtime.serviceConfig" -}}
 FLOW_CATALOG_TARGET: {{ default (printf "%s-catalog:50061" .Release.Name) .Values.catalogTarget | quote }}
 FLOW_RUNTIME_WORKERS: {{ .Values.runtime.workers | int64 | quote }}
+FLOW_RUNTIME_WORKER_PROCESSES: {{ .Values.runtime.workerProcesses | toString | quote }}
 FLOW_RUNTIME_SWEEPS: {{ .Values.runtime.sweeps | quote }}
 FLOW_RUNTIME_LEASE_MS: {{ .Values.runtime.leaseMs | int64 | quote }}
 FLOW_RUNTIME_RETRY_BASE_MS: {{ .Values.runtime.retryBaseMs | int64 | quote }}

@@ -1,0 +1,185 @@
+"""A supervised pool of child processes: start N, restart a dead one with backoff, stop
+them all on shutdown.
+
+The runtime uses it for ``FLOW_RUNTIME_WORKER_PROCESSES`` (``runtime_svc.app``): one
+Python process is one core at most, so step execution scales across cores only with more
+processes. Execution stays exactly-once however many processes contend, because every
+durable transition is fenced in the database (§12); the pool only keeps the right number
+of them alive.
+
+Lifecycle, chosen so that no child outlives its supervisor:
+
+* each child gets a pipe as stdin and is started with ``--supervised``: the child treats
+  end-of-file on stdin as SIGTERM (``services.service_main``), so a supervisor that dies
+  — even by SIGKILL — takes its children down with it (the kernel closes the pipe);
+* :meth:`ProcessPool.stop` sends SIGTERM to every child (graceful: a child finishes or
+  abandons its in-flight steps — an abandoned step's lease simply expires and another
+  worker recovers it), waits ``stop_grace_s`` and SIGKILLs whatever is left;
+* a child that exits while the pool runs is restarted after
+  :meth:`RestartPolicy.delay` (jittered exponential in the number of consecutive short
+  lives; a child that ran ``stable_s`` resets the count), so a crash loop (e.g. the
+  database is down) does not spin.
+
+Children share the supervisor's stdout/stderr and process group: Ctrl-C in a terminal
+reaches all of them at once, and each drains on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["ProcessPool", "RestartPolicy"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a dead child is started again.
+
+    Attributes:
+        base_s: delay after the first short-lived exit.
+        max_s: the longest delay.
+        stable_s: a child that ran at least this long counts as healthy (its exit restarts
+            the backoff at ``base_s``).
+        jitter: fraction of the delay drawn at random (spreads restarts of many pods).
+    """
+
+    base_s: float = 0.5
+    max_s: float = 30.0
+    stable_s: float = 30.0
+    jitter: float = 0.2
+
+    def delay(self, failures: int, rand: float = 0.5) -> float:
+        """Seconds to wait before restarting after ``failures`` consecutive short lives
+        (``rand`` in [0, 1) places the delay within its jitter band)."""
+        exp = min(self.max_s, self.base_s * float(2 ** max(0, failures - 1)))
+        return max(0.0, exp * (1 - self.jitter + 2 * self.jitter * rand))
+
+    def failures_after(self, failures: int, ran_s: float) -> int:
+        """The consecutive-failure count after a child that ran ``ran_s`` exited."""
+        return 1 if ran_s >= self.stable_s else failures + 1
+
+
+class ProcessPool:
+    """``size`` copies of ``argv`` with environment ``env``, supervised (see the module
+    docstring). Start with :meth:`start`, stop with :meth:`stop` (idempotent)."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        size: int,
+        *,
+        policy: RestartPolicy | None = None,
+        stop_grace_s: float = 30.0,
+    ) -> None:
+        if size < 1:
+            raise ValueError("a process pool needs at least one process")
+        self.name = name
+        self._argv, self._env, self._size = list(argv), dict(env), size
+        self._policy = policy or RestartPolicy()
+        self._stop_grace_s = stop_grace_s
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._slots: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        #: Children started again after an unexpected exit (all slots).
+        self.restarts = 0
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def pids(self) -> list[int]:
+        """The pids of the children alive now (slot order)."""
+        return [p.pid for _, p in sorted(self._procs.items()) if p.returncode is None]
+
+    async def start(self) -> ProcessPool:
+        """Start every child (returns once each has been spawned)."""
+        started = [asyncio.Event() for _ in range(self._size)]
+        self._slots = [
+            asyncio.create_task(self._slot(i, started[i]), name=f"{self.name}-{i}")
+            for i in range(self._size)
+        ]
+        for event in started:
+            await event.wait()
+        for task in self._slots:
+            if task.done() and task.exception() is not None:
+                await self.stop()
+                raise RuntimeError(f"{self.name}: a process could not be started") from (
+                    task.exception()
+                )
+        return self
+
+    async def _spawn(self, slot: int) -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            *self._argv, env=self._env, stdin=asyncio.subprocess.PIPE
+        )
+        self._procs[slot] = proc
+        log.info("%s %d started (pid %d)", self.name, slot, proc.pid)
+        return proc
+
+    async def _slot(self, slot: int, started: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        failures = 0
+        try:
+            proc = await self._spawn(slot)
+        finally:
+            started.set()
+        while True:
+            began = loop.time()
+            code = await proc.wait()
+            if self._stopping.is_set():
+                return
+            ran = loop.time() - began
+            failures = self._policy.failures_after(failures, ran)
+            delay = self._policy.delay(failures, random.random())  # noqa: S311 - jitter, not a secret
+            log.warning(
+                "%s %d (pid %d) exited with %s after %.1fs; restarting in %.1fs",
+                self.name,
+                slot,
+                proc.pid,
+                code,
+                ran,
+                delay,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            if self._stopping.is_set():
+                return
+            self.restarts += 1
+            proc = await self._spawn(slot)
+
+    async def stop(self) -> None:
+        """SIGTERM every child, wait ``stop_grace_s``, SIGKILL the rest; idempotent."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        procs = [p for p in self._procs.values() if p.returncode is None]
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        waits = [asyncio.create_task(p.wait()) for p in procs]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=self._stop_grace_s)
+            for proc in procs:
+                if proc.returncode is None:
+                    log.warning("%s pid %d ignored SIGTERM; killing it", self.name, proc.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+            if pending:
+                await asyncio.wait(pending, timeout=10)
+        for proc in procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        for task in self._slots:
+            task.cancel()
+        await asyncio.gather(*self._slots, return_exceptions=True)
+        log.info("%s: %d process(es) stopped", self.name, len(procs))

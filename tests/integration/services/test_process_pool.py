@@ -1,0 +1,89 @@
+"""``services.process_pool.ProcessPool`` with real (trivial) child processes: it starts N,
+restarts one that dies (with backoff), stops them all with SIGTERM — SIGKILL for one
+that ignores it — and never leaves a process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.process_pool import ProcessPool, RestartPolicy
+from tests.support.procs import assert_eventually
+
+#: A child that lives until its stdin closes or it is signalled.
+_UNTIL_EOF = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+
+
+def _stubborn(ready: Path) -> list[str]:
+    """A child that ignores SIGTERM (the pool must SIGKILL it after the grace); it
+    creates ``ready`` once the handler is installed."""
+    return [
+        sys.executable,
+        "-c",
+        "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(600)",
+    ]
+
+
+_FAST = RestartPolicy(base_s=0.05, max_s=0.2, stable_s=60.0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_pool_starts_n_restarts_a_killed_one_and_stops_all() -> None:
+    pool = await ProcessPool("child", _UNTIL_EOF, os.environ, 3, policy=_FAST).start()
+    try:
+        first = pool.pids()
+        assert len(first) == 3 and all(_alive(p) for p in first)
+        os.kill(first[1], signal.SIGKILL)
+        await assert_eventually(
+            lambda: pool.restarts == 1 and len(pool.pids()) == 3,
+            timeout=30,
+            what="the killed child restarted",
+        )
+        now = pool.pids()
+        assert now[0] == first[0] and now[2] == first[2] and now[1] != first[1]
+    finally:
+        await pool.stop()
+    assert pool.pids() == []
+    assert not [p for p in {*first, *now} if _alive(p)]
+    await pool.stop()  # idempotent
+
+
+async def test_a_crash_looping_child_backs_off_and_stop_interrupts_the_backoff() -> None:
+    policy = RestartPolicy(base_s=0.05, max_s=60.0, stable_s=60.0, jitter=0.0)
+    pool = ProcessPool(
+        "crasher", [sys.executable, "-c", "raise SystemExit(3)"], os.environ, 1, policy=policy
+    )
+    await pool.start()
+    # Delays 0.05, 0.1, 0.2, … : a handful of restarts, then a long wait stop() cuts short.
+    await assert_eventually(lambda: pool.restarts >= 3, timeout=60, what="three restarts")
+    await asyncio.wait_for(pool.stop(), timeout=30)
+    settled = pool.restarts
+    await asyncio.sleep(0.3)
+    assert pool.restarts == settled  # nothing restarted after stop
+
+
+async def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    pool = await ProcessPool("stubborn", _stubborn(ready), os.environ, 1, stop_grace_s=1.0).start()
+    [pid] = pool.pids()
+    await assert_eventually(ready.exists, timeout=30, what="SIGTERM ignored")
+    await asyncio.wait_for(pool.stop(), timeout=60)
+    assert not _alive(pid)
+
+
+def test_a_pool_needs_a_process() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        ProcessPool("none", _UNTIL_EOF, os.environ, 0)
