@@ -108,9 +108,10 @@ class Budget:
 class PressureThresholds:
     """The value of each §16.2 signal that counts as *full* pressure (1.0).
 
-    Pressure of a signal is ``value / threshold`` capped at 1; the controller reduces new
-    mutation admissions by the largest one. Rates are per admitted attempt (a retry rate
-    of 0.2 means one attempt in five ended in a retry) over the controller's window.
+    A signal is no pressure below half its threshold and full pressure (1.0) at it; the
+    controller reduces new mutation admissions by the largest one. Rates are per admitted
+    attempt (a retry rate of 0.2 means one attempt in five ended in a retry) over the
+    controller's window.
     """
 
     active_mutations: float = 16

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -66,12 +66,14 @@ if TYPE_CHECKING:
     from runtime_svc.compiler import ExecutionPlan
     from runtime_svc.kernel import Candidate
 
-__all__ = ["AdmissionController", "Decision", "SignalSource", "for_process"]
+__all__ = ["AdmissionController", "Decision", "PolicySource", "SignalSource", "for_process"]
 
 log = logging.getLogger(__name__)
 
 #: Extra pressure signals (operator probes, tests): merged by maximum.
 SignalSource = Callable[[], PressureSignals]
+#: An org's admission policy.
+PolicySource = Callable[[str], Awaitable[AdmissionPolicy]]
 
 _MAX_PLANS = 512
 _MAX_HELD = 10_000
@@ -117,6 +119,8 @@ class AdmissionController:
         window: attempt outcomes the §16.2 rates are computed over.
         policy_ttl_s: how long an org's admission policy is cached.
         extra_signals: injected pressure (see the module docstring).
+        policies: where an org's admission policy comes from (default: the admission
+            section of its newest runtime-policy generation, read-only).
         clock: monotonic clock (tests).
     """
 
@@ -129,6 +133,7 @@ class AdmissionController:
         window: int = 200,
         policy_ttl_s: float = 5.0,
         extra_signals: SignalSource | None = None,
+        policies: PolicySource | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if budget < 1:
@@ -140,6 +145,7 @@ class AdmissionController:
         self._window = OutcomeWindow(window)
         self._ttl = policy_ttl_s
         self._extra = extra_signals
+        self._source = policies
         self._clock = clock
         self._inflight: Counter[str] = Counter()
         self._policies: dict[str, tuple[float, AdmissionPolicy]] = {}
@@ -197,13 +203,16 @@ class AdmissionController:
         cached = self._policies.get(org_id)
         if cached is not None and cached[0] > now:
             return cached[1]
-        async with transaction(self._engine, readonly=True) as conn:
-            generation = await repo.latest_policy_txn(conn, org_id)
-        policy = (
-            generation.runtime_policy().admission_policy
-            if generation is not None
-            else AdmissionPolicy()
-        )
+        if self._source is not None:
+            policy = await self._source(org_id)
+        else:
+            async with transaction(self._engine, readonly=True) as conn:
+                generation = await repo.latest_policy_txn(conn, org_id)
+            policy = (
+                generation.runtime_policy().admission_policy
+                if generation is not None
+                else AdmissionPolicy()
+            )
         if len(self._policies) > _MAX_HELD:
             self._policies.clear()
         self._policies[org_id] = (now + self._ttl, policy)

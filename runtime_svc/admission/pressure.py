@@ -3,8 +3,9 @@
 :class:`PressureSignals` is one sample of the signals the runtime can observe without a
 query of its own: admitted and active mutation transactions, connection-pool saturation,
 and — over a sliding window of attempt outcomes (:class:`OutcomeWindow`) — the lock-wait,
-deadlock, retry and lease-expiry rates, plus the oldest queue age admission saw. Each
-signal's pressure is ``value / threshold`` capped at 1; the pass's pressure is the largest.
+deadlock, retry and lease-expiry rates, plus the oldest queue age admission saw. A
+signal's pressure is 0 up to half its threshold (:data:`SOFT_START`), then rises linearly
+to 1 at the threshold; the pass's pressure is the largest.
 
 :func:`pass_limits` says how many candidates each lane of an org may fetch in one pass,
 and :func:`mutation_inflight_limit` how many mutation attempts may be in flight at once:
@@ -34,6 +35,7 @@ from runtime_svc.compiler.kinds import QueueClass
 __all__ = [
     "COLD_LANES",
     "MUTATION_LANES",
+    "SOFT_START",
     "OutcomeKind",
     "OutcomeWindow",
     "PressureSignals",
@@ -55,6 +57,11 @@ COLD_LANES = frozenset(
         QueueClass.MAINTENANCE.value,
     }
 )
+
+
+#: A signal below this fraction of its threshold is no pressure at all; from there it
+#: rises linearly to 1 at the threshold (one busy connection is not overload).
+SOFT_START = 0.5
 
 
 class OutcomeKind:
@@ -96,7 +103,9 @@ class PressureSignals:
             "queue_age_seconds": self.queue_age_seconds / t.queue_age_seconds,
             "lease_expiry_rate": self.lease_expiry_rate / t.lease_expiry_rate,
         }
-        return {k: min(1.0, max(0.0, v)) for k, v in raw.items()}
+        return {
+            k: min(1.0, max(0.0, (v - SOFT_START) / (1.0 - SOFT_START))) for k, v in raw.items()
+        }
 
 
 def pressure_level(signals: PressureSignals, thresholds: PressureThresholds) -> float:

@@ -323,8 +323,8 @@ class StepWorker:
         if candidate.plan_id:
             try:
                 _, plan, _ = await self._plan(org_id, candidate.plan_id)
-            except NotFoundError:
-                plan = None
+            except (NotFoundError, KeyError, ValueError):
+                plan = None  # process() refuses it; admission then knows only the lane
         ticket = await admission.admit(org_id, candidate, plan)
         if ticket is None:
             return Outcome.NOT_ELIGIBLE
