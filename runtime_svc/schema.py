@@ -719,6 +719,28 @@ audit_records = Table(
 )
 
 
+# --- admission (§16) -------------------------------------------------------------------
+
+#: Per-key run concurrency slots (``runtime_svc.admission.slots``; revision 0013): a run
+#: of a Flow with ``admission.flows.<api>.max_concurrent_runs = N`` holds one of the slots
+#: ``0 .. N-1`` of its key from its first admitted claim until it is terminal. The primary
+#: key makes "at most N holders" a uniqueness fact no race can exceed; the second unique
+#: key keeps a run from holding two slots of one key. A terminal holder's slot is
+#: reclaimed by a fenced delete (``WHERE flow_run_id = holder``).
+flow_run_slots = Table(
+    "flow_run_slots",
+    metadata,
+    _id("org_id"),
+    Column("slot_key", String(KEY_LEN), nullable=False),
+    Column("slot_no", Integer, nullable=False),
+    _id("flow_run_id"),
+    _time("acquired_at"),
+    PrimaryKeyConstraint("org_id", "slot_key", "slot_no"),
+    UniqueConstraint("org_id", "slot_key", "flow_run_id", name="uq_flow_run_slots_run"),
+    **TABLE_OPTIONS,
+)
+
+
 # --- request deduplication -----------------------------------------------------------
 
 #: Request deduplication of every mutating RPC (``services.request_dedupe``; revision

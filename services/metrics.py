@@ -76,7 +76,7 @@ LANES = frozenset(
         "durable_mutation",
         "dependency_wakeup",
         "effect_completion",
-        "recovery_repair",
+        "maintenance_reconciliation",
     }
 )
 _LABEL_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,48}$")
@@ -195,6 +195,19 @@ class FlowMetrics:
             "nexus_flow_stale_fence_rollbacks",
             "Attempts abandoned because their fence was lost (business writes rolled back).",
             ["lane"],
+            registry=r,
+        )
+        # --- admission and backpressure (§16) ----------------------------------------------
+        self.admission_decisions = Counter(
+            "nexus_flow_admission_decisions",
+            "Admission decisions on claim candidates, before any business connection.",
+            ["lane", "decision"],
+            registry=r,
+        )
+        self.admission_pressure = Gauge(
+            "nexus_flow_admission_pressure",
+            "Pressure level (0..1) by §16.2 signal, as admission last sampled it.",
+            ["signal"],
             registry=r,
         )
         # --- steps and their transactions -------------------------------------------------
@@ -366,6 +379,15 @@ class FlowMetrics:
         waited = seconds_since(run_after)
         if waited is not None:
             self.queue_age.labels(lane).observe(waited)
+
+    def admission_decided(self, lane: str, decision: str) -> None:
+        """A candidate was admitted or deferred (``decision``: its safe code)."""
+        self.admission_decisions.labels(label(lane, LANES), label(decision)).inc()
+
+    def admission_sampled(self, levels: Mapping[str, float]) -> None:
+        """The pressure levels admission last computed, by signal."""
+        for signal, level in levels.items():
+            self.admission_pressure.labels(label(signal)).set(level)
 
     def claim_lost(self, lane: str, reason: str) -> None:
         self.claim_conflicts.labels(label(lane, LANES), label(reason)).inc()

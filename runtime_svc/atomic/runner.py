@@ -35,6 +35,7 @@ from collections import Counter, deque
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from runtime_svc.compiler.kinds import QueueClass
 from runtime_svc.kernel import FlowRunStateStore, RunRecord
 from runtime_svc.kernel.states import TERMINAL_RUN_STATES
 from runtime_svc.records.engine import ChangeSink
@@ -44,7 +45,7 @@ from runtime_svc.worker.views import RecordViewSource
 __all__ = ["ATOMIC_QUEUE", "AtomicRunner"]
 
 #: The queue class of a Bounded Atomic step (§16.1 lane).
-ATOMIC_QUEUE = "bounded_atomic_foreground"
+ATOMIC_QUEUE: str = QueueClass.BOUNDED_ATOMIC_FOREGROUND.value
 #: Outcomes after which the run is terminal (the single step committed its terminal
 #: advance, failed terminally, or was quarantined).
 _SETTLED = frozenset({Outcome.COMMITTED, Outcome.FAILED, Outcome.QUARANTINED})

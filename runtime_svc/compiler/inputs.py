@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from runtime_svc.admission.budgets import AdmissionPolicy
 from services.digest import versioned_digest
 
 from ._fields import (
@@ -461,7 +462,9 @@ class RuntimePolicy:
 
     ``max_wait_seconds`` is the maximum wait age; ``waits`` the reconciliation bounds
     (``None``: :data:`DEFAULT_WAIT_POLICY`, and the section is left out of the canonical
-    form, so documents written before it existed keep their digest).
+    form, so documents written before it existed keep their digest); ``admission`` the
+    §16.2 budgets (:mod:`runtime_svc.admission.budgets`; ``None``: unbounded, left out of
+    the canonical form the same way).
     """
 
     version: int
@@ -471,6 +474,12 @@ class RuntimePolicy:
     max_wait_seconds: int
     legacy_atomic_mapping: LegacyAtomicMapping = LegacyAtomicMapping.REJECT
     waits: WaitPolicy | None = None
+    admission: AdmissionPolicy | None = None
+
+    @property
+    def admission_policy(self) -> AdmissionPolicy:
+        """The effective admission budgets."""
+        return self.admission or AdmissionPolicy()
 
     @property
     def wait_policy(self) -> WaitPolicy:
@@ -495,6 +504,7 @@ class RuntimePolicy:
             "max_wait_seconds": self.max_wait_seconds,
             "legacy_atomic_mapping": self.legacy_atomic_mapping.value,
             **({} if self.waits is None else {"waits": self.waits.to_dict()}),
+            **({} if self.admission is None else {"admission": self.admission.to_dict()}),
         }
 
     def policy_digest(self) -> str:
@@ -526,6 +536,11 @@ class RuntimePolicy:
                 None
                 if d.get("waits") is None
                 else WaitPolicy.from_dict(req_map(d, "waits", where), f"{where}.waits")
+            ),
+            admission=(
+                None
+                if d.get("admission") is None
+                else AdmissionPolicy.from_dict(d["admission"], f"{where}.admission")
             ),
         )
 

@@ -69,13 +69,20 @@ class ExpiryPolicy(StrEnum):
 
 
 class QueueClass(StrEnum):
-    """Admission lanes of §16.1 a step is scheduled on."""
+    """The six admission lanes of §16.1 (``queue_class`` on runs and step executions).
+
+    Scheduling classes, not fact authorities: the compiler assigns the first four to
+    plan steps; ``MAINTENANCE`` is the recovery/reconciliation work of the sweeps, which
+    admission (``runtime_svc.admission``) keeps moving under pressure. Member names match
+    the proto's ``QUEUE_CLASS_*`` values.
+    """
 
     EMBEDDED_FOREGROUND = "embedded_foreground"
     BOUNDED_ATOMIC_FOREGROUND = "bounded_atomic_foreground"
     DURABLE_MUTATION = "durable_mutation"
     DEPENDENCY_WAKEUP = "dependency_wakeup"
     EFFECT_COMPLETION = "effect_completion"
+    MAINTENANCE = "maintenance_reconciliation"
 
 
 class TerminalOutcome(StrEnum):

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from runtime_svc.admission.budgets import admission_notes
 from runtime_svc.compiler import ExecutionPlan, PlanCompileError
 from runtime_svc.definitions import repository as repo
 from runtime_svc.definitions._util import Db, bounded_json, new_id
@@ -63,6 +64,22 @@ _log = logging.getLogger(__name__)
 
 #: Attempts of an activation that lost the active-slot race to a concurrent activation.
 _ACTIVATION_ATTEMPTS = 3
+
+
+def _admission_diagnostics(
+    org_id: str, policy: PolicyGeneration, plan: ExecutionPlan
+) -> tuple[DiagnosticValue, ...]:
+    """Info diagnostics naming the admission bounds (§16.3) that apply to ``plan``."""
+    notes = admission_notes(
+        policy.runtime_policy().admission_policy,
+        org_id,
+        plan.flow.api_name,
+        plan.flow.version,
+        plan.profile.value,
+        [s.queue_class.value for s in plan.steps if s.queue_class is not None],
+        [r.object for s in plan.steps for r in s.resources if r.object],
+    )
+    return tuple(DiagnosticValue("info", path, "admission_bound", msg) for path, msg in notes)
 
 
 class _ActivationRace(Exception):
@@ -168,7 +185,9 @@ class Activations(Db):
                 "compile the Flow version again and activate the new plan",
                 reason="plan_stale",
             )
-        diagnostics = diagnostics_of(outcome)
+        diagnostics = diagnostics_of(outcome) + _admission_diagnostics(
+            scope.org_id, policy, outcome
+        )
         # §10.5: every dependency names a registered producer with a notification or a
         # bounded reconciliation; otherwise the wait could never resolve.
         producer_issues = [

@@ -42,6 +42,7 @@ from runtime_svc.compiler.kinds import (
     EFFECT_COMPLETION_PRODUCER,
     EdgeKind,
     ExpiryPolicy,
+    QueueClass,
     StepKind,
 )
 from runtime_svc.compiler.plan import ExecutionPlan, PlanStep
@@ -272,7 +273,7 @@ class EffectSteps:
             effect_handoff_key=ids.handoff_key,
             submission_attempt_id=fence.attempt_id,
         )
-        queue = completion.queue_class.value if completion.queue_class else "effect_completion"
+        queue = (completion.queue_class or QueueClass.EFFECT_COMPLETION).value
         advance = HandOff(
             step_execution_id=ids.completion_step_id,
             plan_step_key=completion.key,

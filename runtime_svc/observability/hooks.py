@@ -27,6 +27,7 @@ from datetime import datetime
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from runtime_svc.admission.events import note_retry
 from services.metrics import metrics
 from services.telemetry import current_carrier, parent_of, span, trace_id_of
 
@@ -127,6 +128,7 @@ def attempt_retried(reason: str) -> None:
     """The current attempt's rollback scheduled a retry (``reason``: its safe code)."""
     watch = _CURRENT.get()
     metrics().retry_scheduled(watch.lane if watch else "", reason)
+    note_retry(reason)  # the admission controller's lock-wait/deadlock/retry rates
 
 
 def attempt_exhausted() -> None:

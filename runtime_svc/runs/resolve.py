@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from runtime_svc.compiler.kinds import QueueClass
 from runtime_svc.compiler.plan import ExecutionPlan, PlanStep
 from runtime_svc.definitions import repository as repo
 from runtime_svc.kernel import FirstStep, RunRecord
@@ -33,10 +34,10 @@ __all__ = [
 AUTOLAUNCHED = "autolaunched"
 
 #: Lane of a start step the compiler left unassigned, by profile (§16.1).
-_DEFAULT_LANE = {
-    "embedded_before_save": "embedded_foreground",
-    "bounded_atomic": "bounded_atomic_foreground",
-    "durable_orchestration": "durable_mutation",
+_DEFAULT_LANE: dict[str, QueueClass] = {
+    "embedded_before_save": QueueClass.EMBEDDED_FOREGROUND,
+    "bounded_atomic": QueueClass.BOUNDED_ATOMIC_FOREGROUND,
+    "durable_orchestration": QueueClass.DURABLE_MUTATION,
 }
 
 
@@ -73,7 +74,8 @@ def first_step_of(plan: ExecutionPlan, profile: str) -> FirstStep:
     step: PlanStep | None = next((s for s in plan.steps if s.key == plan.start_step), None)
     if step is None:
         raise FailedPreconditionError("the plan has no start step", reason="plan_without_start")
-    lane = step.queue_class.value if step.queue_class else _DEFAULT_LANE.get(profile, "")
+    lane_class = step.queue_class or _DEFAULT_LANE.get(profile)
+    lane = lane_class.value if lane_class is not None else ""
     return FirstStep(plan_step_key=step.key, step_kind=step.kind.value, queue_class=lane)
 
 

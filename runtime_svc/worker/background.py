@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from runtime_svc.admission.controller import for_process
 from runtime_svc.kernel import FlowRunStateStore
 from runtime_svc.kernel.store_retention import RetentionSweep
 from runtime_svc.records import RecordView
@@ -123,6 +124,9 @@ async def start_background(
     identity = Reauthorizer(engine, cache_ttl_s=s.reauth_cache_ms / 1000)
     group = LoopGroup()
     host = f"{socket.gethostname()}:{os.getpid()}"
+    # §16: one admission controller for every worker of this process (its budget is the
+    # process's connection pool); each worker asks it before it claims.
+    admission = for_process(engine, workers=s.workers, quantum=s.batch_size)
     for i in range(s.workers):
         worker = StepWorker(
             engine,
@@ -136,6 +140,7 @@ async def start_background(
             changes=waits.producer,
             effects=effects,
             identity=identity,
+            admission=admission,
         )
 
         async def work(w: StepWorker = worker) -> bool:

@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from runtime_svc.admission.controller import AdmissionController
+from runtime_svc.admission.events import admitted
 from runtime_svc.compiler import ExecutionPlan, PlanStep, StepKind
 from runtime_svc.definitions.repository import get_plan_txn
 from runtime_svc.kernel import (
@@ -236,6 +238,8 @@ class StepWorker:
             fail closed with ``unsupported_step_kind``).
         identity: reauthorizes each durable step before its transaction (§17.2,
             :mod:`runtime_svc.identity`); ``None`` skips it (tests of other concerns).
+        admission: the §16 admission controller (lanes, budgets, pressure, fairness,
+            per-key limits); ``None`` claims every due candidate (tests).
     """
 
     def __init__(
@@ -256,9 +260,11 @@ class StepWorker:
         changes: ChangeSink | None = None,
         effects: EffectSteps | None = None,
         identity: Reauthorizer | None = None,
+        admission: AdmissionController | None = None,
     ) -> None:
         self._engine = engine
         self._identity = identity
+        self.admission = admission
         self._waits = waits
         self._effects = effects
         self._changes = changes
@@ -285,17 +291,55 @@ class StepWorker:
     # --- scheduling ----------------------------------------------------------------------
 
     async def run_batch(self, org_id: str) -> list[Outcome]:
-        """One bounded batch of due candidates of ``org_id``, each processed in turn."""
+        """One bounded batch of due candidates of ``org_id``, each processed in turn.
+
+        With an admission controller (§16) the lanes and their limits come from it
+        before any query, and each candidate is admitted (or deferred, untouched) before
+        its claim — i.e. before a business connection is acquired.
+        """
+        admission = self.admission
+        if admission is None:
+            lanes = [(queue, self._batch) for queue in self._queues]
+        else:
+            lanes = await admission.lanes(org_id, self._queues, self._batch)
         done: list[Outcome] = []
-        for queue in self._queues:
-            batch = await self.store.eligible_work(org_id, queue, limit=self._batch)
+        found = 0
+        for queue, limit in lanes:
+            batch = await self.store.eligible_work(org_id, queue, limit=limit)
+            found += len(batch)
             # The query's order is stable, so every replica fetches the same head; walking
             # the batch in a random order spreads them over it instead of all racing for
             # its first candidate (on a cluster each lost race is a failed COMMIT).
             self._rng.shuffle(batch)
             for candidate in batch:
-                done.append(await self.process(org_id, candidate))
+                if admission is None:
+                    done.append(await self.process(org_id, candidate))
+                else:
+                    done.append(await self._admitted(admission, org_id, candidate))
+        if admission is not None:
+            admission.finished_org(org_id, found)
         return done
+
+    async def _admitted(
+        self, admission: AdmissionController, org_id: str, candidate: Candidate
+    ) -> Outcome:
+        """Process ``candidate`` if admission admits it (the outcome is reported back)."""
+        plan: ExecutionPlan | None = None
+        if candidate.plan_id:
+            try:
+                _, plan, _ = await self._plan(org_id, candidate.plan_id)
+            except (NotFoundError, KeyError, ValueError):
+                plan = None  # process() refuses it; admission then knows only the lane
+        ticket = await admission.admit(org_id, candidate, plan)
+        if ticket is None:
+            return Outcome.NOT_ELIGIBLE
+        outcome = Outcome.NOT_ELIGIBLE
+        try:
+            with admitted(ticket):
+                outcome = await self.process(org_id, candidate)
+        finally:
+            admission.release(ticket, outcome.value)
+        return outcome
 
     async def run_once(self) -> list[Outcome]:
         """One bounded pass: the next batch of orgs that have work (in rotation)."""

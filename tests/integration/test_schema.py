@@ -36,6 +36,7 @@ EXPECTED_TABLES = {
         "execution_plans",
         "plan_activations",
         "flow_runs",
+        "flow_run_slots",
         "flow_step_executions",
         "flow_step_attempts",
         "flow_checkpoints",

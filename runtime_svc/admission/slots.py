@@ -1,0 +1,145 @@
+"""Per-key run concurrency limits: durable, fenced slots (issue 14 item 3).
+
+"At most N concurrent runs of this Flow" must hold across every worker process and
+replica, so it cannot be an in-process counter, and a ``SELECT COUNT(*)`` followed by a
+claim can be raced into N+1. Instead a run *holds a slot*: a row of ``flow_run_slots``
+with ``slot_no`` in ``0 .. N-1``. The primary key ``(org_id, slot_key, slot_no)`` makes
+"at most N holders" a uniqueness fact of the database — two racing acquirers of the same
+free slot cannot both commit their INSERT — and ``(org_id, slot_key, flow_run_id)`` is
+unique too, so a run racing itself (two workers, the same run) holds one slot, not two.
+ARCHITECTURE §2: INSERT + catch duplicate, never an upsert.
+
+A run acquires its slot before its first claim is admitted (the worker asks admission
+before it claims; :class:`~runtime_svc.admission.controller.AdmissionController`) and
+keeps it while it is not terminal — waiting included: a waiting run is still running.
+When every slot is held, the holders whose runs are terminal, deleted or gone are
+reclaimed by a fenced ``DELETE … WHERE slot_no = ? AND flow_run_id = <holder>`` (a holder
+that changed meanwhile is left alone) and the acquire tries again once. A refused run
+stays ``Runnable`` and is simply not claimed: it is offered again on a later pass,
+without any write.
+
+A lowered limit applies to new acquisitions: a run is admitted only while fewer than N
+live holders exist *and* a slot below N is free; holders above the new N drain as their
+runs end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import and_, delete, false, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from runtime_svc.kernel.states import TERMINAL_RUN_STATES
+from runtime_svc.schema import flow_run_slots, flow_runs
+from services.db import db_now, transaction
+
+__all__ = ["RunSlots", "SlotHolder", "flow_slot_key"]
+
+_TERMINAL_CODES = tuple(sorted(s.code for s in TERMINAL_RUN_STATES))
+
+
+def flow_slot_key(flow_api_name: str) -> str:
+    """The slot key of the per-Flow run concurrency limit."""
+    return f"flow:{flow_api_name}"
+
+
+@dataclass(frozen=True)
+class SlotHolder:
+    slot_no: int
+    flow_run_id: str
+    live: bool
+
+
+class RunSlots:
+    """Slot acquisition against the runtime database (see the module docstring)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def holders(self, org_id: str, slot_key: str) -> list[SlotHolder]:
+        """Every holder of ``slot_key`` with whether its run is still live."""
+        s, r = flow_run_slots.c, flow_runs.c
+        stmt = (
+            select(s.slot_no, s.flow_run_id, r.runtime_state, r.is_deleted)
+            .select_from(
+                flow_run_slots.outerjoin(
+                    flow_runs, and_(r.org_id == s.org_id, r.flow_run_id == s.flow_run_id)
+                )
+            )
+            .where(s.org_id == org_id, s.slot_key == slot_key)
+            .order_by(s.slot_no)
+        )
+        async with transaction(self._engine, readonly=True) as conn:
+            rows = (await conn.execute(stmt)).all()
+        return [
+            SlotHolder(
+                int(no),
+                str(run),
+                state is not None and state not in _TERMINAL_CODES and not deleted,
+            )
+            for no, run, state, deleted in rows
+        ]
+
+    async def acquire(self, org_id: str, slot_key: str, flow_run_id: str, limit: int) -> bool:
+        """True when ``flow_run_id`` holds (or now took) one of ``limit`` slots of the key."""
+        if limit < 1:
+            return False
+        for _ in range(2):
+            holders = await self.holders(org_id, slot_key)
+            if any(h.flow_run_id == flow_run_id for h in holders):
+                return True
+            live = [h for h in holders if h.live]
+            stale = [h for h in holders if not h.live]
+            taken = {h.slot_no for h in holders}
+            free = [n for n in range(limit) if n not in taken]
+            if stale and (len(live) >= limit or not free):
+                await self._reclaim(org_id, slot_key, stale)
+                continue  # read the holders again
+            if len(live) >= limit:
+                return False
+            for slot_no in free:
+                won = await self._insert(org_id, slot_key, slot_no, flow_run_id)
+                if won is not None:
+                    return won
+            # Every free slot was taken by a racing acquirer: read once more.
+        return False
+
+    async def _insert(
+        self, org_id: str, slot_key: str, slot_no: int, flow_run_id: str
+    ) -> bool | None:
+        """True: this run holds a slot of the key. None: the slot was taken meanwhile."""
+        try:
+            async with transaction(self._engine) as conn:
+                await conn.execute(
+                    flow_run_slots.insert().values(
+                        org_id=org_id,
+                        slot_key=slot_key,
+                        slot_no=slot_no,
+                        flow_run_id=flow_run_id,
+                        acquired_at=await db_now(conn),
+                    )
+                )
+        except IntegrityError:
+            # Either the slot number was taken by another run, or this run took another
+            # slot of the key concurrently (the second unique key): tell them apart.
+            held = await self.holders(org_id, slot_key)
+            if any(h.flow_run_id == flow_run_id for h in held):
+                return True
+            return None
+        return True
+
+    async def _reclaim(self, org_id: str, slot_key: str, stale: list[SlotHolder]) -> int:
+        """Delete the slots of ``stale`` holders, each fenced by its holder's run id."""
+        if not stale:
+            return 0
+        s = flow_run_slots.c
+        fences = [and_(s.slot_no == h.slot_no, s.flow_run_id == h.flow_run_id) for h in stale]
+        async with transaction(self._engine) as conn:
+            result = await conn.execute(
+                delete(flow_run_slots).where(
+                    s.org_id == org_id, s.slot_key == slot_key, or_(false(), *fences)
+                )
+            )
+        return int(result.rowcount or 0)
