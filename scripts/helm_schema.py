@@ -265,6 +265,7 @@ def runtime_only() -> dict[str, Any]:
             "maxAttempts": count(1),
             "idleMs": count(1),
             "sweepMs": count(1),
+            "reauthCacheMs": count(),
             "retentionDays": count(1),
             "waitSweepMs": count(1),
             "waitBatch": count(1),

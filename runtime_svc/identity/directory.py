@@ -18,10 +18,11 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Protocol
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.compiler.plan import ExecutionPlan
+from runtime_svc.kernel.store_identity import set_run_identity_txn
 from runtime_svc.schema import flow_principals, flow_runs
 from services.auth import current_identity
 from services.db import cas_update, insert_if_absent, transaction
@@ -117,19 +118,14 @@ async def record_run_identity_txn(
         run_principal_mode(plan),
         authorization_context_digest(principal_id, states.get(principal_id)),
     )
-    r = flow_runs.c
-    await conn.execute(
-        update(flow_runs)
-        .where(
-            r.org_id == org_id,
-            r.flow_run_id == flow_run_id,
-            r.initiating_principal_id.is_(None),
-        )
-        .values(
-            initiating_principal_id=identity.initiating_principal_id,
-            execution_principal_mode=identity.execution_principal_mode,
-            authorization_context_digest=identity.authorization_context_digest,
-        )
+    # The state store owns every flow_runs write (the module-boundary gate).
+    await set_run_identity_txn(
+        conn,
+        org_id,
+        flow_run_id,
+        initiating_principal_id=principal_id,
+        execution_principal_mode=identity.execution_principal_mode or "",
+        authorization_context_digest=identity.authorization_context_digest or "",
     )
     return identity
 

@@ -52,8 +52,8 @@ PING_FLOW = {
         },
     ],
 }
-#: Autolaunched with an at-most-once owned-transaction action: Durable Orchestration, so
-#: the run waits for a worker.
+#: Autolaunched with an at-most-once owned-transaction, system-mode action: Durable
+#: Orchestration, so the run waits for a worker.
 HOLD_FLOW = {
     "api_name": "FlowctlHold",
     "version": 1,
@@ -66,6 +66,9 @@ HOLD_FLOW = {
             "type": "ActionCall",
             "action_type": "core.create_task",
             "inputs": {"who_id": "whoId", "subject": "'call back'"},
+            # The demo catalog runs core.create_task in system mode: it needs an explicit
+            # declared identity (§17.1).
+            "system_identity": "svc-platform-tasks",
         }
     ],
 }

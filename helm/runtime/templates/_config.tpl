@@ -10,6 +10,7 @@ FLOW_RUNTIME_RETRY_MAX_MS: {{ .Values.runtime.retryMaxMs | int64 | quote }}
 FLOW_RUNTIME_MAX_ATTEMPTS: {{ .Values.runtime.maxAttempts | int64 | quote }}
 FLOW_RUNTIME_IDLE_MS: {{ .Values.runtime.idleMs | int64 | quote }}
 FLOW_RUNTIME_SWEEP_MS: {{ .Values.runtime.sweepMs | int64 | quote }}
+FLOW_RUNTIME_REAUTH_CACHE_MS: {{ .Values.runtime.reauthCacheMs | int64 | quote }}
 FLOW_RUNTIME_RETENTION_DAYS: {{ .Values.runtime.retentionDays | int64 | quote }}
 FLOW_RUNTIME_WAIT_SWEEP_MS: {{ .Values.runtime.waitSweepMs | int64 | quote }}
 FLOW_RUNTIME_WAIT_BATCH: {{ .Values.runtime.waitBatch | int64 | quote }}

@@ -236,8 +236,9 @@ MUTATIONS: dict[str, _Mutation] = {
     ),
     "capability.fanout_max": _cap("fanout_bound.max", st.integers(2, 50)),
     "capability.idempotency": _cap("idempotency.key_shape", st.text(min_size=1, max_size=12)),
+    # (``system`` would need a declared system identity in the Flow: a compile error, §17.)
     "capability.security": _cap(
-        "security.principal_mode", st.sampled_from(["system", "run_as_user"])
+        "security.principal_mode", st.sampled_from(["initiating_principal", "run_as_user"])
     ),
     "capability.owner_id": _cap("effect_owner.owner_id", st.text(min_size=1, max_size=12)),
     "handler.binding_fingerprint": _fingerprint,
