@@ -144,35 +144,55 @@ class ProcessPool:
         return proc
 
     async def _slot(self, slot: int, started: asyncio.Event) -> None:
+        """Keep one child alive in ``slot`` until the pool stops. The first start's
+        failure is raised (``start`` reports it); a later one is retried with backoff."""
         loop = asyncio.get_running_loop()
         failures = 0
         try:
-            proc = await self._spawn(slot)
+            proc: asyncio.subprocess.Process | None = await self._spawn(slot)
         finally:
             started.set()
         while True:
-            began = loop.time()
-            code = await proc.wait()
-            if self._stopping.is_set():
-                return
-            ran = loop.time() - began
-            failures = self._policy.failures_after(failures, ran)
+            if proc is not None:
+                began = loop.time()
+                code = await proc.wait()
+                if self._stopping.is_set():
+                    return
+                ran = loop.time() - began
+                failures = self._policy.failures_after(failures, ran)
+                why = f"(pid {proc.pid}) exited with {code} after {ran:.1f}s"
+            else:
+                failures += 1
+                why = "could not be started"
             delay = self._policy.delay(failures, random.random())  # noqa: S311 - jitter, not a secret
-            log.warning(
-                "%s %d (pid %d) exited with %s after %.1fs; restarting in %.1fs",
-                self.name,
-                slot,
-                proc.pid,
-                code,
-                ran,
-                delay,
-            )
+            log.warning("%s %d %s; restarting in %.1fs", self.name, slot, why, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             if self._stopping.is_set():
                 return
             self.restarts += 1
-            proc = await self._spawn(slot)
+            try:
+                proc = await self._spawn(slot)
+            except OSError:
+                log.exception("%s %d: starting a process failed", self.name, slot)
+                proc = None
+
+    async def _terminate(self, procs: list[asyncio.subprocess.Process], grace_s: float) -> None:
+        """SIGTERM ``procs``, wait ``grace_s``, SIGKILL the rest and reap them."""
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        waits = [asyncio.create_task(p.wait()) for p in procs]
+        if not waits:
+            return
+        _, pending = await asyncio.wait(waits, timeout=grace_s)
+        for proc in procs:
+            if proc.returncode is None:
+                log.warning("%s pid %d ignored SIGTERM; killing it", self.name, proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        if pending:
+            await asyncio.wait(pending, timeout=10)
 
     async def stop(self) -> None:
         """SIGTERM every child, wait ``stop_grace_s``, SIGKILL the rest; idempotent."""
@@ -180,23 +200,15 @@ class ProcessPool:
             return
         procs = [p for p in self._procs.values() if p.returncode is None]
         self._stopping.set()
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        waits = [asyncio.create_task(p.wait()) for p in procs]
-        if waits:
-            _, pending = await asyncio.wait(waits, timeout=self._stop_grace_s)
-            for proc in procs:
-                if proc.returncode is None:
-                    log.warning("%s pid %d ignored SIGTERM; killing it", self.name, proc.pid)
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-            if pending:
-                await asyncio.wait(pending, timeout=10)
-        for proc in procs:
-            if proc.stdin is not None:
-                proc.stdin.close()
+        await self._terminate(procs, self._stop_grace_s)
         for task in self._slots:
             task.cancel()
         await asyncio.gather(*self._slots, return_exceptions=True)
-        log.info("%s: %d process(es) stopped", self.name, len(procs))
+        # A slot that was starting a process when the stop began may have started one
+        # after the list above was taken: it goes too.
+        late = [p for p in self._procs.values() if p.returncode is None and p not in procs]
+        await self._terminate(late, self._stop_grace_s)
+        for proc in self._procs.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+        log.info("%s: %d process(es) stopped", self.name, len(procs) + len(late))
