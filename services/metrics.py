@@ -2,7 +2,8 @@
 
 Two kinds of metric, both on the process's ``/metrics`` endpoint (``FLOW_METRICS_PORT``,
 :func:`start_metrics_server`; every process has its own — API, worker-only and owner
-replicas alike):
+replicas alike — and a runtime that supervises worker processes merges theirs into its
+own, labelled ``worker_process``, :mod:`services.metrics_merge`):
 
 * **events**, counted where they happen by one-line hooks in the hot paths (a claim won
   or lost, a retry, a lease expiry, a deadlock, a checkpoint's size, a wake, a provider
@@ -52,6 +53,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from services.metrics_merge import ChildSource, MergedRegistry
 
 __all__ = [
     "LANES",
@@ -168,6 +171,9 @@ class FlowMetrics:
             for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
                 registry.register(collector)
         self.registry = r = registry
+        #: Supervised worker processes whose metrics this process's endpoint merges in
+        #: (``services.metrics_merge``; ``runtime_svc.processes`` adds its pool).
+        self.child_sources: list[ChildSource] = []
         self.state = StateGauges()
         r.register(self.state)
 
@@ -519,13 +525,15 @@ class MetricsServer:
 def start_metrics_server(
     host: str, port: int, instance: FlowMetrics | None = None
 ) -> MetricsServer:
-    """Serve ``instance`` (default: :func:`metrics`) on ``host:port`` (0 = a free port).
+    """Serve ``instance`` (default: :func:`metrics`) on ``host:port`` (0 = a free port),
+    with the metrics of its supervised worker processes merged in (``child_sources``).
 
     Raises:
         OSError: the address cannot be bound.
     """
     target = instance or metrics()
-    server, thread = start_http_server(port, addr=host, registry=target.registry)
+    exposed = MergedRegistry(target.registry, target.child_sources)
+    server, thread = start_http_server(port, addr=host, registry=exposed)
     bound = int(server.server_port)
     log.info("metrics on http://%s:%d/metrics", host, bound)
     return MetricsServer(server, thread, host, bound)

@@ -15,6 +15,7 @@ Lifecycle, chosen so that no child outlives its supervisor:
 * :meth:`ProcessPool.stop` sends SIGTERM to every child (graceful: a child finishes or
   abandons its in-flight steps — an abandoned step's lease simply expires and another
   worker recovers it), waits ``stop_grace_s`` and SIGKILLs whatever is left;
+* ``spawn_env`` gives each start of a slot its own variables (e.g. a fresh metrics port);
 * a child that exits while the pool runs is restarted after
   :meth:`RestartPolicy.delay` (jittered exponential in the number of consecutive short
   lives; a child that ran ``stable_s`` resets the count), so a crash loop (e.g. the
@@ -31,7 +32,7 @@ import contextlib
 import logging
 import random
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["ProcessPool", "RestartPolicy"]
@@ -80,6 +81,7 @@ class ProcessPool:
         *,
         policy: RestartPolicy | None = None,
         stop_grace_s: float = 30.0,
+        spawn_env: Callable[[int], Mapping[str, str]] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a process pool needs at least one process")
@@ -87,7 +89,9 @@ class ProcessPool:
         self._argv, self._env, self._size = list(argv), dict(env), size
         self._policy = policy or RestartPolicy()
         self._stop_grace_s = stop_grace_s
+        self._spawn_env = spawn_env
         self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._extra: dict[int, Mapping[str, str]] = {}
         self._slots: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         #: Children started again after an unexpected exit (all slots).
@@ -99,7 +103,18 @@ class ProcessPool:
 
     def pids(self) -> list[int]:
         """The pids of the children alive now (slot order)."""
-        return [p.pid for _, p in sorted(self._procs.items()) if p.returncode is None]
+        return [pid for _, pid, _ in self.children()]
+
+    def children(self) -> list[tuple[int, int, Mapping[str, str]]]:
+        """``(slot, pid, spawn_env(slot))`` of every child alive now (slot order); empty
+        once the pool is stopping."""
+        if self._stopping.is_set():
+            return []
+        return [
+            (slot, p.pid, self._extra.get(slot, {}))
+            for slot, p in sorted(self._procs.items())
+            if p.returncode is None
+        ]
 
     async def start(self) -> ProcessPool:
         """Start every child (returns once each has been spawned)."""
@@ -119,67 +134,81 @@ class ProcessPool:
         return self
 
     async def _spawn(self, slot: int) -> asyncio.subprocess.Process:
+        extra = dict(self._spawn_env(slot)) if self._spawn_env is not None else {}
         proc = await asyncio.create_subprocess_exec(
-            *self._argv, env=self._env, stdin=asyncio.subprocess.PIPE
+            *self._argv, env={**self._env, **extra}, stdin=asyncio.subprocess.PIPE
         )
+        self._extra[slot] = extra
         self._procs[slot] = proc
         log.info("%s %d started (pid %d)", self.name, slot, proc.pid)
         return proc
 
     async def _slot(self, slot: int, started: asyncio.Event) -> None:
+        """Keep one child alive in ``slot`` until the pool stops. The first start's
+        failure is raised (``start`` reports it); a later one is retried with backoff."""
         loop = asyncio.get_running_loop()
         failures = 0
         try:
-            proc = await self._spawn(slot)
+            proc: asyncio.subprocess.Process | None = await self._spawn(slot)
         finally:
             started.set()
         while True:
-            began = loop.time()
-            code = await proc.wait()
-            if self._stopping.is_set():
-                return
-            ran = loop.time() - began
-            failures = self._policy.failures_after(failures, ran)
+            if proc is not None:
+                began = loop.time()
+                code = await proc.wait()
+                if self._stopping.is_set():
+                    return
+                ran = loop.time() - began
+                failures = self._policy.failures_after(failures, ran)
+                why = f"(pid {proc.pid}) exited with {code} after {ran:.1f}s"
+            else:
+                failures += 1
+                why = "could not be started"
             delay = self._policy.delay(failures, random.random())  # noqa: S311 - jitter, not a secret
-            log.warning(
-                "%s %d (pid %d) exited with %s after %.1fs; restarting in %.1fs",
-                self.name,
-                slot,
-                proc.pid,
-                code,
-                ran,
-                delay,
-            )
+            log.warning("%s %d %s; restarting in %.1fs", self.name, slot, why, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             if self._stopping.is_set():
                 return
             self.restarts += 1
-            proc = await self._spawn(slot)
+            try:
+                proc = await self._spawn(slot)
+            except OSError:
+                log.exception("%s %d: starting a process failed", self.name, slot)
+                proc = None
+
+    async def _terminate(self, procs: list[asyncio.subprocess.Process], grace_s: float) -> None:
+        """SIGTERM ``procs``, wait ``grace_s``, SIGKILL the rest and reap them."""
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        waits = [asyncio.create_task(p.wait()) for p in procs]
+        if not waits:
+            return
+        _, pending = await asyncio.wait(waits, timeout=grace_s)
+        for proc in procs:
+            if proc.returncode is None:
+                log.warning("%s pid %d ignored SIGTERM; killing it", self.name, proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        if pending:
+            await asyncio.wait(pending, timeout=10)
 
     async def stop(self) -> None:
         """SIGTERM every child, wait ``stop_grace_s``, SIGKILL the rest; idempotent."""
         if self._stopping.is_set():
             return
-        self._stopping.set()
         procs = [p for p in self._procs.values() if p.returncode is None]
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        waits = [asyncio.create_task(p.wait()) for p in procs]
-        if waits:
-            _, pending = await asyncio.wait(waits, timeout=self._stop_grace_s)
-            for proc in procs:
-                if proc.returncode is None:
-                    log.warning("%s pid %d ignored SIGTERM; killing it", self.name, proc.pid)
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-            if pending:
-                await asyncio.wait(pending, timeout=10)
-        for proc in procs:
-            if proc.stdin is not None:
-                proc.stdin.close()
+        self._stopping.set()
+        await self._terminate(procs, self._stop_grace_s)
         for task in self._slots:
             task.cancel()
         await asyncio.gather(*self._slots, return_exceptions=True)
-        log.info("%s: %d process(es) stopped", self.name, len(procs))
+        # A slot that was starting a process when the stop began may have started one
+        # after the list above was taken: it goes too.
+        late = [p for p in self._procs.values() if p.returncode is None and p not in procs]
+        await self._terminate(late, self._stop_grace_s)
+        for proc in self._procs.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+        log.info("%s: %d process(es) stopped", self.name, len(procs) + len(late))

@@ -11,13 +11,16 @@ supervisor — and even its SIGKILL — leaves no process behind.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
+import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.kernel import FlowRunStateStore
@@ -31,7 +34,7 @@ from tests.integration.worker.support import (
     wait_until,
 )
 from tests.support.invariants import check_exactly_once
-from tests.support.procs import health_status
+from tests.support.procs import free_port, health_status
 
 pytestmark = pytest.mark.crash
 
@@ -153,13 +156,27 @@ async def test_worker_process_sigkilled_inside_a_step_another_process_finishes_i
     assert harness.marker.read_text().splitlines()[-1] == point
     assert harness.entries("bump2") == 1
 
-    sup = harness.spawn(env=_pool_env(2))
+    metrics_port = free_port()
+    sup = harness.spawn(env={**_pool_env(2), "FLOW_METRICS_PORT": str(metrics_port)})
     await _pool_started(sup, 2)
     await _all_terminal(sup, store, seeded.org, ids)
     await _assert_each_run_once(engine, seeded.org, ids)
     # The killed step was entered again once (its transaction never committed); every
     # other bump2 exactly once.
     assert harness.entries("bump2") == len(ids) + 1
+    # The supervisor's one /metrics carries its worker processes' claims (every bump3
+    # was claimed by one of them), each family once.
+    text = await asyncio.to_thread(_scrape, metrics_port)
+    types = [line for line in text.splitlines() if line.startswith("# TYPE")]
+    assert len(types) == len(set(types))
+    claimed = sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "nexus_flow_claims"
+        for s in f.samples
+        if s.name == "nexus_flow_claims_total" and "worker_process" in s.labels
+    )
+    assert claimed >= len(ids), text
     every = [p for pids in _children(sup).values() for p in pids]
     await _stop_and_assert_no_process(sup, every)
 
@@ -177,6 +194,11 @@ async def test_a_sigkilled_supervisor_leaves_no_worker_process(
     assert await sup.wait_exit(30) == -9
     gone = await wait_until(lambda: _async_true(not any(_alive(p) for p in pids)), timeout_s=90)
     assert gone, [p for p in pids if _alive(p)]
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        return str(resp.read().decode("utf-8"))
 
 
 def _serving(port: int) -> bool:

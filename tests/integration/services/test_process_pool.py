@@ -87,3 +87,29 @@ async def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: 
 def test_a_pool_needs_a_process() -> None:
     with pytest.raises(ValueError, match="at least one"):
         ProcessPool("none", _UNTIL_EOF, os.environ, 0)
+
+
+async def test_a_first_start_failure_is_reported_and_a_later_one_is_retried(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "missing"
+    with pytest.raises(RuntimeError, match="could not be started"):
+        await ProcessPool("absent", [str(missing)], os.environ, 2, policy=_FAST).start()
+
+    script = tmp_path / "child.sh"
+    script.write_text("#!/bin/sh\nexec cat\n")  # lives until stdin closes
+    script.chmod(0o755)
+    pool = await ProcessPool("flaky", [str(script)], os.environ, 1, policy=_FAST).start()
+    try:
+        [first] = pool.pids()
+        script.unlink()  # the restart cannot exec: logged and retried with backoff
+        os.kill(first, signal.SIGKILL)
+        await assert_eventually(lambda: pool.restarts >= 2, timeout=30, what="failed restarts")
+        assert pool.pids() == []
+        script.write_text("#!/bin/sh\nexec cat\n")
+        script.chmod(0o755)
+        await assert_eventually(lambda: len(pool.pids()) == 1, timeout=30, what="restarted")
+        now = pool.pids()
+    finally:
+        await pool.stop()
+    assert not [p for p in {first, *now} if _alive(p)]
