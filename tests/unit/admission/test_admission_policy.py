@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from runtime_svc.admission.budgets import (
     AdmissionPolicy,
@@ -32,6 +33,7 @@ from runtime_svc.definitions.policy import (
     policy_document_digest,
 )
 from services.errors import InvalidArgumentError
+from services.metrics import FlowMetrics
 
 ALL_LANES = [q.value for q in QueueClass]
 
@@ -192,3 +194,14 @@ def test_budget_round_trips() -> None:
         reserved_share=0.5,
     )
     assert AdmissionPolicy.from_dict(policy.to_dict()) == policy
+
+
+def test_admission_metrics_count_decisions_and_expose_pressure() -> None:
+    m = FlowMetrics(CollectorRegistry())
+    m.admission_decided("durable_mutation", "pressure")
+    m.admission_decided("durable_mutation", "pressure")
+    m.admission_sampled({"pool_saturation": 0.5, "retry_rate": 1.0})
+    sample = m.registry.get_sample_value
+    labels = {"lane": "durable_mutation", "decision": "pressure"}
+    assert sample("nexus_flow_admission_decisions_total", labels) == 2
+    assert sample("nexus_flow_admission_pressure", {"signal": "retry_rate"}) == 1.0
