@@ -187,9 +187,10 @@ class AdmissionController:
         )
 
     def pressure(self, policy: AdmissionPolicy) -> float:
-        levels = self.signals().levels(policy.pressure)
-        metrics().admission_sampled(levels)
-        return pressure_level(self.signals(), policy.pressure)
+        """The pass's pressure level (the per-signal levels go to the gauge)."""
+        sample = self.signals()
+        metrics().admission_sampled(sample.levels(policy.pressure))
+        return pressure_level(sample, policy.pressure)
 
     def inflight(self, key: str = _ENV) -> int:
         """Admissions in flight under ``key`` (``env``, ``lane:<lane>``, ``<org>/<scope>``)."""
