@@ -142,7 +142,7 @@ class AdmissionController:
         self.budget = budget
         self.scheduler = DeficitScheduler(quantum)
         self._slots = RunSlots(engine)
-        self._window = OutcomeWindow(window)
+        self._window = OutcomeWindow(window, clock=clock)
         self._ttl = policy_ttl_s
         self._extra = extra_signals
         self._source = policies
