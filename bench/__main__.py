@@ -29,7 +29,9 @@ MariaDB:
   local SMTP server, its per-hop cost drivers, and effects/s with 4 runtime workers
   (``bench/effect_bench.py``).
 * durable steps/s with tracing and metrics off vs on and the overhead (target ≤ 5 %)
-  (``bench/telemetry_bench.py``).
+  (``bench/telemetry_bench.py``);
+* the cold tenant's p99 queue age under a hot tenant at ten times its load vs alone, with the
+  §16 admission controller (target ratio ≤ 2) and without it (``bench/admission_bench.py``).
 
 Nothing here is asserted; figures depend on the machine.
 """
@@ -48,6 +50,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench import (
+    admission_bench,
     cluster_bench,
     compile_bench,
     durable_bench,
@@ -167,4 +170,5 @@ if __name__ == "__main__":
     wait_bench.run(_SECONDS)
     effect_bench.run(_SECONDS)
     telemetry_bench.run(_SECONDS)
+    admission_bench.run(_SECONDS)
     cluster_bench.run(_SECONDS)

@@ -142,7 +142,7 @@ class AdmissionController:
         self.budget = budget
         self.scheduler = DeficitScheduler(quantum)
         self._slots = RunSlots(engine)
-        self._window = OutcomeWindow(window)
+        self._window = OutcomeWindow(window, clock=clock)
         self._ttl = policy_ttl_s
         self._extra = extra_signals
         self._source = policies
@@ -187,9 +187,10 @@ class AdmissionController:
         )
 
     def pressure(self, policy: AdmissionPolicy) -> float:
-        levels = self.signals().levels(policy.pressure)
-        metrics().admission_sampled(levels)
-        return pressure_level(self.signals(), policy.pressure)
+        """The pass's pressure level (the per-signal levels go to the gauge)."""
+        sample = self.signals()
+        metrics().admission_sampled(sample.levels(policy.pressure))
+        return pressure_level(sample, policy.pressure)
 
     def inflight(self, key: str = _ENV) -> int:
         """Admissions in flight under ``key`` (``env``, ``lane:<lane>``, ``<org>/<scope>``)."""

@@ -25,8 +25,9 @@ and :func:`mutation_inflight_limit` how many mutation attempts may be in flight 
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from runtime_svc.admission.budgets import PressureThresholds
@@ -109,13 +110,15 @@ class PressureSignals:
 
 
 def pressure_level(signals: PressureSignals, thresholds: PressureThresholds) -> float:
-    """The largest signal pressure, in ``[0, 1]``.
+    """The largest pressure of the throttling signals, in ``[0, 1]``.
 
-    Queue age is deliberately *not* a reason to admit more: an old queue under pressure
-    is the symptom the reserved share and the fair scheduler answer, so it only counts
-    as pressure (it can throttle mutations, never widen them).
+    Queue age is sampled and exported (the ``nexus_flow_admission_pressure`` gauge) but
+    does not throttle: holding mutations back because the queue is old would only make it
+    older, and with no admission there would be no new sample to end it. An old queue is
+    what the fair scheduler and the reserved share bound.
     """
-    return max(signals.levels(thresholds).values(), default=0.0)
+    levels = signals.levels(thresholds)
+    return max((v for k, v in levels.items() if k != "queue_age_seconds"), default=0.0)
 
 
 def pass_limits(
@@ -164,24 +167,44 @@ def mutation_inflight_limit(budget: int, pressure: float, reserved_share: float)
 
 
 class OutcomeWindow:
-    """The last ``size`` attempt outcomes of this process, for the §16.2 rates.
+    """Attempt outcomes of this process over the last ``horizon_s`` seconds (at most
+    ``size`` of them), for the §16.2 rates.
 
-    A bounded deque: a retry storm shows as a rising retry rate within ``size``
-    attempts, and decays as soon as attempts succeed again.
+    Bounded both ways: a retry storm shows as a rising rate within a few attempts, and
+    the rate decays as attempts succeed again *or* as time passes — so a rate that
+    stopped mutation admissions cannot keep them stopped once no new outcome arrives
+    (after the horizon, admissions resume and probe the database again).
     """
 
-    def __init__(self, size: int = 200) -> None:
+    def __init__(
+        self,
+        size: int = 200,
+        *,
+        horizon_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if size < 1:
             raise ValueError("size must be >= 1")
-        self._events: deque[str] = deque(maxlen=size)
+        if horizon_s <= 0:
+            raise ValueError("horizon_s must be > 0")
+        self._events: deque[tuple[float, str]] = deque(maxlen=size)
+        self._horizon = horizon_s
+        self._clock = clock
+
+    def _prune(self) -> None:
+        oldest = self._clock() - self._horizon
+        while self._events and self._events[0][0] < oldest:
+            self._events.popleft()
 
     def add(self, kind: str) -> None:
-        self._events.append(kind)
+        self._events.append((self._clock(), kind))
 
     def rate(self, *kinds: str) -> float:
+        self._prune()
         if not self._events:
             return 0.0
-        return sum(1 for e in self._events if e in kinds) / len(self._events)
+        return sum(1 for _, e in self._events if e in kinds) / len(self._events)
 
     def __len__(self) -> int:
+        self._prune()
         return len(self._events)

@@ -44,7 +44,9 @@ async def test_racing_acquirers_never_take_more_than_n_slots(
     assert sum(won) == 3
     holders = await slots.holders(org, key)
     assert len(holders) == 3 and all(h.live for h in holders)
-    assert {h.flow_run_id for h in holders} == {r for r, w in zip(runs.run_ids, won) if w}
+    assert {h.flow_run_id for h in holders} == {
+        r for r, w in zip(runs.run_ids, won, strict=True) if w
+    }
     # The same run racing itself holds one slot.
     again = await asyncio.gather(
         *(slots.acquire(org, key, holders[0].flow_run_id, 3) for _ in range(4))

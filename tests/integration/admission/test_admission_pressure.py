@@ -9,7 +9,8 @@
   mutation lane is held back;
 * a retry storm is contained: when every mutation of a tenant is a deadlock victim, the
   deadlock rate throttles new mutation admissions after the first victims, instead of
-  every queued step being attempted — and a cold lane keeps moving through it.
+  every queued step being attempted — and a cold lane keeps moving through it; once the
+  evidence is older than the window's horizon, admission probes again (never stuck).
 
 Admission decides by lane (``queue_class``), so the cold runs here are the worker Flow's
 runs whose first step sits on the ``dependency_wakeup`` lane, as a woken wait's does.
@@ -118,7 +119,8 @@ async def test_a_retry_storm_is_contained(engine: AsyncEngine, store: FlowRunSta
         if at == "in_txn" and fence.flow_run_id in storm.run_ids:
             raise pymysql.err.OperationalError(1213, "Deadlock found (injected storm)")
 
-    admission = AdmissionController(engine, budget=4, quantum=2, window=20)
+    now = [0.0]
+    admission = AdmissionController(engine, budget=4, quantum=2, window=20, clock=lambda: now[0])
     worker = RecordingWorker(engine, store, admission=admission, hook=deadlock)
     for _ in range(6):
         await worker.run_batch(storm_org)
@@ -132,3 +134,11 @@ async def test_a_retry_storm_is_contained(engine: AsyncEngine, store: FlowRunSta
     assert set((await states(engine, cold_org, cold.run_ids)).values()) == {"Succeeded"}
     untouched = await states(engine, storm_org, storm.run_ids)
     assert sum(1 for s in untouched.values() if s == "Runnable") == 12
+    # The storm's evidence expires with the window's horizon even though no outcome
+    # arrived since: admission probes again (one quantum at most) and is contained again.
+    now[0] += 31
+    for _ in range(3):
+        await worker.run_batch(storm_org)
+    probes = [p for p in worker.log if p.org == storm_org][len(attempted) :]
+    assert 1 <= len(probes) <= 2
+    assert {p.outcome for p in probes} == {Outcome.RETRY_SCHEDULED}

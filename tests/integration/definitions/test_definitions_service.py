@@ -205,3 +205,40 @@ async def test_concurrent_activations_of_one_flow_leave_exactly_one_active(
     # Only the winner's references remain.
     holders = {h.split("/")[0] for _, _, h in catalog.references}
     assert holders == {active[0]["plan_id"]}
+
+
+async def test_activation_diagnostics_show_the_applicable_admission_bound(
+    engine: AsyncEngine,
+) -> None:
+    """§16.3: the admission budgets live in the versioned runtime policy and activation
+    names the bound that applies to the plan (issue 14 item 3)."""
+    org = new_org()
+    catalog = MemoryCatalog()
+    scope, snap = catalog.publish(org, subscriptions=[flows.WELCOME_SUBSCRIPTION])
+    svc = DefinitionService(engine, catalog)
+    fv = await svc.register_flow_version(org, "", json.dumps(flows.welcome_flow()))
+    await svc.put_policy(
+        org,
+        {
+            **DEFAULT_POLICY_DOCUMENT,
+            "admission": {
+                "org": {"max_inflight": 5},
+                "flows": {"welcome_contact": {"max_inflight": 2, "max_concurrent_runs": 3}},
+            },
+        },
+    )
+    compiled = await svc.compile_flow_version(
+        scope, fv.flow_version_id, snap.generation_id, snap.catalog_digest
+    )
+    assert compiled.plan is not None
+    plan = compiled.plan
+    outcome = await svc.activate_flow_version(
+        scope, "req-adm", fv.flow_version_id, plan.plan_id, plan.plan_digest
+    )
+    notes = {d.path: d.message for d in outcome.diagnostics if d.code == "admission_bound"}
+    assert (
+        notes["admission.flows[welcome_contact]"] == "concurrent runs: at most 3 (admission.flows)"
+    )
+    lanes = [m for p, m in notes.items() if p.startswith("admission.lanes[")]
+    assert lanes and all("at most 2 in flight (flow:welcome_contact)" in m for m in lanes)
+    assert {d.severity for d in outcome.diagnostics if d.code == "admission_bound"} == {"info"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from runtime_svc.admission.budgets import (
     AdmissionPolicy,
@@ -32,6 +33,7 @@ from runtime_svc.definitions.policy import (
     policy_document_digest,
 )
 from services.errors import InvalidArgumentError
+from services.metrics import FlowMetrics
 
 ALL_LANES = [q.value for q in QueueClass]
 
@@ -126,9 +128,13 @@ def test_pressure_is_the_largest_signal_capped_at_one() -> None:
     assert pressure_level(busy, t) == pytest.approx(0.5)
     storm = PressureSignals(pool_in_use=3, pool_size=8, retry_rate=0.9)
     assert pressure_level(storm, t) == 1.0
-    for name in ("lock_wait_rate", "deadlock_rate", "lease_expiry_rate", "queue_age_seconds"):
+    for name in ("lock_wait_rate", "deadlock_rate", "lease_expiry_rate"):
         value = getattr(t, name) * 2
         assert pressure_level(PressureSignals(**{name: value}), t) == 1.0
+    # Queue age is exported, never a throttle (an old queue would only get older).
+    old_queue = PressureSignals(queue_age_seconds=t.queue_age_seconds * 2)
+    assert old_queue.levels(t)["queue_age_seconds"] == 1.0
+    assert pressure_level(old_queue, t) == 0.0
 
 
 def test_pressure_throttles_mutation_lanes_and_never_the_cold_lanes_reserved_share() -> None:
@@ -155,6 +161,20 @@ def test_mutations_in_flight_never_take_the_reserved_share_and_only_shrink(budge
     assert limits == sorted(limits, reverse=True)  # more pressure never admits more
     assert limits[0] <= budget - 1  # at least one connection stays for cold lanes
     assert limits[-1] == 0
+
+
+def test_the_outcome_window_forgets_old_outcomes_so_a_stopped_lane_resumes() -> None:
+    now = [0.0]
+    window = OutcomeWindow(10, horizon_s=30, clock=lambda: now[0])
+    for _ in range(5):
+        window.add("deadlock")
+    assert window.rate("deadlock") == 1.0
+    now[0] = 29.0
+    assert window.rate("deadlock") == 1.0
+    now[0] = 31.0  # no new outcome arrived: the storm's evidence expires
+    assert window.rate("deadlock") == 0.0 and len(window) == 0
+    with pytest.raises(ValueError):
+        OutcomeWindow(5, horizon_s=0)
 
 
 def test_the_outcome_window_is_bounded_and_decays() -> None:
@@ -192,3 +212,14 @@ def test_budget_round_trips() -> None:
         reserved_share=0.5,
     )
     assert AdmissionPolicy.from_dict(policy.to_dict()) == policy
+
+
+def test_admission_metrics_count_decisions_and_expose_pressure() -> None:
+    m = FlowMetrics(CollectorRegistry())
+    m.admission_decided("durable_mutation", "pressure")
+    m.admission_decided("durable_mutation", "pressure")
+    m.admission_sampled({"pool_saturation": 0.5, "retry_rate": 1.0})
+    sample = m.registry.get_sample_value
+    labels = {"lane": "durable_mutation", "decision": "pressure"}
+    assert sample("nexus_flow_admission_decisions_total", labels) == 2
+    assert sample("nexus_flow_admission_pressure", {"signal": "retry_rate"}) == 1.0

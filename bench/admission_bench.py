@@ -1,0 +1,120 @@
+"""Queue fairness under one hot tenant (§22.7, issue 14 benchmark; target ratio ≤ 2).
+
+Prints, on SQLite and (when ``FLOW_TEST_MYSQL_URL`` is set) MariaDB, the cold tenant's
+queue age — from its run's creation to the worker picking its step up — p50 and p99, in
+three scenarios, each ``_TICKS`` ticks of the same arrival pattern:
+
+* **alone** — the cold tenant only: one new run per tick;
+* **hot, admission** — plus a hot tenant with ten times the arrivals (ten runs per
+  tick), served by the worker with the §16 admission controller (deficit round-robin,
+  quantum 1): the figure the target is about, ``p99(hot) / p99(alone)``;
+* **hot, no admission** — the same load on a worker without admission (every org's due
+  batch taken in one visit), for contrast.
+
+A tick creates the hot tenant's runs, then the cold tenant's, then runs one worker pass
+over every org with work; the hot tenant's org sorts first, so every pass serves it
+before the cold tenant (the worst order for the cold tenant). Each run is the one-step
+worker Flow (one record mutation). Nothing is asserted; figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+import uuid
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bench.databases import on_each_database
+from runtime_svc.admission.controller import AdmissionController
+from runtime_svc.kernel import Candidate, FlowRunStateStore, RetryPolicy
+from runtime_svc.worker import FixedViews, Outcome, StepWorker
+from services import db, migrate
+from tests.integration.worker.support import Seeded, record_view, seed, start_run
+
+__all__ = ["run", "scenario"]
+
+_TICKS = int(os.environ.get("BENCH_ADMISSION_TICKS", "40"))
+_HOT_FACTOR = 10
+
+
+class _Timed(StepWorker):
+    """Notes when each cold run's step was picked up."""
+
+    picked: dict[str, float]
+
+    async def process(self, org_id: str, candidate: Candidate) -> Outcome:
+        self.picked.setdefault(candidate.flow_run_id, time.perf_counter())
+        return await super().process(org_id, candidate)
+
+
+def _p(values: list[float], q: float) -> float:
+    if len(values) < 2:
+        return values[0] if values else 0.0
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+async def scenario(
+    engine: AsyncEngine, *, hot: bool, admission: bool, ticks: int = _TICKS
+) -> list[float]:
+    """The cold tenant's queue ages (seconds) over ``ticks`` ticks of one scenario."""
+    stem = uuid.uuid4().hex[:8]
+    store = FlowRunStateStore(engine, policy=RetryPolicy(lease_duration_ms=300_000))
+    cold: Seeded = await seed(engine, f"b-cold-{stem}", mutations=1, pure_step=False)
+    heavy: Seeded | None = (
+        await seed(engine, f"a-hot-{stem}", mutations=1, pure_step=False) if hot else None
+    )
+    controller = AdmissionController(engine, budget=4, quantum=1) if admission else None
+    worker = _Timed(
+        engine, store, FixedViews(record_view()), owner=f"bench-{stem}", admission=controller
+    )
+    worker.picked = {}
+    created: dict[str, float] = {}
+    for tick in range(ticks):
+        if heavy is not None:
+            for i in range(_HOT_FACTOR):
+                await start_run(store, heavy, label=f"h{tick}-{i}")
+        run = await start_run(store, cold, label=f"c{tick}")
+        created[run.flow_run_id] = time.perf_counter()
+        await worker.run_once()
+    for _ in range(ticks):  # drain the cold tenant (bounded)
+        if all(r in worker.picked for r in created):
+            break
+        await worker.run_once()
+    return [worker.picked[r] - t for r, t in created.items() if r in worker.picked]
+
+
+async def _bench(label: str, url: str, ticks: int) -> dict[str, list[float]]:
+    await migrate.upgrade(url, "runtime_svc")
+    engine = db.create_engine(url, pool_size=4)
+    try:
+        alone = await scenario(engine, hot=False, admission=True, ticks=ticks)
+        fair = await scenario(engine, hot=True, admission=True, ticks=ticks)
+        unfair = await scenario(engine, hot=True, admission=False, ticks=ticks)
+    finally:
+        await engine.dispose()
+    base = _p(alone, 99)
+    figures = {"alone": alone, "hot, admission": fair, "hot, no admission": unfair}
+    for name, ages in figures.items():
+        ratio = _p(ages, 99) / base if base else 0.0
+        print(
+            f"{label:<8} cold tenant queue age, {name:<18} p50 {_p(ages, 50) * 1000:8.1f} ms"
+            f"  p99 {_p(ages, 99) * 1000:8.1f} ms  ratio p99/alone {ratio:5.2f}"
+            f"  ({len(ages)} runs)"
+        )
+    return figures
+
+
+def run(seconds: float) -> None:
+    """Print the fairness figures (``BENCH_ADMISSION_TICKS`` sets the ticks per scenario)."""
+    print(
+        f"Admission fairness bench ({_TICKS} ticks, hot tenant at {_HOT_FACTOR}x; "
+        f"{seconds:.0f}s unused; target p99 ratio with admission <= 2)"
+    )
+
+    async def one(label: str, url: str) -> None:
+        await _bench(label, url, _TICKS)
+
+    asyncio.run(on_each_database("admission", one))
