@@ -276,3 +276,46 @@ async def test_an_accepted_command_is_dispatched_from_its_hint_once(
         assert len(w.sink.received) == 1
         assert await w.dispatcher().run_once() == 0  # and polling finds nothing due
 
+
+async def test_smtp_sessions_are_reused_and_a_dropped_pooled_session_neither_loses_nor_duplicates(
+    world: World,
+) -> None:
+    """A session that ended its message with 250 carries the next message (one EHLO for
+    two sends); when the server dropped the kept session meanwhile, the send fails at
+    MAIL FROM — before any of it was transmitted — and goes out once on a fresh
+    connection in the same attempt."""
+    first, r1 = await accept(world)
+    await world.drive(rounds=3)
+    second, r2 = await accept(world, run="run-2")
+    await world.drive(rounds=3)
+    assert len(world.sink.received) == 2 and world.sink.sessions == 1  # reused
+    world.sink.drop_sessions()  # the server closes the idle kept session
+    third, r3 = await accept(world, run="run-3")
+    await world.drive(rounds=3)
+    assert len(world.sink.received) == 3 and world.sink.data_commands == 3  # sent once
+    assert world.sink.sessions == 2  # on a fresh connection
+    for scope, resp in ((first, r1), (second, r2), (third, r3)):
+        cmd, attempts = await world.command(scope, resp.command.command_id)
+        assert cmd.state is CommandState.SUCCEEDED
+        assert [a.outcome for a in attempts] == [AttemptOutcome.SUCCEEDED]
+
+
+async def test_a_pooled_session_broken_mid_send_is_unknown_and_never_resent(
+    world: World,
+) -> None:
+    """A kept session that breaks after DATA began is OUTCOME_UNKNOWN like a fresh one:
+    quarantined, never sent again; the broken session is not kept."""
+    await accept(world)
+    await world.drive(rounds=3)
+    assert world.sink.sessions == 1
+    world.sink.replies = [DROP]  # stored, then the connection drops before the reply
+    scope, resp = await accept(world, run="run-2")
+    await world.drive()
+    cmd, attempts = await world.command(scope, resp.command.command_id)
+    assert world.sink.sessions == 1  # the message went out on the kept session
+    assert cmd.state is CommandState.QUARANTINED
+    assert [a.outcome for a in attempts] == [AttemptOutcome.OUTCOME_UNKNOWN]
+    assert len(world.sink.received) == 2
+    await accept(world, run="run-3")
+    await world.drive(rounds=3)
+    assert len(world.sink.received) == 3 and world.sink.sessions == 2  # a fresh session
