@@ -13,12 +13,18 @@ and every effect is the ``WelcomeContact`` Flow's ``crm.send_email`` started by 
   every timestamp is a database clock of the same host);
 * **throughput**: ``burst`` Contacts created at once against a runtime with 4 worker
   tasks; effects per second from the first submit commit to the last resumed Flow;
-* **cost drivers**: the p50 of each hop, and the rows one effect writes in each database.
+* **cost drivers**: the p50 of each hop; per effect and service (runtime, owner) the
+  committed database transactions (the ``nexus_flow_db_transactions`` counter of each
+  process's ``/metrics``, background polling included) and the CPU milliseconds of the
+  process; the rows one effect writes in each database;
+* **idle cost**: each service's CPU share over an idle window after the warm-up (what the
+  polling loops cost when nothing happens).
 
-Services use their default idle and retry settings (the wakeups — a submit wakes the
+Services use their default idle, sweep and retry settings (the wakeups — a submit wakes the
 outbox dispatcher, an acceptance the command dispatcher, a receipt the receipt delivery,
-a resolution the workers — are what keep the idle backoffs off the round trip). Nothing is
-asserted; figures depend on the machine.
+a resolution the workers — are what keep the idle backoffs off the round trip; an
+enqueue and an acceptance also name what committed, so the woken dispatcher claims it
+without a discovery query). Nothing is asserted; figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -47,20 +53,21 @@ from effect_owner_svc.schema import (
     owner_outbox,
     remote_attempts,
 )
+from runtime_svc.kernel.states import RunState
 from runtime_svc.schema import (
     flow_dependencies,
     flow_effect_links,
+    flow_runs,
     flow_step_attempts,
     flow_step_executions,
     flow_wake_signals,
     runtime_outbox,
 )
 from services import db, migrate
-from services.proto import common_v1
 
 __all__ = ["run"]
 
-_SUCCEEDED = int(common_v1.RunState.RUN_STATE_SUCCEEDED)
+_FAILED = {s.code for s in (RunState.TERMINAL_FAILED, RunState.QUARANTINED, RunState.CANCELLED)}
 _COMPLETION = "send_welcome#completion"
 #: Service settings: the defaults, except what a loopback bench must pin.
 _DEFAULTS = {
@@ -68,6 +75,8 @@ _DEFAULTS = {
     "FLOW_OUTBOX_IDLE_MS": "500",
     "FLOW_EFFECT_IDLE_MS": "500",
     "FLOW_RUNTIME_WAIT_SWEEP_MS": "1000",
+    "FLOW_RUNTIME_SWEEP_MS": "1000",
+    "FLOW_OUTBOX_SWEEP_MS": "1000",
     "FLOW_LOG_LEVEL": "WARNING",
 }
 HOPS = (
@@ -97,6 +106,55 @@ class _Trip:
 def _pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+_IDLE_WINDOW_S = 10.0
+
+
+def _cpu_ms(pid: int) -> float:
+    """User + system CPU milliseconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+async def _transactions(port: int) -> float:
+    """Committed database transactions of the process serving ``/metrics`` on ``port``."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("nexus_flow_db_transactions_total") and 'outcome="committed"' in line
+    )
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """Per-effect transactions and CPU ms of (runtime, owner); idle CPU % of each."""
+
+    txn: tuple[float, float] = (0.0, 0.0)
+    cpu_ms: tuple[float, float] = (0.0, 0.0)
+    idle_pct: tuple[float, float] = (0.0, 0.0)
+
+
+class _Meter:
+    """Snapshots of the runtime and owner children's transactions and CPU."""
+
+    def __init__(self, pids: tuple[int, int], ports: tuple[int, int]) -> None:
+        self.pids, self.ports = pids, ports
+
+    async def snap(self) -> tuple[float, ...]:
+        txns = [await _transactions(p) for p in self.ports]
+        return (*txns, *(_cpu_ms(p) for p in self.pids))
+
+    async def idle_pct(self) -> tuple[float, float]:
+        before = [_cpu_ms(p) for p in self.pids]
+        await asyncio.sleep(_IDLE_WINDOW_S)
+        after = [_cpu_ms(p) for p in self.pids]
+        rt, ow = ((b - a) / (_IDLE_WINDOW_S * 10) for a, b in zip(before, after, strict=True))
+        return rt, ow
 
 
 @asynccontextmanager
@@ -246,16 +304,26 @@ async def _rows_per_effect(runtime: AsyncEngine, owner: AsyncEngine, org: str, n
     return ", ".join(parts)
 
 
-async def _wait_all(stack: Any, run_ids: Sequence[str], timeout_s: float) -> None:
+async def _wait_all(runtime: AsyncEngine, run_ids: Sequence[str], timeout_s: float) -> None:
+    """Until every run ``Succeeded``, read from the runtime database every 5 ms (a
+    ``GetRun`` per run and poll — a new channel, a credential check and a transaction in
+    the runtime's own event loop each time — loaded the very process whose hops are
+    measured with about half of its transactions)."""
+    r = flow_runs.c
     pending = set(run_ids)
     deadline = time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
-        for run_id in list(pending):
-            state, cause = await stack.run_state(run_id)
-            if state == _SUCCEEDED:
-                pending.discard(run_id)
-            elif state in (6, 7, 9):  # terminal failed, quarantined, cancelled
-                raise RuntimeError(f"run {run_id} ended {state} ({cause})")
+        async with db.transaction(runtime, readonly=True) as conn:
+            rows = await conn.execute(
+                select(r.flow_run_id, r.runtime_state, r.terminal_cause_code).where(
+                    r.flow_run_id.in_(sorted(pending))
+                )
+            )
+            for run_id, state, cause in rows:
+                if state == RunState.SUCCEEDED.code:
+                    pending.discard(str(run_id))
+                elif state in _FAILED:
+                    raise RuntimeError(f"run {run_id} ended {state} ({cause})")
         if pending:
             await asyncio.sleep(0.005)
     if pending:
@@ -264,42 +332,51 @@ async def _wait_all(stack: Any, run_ids: Sequence[str], timeout_s: float) -> Non
 
 async def _stack_run(
     label: str, samples: int, burst: int, workers: int, tmp: Path
-) -> tuple[list[_Trip], float, str, float]:
+) -> tuple[list[_Trip], float, str, float, _Costs]:
     from tests.crash.effects_support import effect_stack
     from tests.crash.flow_stack import FlowStack
+    from tests.support.procs import free_port
 
     async with _databases(label, tmp) as (catalog_url, runtime_url, owner_url):
         runtime = db.create_engine(runtime_url, pool_size=2)
         owner = db.create_engine(owner_url, pool_size=2)
+        costs = _Costs()
         try:
             async with effect_stack(tmp, owner_url, runtime_url) as effects:
                 stack = FlowStack(effects, catalog_url)
                 catalog = stack.spawn_catalog()
                 await catalog.wait_serving()
+                ports = (free_port(), free_port())
                 env = {**_DEFAULTS, "FLOW_RUNTIME_WORKERS": str(workers)}
-                owner_child = stack.spawn_owner(**_DEFAULTS)
-                runtime_child = stack.spawn_runtime(**env)
+                owner_child = stack.spawn_owner(**_DEFAULTS, FLOW_METRICS_PORT=str(ports[1]))
+                runtime_child = stack.spawn_runtime(**env, FLOW_METRICS_PORT=str(ports[0]))
                 await owner_child.wait_serving()
                 await runtime_child.wait_serving()
+                meter = _Meter((runtime_child.proc.pid, owner_child.proc.pid), ports)
                 demo = await stack.seed()
-                await _wait_all(stack, [await stack.create_contact("warm@example.com")], 60)
+                await _wait_all(runtime, [await stack.create_contact("warm@example.com")], 60)
                 trips: list[_Trip] = []
                 if samples:
+                    idle = await meter.idle_pct()
+                    before = await meter.snap()
                     for i in range(samples):
                         run_id = await stack.create_contact(f"c{i}@example.com")
-                        await _wait_all(stack, [run_id], 60)
+                        await _wait_all(runtime, [run_id], 60)
+                    after = await meter.snap()
+                    per = [(b - a) / samples for a, b in zip(before, after, strict=True)]
+                    costs = _Costs((per[0], per[1]), (per[2], per[3]), idle)
                     trips = await _trips(runtime, owner, demo.org_id)
                     trips = sorted(trips, key=lambda t: t.at[0])[1:]  # without the warm-up
                 rate, rows = 0.0, ""
                 commit = await _commit_ms(runtime)
                 if burst:
-                    before = len(await _trips(runtime, owner, demo.org_id))
+                    before_n = len(await _trips(runtime, owner, demo.org_id))
                     run_ids = await asyncio.gather(
                         *(stack.create_contact(f"b{i}@example.com") for i in range(burst))
                     )
-                    await _wait_all(stack, run_ids, 300)
+                    await _wait_all(runtime, run_ids, 300)
                     every = sorted(await _trips(runtime, owner, demo.org_id), key=lambda t: t.at[0])
-                    mine = every[before:]
+                    mine = every[before_n:]
                     span = (
                         max(t.at[-1] for t in mine) - min(t.at[0] for t in mine)
                     ).total_seconds()
@@ -308,14 +385,14 @@ async def _stack_run(
         finally:
             await runtime.dispose()
             await owner.dispose()
-    return trips, rate, rows, commit
+    return trips, rate, rows, commit, costs
 
 
 async def _bench(label: str, samples: int, burst: int) -> None:
     with tempfile.TemporaryDirectory() as t1:
-        trips, _, _, commit = await _stack_run(label, samples, 0, 1, Path(t1))
+        trips, _, _, commit, costs = await _stack_run(label, samples, 0, 1, Path(t1))
     with tempfile.TemporaryDirectory() as t2:
-        _, rate, rows, _ = await _stack_run(label, 0, burst, 4, Path(t2))
+        _, rate, rows, _, _ = await _stack_run(label, 0, burst, 4, Path(t2))
     totals = [t.total_ms for t in trips]
     p50 = _pct(totals, 0.5)
     print(
@@ -324,11 +401,20 @@ async def _bench(label: str, samples: int, burst: int) -> None:
     )
     print(
         f"{label:<8}   one write transaction p50 {commit:5.1f} ms here and now: the round trip"
-        f" is {p50 / commit:4.1f} of them (10 write commits, 2 gRPC calls, 1 SMTP session)"
+        f" is {p50 / commit:4.1f} of them (2 gRPC calls, 1 SMTP message)"
     )
     hops = list(zip(*(t.hops_ms() for t in trips), strict=True))
     parts = [f"{name} {statistics.median(h):.1f}" for name, h in zip(HOPS, hops, strict=True)]
     print(f"{label:<8}   per hop p50 ms: " + ", ".join(parts))
+    print(
+        f"{label:<8}   per effect: runtime {costs.txn[0]:.1f} transactions / "
+        f"{costs.cpu_ms[0]:.1f} ms CPU, owner {costs.txn[1]:.1f} transactions / "
+        f"{costs.cpu_ms[1]:.1f} ms CPU (background polling included)"
+    )
+    print(
+        f"{label:<8}   idle CPU over {_IDLE_WINDOW_S:.0f}s: runtime {costs.idle_pct[0]:.1f} %, "
+        f"owner {costs.idle_pct[1]:.1f} % of one core"
+    )
     print(f"{label:<8} effects/s, {burst} at once, 4 runtime workers   {rate:8.1f}")
     print(f"{label:<8}   rows per effect: {rows}")
 

@@ -31,7 +31,11 @@ new work for it commits in this process (an outbox message enqueued, a command a
 a receipt written, a wait resolved). The loop's idle wait ends at once and its backoff
 resets — latency follows the work, not the idle backoff — while polling stays the
 guarantee (a wakeup is a hint; losing one costs at most one idle period, and other
-processes' work is found by polling).
+processes' work is found by polling). A notification may carry a *hint* — what
+committed (an outbox message's id, an accepted command) — that the woken loop takes with
+:meth:`Wakeup.take_hints` to claim that work at once, without first discovering it by a
+query; hints are bounded (the oldest are dropped: polling still finds their work) and
+only ever a shortcut to work the loop's own fenced claim re-validates.
 
 :class:`OrgRotation` walks the orgs that have work in bounded batches with a cursor that
 survives between passes and wraps around, so every org is served within
@@ -53,10 +57,12 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
 __all__ = [
     "DEFAULT_GRACE_S",
+    "MAX_HINTS",
     "BackgroundLoop",
     "Body",
     "IdleBackoff",
@@ -76,19 +82,32 @@ OrgSource = Callable[[str | None, int], Awaitable[list[str]]]
 #: How long :meth:`BackgroundLoop.shutdown` lets the current iteration finish.
 DEFAULT_GRACE_S = 10.0
 _MIN_IDLE_S = 0.01
+#: The most hints a :class:`Wakeup` keeps (older ones are dropped; polling finds them).
+MAX_HINTS = 256
 
 
 class Wakeup:
     """A process-local nudge for idle loops (see the module docstring). Every loop
     waiting on it wakes on :meth:`notify`; a notify while no loop waits is remembered
-    until the next wait."""
+    until the next wait. ``notify(hint)`` also remembers what committed (bounded to
+    ``max_hints``, oldest dropped) for :meth:`take_hints`."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_hints: int = MAX_HINTS) -> None:
         self._event = asyncio.Event()
+        self._hints: deque[object] = deque(maxlen=max(1, max_hints))
 
-    def notify(self) -> None:
-        """New work was committed for the loops waiting on this wakeup."""
+    def notify(self, hint: object | None = None) -> None:
+        """New work was committed for the loops waiting on this wakeup (``hint``: what,
+        for a loop that can claim it directly)."""
+        if hint is not None:
+            self._hints.append(hint)
         self._event.set()
+
+    def take_hints(self) -> list[object]:
+        """The hints notified since the last call, oldest first (and forget them)."""
+        hints = list(self._hints)
+        self._hints.clear()
+        return hints
 
     async def wait(self, stop: asyncio.Event, idle_s: float) -> bool:
         """Sleep until :meth:`notify`, ``stop`` or ``idle_s`` passed; True when notified."""
@@ -110,13 +129,16 @@ class Wakeup:
 class IdleBackoff:
     """Bounded, jittered exponential idle delay: reset on work, doubled when idle."""
 
-    def __init__(self, max_s: float, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, max_s: float, rng: random.Random | None = None, *, min_s: float = _MIN_IDLE_S
+    ) -> None:
         self._max = max(max_s, _MIN_IDLE_S)
-        self._current = _MIN_IDLE_S
+        self._min = min(max(min_s, _MIN_IDLE_S), self._max)
+        self._current = self._min
         self._rng = rng or random.Random()  # noqa: S311 - idle jitter, not security
 
     def reset(self) -> None:
-        self._current = _MIN_IDLE_S
+        self._current = self._min
 
     def next_delay(self) -> float:
         """Full jitter in ``[current/2, current]``, then double (capped)."""
@@ -142,6 +164,11 @@ class BackgroundLoop:
         interval: a periodic duty (sweeps, retention): wait a jittered ``idle_s`` after
             every iteration, busy or not, instead of the exponential idle backoff.
         wake: ends the idle wait at once when notified (the backoff resets).
+        min_idle_s: the first idle delay after work (default 10 ms). A loop whose
+            producers in this process wake it (and name their work) needs no rapid
+            re-polls after each piece of work: a larger floor keeps those polls — and
+            their transactions on the event loop the next hop runs on — off the busy
+            path, while polling still finds other processes' work within ``idle_s``.
     """
 
     def __init__(
@@ -153,11 +180,13 @@ class BackgroundLoop:
         grace_s: float = DEFAULT_GRACE_S,
         interval: bool = False,
         wake: Wakeup | None = None,
+        min_idle_s: float = _MIN_IDLE_S,
     ) -> None:
         if idle_s <= 0:
             raise ValueError("idle_s must be > 0")
         self.name = name
         self._idle_s = idle_s
+        self._min_idle_s = min_idle_s
         self._body = body
         self.interval = interval
         self._wake = wake
@@ -178,7 +207,7 @@ class BackgroundLoop:
 
     async def run(self) -> None:
         """Iterate until :meth:`shutdown` (errors of an iteration are logged, then idle)."""
-        backoff = IdleBackoff(self._idle_s)
+        backoff = IdleBackoff(self._idle_s, min_s=self._min_idle_s)
         while not self._stop.is_set():
             try:
                 busy = await self.run_once()

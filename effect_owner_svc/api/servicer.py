@@ -33,6 +33,7 @@ from effect_owner_svc.api.proto import (
     receipt_proto,
     states_from_request,
 )
+from effect_owner_svc.commands.records import CommandRecord
 from effect_owner_svc.commands.store import attempts_txn, get_command_txn, list_commands_txn
 from effect_owner_svc.errors import OwnerKindNotServedError
 from effect_owner_svc.inbox.fence import HandoffAttributes, key_scope_mismatch
@@ -92,7 +93,7 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
         engine: AsyncEngine,
         served_kinds: Collection[str],
         *,
-        on_accepted: Callable[[], None] | None = None,
+        on_accepted: Callable[[CommandRecord], None] | None = None,
     ) -> None:
         self._engine = engine
         self._kinds = frozenset(served_kinds)
@@ -133,7 +134,8 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
         if not done.value.duplicate:
             crash_point(CrashPoint.AFTER_INBOX_ACCEPT, handoff.effect_owner_kind)
             if self._on_accepted is not None:
-                self._on_accepted()  # a new command: wake this process's dispatcher
+                # A new command: wake this process's dispatcher, which claims it directly.
+                self._on_accepted(done.value.command)
         return done.message(effect_v1.AcceptHandoffResponse)
 
     async def RejectIfUnaccepted(self, request: Any, context: Context) -> Any:
@@ -243,7 +245,7 @@ def build_effect_owner_service(
     engine: AsyncEngine,
     served_kinds: Collection[str],
     *,
-    on_accepted: Callable[[], None] | None = None,
+    on_accepted: Callable[[CommandRecord], None] | None = None,
 ) -> ServiceRegistration:
     """The registration of :class:`EffectOwnerServicer` (``on_accepted``: called after a
     new command committed)."""

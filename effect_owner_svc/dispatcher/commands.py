@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -53,10 +53,13 @@ from effect_owner_svc.providers.base import (
     ProviderOutcomeKind,
 )
 from effect_owner_svc.providers.factory import ProviderSet
+from effect_owner_svc.receipts.store import receipt_hint
 from services.background import BackgroundLoop, Wakeup
 from services.db import db_now, run_in_transaction
 from services.errors import FenceLostError
 from services.faults import CrashPoint, crash_point
+from services.outbox import OutboxHint
+from services.outbox.dispatcher import HINTED_IDLE_FLOOR
 
 __all__ = ["CommandDispatcher"]
 
@@ -77,7 +80,8 @@ class CommandDispatcher:
         concurrency: provider calls in flight at once.
         idle_s: longest idle backoff of the loop.
         rng: jitter source.
-        on_receipt: called after a completion receipt committed (wakes its delivery).
+        on_receipt: called after a completion receipt committed, with the hint naming its
+            owner-outbox message (wakes its delivery, which claims that message directly).
     """
 
     def __init__(
@@ -91,7 +95,7 @@ class CommandDispatcher:
         concurrency: int = 8,
         idle_s: float = 0.5,
         rng: random.Random | None = None,
-        on_receipt: Callable[[], None] | None = None,
+        on_receipt: Callable[[OutboxHint], None] | None = None,
     ) -> None:
         self._engine = engine
         self._on_receipt = on_receipt
@@ -120,6 +124,19 @@ class CommandDispatcher:
         if not due:
             return 0
         return sum(await asyncio.gather(*(self._guarded(c) for c in due)))
+
+    async def run_hinted(self, hints: Sequence[object]) -> int:
+        """Dispatch the commands this process just accepted (the wakeup's hints) without
+        a discovery transaction; the claim re-validates each under its fence (a command
+        already claimed elsewhere, or not due, is skipped). Returns how many ran."""
+        mine = [
+            h
+            for h in hints
+            if isinstance(h, CommandRecord) and h.effect_owner_kind in self._providers
+        ]
+        if not mine:
+            return 0
+        return sum(await asyncio.gather(*(self._guarded(c) for c in mine)))
 
     async def _guarded(self, command: CommandRecord) -> int:
         async with self._gate:
@@ -185,7 +202,7 @@ class CommandDispatcher:
         receipt = await run_in_transaction(self._engine, record)
         if receipt is not None:
             crash_point(CrashPoint.AFTER_RECEIPT_COMMIT, kind)
-            self._receipt_written()
+            self._receipt_written(receipt)
 
     async def _submit(self, provider: Provider, command: CommandRecord) -> ProviderOutcome:
         request = ProviderCommand(
@@ -242,13 +259,14 @@ class CommandDispatcher:
             return result
         if result is not None:
             crash_point(CrashPoint.AFTER_RECEIPT_COMMIT, command.effect_owner_kind)
-            self._receipt_written()
+            self._receipt_written(result)
         return None
 
-    def _receipt_written(self) -> None:
-        # A receipt (and its owner-outbox message) committed: wake the receipt delivery.
+    def _receipt_written(self, receipt: ReceiptRecord) -> None:
+        # A receipt (and its owner-outbox message) committed: wake the receipt delivery,
+        # naming that message so it is claimed without discovery.
         if self._on_receipt is not None:
-            self._on_receipt()
+            self._on_receipt(receipt_hint(receipt))
 
     def loops(
         self, name: str = "effect-commands", *, wake: Wakeup | None = None
@@ -257,6 +275,11 @@ class CommandDispatcher:
         accepted in this process)."""
 
         async def body() -> bool:
+            # Commands accepted in this process first (claimed without discovery).
+            # (No immediate re-poll after them: the backoff from its floor finds the rest.)
+            if wake is not None and await self.run_hinted(wake.take_hints()) > 0:
+                return False
             return await self.run_once() > 0
 
-        return [BackgroundLoop(name, idle_s=self._idle_s, body=body, wake=wake)]
+        floor = self._idle_s / HINTED_IDLE_FLOOR if wake is not None else 0.0
+        return [BackgroundLoop(name, idle_s=self._idle_s, body=body, wake=wake, min_idle_s=floor)]

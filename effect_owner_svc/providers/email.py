@@ -20,12 +20,25 @@ Classification follows the SMTP conversation phase (RFC 5321): anything before t
 ``FAILED_RETRYABLE``; 5xx → ``FAILED_TERMINAL``); a 250 reply to the data is
 ``SUCCEEDED``; a 4xx/5xx reply to the data is a definite refusal; a timeout or a dropped
 connection after the data was sent is ``OUTCOME_UNKNOWN`` (the server may have queued it).
+
+**Session reuse.** An SMTP session that ended a message with ``250`` is ready for the
+next ``MAIL`` (RFC 5321 §4.1.4), so the provider keeps up to ``POOL_MAX`` such sessions
+idle for at most ``IDLE_MAX_S`` and sends the next message on one of them — no TCP
+connect, greeting, ``EHLO`` (nor ``STARTTLS``/``AUTH``) and ``QUIT`` per message. Any
+other ending closes the session. A kept session the server has meanwhile dropped fails
+at ``MAIL FROM`` — phase 1, before anything of the message was transmitted — and the
+message is then sent on a fresh connection in the same attempt: a broken pooled
+connection can neither lose a send (the retry is immediate) nor duplicate one (nothing
+was sent on it); a kept session that breaks after ``DATA`` began is ``OUTCOME_UNKNOWN``
+exactly like a fresh one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import string
+import time
 from collections.abc import Mapping
 from email.message import EmailMessage
 from email.utils import formatdate
@@ -34,10 +47,22 @@ from typing import Any
 
 import aiosmtplib
 
-from effect_owner_svc.providers.base import ProviderCommand, ProviderOutcome
+from effect_owner_svc.providers.base import ProviderCommand, ProviderOutcome, ProviderOutcomeKind
 from services.config import SmtpSettings
 
-__all__ = ["TEMPLATES", "EmailPayloadError", "EmailProvider", "build_message"]
+__all__ = [
+    "IDLE_MAX_S",
+    "POOL_MAX",
+    "TEMPLATES",
+    "EmailPayloadError",
+    "EmailProvider",
+    "build_message",
+]
+
+#: Idle SMTP sessions kept for reuse (one per concurrent send is plenty).
+POOL_MAX = 8
+#: How long a kept session may sit idle (servers drop idle sessions after minutes).
+IDLE_MAX_S = 30.0
 
 _ADDRESS_RE = re.compile(r"^[^@\s<>,;\"]{1,64}@[A-Za-z0-9.-]{1,253}$")
 _MAX_RECIPIENTS = 50
@@ -143,6 +168,7 @@ class EmailProvider:
         self._password = password
         domain = settings.sender.rsplit("@", 1)[-1] if "@" in settings.sender else "localhost"
         self._domain = domain or "localhost"
+        self._idle: list[tuple[aiosmtplib.SMTP, float]] = []
 
     def _client(self) -> aiosmtplib.SMTP:
         s = self._settings
@@ -162,29 +188,74 @@ class EmailProvider:
             )
         except EmailPayloadError:
             return ProviderOutcome.terminal("invalid_email_payload")
-        client = self._client()
+        kept = self._take()
+        if kept is not None:
+            outcome = await self._session(kept, message, to, reused=True)
+            if outcome is not None:
+                return outcome
+            # The kept session was gone before anything of this message was sent.
+        outcome = await self._session(self._client(), message, to, reused=False)
+        assert outcome is not None  # only a reused session answers "gone"
+        return outcome
+
+    async def _session(
+        self, client: aiosmtplib.SMTP, message: EmailMessage, to: list[str], *, reused: bool
+    ) -> ProviderOutcome | None:
+        """Converse on ``client``, then keep or close it (closed on every error and on
+        cancellation — the dispatcher's call timeout — too)."""
         try:
-            return await self._converse(client, message, to)
-        finally:
-            try:
-                await client.quit()
-            except Exception:
-                client.close()
+            outcome = await self._converse(client, message, to, reused=reused)
+        except BaseException:
+            client.close()
+            raise
+        if outcome is None:
+            client.close()
+        else:
+            await self._release(client, outcome)
+        return outcome
+
+    def _take(self) -> aiosmtplib.SMTP | None:
+        """A kept session still connected and not idle too long (newest first)."""
+        now = time.monotonic()
+        while self._idle:
+            client, since = self._idle.pop()
+            if now - since <= IDLE_MAX_S and client.is_connected:
+                return client
+            client.close()
+        return None
+
+    async def _release(self, client: aiosmtplib.SMTP, outcome: ProviderOutcome) -> None:
+        """Keep a session that ended its message with 250; close any other."""
+        clean = outcome.kind is ProviderOutcomeKind.SUCCEEDED and client.is_connected
+        if clean and len(self._idle) < POOL_MAX:
+            self._idle.append((client, time.monotonic()))
+            return
+        try:
+            await client.quit()
+        except Exception:
+            client.close()
 
     async def _converse(
-        self, client: aiosmtplib.SMTP, message: EmailMessage, to: list[str]
-    ) -> ProviderOutcome:
+        self, client: aiosmtplib.SMTP, message: EmailMessage, to: list[str], *, reused: bool
+    ) -> ProviderOutcome | None:
+        """One message on ``client``; None when a ``reused`` session turned out to be
+        gone in phase 1 (nothing of the message was transmitted)."""
         # Phase 1: nothing of the message has been transmitted.
         try:
-            await client.connect()
+            if not reused:
+                await client.connect()
             await client.mail(self._settings.sender)
         except aiosmtplib.SMTPAuthenticationError:
             return ProviderOutcome.terminal("smtp_auth_failed")
         except aiosmtplib.SMTPResponseException as exc:
+            if reused and exc.code == 421:
+                return None  # the server is closing the kept session
             if 400 <= exc.code < 500:
                 return ProviderOutcome.retryable("smtp_sender_4xx")
             return ProviderOutcome.terminal("smtp_sender_5xx")
         except (aiosmtplib.SMTPException, OSError):
+            if reused:
+                return None
             return ProviderOutcome.retryable("smtp_unavailable")
         accepted, temporary = [], 0
         for rcpt in to:
@@ -220,5 +291,9 @@ class EmailProvider:
         return None
 
     async def aclose(self) -> None:
-        """Connections are per submission; nothing is pooled."""
-        return None
+        """Close the kept sessions (``QUIT``, bounded by the client timeout)."""
+        idle, self._idle = self._idle, []
+        for client, _ in idle:
+            with contextlib.suppress(Exception):
+                await client.quit()
+            client.close()

@@ -26,9 +26,9 @@ from services.effect_contract import (
     EFFECT_COMPLETION_PRODUCER_KIND,
     CompletionEvidence,
 )
-from services.outbox import NewOutboxMessage, enqueue_txn
+from services.outbox import NewOutboxMessage, OutboxHint, enqueue_txn
 
-__all__ = ["get_receipt_txn", "wake_request_doc", "write_receipt_txn"]
+__all__ = ["get_receipt_txn", "receipt_hint", "wake_request_doc", "write_receipt_txn"]
 
 
 def wake_request_doc(evidence: CompletionEvidence) -> dict[str, Any]:
@@ -43,9 +43,16 @@ def wake_request_doc(evidence: CompletionEvidence) -> dict[str, Any]:
     }
 
 
-def _message_id(command: CommandRecord, outcome_version: int) -> str:
-    digest = versioned_digest("owner-outbox-message", [command.command_id, outcome_version])
+def _message_id(command_id: str, outcome_version: int) -> str:
+    digest = versioned_digest("owner-outbox-message", [command_id, outcome_version])
     return "oom_" + digest.rsplit(":", 1)[1][:32]
+
+
+def receipt_hint(receipt: ReceiptRecord) -> OutboxHint:
+    """The wakeup hint naming the owner-outbox message that delivers ``receipt``."""
+    message_id = _message_id(receipt.command_id, receipt.outcome_version)
+    key = ((OWNER_OUTBOX.id_column, message_id),)  # the table's key is (org, message id)
+    return OutboxHint(OWNER_OUTBOX.table.name, receipt.org_id, key)
 
 
 async def write_receipt_txn(
@@ -77,7 +84,7 @@ async def write_receipt_txn(
             app_installation_id=command.app_installation_id,
             runtime_capability_id=command.runtime_capability_id,
             runtime_work_binding_digest=command.runtime_work_binding_digest,
-            message_id=_message_id(command, evidence.outcome_version),
+            message_id=_message_id(command.command_id, evidence.outcome_version),
             family=EFFECT_COMPLETION_FAMILY,
             key=evidence.wake_token,
             payload=body,

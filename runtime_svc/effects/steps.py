@@ -64,7 +64,12 @@ from runtime_svc.kernel.model import LeaseFence
 from runtime_svc.kernel.store_waits import insert_dependency_txn
 from runtime_svc.kernel.transitions_effects import CAUSE_EFFECT_RECEIPT_INVALID
 from runtime_svc.kernel.wait_model import ExpiryPolicyCode, WorkScopeKey
-from runtime_svc.outbox import EffectSubmitIntent, effect_submit_intent, enqueue_effect_submit_txn
+from runtime_svc.outbox import (
+    RUNTIME_OUTBOX,
+    EffectSubmitIntent,
+    effect_submit_intent,
+    enqueue_effect_submit_txn,
+)
 from runtime_svc.waits.resolution import Clock
 from runtime_svc.waits.steps import PreparedWait, WaitSteps
 from runtime_svc.waits.support import consumed_signal_txn
@@ -80,6 +85,7 @@ from services.auth import TrustedRuntimeWorkScope
 from services.db import transaction
 from services.effect_contract import EffectContractError
 from services.invariants import InvariantError
+from services.outbox import OutboxHint, hint_of
 
 __all__ = ["EffectSteps", "PreparedSubmit"]
 
@@ -145,7 +151,8 @@ class EffectSteps:
         waits: the wait steps (the completion dependency is a durable wait: inserted,
             reconciled and probed like every other).
         clock: the durable clock (the worker's store clock).
-        on_submitted: called after a submit committed (wakes the outbox dispatcher).
+        on_submitted: called after a submit committed with the hint naming its outbox
+            message (wakes the outbox dispatcher, which claims that message directly).
     """
 
     def __init__(
@@ -154,7 +161,7 @@ class EffectSteps:
         waits: WaitSteps,
         clock: Clock,
         *,
-        on_submitted: Callable[[], None] | None = None,
+        on_submitted: Callable[[OutboxHint], None] | None = None,
     ) -> None:
         self._engine = engine
         self._waits = waits
@@ -299,11 +306,11 @@ class EffectSteps:
         await insert_link_txn(conn, prepared.link, now)
 
     async def after_commit(self, prepared: PreparedSubmit) -> None:
-        """Wake this process's outbox dispatcher (the message is committed), then the
+        """Wake this process's outbox dispatcher with the committed message, then the
         completion dependency's fresh reconciliation (§14.2 step 4): a receipt that
         committed first is matched now instead of at the next probe."""
         if self._on_submitted is not None:
-            self._on_submitted()
+            self._on_submitted(hint_of(RUNTIME_OUTBOX, prepared.intent.message()))
         await self._waits.after_commit(prepared.wait)
 
     # --- completion ----------------------------------------------------------------------

@@ -72,7 +72,14 @@ from services.errors import NotFoundError
 from services.faults import CrashPoint, crash_point
 from services.metrics import metrics
 
-__all__ = ["Clock", "Matcher", "WaitContext", "evaluate_condition", "split_record_key"]
+__all__ = [
+    "Clock",
+    "Matcher",
+    "ResolvedRun",
+    "WaitContext",
+    "evaluate_condition",
+    "split_record_key",
+]
 
 #: The durable clock (the run store's; tests shift it).
 Clock = Callable[[AsyncConnection], Awaitable[datetime]]
@@ -128,6 +135,15 @@ class WaitContext:
         return FaultStep(target.key, target.kind.value, queue)
 
 
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A run a resolution made runnable: the workers' wakeup hint (the claim re-validates
+    everything; a stale hint claims nothing)."""
+
+    org_id: str
+    flow_run_id: str
+
+
 class Matcher:
     """Matches dependencies and signals and resolves through the kernel.
 
@@ -137,8 +153,8 @@ class Matcher:
         registry: the producer registry.
         plans: plan and wait-bound caches.
         clock: the durable clock (the run store's).
-        on_resolved: called after a transition made a waiting run runnable again
-            (wakes this process's workers).
+        on_resolved: called after a transition made a waiting run runnable again, with
+            the run (wakes this process's workers; the hint lets one claim it directly).
     """
 
     def __init__(
@@ -149,7 +165,7 @@ class Matcher:
         plans: PlanSource,
         clock: Clock,
         *,
-        on_resolved: Callable[[], None] | None = None,
+        on_resolved: Callable[[ResolvedRun], None] | None = None,
     ) -> None:
         self._on_resolved = on_resolved
         self._engine = engine
@@ -220,7 +236,7 @@ class Matcher:
             planned = [(dep, await self._evidence(conn, dep)) for dep in deps]
         result: WaitTransition | NoChange = NoChange("no_dependency")
         for dep, (action, _bounds) in planned:
-            result = self._woken(await action.run(self.waits, dep))
+            result = self._woken(await action.run(self.waits, dep), dep)
             if isinstance(result, WaitTransition) and (
                 result.signal is None or result.signal.wake_signal_id == signal.wake_signal_id
             ):
@@ -253,17 +269,20 @@ class Matcher:
             return NoChange(f"dependency_{dep.state.code.lower()}"), None
         async with transaction(self._engine, readonly=True) as conn:
             action, bounds = await self._evidence(conn, dep)
-        return self._woken(await action.run(self.waits, dep)), bounds
+        return self._woken(await action.run(self.waits, dep), dep), bounds
 
-    def _woken(self, result: WaitTransition | NoChange) -> WaitTransition | NoChange:
-        # A run became runnable (resumed or on its fault path): wake the local workers.
+    def _woken(
+        self, result: WaitTransition | NoChange, dep: DependencyRecord
+    ) -> WaitTransition | NoChange:
+        # A run became runnable (resumed or on its fault path): wake the local workers,
+        # naming the run so a worker claims its step without a discovery pass.
         if (
             self._on_resolved is not None
             and isinstance(result, WaitTransition)
             and result.transition.run is not None
             and result.transition.run.to_state is RunState.RUNNABLE
         ):
-            self._on_resolved()
+            self._on_resolved(ResolvedRun(dep.scope.org_id, dep.flow_run_id))
         return result
 
     async def _evidence(

@@ -15,7 +15,7 @@ from runtime_svc.waits.plans import PlanSource
 from runtime_svc.waits.reconciler import WaitSweeper
 from runtime_svc.waits.record_producer import RecordChangeProducer, RecordWatches
 from runtime_svc.waits.registry import DEFAULT_SIGNAL_KINDS, ProducerRegistry
-from runtime_svc.waits.resolution import Clock, Matcher
+from runtime_svc.waits.resolution import Clock, Matcher, ResolvedRun
 from runtime_svc.waits.signals import SignalService
 from runtime_svc.waits.steps import WaitSteps
 from services.db import db_now
@@ -43,7 +43,7 @@ class WaitRuntime:
         clock: Clock = db_now,
         signal_kinds: Iterable[str] = DEFAULT_SIGNAL_KINDS,
         watch_ttl_s: float | None = None,
-        on_resolved: Callable[[], None] | None = None,
+        on_resolved: Callable[[ResolvedRun], None] | None = None,
     ) -> WaitRuntime:
         """Wire registry, matcher, record producer, wait steps and signal service.
 
@@ -52,7 +52,7 @@ class WaitRuntime:
             clock: the durable clock (the run store's; tests shift it).
             signal_kinds: external signal kinds accepted from ``SubmitWakeSignal``.
             watch_ttl_s: the record producer's memo lifetime (default 2 s).
-            on_resolved: called when a resolution made a run runnable (wakes workers).
+            on_resolved: called with the run a resolution made runnable (wakes workers).
         """
         registry = ProducerRegistry(signal_kinds)
         matcher = Matcher(

@@ -63,6 +63,22 @@ class _NoViews:
         )
 
 
+async def _run_resolved(worker: StepWorker, hints: list[object]) -> bool:
+    """Claim the steps of runs a resolution in this process just made runnable (the
+    wakeup's hints, ``runtime_svc.waits.resolution.ResolvedRun``) without the org and
+    queue discovery reads; the claim re-validates each (a stale hint claims nothing)."""
+    from runtime_svc.waits.resolution import ResolvedRun
+
+    did = False
+    for hint in hints:
+        if isinstance(hint, ResolvedRun):
+            candidate = await worker.store.candidate_for_run(hint.org_id, hint.flow_run_id)
+            if candidate is not None:
+                outcome = await worker.process(hint.org_id, candidate)
+                did = did or outcome is not Outcome.NOT_ELIGIBLE
+    return did
+
+
 async def start_background(
     cfg: ServiceConfig | None,
     engine: AsyncEngine,
@@ -144,6 +160,8 @@ async def start_background(
         )
 
         async def work(w: StepWorker = worker) -> bool:
+            if work_wake is not None and await _run_resolved(w, work_wake.take_hints()):
+                return True
             return any(o is not Outcome.NOT_ELIGIBLE for o in await w.run_once())
 
         group.spawn(f"flow-worker-{i}", work, s.idle_ms / 1000, wake=work_wake)

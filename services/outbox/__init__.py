@@ -17,6 +17,7 @@ from services.outbox.families import (
     MessageFamily,
     Reconciler,
 )
+from services.outbox.hints import OutboxHint, claim_hinted_txn, hint_of
 from services.outbox.model import (
     DUE_STATES,
     LIVE_STATES,
@@ -66,6 +67,7 @@ __all__ = [
     "MessageFamily",
     "NewOutboxMessage",
     "OutboxDispatcher",
+    "OutboxHint",
     "OutboxMessage",
     "OutboxTable",
     "ReconcileResult",
@@ -76,9 +78,11 @@ __all__ = [
     "SweepReport",
     "Transition",
     "UnknownReceipt",
+    "claim_hinted_txn",
     "count_by_state",
     "enqueue_txn",
     "get_message",
+    "hint_of",
     "list_messages",
     "request_reconciliation_txn",
 ]

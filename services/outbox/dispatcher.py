@@ -9,6 +9,10 @@ One pass of :meth:`OutboxDispatcher.deliver_once`::
       ─► apply_txn (fenced on version + lease token) ─► COMMIT
       ─► pre-final? ─► family.finalizer.finalize(ticket)   (its own transaction)
 
+A delivery loop woken with hints (:mod:`services.outbox.hints`: a producer in this
+process committed those messages) first claims each hinted message directly —
+``claim_hinted_txn`` instead of discovery + claim — and then polls as usual.
+
 A remote call never runs inside a transaction. A dispatcher that dies between delivery
 and recording leaves the row ``Delivering``; the repair sweep (:meth:`sweep_once`)
 returns an expired delivery lease to ``Retrying`` (counting the attempt), so the same
@@ -26,7 +30,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -39,6 +43,7 @@ from services.errors import FenceLostError
 from services.faults import CrashPoint, crash_point
 from services.metrics import metrics
 from services.outbox.families import FamilyRegistry, FinalizationTicket, MessageFamily
+from services.outbox.hints import OutboxHint, claim_hinted_txn
 from services.outbox.model import (
     PRE_FINAL_STATES,
     Delivered,
@@ -66,11 +71,13 @@ from services.outbox.store import (
 )
 from services.telemetry import span
 
-__all__ = ["DELIVER_SPAN", "OutboxDispatcher", "SweepReport"]
+__all__ = ["DELIVER_SPAN", "HINTED_IDLE_FLOOR", "OutboxDispatcher", "SweepReport"]
 
 log = logging.getLogger(__name__)
 
 _ORG_LIMIT = 100
+#: A woken delivery loop's first idle delay after work is ``idle_s / HINTED_IDLE_FLOOR``.
+HINTED_IDLE_FLOOR = 4
 #: The span of one delivery or reconciliation attempt.
 DELIVER_SPAN = "outbox.deliver"
 
@@ -172,6 +179,51 @@ class OutboxDispatcher:
         leased = await self._claim(message, family)
         if leased is None:
             return False
+        await self._run_leased(leased, started)
+        return True
+
+    async def deliver_hinted(self, hints: Sequence[object]) -> int:
+        """Claim and deliver the hinted messages of this table (hints of other tables
+        are ignored); returns how many this dispatcher claimed."""
+        mine = [h for h in hints if isinstance(h, OutboxHint) and h.table == self._spec.table.name]
+        if not mine:
+            return 0
+        return sum(await asyncio.gather(*(self._guarded_hint(h) for h in mine)))
+
+    async def _guarded_hint(self, hint: OutboxHint) -> int:
+        async with self._gate:
+            try:
+                return 1 if await self.process_hint(hint) else 0
+            except Exception:
+                log.exception("outbox %s: processing hint %s failed", self._spec.table.name, hint)
+                return 0
+
+    async def process_hint(self, hint: OutboxHint) -> bool:
+        """Claim the hinted message in one transaction (when it is still due) and
+        deliver it like :meth:`process`.
+
+        Returns:
+            False when it was not due or another dispatcher won the claim.
+        """
+        started = time.time_ns()
+        leases = {n: self._families[n].policy.lease_ms for n in self._families}
+
+        async def fn(conn: AsyncConnection) -> OutboxMessage | None:
+            return await claim_hinted_txn(
+                conn, self._spec, hint, leases, owner=self._owner, now=await db_now(conn)
+            )
+
+        try:
+            leased = await run_in_transaction(self._engine, fn)
+        except FenceLostError:
+            return False
+        if leased is None:
+            return False
+        await self._run_leased(leased, started)
+        return True
+
+    async def _run_leased(self, leased: OutboxMessage, started: int) -> None:
+        family = self._families[leased.family]
         # The delivery continues the trace of the span that enqueued the message (a step
         # attempt, a command dispatch); the peer call below is its child.
         with span(
@@ -181,14 +233,13 @@ class OutboxDispatcher:
             start_time=started,
             attributes={
                 "nexus.flow.outbox": self._spec.table.name,
-                "nexus.flow.message_family": message.family,
-                "nexus.flow.message_id": message.message_id,
+                "nexus.flow.message_family": leased.family,
+                "nexus.flow.message_id": leased.message_id,
                 "nexus.flow.delivery_attempt": leased.delivery_attempts + 1,
             },
         ) as current:
             result = await self._deliver_leased(family, leased)
             current.set_attribute("nexus.flow.result", result)
-        return True
 
     async def _deliver_leased(self, family: MessageFamily, leased: OutboxMessage) -> str:
         """Deliver or reconcile a claimed message and record the outcome; returns the
@@ -385,6 +436,11 @@ class OutboxDispatcher:
         and the periodic repair sweep (``services.background``)."""
 
         async def deliver() -> bool:
+            # Hinted messages first (claimed without discovery); they named what this
+            # process committed, so no immediate re-poll follows them (the idle backoff
+            # from its floor finds the rest). Otherwise the ordinary pass.
+            if wake is not None and await self.deliver_hinted(wake.take_hints()) > 0:
+                return False
             return await self.deliver_once() > 0
 
         async def sweep() -> bool:
@@ -392,7 +448,13 @@ class OutboxDispatcher:
             return False
 
         return [
-            BackgroundLoop(f"{name}-deliver", idle_s=self._idle_s, body=deliver, wake=wake),
+            BackgroundLoop(
+                f"{name}-deliver",
+                idle_s=self._idle_s,
+                body=deliver,
+                wake=wake,
+                min_idle_s=self._idle_s / HINTED_IDLE_FLOOR if wake is not None else 0.0,
+            ),
             BackgroundLoop(f"{name}-sweep", idle_s=self._sweep_s, body=sweep, interval=True),
         ]
 

@@ -280,7 +280,11 @@ async def test_durable_seam_crash_after_inbox_acceptance_before_the_response_yie
     point = "after_inbox_accept:email.smtp"
     scope = Scope(new_org())
     env = envelope(scope)
-    owner = stack.spawn_owner(point)
+    # The dying owner runs no command dispatcher: its polling could otherwise claim the
+    # command in the moment between the acceptance's COMMIT and the crash point (the
+    # commit's own awaits), be killed mid-call, and turn this proof into the
+    # interrupted-attempt one (quarantine, nothing received) — a different boundary.
+    owner = stack.spawn_owner(point, FLOW_EFFECT_DISPATCHERS="0")
     await owner.wait_serving()
     with pytest.raises(grpc.aio.AioRpcError):
         await stack.accept(scope, env, request_id="req-1")

@@ -50,6 +50,24 @@ class ScriptedMailSink(MailSink):
 
     replies: list[str] = field(default_factory=list)
     data_commands: int = 0
+    #: SMTP sessions opened (``EHLO`` commands), to see connection reuse.
+    sessions: int = 0
+    _open: list[Any] = field(default_factory=list)
+
+    async def handle_EHLO(
+        self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
+        self.sessions += 1
+        session.host_name = hostname
+        self._open.append(server)
+        return responses
+
+    def drop_sessions(self) -> None:
+        """Close every session from the server side (an idle timeout, a restart)."""
+        for server in self._open:
+            if server.transport is not None:
+                server.transport.close()
+        self._open.clear()
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         self.data_commands += 1

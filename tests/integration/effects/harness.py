@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -229,11 +229,15 @@ async def running_owner(
     data_dir: Path,
     *,
     kinds: Sequence[str] = SERVED,
+    on_accepted: Callable[[Any], None] | None = None,
 ) -> AsyncIterator[OwnerClient]:
-    """The owner service (production bootstrap) and a client of it."""
+    """The owner service (production bootstrap) and a client of it (``on_accepted``:
+    the servicer's hook for each newly accepted command)."""
     verifier = CredentialVerifier({KEY_ID: private_key.public_key()}, ServiceName.EFFECT_OWNER)
     server = await start_server(
-        owner_config(data_dir), [build_effect_owner_service(engine, kinds)], verifier=verifier
+        owner_config(data_dir),
+        [build_effect_owner_service(engine, kinds, on_accepted=on_accepted)],
+        verifier=verifier,
     )
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
     try:

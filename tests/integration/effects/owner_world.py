@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +85,7 @@ async def world_with(
     *,
     idempotent: bool = True,
     status: bool = False,
+    on_accepted: Callable[[Any], None] | None = None,
 ) -> AsyncIterator[World]:
     sink, receiver = ScriptedMailSink(), WebhookReceiver()
     async with mail_sink(sink) as smtp_port, webhook_receiver(receiver) as base:
@@ -99,7 +100,7 @@ async def world_with(
             }
         )
         providers = build_providers(settings)
-        async with running_owner(engine, private_key, tmp) as owner:
+        async with running_owner(engine, private_key, tmp, on_accepted=on_accepted) as owner:
             try:
                 yield World(owner, engine, sink, receiver, providers)
             finally:

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from effect_owner_svc.commands.model import AttemptOutcome, CommandState
 from effect_owner_svc.commands.store import claim_txn
 from effect_owner_svc.schema import owner_outbox
+from services.background import Wakeup
 from services.db import db_now, run_in_transaction, transaction
 from services.effect_contract import (
     EFFECT_COMPLETION_FAMILY,
@@ -30,7 +31,7 @@ from services.effect_contract import (
 from services.errors import FenceLostError
 from services.outbox import DeliveryState
 from services.proto import effect_v1
-from tests.integration.effects.harness import count
+from tests.integration.effects.harness import count, envelope
 from tests.integration.effects.owner_world import (
     FAST,
     WEBHOOK,
@@ -244,3 +245,77 @@ async def test_receipts_are_keyed_by_command_and_outcome_version(world: World) -
         ).all()
     assert [r[0] for r in rows] == [1]
     assert (await world.command(scope, resp.command.command_id))[0].outcome_version == 1
+
+
+async def test_an_accepted_command_is_dispatched_from_its_hint_once(
+    engine: AsyncEngine, private_key: Ed25519PrivateKey, tmp_path: Path
+) -> None:
+    """The servicer hands each newly accepted command to this process's dispatcher (the
+    wakeup's hint): it is claimed and sent without a discovery pass, and a duplicate or
+    stale hint — or a redelivered handoff — never sends twice."""
+    wake = Wakeup()
+    async with world_with(engine, private_key, tmp_path, on_accepted=wake.notify) as w:
+        scope, resp = await accept(w)
+        hints = wake.take_hints()
+        assert [h.command_id for h in hints] == [resp.command.command_id]  # type: ignore[attr-defined]
+        # A redelivered handoff (the runtime lost the answer) is a duplicate: no new hint.
+        await w.owner.accept(scope, envelope(scope))
+        assert wake.take_hints() == []
+        d = w.dispatcher()
+
+        async def no_discovery() -> int:
+            raise AssertionError("a hinted command must not need the discovery pass")
+
+        d.run_once = no_discovery  # type: ignore[method-assign]
+        assert await d.run_hinted(hints) == 1
+        assert len(w.sink.received) == 1
+        cmd, attempts = await w.command(scope, resp.command.command_id)
+        assert cmd.state is CommandState.SUCCEEDED and len(attempts) == 1
+        # The same (now stale) hint twice more, e.g. a duplicate notify: nothing is sent.
+        assert await d.run_hinted(hints + hints) == 0  # each claim loses its fence
+        assert len(w.sink.received) == 1
+        assert await w.dispatcher().run_once() == 0  # and polling finds nothing due
+
+
+async def test_smtp_sessions_are_reused_and_a_dropped_pooled_session_neither_loses_nor_duplicates(
+    world: World,
+) -> None:
+    """A session that ended its message with 250 carries the next message (one EHLO for
+    two sends); when the server dropped the kept session meanwhile, the send fails at
+    MAIL FROM — before any of it was transmitted — and goes out once on a fresh
+    connection in the same attempt."""
+    first, r1 = await accept(world)
+    await world.drive(rounds=3)
+    second, r2 = await accept(world, run="run-2")
+    await world.drive(rounds=3)
+    assert len(world.sink.received) == 2 and world.sink.sessions == 1  # reused
+    world.sink.drop_sessions()  # the server closes the idle kept session
+    third, r3 = await accept(world, run="run-3")
+    await world.drive(rounds=3)
+    assert len(world.sink.received) == 3 and world.sink.data_commands == 3  # sent once
+    assert world.sink.sessions == 2  # on a fresh connection
+    for scope, resp in ((first, r1), (second, r2), (third, r3)):
+        cmd, attempts = await world.command(scope, resp.command.command_id)
+        assert cmd.state is CommandState.SUCCEEDED
+        assert [a.outcome for a in attempts] == [AttemptOutcome.SUCCEEDED]
+
+
+async def test_a_pooled_session_broken_mid_send_is_unknown_and_never_resent(
+    world: World,
+) -> None:
+    """A kept session that breaks after DATA began is OUTCOME_UNKNOWN like a fresh one:
+    quarantined, never sent again; the broken session is not kept."""
+    await accept(world)
+    await world.drive(rounds=3)
+    assert world.sink.sessions == 1
+    world.sink.replies = [DROP]  # stored, then the connection drops before the reply
+    scope, resp = await accept(world, run="run-2")
+    await world.drive()
+    cmd, attempts = await world.command(scope, resp.command.command_id)
+    assert world.sink.sessions == 1  # the message went out on the kept session
+    assert cmd.state is CommandState.QUARANTINED
+    assert [a.outcome for a in attempts] == [AttemptOutcome.OUTCOME_UNKNOWN]
+    assert len(world.sink.received) == 2
+    await accept(world, run="run-3")
+    await world.drive(rounds=3)
+    assert len(world.sink.received) == 3 and world.sink.sessions == 2  # a fresh session

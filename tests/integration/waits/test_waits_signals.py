@@ -385,3 +385,31 @@ async def test_a_wait_entered_on_the_last_attempt_resumes_and_finishes(
             )
         ).scalar_one()
     assert attempts == 2
+
+
+async def test_a_resolution_names_the_run_and_a_worker_claims_it_from_that_hint(
+    world: World,
+) -> None:
+    """The resolution's wakeup names the run it made runnable; the worker loop's hook
+    claims that run's step directly (no org / queue discovery) — and a hint for a run
+    with nothing due claims nothing."""
+    from runtime_svc.waits.resolution import ResolvedRun
+    from runtime_svc.worker.background import _run_resolved
+    from services.background import Wakeup
+
+    wake = Wakeup()
+    world.rt.matcher._on_resolved = wake.notify  # the app wires the workers' wakeup here
+    run_id = await _waiting(world)
+    await world.rt.signals.submit(world.work, approval("r1", "t1"))
+    hints = wake.take_hints()
+    assert hints == [ResolvedRun(world.org, run_id)]
+
+    async def no_discovery(org_id: str) -> list[object]:
+        raise AssertionError("a hinted run must not need the discovery batch")
+
+    world.worker.run_batch = no_discovery  # type: ignore[assignment,method-assign]
+    assert await _run_resolved(world.worker, hints) is True
+    run = await world.run(run_id)
+    assert run.state is not RunState.WAITING
+    assert await _run_resolved(world.worker, [ResolvedRun(world.org, "no-such-run")]) is False
+    assert await _run_resolved(world.worker, [object()]) is False

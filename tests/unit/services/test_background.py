@@ -211,3 +211,26 @@ async def test_a_wakeup_ends_the_idle_wait_at_once_and_is_remembered_while_busy(
     wake.notify()
     assert await wake.wait(asyncio.Event(), 3600.0) is True
     assert await wake.wait(asyncio.Event(), 0.01) is False
+
+
+async def test_a_wakeup_keeps_a_bounded_number_of_hints_oldest_dropped() -> None:
+    wake = Wakeup(max_hints=2)
+    for n in range(5):
+        wake.notify(n)
+    wake.notify()  # a plain nudge adds no hint
+    assert wake.take_hints() == [3, 4]
+    assert wake.take_hints() == []
+    assert await wake.wait(asyncio.Event(), 3600.0) is True  # the nudge is remembered
+
+
+def test_an_idle_floor_sets_the_first_delay_after_work_and_stays_under_the_cap() -> None:
+    backoff = IdleBackoff(0.5, random.Random(1), min_s=0.125)
+    first = backoff.next_delay()
+    assert 0.0625 <= first <= 0.125
+    for _ in range(10):
+        assert backoff.next_delay() <= 0.5
+    backoff.reset()
+    assert 0.0625 <= backoff.next_delay() <= 0.125
+    # A floor above the cap is the cap; below the minimum, the minimum.
+    assert IdleBackoff(0.2, random.Random(1), min_s=5.0).next_delay() <= 0.2
+    assert IdleBackoff(0.2, random.Random(1), min_s=0.0).next_delay() <= 0.01
