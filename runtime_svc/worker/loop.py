@@ -691,6 +691,7 @@ class StepWorker:
             or prepared.wait is not None
             or prepared.effect is not None
             or committed.context_json is None
+            or not prepared.plan_id
         ):
             return None
         claimed = await self.store.continue_txn(
