@@ -6,6 +6,10 @@ Prints, on SQLite and (when ``FLOW_TEST_MYSQL_URL`` is set) MariaDB:
   step, executed by 1 and by 4 in-process ``StepWorker`` s (each step = claim, running,
   one business transaction with record + history + event + audit + checkpoint + fenced
   root/step/attempt advance);
+* the cost of one durable step on average over that window: write transactions, all
+  transactions, SQL statements (SQLAlchemy ``begin`` and ``before_cursor_execute`` events on
+  the engine; SQLite's own ``BEGIN`` statement is not counted) and CPU milliseconds of this
+  process (``time.process_time``) — so every change to the hot path shows its cost;
 * the raw single-row commit rate of the same database and the ratio steps/s ÷ commits/s;
 * claim latency (eligible-work query + claim transaction) with 1,000 and with 100,000
   waiting (non-eligible) runs in the table, and their ratio (should stay near 1).
@@ -23,6 +27,7 @@ import os
 import statistics
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,6 +38,7 @@ from runtime_svc.kernel import FlowRunStateStore, RetryPolicy, RunState, StepSta
 from runtime_svc.schema import flow_runs, flow_step_executions
 from runtime_svc.worker import Outcome
 from services import db, migrate
+from services.db import BEGIN_MODE_OPTION
 from tests.integration.worker.support import make_worker, seed, start_run
 
 __all__ = ["run"]
@@ -48,6 +54,45 @@ _RAW = sa.Table(
 )
 
 
+@dataclass
+class _Counters:
+    """Transactions and statements an engine ran (its sync facade's events)."""
+
+    transactions: int = 0
+    write_transactions: int = 0
+    statements: int = 0
+
+    def snapshot(self) -> tuple[int, int, int]:
+        return self.transactions, self.write_transactions, self.statements
+
+
+def _count(engine: AsyncEngine) -> _Counters:
+    counters = _Counters()
+
+    @sa.event.listens_for(engine.sync_engine, "begin")
+    def _begin(conn: sa.Connection) -> None:
+        counters.transactions += 1
+        if conn.get_execution_options().get(BEGIN_MODE_OPTION) != "DEFERRED":
+            counters.write_transactions += 1
+
+    @sa.event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _statement(*args: Any) -> None:
+        statement = args[2]
+        if not (isinstance(statement, str) and statement.startswith("BEGIN")):
+            counters.statements += 1
+
+    return counters
+
+
+@dataclass(frozen=True)
+class _StepCost:
+    steps_per_s: float
+    write_txns: float
+    txns: float
+    statements: float
+    cpu_ms: float
+
+
 async def _raw_rate(engine: AsyncEngine, seconds: float) -> float:
     async with engine.begin() as conn:
         await conn.run_sync(_META.create_all)
@@ -59,13 +104,17 @@ async def _raw_rate(engine: AsyncEngine, seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
-async def _steps_rate(engine: AsyncEngine, workers: int, seconds: float) -> float:
+async def _steps_rate(
+    engine: AsyncEngine, counters: _Counters, workers: int, seconds: float
+) -> _StepCost:
     store = FlowRunStateStore(engine, policy=_POLICY)
     seeded = await seed(engine, mutations=10, pure_step=False)
     for i in range(workers * 8):
         await start_run(store, seeded, label=f"b{i}")
     pool = [make_worker(engine, store, owner=f"b{i}", batch_size=2) for i in range(workers)]
     committed = 0
+    before = counters.snapshot()
+    cpu = time.process_time()
     start = time.perf_counter()
 
     async def loop(i: int) -> None:
@@ -77,7 +126,17 @@ async def _steps_rate(engine: AsyncEngine, workers: int, seconds: float) -> floa
                 return
 
     await asyncio.gather(*(loop(i) for i in range(workers)))
-    return committed / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    txns, writes, statements = (a - b for a, b in zip(counters.snapshot(), before, strict=True))
+    per = max(committed, 1)
+    return _StepCost(
+        steps_per_s=committed / elapsed,
+        write_txns=writes / per,
+        txns=txns / per,
+        statements=statements / per,
+        cpu_ms=cpu * 1000 / per,
+    )
 
 
 async def _clone_waiting(engine: AsyncEngine, org: str, template: str, total: int) -> None:
@@ -142,14 +201,20 @@ async def _claim_latency(engine: AsyncEngine, waiting: int, samples: int) -> flo
 async def _bench(label: str, url: str, seconds: float) -> None:
     await migrate.upgrade(url, "runtime_svc")
     engine = db.create_engine(url, pool_size=8)
+    counters = _count(engine)
     try:
         raw = await _raw_rate(engine, seconds)
         print(f"{label:<8} raw single-row commits/s          {raw:9.0f}")
         for workers in (1, 4):
-            rate = await _steps_rate(engine, workers, seconds)
+            cost = await _steps_rate(engine, counters, workers, seconds)
             print(
-                f"{label:<8} durable steps/s, {workers} worker(s)      {rate:9.1f}"
-                f"   ratio steps/commits {rate / raw:5.3f}"
+                f"{label:<8} durable steps/s, {workers} worker(s)      {cost.steps_per_s:9.1f}"
+                f"   ratio steps/commits {cost.steps_per_s / raw:5.3f}"
+            )
+            print(
+                f"{label:<8}   per step: write txns {cost.write_txns:5.2f}"
+                f"  txns {cost.txns:5.2f}  statements {cost.statements:5.1f}"
+                f"  CPU ms {cost.cpu_ms:6.2f}"
             )
         small = await _claim_latency(engine, 1_000, 20)
         large = await _claim_latency(engine, 100_000, 20)

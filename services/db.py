@@ -69,6 +69,7 @@ from services.errors import CommitOutcomeUnknownError, ConflictError, FenceLostE
 from services.metrics import metrics
 
 __all__ = [
+    "BEGIN_MODE_OPTION",
     "CODE_LEN",
     "DEFAULT_BACKOFF",
     "DEFAULT_MAX_ATTEMPTS",
@@ -248,7 +249,11 @@ def classify_db_error(exc: BaseException) -> DbErrorClass:
 
 # --- per-dialect strategy --------------------------------------------------------------
 
-_BEGIN_MODE_OPTION = "flow_sqlite_begin"
+#: Execution option naming the SQLite BEGIN mode of a transaction; ``"DEFERRED"`` marks
+#: a read-only :func:`transaction` on every backend (the bench counts write transactions
+#: by it).
+BEGIN_MODE_OPTION = "flow_sqlite_begin"
+_BEGIN_MODE_OPTION = BEGIN_MODE_OPTION
 
 
 class DialectStrategy(abc.ABC):

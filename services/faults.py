@@ -67,6 +67,10 @@ class CrashPoint(StrEnum):
     BEFORE_STEP_FENCE = "before_step_fence"
     BEFORE_STEP_COMMIT = "before_step_commit"
     AFTER_STEP_COMMIT = "after_step_commit"
+    #: A step's commit also claimed the run's next step and made it Running for the same
+    #: worker (step continuation, docs/adr/0002); its preparation has not begun
+    #: (qualifier: the continued step's key). Lease expiry must recover it.
+    AFTER_CONTINUATION = "after_continuation"
     DURING_RECOVERY = "during_recovery"
     AFTER_OUTBOX_ENQUEUE = "after_outbox_enqueue"
     #: Owner: the inbox acceptance (fence row + command) committed, before the response.

@@ -293,6 +293,12 @@ class AdmissionController:
         metrics().admission_decided(lane, Decision.ADMITTED)
         return Ticket(org_id, lane, counted, candidate.flow_run_id)
 
+    def observe(self, outcome: str) -> None:
+        """Count an outcome of an admitted chain's earlier step (its ticket is still held)."""
+        kind = _OUTCOMES.get(outcome)
+        if kind is not None:
+            self._window.add(kind)
+
     def release(self, ticket: Ticket, outcome: str) -> None:
         """The admitted attempt ended with ``outcome`` (a worker ``Outcome`` value)."""
         if ticket.released:

@@ -163,6 +163,8 @@ def _effect_succeeded(dep: DependencyRecord) -> bool:
 Clock = Callable[[AsyncConnection], Awaitable[datetime]]
 #: ``LockPlanDigest`` of a step that declares no business resources.
 EMPTY_LOCK_PLAN_DIGEST = LockPlan().digest()
+#: Bound of the per-store cache of immutable plan digests (cleared whole when full).
+_MAX_PLAN_DIGESTS = 1024
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,12 @@ class CommitResult:
     run_state: RunState
     output_checkpoint: CheckpointMeta
     next_step_execution_id: str | None
+    #: The database clock of the commit transaction (a continuation claims with it).
+    committed_at: datetime | None = None
+    #: The output checkpoint's context payload and ReadVerificationSet exactly as
+    #: inserted (canonical JSON): the continued step's input, never read back (ADR 0002).
+    context_json: str | None = dataclasses.field(default=None, repr=False)
+    read_verification_json: str | None = dataclasses.field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -210,6 +218,7 @@ class FlowRunStateStore:
         self.ownership_epoch = ownership_epoch
         self.max_checkpoint_bytes = max_checkpoint_bytes
         self._clock = clock
+        self._plan_digests: dict[tuple[str, str], str] = {}
 
     def _check_fence(self, org_id: str, fence: LeaseFence) -> None:
         """Typed input validation before any SQL: org, epoch (this scheduler's), token."""
@@ -282,34 +291,128 @@ class FlowRunStateStore:
         token = new_lease_token()
 
         async def fn(conn: AsyncConnection) -> LeaseFence | NotEligible:
-            now = await self._clock(conn)
-            root = await lock_run(conn, org_id, candidate.flow_run_id)
-            step = await lock_step(conn, org_id, candidate.step_execution_id)
-            if root is None or step is None:
-                return NotEligible("missing")
-            request = ClaimRequest(
-                attempt_id=new_id("att"),
+            return await self._claim_txn(
+                conn,
+                org_id,
+                candidate.flow_run_id,
+                candidate.step_execution_id,
+                now=await self._clock(conn),
+                token=token,
                 lease_owner=lease_owner,
-                lease_token_digest=lease_token_digest(token),
-                ownership_epoch=self.ownership_epoch,
-                plan_digest=await plan_digest_txn(conn, org_id, root.plan_id),
                 lock_plan_digest=lock_plan_digest,
                 trace_id=trace_id,
                 expected_root_version=candidate.root_state_version,
                 expected_step_version=candidate.step_state_version,
             )
-            decision = decide_claim(root, step, now, self.policy, request)
-            if isinstance(decision, NotEligible):
-                return decision
-            await apply_transition(conn, org_id, decision.transition, now)
-            if isinstance(decision, RetryExhausted):
-                return NotEligible("attempt_budget_spent")
-            return decision.fence(org_id, root.flow_run_id, step, request, token)
 
         try:
             return await self._run(fn)
         except FenceLostError:  # a conditional UPDATE found the row already moved
             return NotEligible("lost_race")
+
+    async def _claim_txn(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        flow_run_id: str,
+        step_execution_id: str,
+        *,
+        now: datetime,
+        token: str,
+        lease_owner: str,
+        lock_plan_digest: str,
+        trace_id: str | None,
+        expected_root_version: int | None,
+        expected_step_version: int | None,
+    ) -> LeaseFence | NotEligible:
+        """The one claim path (§12.1 steps 3-5) of :meth:`claim` and
+        :meth:`continue_txn`: lock root then step, decide, apply."""
+        root = await lock_run(conn, org_id, flow_run_id)
+        step = await lock_step(conn, org_id, step_execution_id)
+        if root is None or step is None:
+            return NotEligible("missing")
+        request = ClaimRequest(
+            attempt_id=new_id("att"),
+            lease_owner=lease_owner,
+            lease_token_digest=lease_token_digest(token),
+            ownership_epoch=self.ownership_epoch,
+            plan_digest=await self._plan_digest(conn, org_id, root.plan_id),
+            lock_plan_digest=lock_plan_digest,
+            trace_id=trace_id,
+            expected_root_version=expected_root_version,
+            expected_step_version=expected_step_version,
+        )
+        decision = decide_claim(root, step, now, self.policy, request)
+        if isinstance(decision, NotEligible):
+            return decision
+        await apply_transition(conn, org_id, decision.transition, now)
+        if isinstance(decision, RetryExhausted):
+            return NotEligible("attempt_budget_spent")
+        return decision.fence(org_id, root.flow_run_id, step, request, token)
+
+    async def _plan_digest(self, conn: AsyncConnection, org_id: str, plan_id: str) -> str:
+        """A plan's digest, cached: a stored plan is immutable (digest-addressed), so
+        the answer for ``(org, plan)`` never changes once found."""
+        key = (org_id, plan_id)
+        digest = self._plan_digests.get(key)
+        if digest is None:
+            digest = await plan_digest_txn(conn, org_id, plan_id)
+            if len(self._plan_digests) >= _MAX_PLAN_DIGESTS:
+                self._plan_digests.clear()
+            self._plan_digests[key] = digest
+        return digest
+
+    async def continue_txn(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        fence: LeaseFence,
+        result: CommitResult,
+        *,
+        lease_owner: str,
+        trace_id: str | None = None,
+    ) -> LeaseFence | NotEligible:
+        """Step continuation (``docs/adr/0002-step-continuation.md``): inside the
+        transaction that just committed ``fence``'s step with ``result`` (root, step and
+        attempt still locked by it), claim the run's new current step for ``lease_owner``
+        through the ordinary claim decision (new attempt, new lease token) and move it
+        ``Claimed -> Running`` — so the run's next step needs no discovery query, no
+        claim transaction and no running transaction of its own.
+
+        Returns the Running fence, or :class:`NotEligible` when the run has no new
+        ``Runnable`` step or the claim decision refuses it (paused, not due …): nothing
+        of the continuation is written then, and the step waits for an ordinary claim.
+
+        Raises:
+            FenceLostError: a conditional UPDATE of the continuation found its row moved
+                (impossible while this transaction holds the root lock); the caller's
+                transaction must roll back.
+        """
+        step_id = result.next_step_execution_id
+        if step_id is None or result.run_state is not RunState.RUNNABLE:
+            return NotEligible("no_next_step")
+        now = result.committed_at if result.committed_at is not None else await self._clock(conn)
+        claimed = await self._claim_txn(
+            conn,
+            org_id,
+            fence.flow_run_id,
+            step_id,
+            now=now,
+            token=new_lease_token(),
+            lease_owner=lease_owner,
+            lock_plan_digest=EMPTY_LOCK_PLAN_DIGEST,
+            trace_id=trace_id,
+            expected_root_version=None,
+            expected_step_version=None,
+        )
+        if isinstance(claimed, NotEligible):
+            return claimed
+        root, step, attempt = await lock_fenced(conn, org_id, claimed)
+        decision = decide_start_running(root, step, attempt, claimed, now)
+        if isinstance(decision, FenceLost):
+            raise fence_error(decision)
+        await apply_transition(conn, org_id, decision.transition, now)
+        return dataclasses.replace(claimed, step_state_version=decision.step_state_version)
 
     async def mark_running(self, org_id: str, fence: LeaseFence) -> LeaseFence:
         """§12.2 step 3: step ``Claimed -> Running``; returns the fence with the new step
@@ -414,7 +517,12 @@ class FlowRunStateStore:
         await apply_transition(conn, org_id, decision.transition, now)
         new_step = decision.transition.new_step
         return CommitResult(
-            decision.run_state, meta, None if new_step is None else new_step.step_execution_id
+            decision.run_state,
+            meta,
+            None if new_step is None else new_step.step_execution_id,
+            committed_at=now,
+            context_json=prepared.context_json,
+            read_verification_json=prepared.read_verification_json,
         )
 
     async def record_rollback(

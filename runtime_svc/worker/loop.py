@@ -59,6 +59,7 @@ from runtime_svc.kernel import (
     AttemptOutcome,
     Candidate,
     CheckpointInput,
+    CommitResult,
     FailureClass,
     FlowRunStateStore,
     LeaseFence,
@@ -132,6 +133,7 @@ if TYPE_CHECKING:  # the waits and effects packages import the executor of this 
     from runtime_svc.waits.steps import PreparedWait, WaitSteps
 
 __all__ = [
+    "DEFAULT_CONTINUATION_LIMIT",
     "DEFAULT_QUEUE_CLASSES",
     "Outcome",
     "PhaseHook",
@@ -157,6 +159,8 @@ DEFAULT_QUEUE_CLASSES = (
     "effect_completion",
 )
 _MAX_CACHED_PLANS = 256
+#: Default bound of consecutive continued steps (see ``StepWorker``).
+DEFAULT_CONTINUATION_LIMIT = 32
 _EFFECT_KINDS = frozenset({StepKind.EFFECT_SUBMIT, StepKind.EFFECT_COMPLETION})
 _ACTIVE_CODES = (
     RunState.RUNNABLE.code,
@@ -240,6 +244,10 @@ class StepWorker:
             :mod:`runtime_svc.identity`); ``None`` skips it (tests of other concerns).
         admission: the §16 admission controller (lanes, budgets, pressure, fairness,
             per-key limits); ``None`` claims every due candidate (tests).
+        continuation_limit: consecutive steps of one run a batch may run by step
+            continuation after the claimed one (``docs/adr/0002-step-continuation.md``);
+            ``0`` turns continuation off. Bounded so that one long run does not keep
+            the worker from the rest of its batch.
     """
 
     def __init__(
@@ -261,7 +269,11 @@ class StepWorker:
         effects: EffectSteps | None = None,
         identity: Reauthorizer | None = None,
         admission: AdmissionController | None = None,
+        continuation_limit: int = DEFAULT_CONTINUATION_LIMIT,
     ) -> None:
+        if continuation_limit < 0:
+            raise ValueError("continuation_limit must be >= 0")
+        self._continuation_limit = continuation_limit
         self._engine = engine
         self._identity = identity
         self.admission = admission
@@ -313,17 +325,22 @@ class StepWorker:
             self._rng.shuffle(batch)
             for candidate in batch:
                 if admission is None:
-                    done.append(await self.process(org_id, candidate))
+                    done.extend(await self.process_chain(org_id, candidate))
                 else:
-                    done.append(await self._admitted(admission, org_id, candidate))
+                    done.extend(await self._admitted(admission, org_id, candidate))
         if admission is not None:
             admission.finished_org(org_id, found)
         return done
 
     async def _admitted(
         self, admission: AdmissionController, org_id: str, candidate: Candidate
-    ) -> Outcome:
-        """Process ``candidate`` if admission admits it (the outcome is reported back)."""
+    ) -> list[Outcome]:
+        """Process ``candidate`` (and its continuation chain) if admission admits it.
+
+        The ticket covers the whole chain: a continued step belongs to the same run and
+        keeps the admitted slot until the chain ends; every outcome of the chain is
+        reported to the admission window, the last one with the ticket's release.
+        """
         plan: ExecutionPlan | None = None
         if candidate.plan_id:
             try:
@@ -332,14 +349,16 @@ class StepWorker:
                 plan = None  # process() refuses it; admission then knows only the lane
         ticket = await admission.admit(org_id, candidate, plan)
         if ticket is None:
-            return Outcome.NOT_ELIGIBLE
-        outcome = Outcome.NOT_ELIGIBLE
+            return [Outcome.NOT_ELIGIBLE]
+        outcomes = [Outcome.NOT_ELIGIBLE]
         try:
             with admitted(ticket):
-                outcome = await self.process(org_id, candidate)
+                outcomes = await self.process_chain(org_id, candidate)
         finally:
-            admission.release(ticket, outcome.value)
-        return outcome
+            for earlier in outcomes[:-1]:
+                admission.observe(earlier.value)
+            admission.release(ticket, outcomes[-1].value)
+        return outcomes
 
     async def run_once(self) -> list[Outcome]:
         """One bounded pass: the next batch of orgs that have work (in rotation)."""
@@ -352,63 +371,103 @@ class StepWorker:
 
     async def process(self, org_id: str, candidate: Candidate) -> Outcome:
         """Claim ``candidate`` and, if won, execute and commit its step (the attempt
-        carries the run's trace id; its span is current while the step runs).
+        carries the run's trace id; its span is current while the step runs). One step
+        only: no continuation (see :meth:`process_chain`).
 
         With a binary check, a plan this binary may not execute (its sealed catalog
         entries or handlers do not match, §8.4) is never claimed: nothing is mutated.
         """
+        return (await self._process(org_id, candidate, _Chain(0, None)))[0]
+
+    async def process_chain(self, org_id: str, candidate: Candidate) -> list[Outcome]:
+        """:meth:`process`, then the run's next steps by step continuation while each
+        commit continues the run (at most ``continuation_limit`` more); one outcome per
+        step, in order."""
+        return await self._process(org_id, candidate, _Chain(self._continuation_limit, None))
+
+    async def _process(self, org_id: str, candidate: Candidate, chain: _Chain) -> list[Outcome]:
         if self._binary is not None and candidate.plan_id:
             try:
                 scope, plan, _ = await self._plan(org_id, candidate.plan_id)
             except NotFoundError:
-                return Outcome.NOT_ELIGIBLE
+                return [Outcome.NOT_ELIGIBLE]
             if await self._binary.refusals(scope, plan):
-                return Outcome.NOT_ELIGIBLE
+                return [Outcome.NOT_ELIGIBLE]
         watch = _watch(candidate)
+        chain.trace_id = watch.trace_id
         claimed = await self.store.claim(
             org_id, candidate, lease_owner=self.owner, trace_id=watch.trace_id
         )
         if isinstance(claimed, NotEligible):
             watch.lost(claimed.reason)
-            return Outcome.NOT_ELIGIBLE
+            return [Outcome.NOT_ELIGIBLE]
         with watch.attempt(
             claimed.flow_run_id,
             claimed.step_execution_id,
             claimed.attempt_id,
             claimed.attempt_number,
         ) as finish:
-            outcome = await self._claimed(org_id, claimed)
+            outcome = await self._claimed(org_id, claimed, chain)
             finish(outcome.value)
-        return outcome
+        done = [outcome]
+        while chain.next is not None:
+            # The commit that returned also claimed the run's next step for this worker
+            # and made it Running (the continuation); it is ours until it commits, rolls
+            # back or its lease expires — never dropped.
+            fence, nxt, known = chain.next
+            chain.next = None
+            crash_point(CrashPoint.AFTER_CONTINUATION, nxt.plan_step_key)
+            watch = _continued_watch(candidate, nxt)
+            with watch.attempt(
+                fence.flow_run_id, fence.step_execution_id, fence.attempt_id, fence.attempt_number
+            ) as finish:
+                outcome = await self._running(org_id, fence, chain, known)
+                finish(outcome.value)
+            done.append(outcome)
+        return done
 
-    async def _claimed(self, org_id: str, claimed: LeaseFence) -> Outcome:
+    async def _claimed(self, org_id: str, claimed: LeaseFence, chain: _Chain) -> Outcome:
         crash_point(CrashPoint.AFTER_CLAIM_COMMIT)
         try:
             fence = await self.store.mark_running(org_id, claimed)
-            crash_point(CrashPoint.AFTER_RUNNING_COMMIT)
-            return await self._execute(org_id, fence)
         except FenceLostError:
             # Another owner (recovery, cancellation) won: its transition is authoritative.
             log.info("fence lost on %s; abandoning", claimed.step_execution_id)
             return Outcome.FENCE_LOST
+        crash_point(CrashPoint.AFTER_RUNNING_COMMIT)
+        return await self._running(org_id, fence, chain)
 
-    async def _execute(self, org_id: str, fence: LeaseFence) -> Outcome:
+    async def _running(
+        self, org_id: str, fence: LeaseFence, chain: _Chain, known: _Known | None = None
+    ) -> Outcome:
+        try:
+            return await self._execute(org_id, fence, chain, known)
+        except FenceLostError:
+            log.info("fence lost on %s; abandoning", fence.step_execution_id)
+            return Outcome.FENCE_LOST
+
+    async def _execute(
+        self, org_id: str, fence: LeaseFence, chain: _Chain, known: _Known | None
+    ) -> Outcome:
         try:
             # Everything before the business transaction runs under the periodic
             # heartbeat (§12.3); a heartbeat that loses the fence raises FenceLostError
             # here and the step is abandoned without any commit.
-            prepared = await self._with_heartbeat(org_id, fence, self._prepare(org_id, fence))
+            prepared = await self._with_heartbeat(
+                org_id, fence, self._prepare(org_id, fence, known)
+            )
         except _Abort as abort:
             if abort.retry:
                 return await self._retry(org_id, fence, abort.code)
             return await self._fail(org_id, fence, abort.code)
         if self._hook is not None:
             await self._hook("executed", fence, None)
-        return await self._commit(org_id, fence, prepared)
+        return await self._commit(org_id, fence, prepared, chain)
 
-    async def _prepare(self, org_id: str, fence: LeaseFence) -> _Prepared:
+    async def _prepare(self, org_id: str, fence: LeaseFence, known: _Known | None) -> _Prepared:
         """Load plan, step and input checkpoint; interpret a pure step (no transaction,
-        no connection held, §12.2 step 4).
+        no connection held, §12.2 step 4). A continued step (``known``) takes them from
+        the commit that continued it instead of reading them back.
 
         Raises:
             _Abort: a classified failure, recorded after the heartbeat stopped.
@@ -416,15 +475,21 @@ class StepWorker:
         if fence.input_checkpoint_id is None:
             raise _Abort("input_checkpoint_missing")
         try:
-            # One read-only transaction for the run, the step row and the input checkpoint
-            # (payload and verification set); the immutable plan is cached per worker.
-            async with transaction(self._engine, readonly=True) as conn:
-                run = await get_run_txn(conn, org_id, fence.flow_run_id)
-                step_row = await _step_row_txn(conn, org_id, fence.step_execution_id)
-                payload, verification = await _checkpoint_txn(
-                    conn, org_id, fence.flow_run_id, fence.input_checkpoint_id
-                )
-            scope, plan, policy_version = await self._plan(org_id, run.plan_id)
+            if known is None:
+                # One read-only transaction for the run, the step row and the input
+                # checkpoint (payload and verification set).
+                async with transaction(self._engine, readonly=True) as conn:
+                    run = await get_run_txn(conn, org_id, fence.flow_run_id)
+                    step_row = await _step_row_txn(conn, org_id, fence.step_execution_id)
+                    payload, verification = await _checkpoint_txn(
+                        conn, org_id, fence.flow_run_id, fence.input_checkpoint_id
+                    )
+                plan_id = run.plan_id
+            else:
+                plan_id, step_row = known.plan_id, known.step
+                payload, verification = known.payload, known.verification
+            # The immutable plan is cached per worker.
+            scope, plan, policy_version = await self._plan(org_id, plan_id)
             step = plan.step(step_row.plan_step_key)
             step_entered(step.key, fence.step_execution_id, fence.attempt_number)
         except (NotFoundError, KeyError):
@@ -452,7 +517,7 @@ class StepWorker:
                 )
             except StepFault as fault:
                 raise _Abort(fault.code) from None
-            return _Prepared(plan, step, context, snapshots, outcome, None, wait)
+            return _Prepared(plan, step, context, snapshots, outcome, None, wait, plan_id=plan_id)
         if step.kind in _EFFECT_KINDS and self._effects is not None:
             # §15.1/§15.2: the submit's payload and identities are computed here, before
             # its transaction; a completion reads and validates its consumed receipt.
@@ -469,7 +534,9 @@ class StepWorker:
                 )
             except StepFault as fault:
                 raise _Abort(fault.code) from None
-            return _Prepared(plan, step, context, snapshots, outcome, None, effect=submit)
+            return _Prepared(
+                plan, step, context, snapshots, outcome, None, effect=submit, plan_id=plan_id
+            )
         if needs_transaction(step):
             try:
                 view = await self._views.view_for(scope)
@@ -483,7 +550,7 @@ class StepWorker:
                 outcome = await interpret(plan, step, context, meter=meter_for(plan, step))
             except StepFault as fault:
                 raise _Abort(fault.code) from None
-        return _Prepared(plan, step, context, snapshots, outcome, view)
+        return _Prepared(plan, step, context, snapshots, outcome, view, plan_id=plan_id)
 
     async def _with_heartbeat(
         self, org_id: str, fence: LeaseFence, work: Coroutine[Any, Any, _Prepared]
@@ -534,20 +601,28 @@ class StepWorker:
             raise lost[0]
         return task.result()
 
-    async def _commit(self, org_id: str, fence: LeaseFence, prepared: _Prepared) -> Outcome:
+    async def _commit(
+        self, org_id: str, fence: LeaseFence, prepared: _Prepared, chain: _Chain
+    ) -> Outcome:
         if self._changes is None:
-            return await self._commit_once(org_id, fence, prepared, [])
+            return await self._commit_once(org_id, fence, prepared, [], chain)
         with self._changes.collect() as signals:
-            outcome = await self._commit_once(org_id, fence, prepared, signals)
+            outcome = await self._commit_once(org_id, fence, prepared, signals, chain)
         return outcome
 
     async def _commit_once(
-        self, org_id: str, fence: LeaseFence, prepared: _Prepared, signals: list[Any]
+        self,
+        org_id: str,
+        fence: LeaseFence,
+        prepared: _Prepared,
+        signals: list[Any],
+        chain: _Chain,
     ) -> Outcome:
         plan, step, context = prepared.plan, prepared.step, prepared.context
         outcome, view, snapshots = prepared.outcome, prepared.view, prepared.snapshots
         key = step.key
         began = time.perf_counter()
+        continued: tuple[LeaseFence, NextStep, _Known] | None = None
         try:
             async with transaction(self._engine) as conn:
                 read: list[ReadToken] = []
@@ -598,7 +673,7 @@ class StepWorker:
                 if self._hook is not None:
                     await self._hook("in_txn", fence, conn)
                 crash_point(CrashPoint.BEFORE_STEP_FENCE, key)
-                await self.store.commit_step_txn(
+                committed = await self.store.commit_step_txn(
                     conn,
                     org_id,
                     fence,
@@ -613,6 +688,9 @@ class StepWorker:
                 if prepared.effect is not None and self._effects is not None:
                     # §15.1 step 4: dependency, outbox message, link — last.
                     await self._effects.commit_txn(conn, prepared.effect)
+                continued = await self._continue_txn(
+                    conn, org_id, fence, prepared, outcome, committed, chain
+                )
                 crash_point(CrashPoint.BEFORE_STEP_COMMIT, key)
             raise_connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, key)
             metrics().step_transaction(plan.profile.value, step.kind.value, _since(began))
@@ -622,7 +700,12 @@ class StepWorker:
             log.info("final fence lost on %s; business writes rolled back", key)
             return Outcome.FENCE_LOST
         except CommitOutcomeUnknownError:
-            return await self._quarantine(org_id, fence, AttemptOutcome.COMMIT_UNKNOWN)
+            lost = await self._quarantine(org_id, fence, AttemptOutcome.COMMIT_UNKNOWN)
+            if lost is Outcome.ALREADY_COMMITTED:
+                # The commit is proven durable, and the continuation was written by the
+                # same transaction: the continued step is ours (its fence still decides).
+                chain.next = continued
+            return lost
         except LateResourceDiscoveryError as exc:
             # §13.3 steps 1 and 4: record the safe resource-class mismatch and the expanded
             # plan (proven within the declared bounds) with the rolled-back attempt.
@@ -650,7 +733,47 @@ class StepWorker:
             await self._waits.after_commit(prepared.wait)  # §14.2 step 4
         if prepared.effect is not None and self._effects is not None:
             await self._effects.after_commit(prepared.effect)
+        chain.next = continued
         return Outcome.COMMITTED
+
+    async def _continue_txn(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        fence: LeaseFence,
+        prepared: _Prepared,
+        outcome: StepOutcome,
+        committed: CommitResult,
+        chain: _Chain,
+    ) -> tuple[LeaseFence, NextStep, _Known] | None:
+        """Claim the run's next step in the committing transaction (step continuation),
+        when the chain has room, the commit advanced the run to a new step of a lane this
+        worker serves, and the step carries no wait or effect of its own."""
+        advance = outcome.advance
+        if (
+            chain.remaining <= 0
+            or not isinstance(advance, NextStep)
+            or advance.queue_class not in self._queues
+            or prepared.wait is not None
+            or prepared.effect is not None
+            or committed.context_json is None
+            or not prepared.plan_id
+        ):
+            return None
+        claimed = await self.store.continue_txn(
+            conn, org_id, fence, committed, lease_owner=self.owner, trace_id=chain.trace_id
+        )
+        if isinstance(claimed, NotEligible):
+            return None
+        chain.remaining -= 1
+        raw = committed.read_verification_json
+        known = _Known(
+            plan_id=prepared.plan_id,
+            step=_StepRow(advance.plan_step_key, advance.step_kind, advance.invocation_ordinal),
+            payload=committed.context_json,
+            verification=None if raw is None else json.loads(raw),
+        )
+        return claimed, advance, known
 
     # --- outcomes ------------------------------------------------------------------------
 
@@ -747,6 +870,41 @@ def _watch(candidate: Candidate) -> StepWatch:
     )
 
 
+def _continued_watch(candidate: Candidate, nxt: NextStep) -> StepWatch:
+    """The watch of a continued step: the run's profile and trace, the step's own lane
+    and kind; no queue wait (it never waited in a queue)."""
+    return StepWatch(
+        lane=nxt.queue_class,
+        profile=candidate.execution_profile,
+        step_kind=nxt.step_kind,
+        trace_context=candidate.trace_context,
+        run_after=None,
+    )
+
+
+@dataclass
+class _Chain:
+    """One :meth:`StepWorker.process_chain` call's continuation state: how many more
+    steps it may continue, the run's trace id, and the continued step the last commit
+    claimed for this worker (Running, with its fence) — taken by the chain loop."""
+
+    remaining: int
+    trace_id: str | None
+    next: tuple[LeaseFence, NextStep, _Known] | None = None
+
+
+@dataclass(frozen=True)
+class _Known:
+    """A continued step's input as the commit that continued it wrote it: the run's plan,
+    the new step row and the output checkpoint (canonical JSON) — what the preparation
+    read would return, so it is not read back (ADR 0002)."""
+
+    plan_id: str
+    step: _StepRow
+    payload: str
+    verification: Any
+
+
 def _since(began: float) -> float:
     return time.perf_counter() - began
 
@@ -763,6 +921,8 @@ class _Prepared:
     view: RecordView | None
     wait: PreparedWait | None = None
     effect: PreparedSubmit | None = None
+    #: The run's plan (a continued step of the run is prepared with it).
+    plan_id: str = ""
 
 
 async def _step_row_txn(conn: AsyncConnection, org_id: str, step_execution_id: str) -> _StepRow:

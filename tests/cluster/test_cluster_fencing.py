@@ -40,7 +40,11 @@ def _gated_worker(node: Node, owner: str, gate: CommitGate) -> StepWorker:
         if at == "in_txn":
             gate.arm()
 
-    return make_worker(node.engine, node.store, owner=owner, hook=hook, heartbeat=False)
+    # One step per batch: the race is about this step's COMMIT (a continued next step
+    # would meet the armed gate again).
+    return make_worker(
+        node.engine, node.store, owner=owner, hook=hook, heartbeat=False, continuation_limit=0
+    )
 
 
 async def test_two_workers_on_two_nodes_claim_the_same_candidate_and_exactly_one_wins(

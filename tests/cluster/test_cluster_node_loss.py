@@ -71,7 +71,10 @@ async def balanced(galera: Cluster, cluster_db: ClusterDb) -> AsyncIterator[Bala
 
 
 def _worker(lb: Balanced, hook: object) -> StepWorker:
-    return make_worker(lb.engine, lb.store, owner="w-lb", hook=hook, heartbeat=False)
+    # One step per batch: each proof is about this one step's lost COMMIT.
+    return make_worker(
+        lb.engine, lb.store, owner="w-lb", hook=hook, heartbeat=False, continuation_limit=0
+    )
 
 
 async def _finish_elsewhere(engines: list[AsyncEngine], org: str, run_id: str) -> None:

@@ -47,7 +47,8 @@ async def test_flow_step_and_ordinary_record_write_contend_on_the_same_row(
 ) -> None:
     seeded = await seed(engine)
     run = await start_run(store, seeded)
-    worker = make_worker(engine, store)
+    # One step per batch: the hooked worker below must be the one that runs bump2.
+    worker = make_worker(engine, store, continuation_limit=0)
     assert await worker.run_batch(seeded.org) == [Outcome.COMMITTED]  # bump1 created it
     assert await worker.run_batch(seeded.org) == [Outcome.COMMITTED]  # calc (pure)
     [account] = await run_records(engine, seeded.org)
@@ -68,7 +69,7 @@ async def test_flow_step_and_ordinary_record_write_contend_on_the_same_row(
             await asyncio.sleep(0.3)
             assert not ordinary[0].done()  # blocked on the Flow step's business lock
 
-    hooked = make_worker(engine, store, hook=hook)
+    hooked = make_worker(engine, store, hook=hook, continuation_limit=0)
     assert await hooked.run_batch(seeded.org) == [Outcome.COMMITTED]  # bump2
     await asyncio.wait_for(ordinary[0], timeout=30)
     assert (await drive(worker, seeded.org, run.flow_run_id)).state is RunState.SUCCEEDED

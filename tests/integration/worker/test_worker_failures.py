@@ -158,7 +158,11 @@ async def test_connection_lost_after_commit_reads_the_marker_and_never_repeats_t
     run = await start_run(store, seeded)
     worker = make_worker(engine, store)
     with connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, "bump1"):
-        assert await worker.run_batch(seeded.org) == [Outcome.ALREADY_COMMITTED]
+        first, *continued = await worker.run_batch(seeded.org)
+    assert first is Outcome.ALREADY_COMMITTED
+    # The lost COMMIT is proven durable, so the continuation it carried (the run's next
+    # step, claimed in the same transaction) is run by the same worker, not stranded.
+    assert continued and set(continued) == {Outcome.COMMITTED}
     assert (await drive(worker, seeded.org, run.flow_run_id)).state is RunState.SUCCEEDED
     await _assert_once(engine, seeded, run.flow_run_id)
 
@@ -268,7 +272,8 @@ async def test_delete_after_a_committed_step_keeps_the_committed_advancement(
 ) -> None:
     seeded = await seed(engine)
     run = await start_run(store, seeded)
-    worker = make_worker(engine, store)
+    # One step per batch: the delete lands between bump1's commit and the next claim.
+    worker = make_worker(engine, store, continuation_limit=0)
     assert await worker.run_batch(seeded.org) == [Outcome.COMMITTED]  # commit wins
     await store.delete_run(seeded.org, run.flow_run_id)
     sweeper = Sweeper(engine, store)

@@ -65,7 +65,8 @@ async def test_nothing_eligible_returns_no_work(
     engine: AsyncEngine, store: FlowRunStateStore
 ) -> None:
     seeded = await seed(engine)
-    worker = make_worker(engine, store)
+    # One step per batch (no continuation): the batch's own claim is what is inspected.
+    worker = make_worker(engine, store, continuation_limit=0)
     assert await worker.run_batch(seeded.org) == []
     run = await start_run(store, seeded)
     first = await worker.run_batch(seeded.org)

@@ -77,7 +77,10 @@ async def test_heartbeat_keeps_a_slow_pure_step_leased(
             assert (await sweeper.sweep_org(seeded.org))[0] == 0  # nothing expired
             slices.append(i)
 
-    worker = make_worker(engine, store, hook=hook, heartbeat_interval_s=BEAT_S)
+    # One step per batch: each step's own claim and lease are what this test watches.
+    worker = make_worker(
+        engine, store, hook=hook, heartbeat_interval_s=BEAT_S, continuation_limit=0
+    )
     assert await worker.run_batch(seeded.org) == [Outcome.COMMITTED]  # bump1
     assert await worker.run_batch(seeded.org) == [Outcome.COMMITTED]  # calc, slow
     assert slices == [0, 1, 2]
@@ -104,7 +107,8 @@ async def test_without_heartbeat_the_lease_expires_and_recovery_fences_the_step(
             clock.advance(seconds=lease_s * 0.4)
         recovered.append((await sweeper.sweep_org(seeded.org))[0])
 
-    worker = make_worker(engine, store, hook=hook, heartbeat=False)
+    # One step per batch: each step's own claim and lease are what this test watches.
+    worker = make_worker(engine, store, hook=hook, heartbeat=False, continuation_limit=0)
     assert await worker.run_batch(seeded.org) == [Outcome.COMMITTED]  # bump1
     # Recovery took over while calc computed: the old worker's commit fails the fence.
     assert await worker.run_batch(seeded.org) == [Outcome.FENCE_LOST]
@@ -134,7 +138,10 @@ async def test_a_heartbeat_that_loses_the_fence_abandons_the_step(
             raise
         abandoned.append(False)
 
-    worker = make_worker(engine, store, hook=hook, heartbeat_interval_s=BEAT_S)
+    # One step per batch: each step's own claim and lease are what this test watches.
+    worker = make_worker(
+        engine, store, hook=hook, heartbeat_interval_s=BEAT_S, continuation_limit=0
+    )
     assert await worker.run_batch(seeded.org) == [Outcome.COMMITTED]  # bump1
     assert await worker.run_batch(seeded.org) == [Outcome.FENCE_LOST]
     assert abandoned == [True]

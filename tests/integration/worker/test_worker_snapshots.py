@@ -193,7 +193,7 @@ async def test_a_worker_outcome_for_the_changed_snapshot_is_failed(
     """The step-level outcome of a failed verification: ``FAILED`` in one process call."""
     seeded = await _seed(engine)
     run = await start_run(store, seeded)
-    worker = make_worker(engine, store)
+    worker = make_worker(engine, store, continuation_limit=0)  # one step per batch
     outcomes: list[Outcome] = []
     for _ in range(3):  # bump1, load, calc
         outcomes.extend(await worker.run_batch(seeded.org))

@@ -114,10 +114,13 @@ async def test_worker_soak_keeps_exactly_once_and_state_invariants(
     else:
         raise AssertionError(f"soak did not finish in {ROUNDS} rounds: {totals}, {injected}")
 
-    assert totals[Outcome.COMMITTED] > RUNS * 3, totals
     assert injected["lease_expiry"] > 0 and injected["cancel"] > 0, injected
     assert injected["kill_in_txn"] > 0 and injected["kill_before_txn"] > 0, injected
     assert totals[Outcome.FENCE_LOST] > 0, totals
-    await check_exactly_once(
+    summary = await check_exactly_once(
         engine, org, expected_runs=run_ids, cancelled=cancelled, terminal=terminal
     )
+    # Real work was done: counted in the database, because a killed worker's batch
+    # returns no outcomes — with step continuation a batch holds whole chains of steps.
+    committed = [a for a in summary.attempts.values() if a["transaction_outcome"] == "Committed"]
+    assert len(committed) > RUNS * 3, (totals, len(committed))

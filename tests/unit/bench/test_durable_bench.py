@@ -1,0 +1,32 @@
+"""The durable-step bench counts what one step costs (issue 13): run on SQLite until its
+work runs out (no time limit is reached, no speed is asserted), every run finishes and
+the per-step counters are the ones step continuation (ADR 0002) gives — one claim and
+one running transaction for a run's first step, one commit transaction per step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import durable_bench
+from services import db, migrate
+
+
+async def test_the_durable_bench_counts_transactions_statements_and_cpu_per_step(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'd.db'}"
+    await migrate.upgrade(url, "runtime_svc")
+    engine = db.create_engine(url, pool_size=4)
+    try:
+        counters = durable_bench._count(engine)
+        # 8 runs of 10 steps; 1,000 s is never reached: the loop ends when no work is left.
+        cost = await durable_bench._steps_rate(engine, counters, 1, 1_000.0)
+    finally:
+        await engine.dispose()
+    assert cost.steps_per_s > 0
+    # 80 steps: 8 first steps at 3 write transactions, 72 continued ones at 1.
+    assert cost.write_txns == (8 * 3 + 72) / 80
+    # Read transactions: discovery and the first steps' preparation only.
+    assert cost.write_txns < cost.txns < 2 * cost.write_txns
+    assert 10 < cost.statements < 40
+    assert cost.cpu_ms > 0
