@@ -99,6 +99,8 @@ class Decision:
     CREDIT = "org_credit"
     PRESSURE = "pressure"
     CONCURRENCY = "concurrency_limit"
+    #: Not a deferral: an admitted run's next step taken by step continuation.
+    CONTINUED = "continued"
 
 
 @dataclass(frozen=True)
@@ -292,6 +294,33 @@ class AdmissionController:
         self.decisions[Decision.ADMITTED] += 1
         metrics().admission_decided(lane, Decision.ADMITTED)
         return Ticket(org_id, lane, counted, candidate.flow_run_id)
+
+    def may_continue(self, ticket: Ticket, lane: str) -> bool:
+        """May the admitted chain of ``ticket`` go on into its run's next step of ``lane``
+        (step continuation, ADR 0002)? Synchronous and in memory: it is asked inside the
+        committing transaction.
+
+        A continued step is charged to the org like an admission (its deficit credit, so a
+        hot tenant's long runs cannot crowd out a cold tenant), and a mutation step needs
+        mutation room under the current pressure — the ticket's own in-flight slot is
+        handed on to it, so it is not counted twice. The ticket keeps the lane and scope
+        slots it was admitted under until the chain ends.
+        """
+        if self.scheduler.credit(ticket.org_id) <= 0:
+            return False
+        if lane in MUTATION_LANES:
+            cached = self._policies.get(ticket.org_id)
+            policy = cached[1] if cached is not None else AdmissionPolicy()
+            own = 1 if ticket.lane in MUTATION_LANES else 0
+            limit = mutation_inflight_limit(
+                self.budget, pressure_level(self.signals(), policy.pressure), policy.reserved_share
+            )
+            if sum(self._inflight[f"lane:{m}"] for m in MUTATION_LANES) - own >= limit:
+                return False
+        self.scheduler.charge(ticket.org_id)
+        self.decisions[Decision.CONTINUED] += 1
+        metrics().admission_decided(lane, Decision.CONTINUED)
+        return True
 
     def observe(self, outcome: str) -> None:
         """Count an outcome of an admitted chain's earlier step (its ticket is still held)."""

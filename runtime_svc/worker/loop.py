@@ -353,7 +353,10 @@ class StepWorker:
         outcomes = [Outcome.NOT_ELIGIBLE]
         try:
             with admitted(ticket):
-                outcomes = await self.process_chain(org_id, candidate)
+                held = ticket
+                outcomes = await self.process_chain(
+                    org_id, candidate, gate=lambda lane: admission.may_continue(held, lane)
+                )
         finally:
             for earlier in outcomes[:-1]:
                 admission.observe(earlier.value)
@@ -379,11 +382,16 @@ class StepWorker:
         """
         return (await self._process(org_id, candidate, _Chain(0, None)))[0]
 
-    async def process_chain(self, org_id: str, candidate: Candidate) -> list[Outcome]:
+    async def process_chain(
+        self, org_id: str, candidate: Candidate, *, gate: Callable[[str], bool] | None = None
+    ) -> list[Outcome]:
         """:meth:`process`, then the run's next steps by step continuation while each
         commit continues the run (at most ``continuation_limit`` more); one outcome per
-        step, in order."""
-        return await self._process(org_id, candidate, _Chain(self._continuation_limit, None))
+        step, in order. ``gate(lane)`` (admission, §16) is asked, inside the committing
+        transaction and before the next step is claimed, whether the chain may go on
+        into a step of ``lane``; ``False`` leaves that step to ordinary discovery."""
+        chain = _Chain(self._continuation_limit, None, gate=gate)
+        return await self._process(org_id, candidate, chain)
 
     async def _process(self, org_id: str, candidate: Candidate, chain: _Chain) -> list[Outcome]:
         if self._binary is not None and candidate.plan_id:
@@ -758,6 +766,7 @@ class StepWorker:
             or prepared.effect is not None
             or committed.context_json is None
             or not prepared.plan_id
+            or (chain.gate is not None and not chain.gate(advance.queue_class))
         ):
             return None
         claimed = await self.store.continue_txn(
@@ -891,6 +900,7 @@ class _Chain:
     remaining: int
     trace_id: str | None
     next: tuple[LeaseFence, NextStep, _Known] | None = None
+    gate: Callable[[str], bool] | None = None
 
 
 @dataclass(frozen=True)

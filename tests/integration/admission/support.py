@@ -4,7 +4,7 @@ processed candidates in, and the counts the assertions read."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +108,17 @@ class RecordingWorker(StepWorker):
         outcome = await super().process(org_id, candidate)
         self.log.append(Processed(org_id, candidate.flow_run_id, candidate.queue_class, outcome))
         return outcome
+
+    async def process_chain(
+        self, org_id: str, candidate: Candidate, *, gate: Callable[[str], bool] | None = None
+    ) -> list[Outcome]:
+        # Every step of the chain (the claimed one and each continued one), in order.
+        outcomes = await super().process_chain(org_id, candidate, gate=gate)
+        for outcome in outcomes:
+            self.log.append(
+                Processed(org_id, candidate.flow_run_id, candidate.queue_class, outcome)
+            )
+        return outcomes
 
 
 async def states(engine: AsyncEngine, org: str, run_ids: Sequence[str]) -> dict[str, str]:

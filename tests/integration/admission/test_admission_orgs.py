@@ -13,7 +13,7 @@ who gets admitted when.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from sqlalchemy import select
@@ -88,6 +88,11 @@ class ClaimOnly(StepWorker):
             return Outcome.NOT_ELIGIBLE
         self.served.append(org_id)
         return Outcome.COMMITTED
+
+    async def process_chain(
+        self, org_id: str, candidate: Candidate, *, gate: Callable[[str], bool] | None = None
+    ) -> list[Outcome]:
+        return [await self.process(org_id, candidate)]  # a claim has no continuation
 
 
 async def test_500_orgs_with_due_work_are_all_served_and_a_hot_one_gets_one_quantum(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from runtime_svc.identity import permission_digest
 from runtime_svc.kernel import RunState
+from runtime_svc.worker.loop import DEFAULT_QUEUE_CLASSES
 from tests.integration.atomic.support import attempts_of
 from tests.integration.identity.support import (
     ANN,
@@ -125,8 +126,11 @@ async def test_permission_change_between_steps_fails_the_next_step(
     await world.seed_with(two_step_flow(), None)
     changed = await world.start_as("two_steps", ANN)
     steady = await world.start_as("two_steps", "user-bob")
-    # One batch runs each run's first step only (the second becomes due after it).
-    await world.worker.run_batch(world.org)
+    # One pass runs each run's first step only (``process``: no step continuation, so
+    # the second step is left due for after the permission change).
+    for queue in DEFAULT_QUEUE_CLASSES:
+        for candidate in await world.store.eligible_work(world.org, queue, limit=10):
+            await world.worker.process(world.org, candidate)
     assert sorted(await task_subjects(world.engine, world.org)) == ["one", "one"]
 
     # An FLS/RLS grant is withdrawn from Ann between her run's steps.
