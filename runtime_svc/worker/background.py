@@ -74,8 +74,8 @@ async def _run_resolved(worker: StepWorker, hints: list[object]) -> bool:
         if isinstance(hint, ResolvedRun):
             candidate = await worker.store.candidate_for_run(hint.org_id, hint.flow_run_id)
             if candidate is not None:
-                outcome = await worker.process(hint.org_id, candidate)
-                did = did or outcome is not Outcome.NOT_ELIGIBLE
+                outcomes = await worker.process_found(hint.org_id, candidate)
+                did = did or any(o is not Outcome.NOT_ELIGIBLE for o in outcomes)
     return did
 
 

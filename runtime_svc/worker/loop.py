@@ -332,6 +332,14 @@ class StepWorker:
             admission.finished_org(org_id, found)
         return done
 
+    async def process_found(self, org_id: str, candidate: Candidate) -> list[Outcome]:
+        """A candidate found outside :meth:`run_batch`'s query (a wake hint naming a run a
+        resolution made runnable): admitted like any candidate when admission is
+        configured (§16), then processed with its continuation chain."""
+        if self.admission is None:
+            return await self.process_chain(org_id, candidate)
+        return await self._admitted(self.admission, org_id, candidate)
+
     async def _admitted(
         self, admission: AdmissionController, org_id: str, candidate: Candidate
     ) -> list[Outcome]:
