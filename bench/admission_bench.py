@@ -24,6 +24,7 @@ import os
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -45,9 +46,11 @@ class _Timed(StepWorker):
 
     picked: dict[str, float]
 
-    async def process(self, org_id: str, candidate: Candidate) -> Outcome:
+    async def process_chain(
+        self, org_id: str, candidate: Candidate, *, gate: Callable[[str], bool] | None = None
+    ) -> list[Outcome]:
         self.picked.setdefault(candidate.flow_run_id, time.perf_counter())
-        return await super().process(org_id, candidate)
+        return await super().process_chain(org_id, candidate, gate=gate)
 
 
 def _p(values: list[float], q: float) -> float:

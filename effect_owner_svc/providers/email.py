@@ -195,7 +195,8 @@ class EmailProvider:
                 return outcome
             # The kept session was gone before anything of this message was sent.
         outcome = await self._session(self._client(), message, to, reused=False)
-        assert outcome is not None  # only a reused session answers "gone"
+        if outcome is None:  # only a reused session answers "gone": a fresh one cannot
+            return ProviderOutcome.retryable("smtp_unavailable")
         return outcome
 
     async def _session(
