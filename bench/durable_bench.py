@@ -105,8 +105,11 @@ async def _raw_rate(engine: AsyncEngine, seconds: float) -> float:
 
 
 async def _steps_rate(
-    engine: AsyncEngine, counters: _Counters, workers: int, seconds: float
+    engine: AsyncEngine, workers: int, seconds: float, counters: _Counters | None = None
 ) -> _StepCost:
+    """Steps/s of ``workers`` workers for ``seconds`` (or until the work runs out) and,
+    with ``counters`` (:func:`_count` on ``engine``), the per-step cost."""
+    counters = counters if counters is not None else _Counters()
     store = FlowRunStateStore(engine, policy=_POLICY)
     seeded = await seed(engine, mutations=10, pure_step=False)
     for i in range(workers * 8):
@@ -206,7 +209,7 @@ async def _bench(label: str, url: str, seconds: float) -> None:
         raw = await _raw_rate(engine, seconds)
         print(f"{label:<8} raw single-row commits/s          {raw:9.0f}")
         for workers in (1, 4):
-            cost = await _steps_rate(engine, counters, workers, seconds)
+            cost = await _steps_rate(engine, workers, seconds, counters)
             print(
                 f"{label:<8} durable steps/s, {workers} worker(s)      {cost.steps_per_s:9.1f}"
                 f"   ratio steps/commits {cost.steps_per_s / raw:5.3f}"

@@ -111,7 +111,7 @@ async def _bench(label: str, url: str, seconds: float) -> dict[str, float]:
             for on in (False, True) if i % 2 == 0 else (True, False):
                 with _mode(on, provider, instance):
                     started = time.process_time()
-                    rate = await durable_bench._steps_rate(engine, 1, per_round)
+                    rate = (await durable_bench._steps_rate(engine, 1, per_round)).steps_per_s
                     if on:
                         steps_on += rate * per_round
                 rates[on].append(rate)

@@ -20,7 +20,7 @@ async def test_the_durable_bench_counts_transactions_statements_and_cpu_per_step
     try:
         counters = durable_bench._count(engine)
         # 8 runs of 10 steps; 1,000 s is never reached: the loop ends when no work is left.
-        cost = await durable_bench._steps_rate(engine, counters, 1, 1_000.0)
+        cost = await durable_bench._steps_rate(engine, 1, 1_000.0, counters)
     finally:
         await engine.dispose()
     assert cost.steps_per_s > 0
