@@ -524,7 +524,7 @@ class StepWorker:
             except StepFault as fault:
                 raise _Abort(fault.code) from None
             if denied is not None:
-                return _Prepared(plan, step, context, snapshots, denied, None)
+                return _Prepared(plan, step, context, snapshots, denied, None, plan_id=plan_id)
         if step.kind is StepKind.DEPENDENCY_WAIT and self._waits is not None:
             # §14: enter the wait (dependency inserted with the commit) or resume it.
             try:
