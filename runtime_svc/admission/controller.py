@@ -311,11 +311,8 @@ class AdmissionController:
         if lane in MUTATION_LANES:
             cached = self._policies.get(ticket.org_id)
             policy = cached[1] if cached is not None else AdmissionPolicy()
-            own = 1 if ticket.lane in MUTATION_LANES else 0
-            limit = mutation_inflight_limit(
-                self.budget, pressure_level(self.signals(), policy.pressure), policy.reserved_share
-            )
-            if sum(self._inflight[f"lane:{m}"] for m in MUTATION_LANES) - own >= limit:
+            handed_on = 1 if ticket.lane in MUTATION_LANES else 0
+            if not self._mutation_room(policy, handed_on=handed_on):
                 return False
         self.scheduler.charge(ticket.org_id)
         self.decisions[Decision.CONTINUED] += 1
@@ -345,11 +342,13 @@ class AdmissionController:
 
     # --- internals -----------------------------------------------------------------------
 
-    def _mutation_room(self, policy: AdmissionPolicy) -> bool:
+    def _mutation_room(self, policy: AdmissionPolicy, *, handed_on: int = 0) -> bool:
+        """Room for one more mutation attempt under the current pressure (``handed_on``:
+        in-flight mutation slots that the new attempt takes over, not counted twice)."""
         limit = mutation_inflight_limit(
             self.budget, pressure_level(self.signals(), policy.pressure), policy.reserved_share
         )
-        return sum(self._inflight[f"lane:{m}"] for m in MUTATION_LANES) < limit
+        return sum(self._inflight[f"lane:{m}"] for m in MUTATION_LANES) - handed_on < limit
 
     def _defer(self, lane: str, decision: str) -> Ticket | None:
         """Count a deferral; always ``None`` (no ticket), so callers can return it."""

@@ -112,3 +112,27 @@ async def test_a_budget_of_zero_in_flight_defers_without_writing(
     assert worker.log == []  # never claimed
     assert set((await states(engine, org, runs.run_ids)).values()) == {"Runnable"}
     assert admission.decisions[Decision.POLICY] == 2
+
+
+async def test_a_step_continuation_is_charged_to_the_org_and_stops_without_credit(
+    engine: AsyncEngine, store: FlowRunStateStore
+) -> None:
+    org = new_org()
+    runs = await seed_org(engine, store, org, 1, mutations=3)
+    # One admission per visit: the admitted step spends the org's credit, so the commit
+    # must not continue the run into its next step (that waits for the next visit).
+    admission = AdmissionController(engine, budget=4, quantum=1)
+    worker = RecordingWorker(engine, store, admission=admission)
+    assert await worker.run_batch(org) == [Outcome.COMMITTED]
+    assert admission.decisions[Decision.ADMITTED] == 1
+    assert admission.decisions[Decision.CONTINUED] == 0
+    assert set((await states(engine, org, runs.run_ids)).values()) == {"Runnable"}
+
+    # With credit for the whole run, the two later steps are continued, each charged.
+    generous = AdmissionController(engine, budget=4, quantum=8)
+    chained = RecordingWorker(engine, store, admission=generous)
+    assert await chained.run_batch(org) == [Outcome.COMMITTED] * 2
+    assert generous.decisions[Decision.ADMITTED] == 1
+    assert generous.decisions[Decision.CONTINUED] == 1
+    assert generous.scheduler.credit(org) == 8 - 2
+    assert set((await states(engine, org, runs.run_ids)).values()) == {"Succeeded"}
