@@ -13,9 +13,8 @@ who gets admitted when.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
-import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -23,25 +22,16 @@ from runtime_svc.admission.controller import AdmissionController
 from runtime_svc.kernel import Candidate, FlowRunStateStore, NotEligible
 from runtime_svc.schema import flow_checkpoints, flow_runs, flow_step_executions
 from runtime_svc.worker import FixedViews, Outcome, StepWorker
-from services import db, migrate
+from services import db
 from tests.integration.kernel.helpers import FIRST
 from tests.integration.worker.support import record_view
 from tests.integration.worker.test_worker_org_rotation import _seed_runs
+from tests.integration.worker.test_worker_org_rotation import engine as fresh  # noqa: F401
 
 ORGS = 500
 BATCH = 100
 HOT_EXTRA = 10
 QUANTUM = 1
-
-
-@pytest.fixture
-async def fresh(db_url: str) -> AsyncIterator[AsyncEngine]:
-    await migrate.upgrade(db_url, "runtime_svc")
-    eng = db.create_engine(db_url, pool_size=4)
-    try:
-        yield eng
-    finally:
-        await eng.dispose()
 
 
 async def _clone_runs(engine: AsyncEngine, org: str, copies: int) -> None:
@@ -96,7 +86,7 @@ class ClaimOnly(StepWorker):
 
 
 async def test_500_orgs_with_due_work_are_all_served_and_a_hot_one_gets_one_quantum(
-    fresh: AsyncEngine,
+    fresh: AsyncEngine,  # noqa: F811
 ) -> None:
     engine = fresh
     runs = await _seed_runs(engine)
