@@ -407,12 +407,7 @@ class FlowRunStateStore:
         )
         if isinstance(claimed, NotEligible):
             return claimed
-        root, step, attempt = await lock_fenced(conn, org_id, claimed)
-        decision = decide_start_running(root, step, attempt, claimed, now)
-        if isinstance(decision, FenceLost):
-            raise fence_error(decision)
-        await apply_transition(conn, org_id, decision.transition, now)
-        return dataclasses.replace(claimed, step_state_version=decision.step_state_version)
+        return await _start_running_txn(conn, org_id, claimed, now)
 
     async def mark_running(self, org_id: str, fence: LeaseFence) -> LeaseFence:
         """§12.2 step 3: step ``Claimed -> Running``; returns the fence with the new step
@@ -420,13 +415,7 @@ class FlowRunStateStore:
         self._check_fence(org_id, fence)
 
         async def fn(conn: AsyncConnection) -> LeaseFence:
-            now = await self._clock(conn)
-            root, step, attempt = await lock_fenced(conn, org_id, fence)
-            decision = decide_start_running(root, step, attempt, fence, now)
-            if isinstance(decision, FenceLost):
-                raise fence_error(decision)
-            await apply_transition(conn, org_id, decision.transition, now)
-            return dataclasses.replace(fence, step_state_version=decision.step_state_version)
+            return await _start_running_txn(conn, org_id, fence, await self._clock(conn))
 
         return await self._run(fn)
 
@@ -810,3 +799,18 @@ class FlowRunStateStore:
             )
 
         return await self._read(fn)
+
+
+async def _start_running_txn(
+    conn: AsyncConnection, org_id: str, fence: LeaseFence, now: datetime
+) -> LeaseFence:
+    """§12.2 step 3 inside ``conn``: lock root, step and attempt under ``fence`` and move
+    the step ``Claimed -> Running``; the fence comes back with the new step version, which
+    the final commit compares (:meth:`FlowRunStateStore.mark_running`, and the
+    continuation's claim in the committing transaction)."""
+    root, step, attempt = await lock_fenced(conn, org_id, fence)
+    decision = decide_start_running(root, step, attempt, fence, now)
+    if isinstance(decision, FenceLost):
+        raise fence_error(decision)
+    await apply_transition(conn, org_id, decision.transition, now)
+    return dataclasses.replace(fence, step_state_version=decision.step_state_version)
