@@ -53,7 +53,7 @@ from services.auth import (
     server_credentials,
 )
 from services.config import ServiceConfig
-from services.errors import ErrorMappingInterceptor, UnimplementedError
+from services.errors import ErrorMappingInterceptor
 from services.request_limits import RequestLimitsInterceptor
 from services.telemetry import configure_tracing
 
@@ -63,7 +63,6 @@ __all__ = [
     "install_signal_handlers",
     "serve_forever",
     "start_server",
-    "unimplemented_servicer",
 ]
 
 _log = logging.getLogger(__name__)
@@ -244,27 +243,3 @@ async def serve_forever(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await running.stop()
-
-
-def unimplemented_servicer(servicer_cls: Any) -> Any:
-    """An instance of a generated servicer base class whose RPCs all answer UNIMPLEMENTED.
-
-    Used to expose the complete contract (reflection, stable method table) for services
-    whose behaviour lands later. Each RPC raises :class:`UnimplementedError`, which the
-    error-mapping interceptor turns into ``UNIMPLEMENTED`` with a typed detail (the
-    generated base raises a bare ``NotImplementedError``, which would read as INTERNAL).
-    """
-
-    def refuse(rpc: str) -> Callable[..., Awaitable[Any]]:
-        async def method(self: Any, request: Any, context: Any) -> Any:
-            del self, request, context
-            raise UnimplementedError(f"{rpc} is not implemented yet")
-
-        return method
-
-    rpcs = {
-        name: refuse(name)
-        for name, value in vars(servicer_cls).items()
-        if callable(value) and not name.startswith("_")
-    }
-    return type(f"Unimplemented{servicer_cls.__name__}", (servicer_cls,), rpcs)()
