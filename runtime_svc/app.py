@@ -178,6 +178,11 @@ class _RuntimeBackground:
     ) -> None:
         self._workers, self._outbox, self._pool = workers, outbox, pool
 
+    def unhealthy(self) -> str | None:
+        """Crash-looping worker processes make the supervisor NOT_SERVING
+        (``services.health_watch``): the pod no longer executes steps."""
+        return self._pool.unhealthy() if self._pool is not None else None
+
     async def stop(self) -> None:
         if self._pool is not None:
             await self._pool.stop()

@@ -41,7 +41,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services import db, db_cluster, db_profiles, faults, migrate
 from services.background import LoopGroup
 from services.config import ConfigError, ServiceConfig, ServiceName, load_config
-from services.grpc_server import ServiceRegistration, serve_forever
+from services.grpc_server import RunningServer, ServiceRegistration, serve_forever
+from services.health_watch import HealthSource, HealthWatch, start_health_watch
 from services.logging import configure_logging
 from services.metrics import MetricsServer, start_metrics_server
 from services.metrics_state import OutboxStateSource, StateScan, StateSource
@@ -65,7 +66,10 @@ RegistrationFactory = Callable[
 
 
 class Background(Protocol):
-    """Background loops of a process (workers, sweeps, dispatchers)."""
+    """Background loops of a process (workers, sweeps, dispatchers). One that can fail
+    without the server noticing (e.g. crash-looping worker processes) also implements
+    :class:`services.health_watch.HealthSource`; its reason then turns the process's gRPC
+    health NOT_SERVING."""
 
     async def stop(self) -> None:
         """Stop every loop (idempotent); awaited before the database engine is disposed."""
@@ -173,6 +177,7 @@ async def _serve(
     engine = db.create_engine(cfg.db_url, pool_size=cfg.db_pool_size)
     instrument_engine(engine, cfg)
     loops: Background | None = None
+    watch: HealthWatch | None = None
     observed = Observability(None, None)
     try:
         settings = await db_profiles.verify_database(engine)
@@ -186,10 +191,19 @@ async def _serve(
         registrations = await factory(cfg, engine)
         if background is not None:
             loops = await background(cfg, engine)
-        await serve_forever(
-            cfg, registrations, on_started=_drain_on_stdin_eof if supervised else None
-        )
+        source = loops if isinstance(loops, HealthSource) else None
+
+        def on_started(running: RunningServer) -> None:
+            nonlocal watch
+            if supervised:
+                _drain_on_stdin_eof(running)
+            if source is not None:
+                watch = start_health_watch(running, source)
+
+        await serve_forever(cfg, registrations, on_started=on_started)
     finally:
+        if watch is not None:
+            await watch.stop()
         if loops is not None:
             await loops.stop()
         await observed.stop()
