@@ -44,6 +44,10 @@ __all__ = ["ProcessPool", "RestartPolicy"]
 
 log = logging.getLogger(__name__)
 
+#: Unread bytes in a child's stdin pipe buffer beyond which :meth:`ProcessPool.send`
+#: skips it (a child that does not read must not grow the supervisor's memory).
+_MAX_PENDING_BYTES = 64 * 1024
+
 
 @dataclass(frozen=True)
 class RestartPolicy:
@@ -114,6 +118,7 @@ class ProcessPool:
         #: (event-loop time; absent while no child runs).
         self._failures: dict[int, int] = {}
         self._since: dict[int, float] = {}
+        self._next_send = 0
         #: Children started again after an unexpected exit (all slots).
         self.restarts = 0
 
@@ -135,6 +140,26 @@ class ProcessPool:
             for slot, p in sorted(self._procs.items())
             if p.returncode is None
         ]
+
+    def send(self, line: bytes) -> bool:
+        """Write one message line (``services.supervisor_link``) to the stdin of one live
+        child, round-robin over the slots; False when no child could take it. Never
+        blocks: a child whose pipe already holds :data:`_MAX_PENDING_BYTES` unread bytes
+        is skipped (messages are hints; the child's polling finds the work anyway)."""
+        if self._stopping.is_set():
+            return False
+        for _ in range(self._size):
+            slot = self._next_send
+            self._next_send = (self._next_send + 1) % self._size
+            proc = self._procs.get(slot)
+            stdin = None if proc is None or proc.returncode is not None else proc.stdin
+            if stdin is None or stdin.is_closing():
+                continue
+            if stdin.transport.get_write_buffer_size() > _MAX_PENDING_BYTES:
+                continue
+            stdin.write(line)
+            return True
+        return False
 
     def unhealthy(self) -> str | None:
         """Why the pool is not doing its job now, or None: names the crash-looping slots

@@ -6,7 +6,8 @@ first when ``FLOW_DB_AUTO_MIGRATE`` is true) and the service's background loops;
 with a gRPC server that answers health and reflection and serves no RPC, so worker-only
 replicas scale apart from the API replicas and still have probes; ``worker --supervised``
 is how a supervisor (``services.process_pool``) starts one: end-of-file on stdin (the
-supervisor stopped or died) drains the process exactly as SIGTERM does;
+supervisor stopped or died) drains the process exactly as SIGTERM does, and message lines
+on stdin (``services.supervisor_link``) reach the background duties as hints;
 ``python -m <service> db upgrade|verify|current`` manages the schema;
 ``python -m <service> outbox counts|list|show`` reads the service's outbox (when it has
 one; ``services.outbox.cli``). Each
@@ -47,6 +48,7 @@ from services.logging import configure_logging
 from services.metrics import MetricsServer, start_metrics_server
 from services.metrics_state import OutboxStateSource, StateScan, StateSource
 from services.outbox.store import OutboxTable
+from services.supervisor_link import LineDecoder, SupervisorMessages
 from services.telemetry import configure_tracing, instrument_engine, shutdown_tracing
 
 __all__ = [
@@ -144,22 +146,32 @@ async def _no_servicers(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[Ser
     return ()
 
 
-def _drain_on_stdin_eof(running: object) -> None:
-    """Supervised child: when stdin reaches end-of-file (the supervisor closed the pipe
-    or died), signal this process SIGTERM so it drains through the one shutdown path."""
-    del running
+def _read_supervisor(receiver: SupervisorMessages | None) -> None:
+    """Supervised child: read the supervisor's pipe on stdin. Each message line
+    (``services.supervisor_link``) goes to ``receiver``; end-of-file (the supervisor
+    closed the pipe or died) signals this process SIGTERM so it drains through the one
+    shutdown path."""
     loop = asyncio.get_running_loop()
     fd = sys.stdin.fileno()
+    decoder = LineDecoder()
 
     def readable() -> None:
         try:
-            data = os.read(fd, 4096)
+            data = os.read(fd, 65536)
         except OSError:
             data = b""
         if not data:
             loop.remove_reader(fd)
             log.info("supervisor gone (stdin closed); draining")
             os.kill(os.getpid(), signal.SIGTERM)
+            return
+        for message in decoder.feed(data):
+            if receiver is None:
+                continue
+            try:
+                receiver.on_supervisor_message(message)
+            except Exception:  # a hint must never take the child down
+                log.exception("a supervisor message could not be handled")
 
     loop.add_reader(fd, readable)
 
@@ -196,7 +208,7 @@ async def _serve(
         def on_started(running: RunningServer) -> None:
             nonlocal watch
             if supervised:
-                _drain_on_stdin_eof(running)
+                _read_supervisor(loops if isinstance(loops, SupervisorMessages) else None)
             if source is not None:
                 watch = start_health_watch(running, source)
 

@@ -144,8 +144,10 @@ async def test_a_crash_looping_pool_reports_unhealthy_and_recovers_when_a_child_
     pool = await ProcessPool("crasher", crash_until_fixed, os.environ, 2, policy=policy).start()
     try:
         await assert_eventually(
-            lambda: (pool.unhealthy() or "").startswith("crasher crash-looping: slot 0 (")
-            and ", 1 (" in (pool.unhealthy() or ""),
+            lambda: (
+                (pool.unhealthy() or "").startswith("crasher crash-looping: slot 0 (")
+                and ", 1 (" in (pool.unhealthy() or "")
+            ),
             timeout=60,
             what="the crash loop of both slots reported",
         )
@@ -159,3 +161,34 @@ async def test_a_crash_looping_pool_reports_unhealthy_and_recovers_when_a_child_
         await pool.stop()
         await healthy.stop()
     assert pool.unhealthy() is None  # a stopped pool is not unhealthy
+
+
+async def test_send_writes_message_lines_round_robin_to_live_children(tmp_path: Path) -> None:
+    """``send`` hands each line to one child, alternating slots; a stopped pool sends
+    nothing."""
+    echo = [
+        sys.executable,
+        "-c",
+        "import os, sys\nwith open(os.environ['ECHO_TO'], 'a') as f:\n"
+        "    for line in sys.stdin:\n        f.write(line); f.flush()",
+    ]
+
+    def out(slot: int) -> dict[str, str]:
+        return {"ECHO_TO": str(tmp_path / f"slot{slot}.txt")}
+
+    pool = await ProcessPool("echo", echo, os.environ, 2, policy=_FAST, spawn_env=out).start()
+    try:
+        for i in range(4):
+            assert pool.send(f"m{i}\n".encode())
+
+        def received(slot: int) -> list[str]:
+            path = tmp_path / f"slot{slot}.txt"
+            return path.read_text().split() if path.exists() else []
+
+        await assert_eventually(
+            lambda: len(received(0)) + len(received(1)) == 4, timeout=30, what="4 lines echoed"
+        )
+        assert sorted([received(0), received(1)]) == [["m0", "m2"], ["m1", "m3"]]
+    finally:
+        await pool.stop()
+    assert not pool.send(b"late\n")
