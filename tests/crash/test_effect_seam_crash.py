@@ -105,12 +105,13 @@ async def _outbox_states(engine: AsyncEngine, org: str) -> list[str]:
 
 
 async def _up(stack: FlowStack, *, runtime: str | None = None, owner: str | None = None,
+              runtime_env: dict[str, str] | None = None,
               **owner_env: str) -> tuple[object, object]:  # fmt: skip
     """Catalog, owner and runtime children (hooks as given), serving; the demo seeded."""
     catalog = stack.spawn_catalog()
     await catalog.wait_serving()
     owner_child = stack.spawn_owner(owner, **owner_env)
-    runtime_child = stack.spawn_runtime(runtime)
+    runtime_child = stack.spawn_runtime(runtime, **(runtime_env or {}))
     await owner_child.wait_serving()
     await runtime_child.wait_serving()
     await stack.seed()
@@ -146,7 +147,11 @@ async def test_durable_seam_crash_after_the_submit_commit_before_dispatch_hands_
     dispatcher delivered it — the restarted runtime delivers the committed message; the
     submit step is never entered again."""
     point = f"after_step_commit:{SUBMIT}"
-    runtime, _ = await _up(stack, runtime=point)
+    # The first runtime has no outbox dispatcher: otherwise its poll could claim the
+    # committed message while the worker still waits for its COMMIT's answer (a commit is
+    # visible before it is acknowledged) and race the kill; the window under test is
+    # "committed, not yet dispatched", whoever would have dispatched it.
+    runtime, _ = await _up(stack, runtime=point, runtime_env={"FLOW_OUTBOX_DISPATCHERS": "0"})
     run_id = await stack.create_contact("ada@example.com")
     await expect_sigkill(runtime, stack.effects.marker, point)  # type: ignore[arg-type]
     assert stack.demo is not None
