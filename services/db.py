@@ -595,9 +595,22 @@ async def cas_update(
     result = await conn.execute(stmt)
     if result.rowcount == 1:
         return expected_version + 1
-    # Diagnostic only: the decision was made by the row count above.
-    found = (await conn.execute(select(version).where(*scope))).scalar_one_or_none()
-    raise FenceLostError(
+    raise await _fence_lost(conn, table, org_id, key, expected_version, version_column)
+
+
+async def _fence_lost(
+    conn: AsyncConnection,
+    table: Table,
+    org_id: str,
+    key: Mapping[str, Any],
+    expected_version: int,
+    version_column: str,
+) -> FenceLostError:
+    """The error of a fenced UPDATE that matched no row, with the version a scoped
+    re-read found (diagnostic only: the decision was the row count)."""
+    scope = [table.c.org_id == org_id, *(table.c[name] == value for name, value in key.items())]
+    found = (await conn.execute(select(table.c[version_column]).where(*scope))).scalar_one_or_none()
+    return FenceLostError(
         table.name,
         ",".join(f"{name}={value}" for name, value in key.items()),
         expected_version,
@@ -711,15 +724,7 @@ async def fenced_update(
     result = await conn.execute(stmt, params)
     if result.rowcount == 1:
         return expected_version + 1
-    # Diagnostic only: the decision was made by the row count above.
-    scope = [table.c.org_id == org_id, *(table.c[name] == value for name, value in key.items())]
-    found = (await conn.execute(select(table.c[version_column]).where(*scope))).scalar_one_or_none()
-    raise FenceLostError(
-        table.name,
-        ",".join(f"{name}={value}" for name, value in key.items()),
-        expected_version,
-        found,
-    )
+    raise await _fence_lost(conn, table, org_id, key, expected_version, version_column)
 
 
 async def insert_if_absent(conn: AsyncConnection, table: Table, values: Mapping[str, Any]) -> bool:
