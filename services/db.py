@@ -50,6 +50,8 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    bindparam,
+    case,
     event,
     insert,
     make_url,
@@ -62,6 +64,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.schema import PrimaryKeyConstraint, UniqueConstraint
+from sqlalchemy.sql.elements import ClauseElement, TextClause
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from services.db_cluster import install_session_hooks
@@ -87,11 +90,13 @@ __all__ = [
     "DialectStrategy",
     "JsonText",
     "PayloadTooLargeError",
+    "SwitchOnNull",
     "UtcDateTime",
     "cas_update",
     "classify_db_error",
     "create_engine",
     "db_now",
+    "fenced_update",
     "insert_if_absent",
     "new_metadata",
     "outbox_delivery_columns",
@@ -590,14 +595,136 @@ async def cas_update(
     result = await conn.execute(stmt)
     if result.rowcount == 1:
         return expected_version + 1
-    # Diagnostic only: the decision was made by the row count above.
-    found = (await conn.execute(select(version).where(*scope))).scalar_one_or_none()
-    raise FenceLostError(
+    raise await _fence_lost(conn, table, org_id, key, expected_version, version_column)
+
+
+async def _fence_lost(
+    conn: AsyncConnection,
+    table: Table,
+    org_id: str,
+    key: Mapping[str, Any],
+    expected_version: int,
+    version_column: str,
+) -> FenceLostError:
+    """The error of a fenced UPDATE that matched no row, with the version a scoped
+    re-read found (diagnostic only: the decision was the row count)."""
+    scope = [table.c.org_id == org_id, *(table.c[name] == value for name, value in key.items())]
+    found = (await conn.execute(select(table.c[version_column]).where(*scope))).scalar_one_or_none()
+    return FenceLostError(
         table.name,
         ",".join(f"{name}={value}" for name, value in key.items()),
         expected_version,
         found,
     )
+
+
+#: The reused INSERT construct of each table (:func:`insert_if_absent`).
+_INSERTS: dict[Table, Any] = {}
+#: The clock statement of each dialect (:func:`db_now`), built once.
+_NOW_STATEMENTS: dict[str, TextClause] = {}
+#: ``Connection.info`` key of the transaction's clock reading: ``(transaction, now)``.
+_NOW_KEY = "flow_db_now"
+
+
+@dataclass(frozen=True)
+class SwitchOnNull:
+    """A :func:`fenced_update` value the database chooses under the row lock:
+    ``if_not_null`` when ``column`` IS NOT NULL in the row, else ``otherwise``."""
+
+    column: str
+    if_not_null: Any
+    otherwise: Any
+
+
+#: :func:`fenced_update` statements by shape, built once (bounded by the code's shapes).
+_FENCED: dict[tuple[Any, ...], Any] = {}
+
+
+def _fenced_statement(
+    table: Table,
+    key: tuple[str, ...],
+    version_column: str,
+    values: tuple[tuple[str, str | None], ...],
+    equal: tuple[tuple[str, bool], ...],
+) -> Any:
+    identity = frozenset({"org_id", *key})
+    if identity not in set(_unique_keys(table)):
+        raise ValueError(f"{sorted(identity)} is not a unique key of {table.name}")
+    touched = identity.union({version_column}).intersection(name for name, _ in values)
+    if touched:
+        raise ValueError(f"fenced_update may not set {sorted(touched)} on {table.name}")
+    c = table.c
+    where = [c.org_id == bindparam("k_org", type_=c.org_id.type)]
+    where += [c[name] == bindparam(f"k_{name}", type_=c[name].type) for name in key]
+    version = c[version_column]
+    where.append(version == bindparam("k_version", type_=version.type))
+    for name, is_null in equal:
+        where.append(
+            c[name].is_(None) if is_null else c[name] == bindparam(f"p_{name}", type_=c[name].type)
+        )
+    sets: dict[Any, Any] = {version_column: version + 1}
+    for name, switch in values:
+        plain = bindparam(f"v_{name}", type_=c[name].type)
+        if switch is None:
+            sets[name] = plain
+        else:
+            chosen = bindparam(f"w_{name}", type_=c[name].type)
+            sets[name] = case((c[switch].is_not(None), chosen), else_=plain)
+    return update(table).where(*where).values(sets)
+
+
+async def fenced_update(
+    conn: AsyncConnection,
+    table: Table,
+    *,
+    org_id: str,
+    key: Mapping[str, Any],
+    expected_version: int,
+    values: Mapping[str, Any],
+    equal: Mapping[str, Any],
+    version_column: str = "state_version",
+) -> int:
+    """:func:`cas_update` with its fence conditions given as data: ``equal`` maps a
+    column to the value it must hold (``None``: IS NULL), a value may be a
+    :class:`SwitchOnNull`. The statement is built once per *shape* (table, key, set
+    columns, compared columns, which comparisons are IS NULL) with bound parameters and
+    reused, so a hot path pays neither construction nor cache-key generation per call;
+    the predicates and the row-count decision are exactly :func:`cas_update`'s.
+
+    Returns:
+        The new version (``expected_version + 1``).
+
+    Raises:
+        FenceLostError: no row matched (``found_version`` as :func:`cas_update`).
+        ValueError: ``key`` is not a unique key with ``org_id``, or ``values`` touches the
+            version or identity columns.
+    """
+    shape = (
+        table,
+        tuple(key),
+        version_column,
+        tuple((n, v.column if isinstance(v, SwitchOnNull) else None) for n, v in values.items()),
+        tuple((n, v is None) for n, v in equal.items()),
+    )
+    stmt = _FENCED.get(shape)
+    if stmt is None:
+        stmt = _FENCED[shape] = _fenced_statement(*shape)
+    params: dict[str, Any] = {"k_org": org_id, "k_version": expected_version}
+    for name, value in key.items():
+        params[f"k_{name}"] = value
+    for name, value in values.items():
+        if isinstance(value, SwitchOnNull):
+            params[f"v_{name}"] = value.otherwise
+            params[f"w_{name}"] = value.if_not_null
+        else:
+            params[f"v_{name}"] = value
+    for name, value in equal.items():
+        if value is not None:
+            params[f"p_{name}"] = value
+    result = await conn.execute(stmt, params)
+    if result.rowcount == 1:
+        return expected_version + 1
+    raise await _fence_lost(conn, table, org_id, key, expected_version, version_column)
 
 
 async def insert_if_absent(conn: AsyncConnection, table: Table, values: Mapping[str, Any]) -> bool:
@@ -608,8 +735,18 @@ async def insert_if_absent(conn: AsyncConnection, table: Table, values: Mapping[
     resolution keeps earlier changes of the transaction), so no savepoint is needed. A
     duplicate on *any* unique key returns ``False``; read back by the key that matters.
     """
+    params = dict(values)
+    if any(isinstance(v, ClauseElement) for v in params.values()):
+        stmt: Any = insert(table).values(params)  # SQL expressions are inlined, not bound
+        params = {}
+    else:
+        # One INSERT construct per table, reused: the parameters are bound at execution,
+        # so no statement is built and no cache key is generated per call.
+        stmt = _INSERTS.get(table)
+        if stmt is None:
+            stmt = _INSERTS[table] = insert(table)
     try:
-        await conn.execute(insert(table).values(dict(values)))
+        await conn.execute(stmt, params) if params else await conn.execute(stmt)
     except DBAPIError as exc:
         if classify_db_error(exc) is DbErrorClass.DUPLICATE_KEY:
             return False
@@ -622,9 +759,28 @@ async def db_now(conn: AsyncConnection) -> datetime:
 
     Durable times (``RunAfter``, lease expiry, ``RecoveryObservedAt``) are taken from the
     database clock so that replicas with skewed clocks agree (§12.2).
+
+    One read per transaction: the first call in a transaction asks the database and
+    every later call in the same transaction returns that instant, so every durable time
+    one transaction writes is the same (the business writes', the checkpoint's, the
+    lifecycle rows', a continuation's lease start) and no sub-operation pays a round trip
+    for it.
     """
+    sync = conn.sync_connection
+    txn = None if sync is None else sync.get_transaction()
+    if txn is not None and sync is not None:
+        cached = sync.info.get(_NOW_KEY)
+        if cached is not None and cached[0] is txn:
+            return cached[1]  # type: ignore[no-any-return]
     strategy = strategy_for(conn.dialect)
-    return strategy.parse_now((await conn.execute(text(strategy.now_sql))).scalar_one())
+    stmt = _NOW_STATEMENTS.get(strategy.now_sql)
+    if stmt is None:
+        stmt = _NOW_STATEMENTS[strategy.now_sql] = text(strategy.now_sql)
+    now = strategy.parse_now((await conn.execute(stmt)).scalar_one())
+    if sync is not None:
+        # The clock statement itself may have begun the (autobegin) transaction.
+        sync.info[_NOW_KEY] = (sync.get_transaction(), now)
+    return now
 
 
 # --- column types ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ patch cannot even be built.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Final
@@ -206,9 +207,10 @@ class LeaseFence:
     input_checkpoint_id: str | None
     lease_until: datetime
 
-    @property
+    @functools.cached_property
     def token_digest(self) -> str:
-        """The stored digest of :attr:`lease_token`."""
+        """The stored digest of :attr:`lease_token` (computed once per fence: the claim,
+        the commit's revalidation and its patches all compare it)."""
         return lease_token_digest(self.lease_token)
 
 

@@ -18,6 +18,7 @@ database reader can correlate attempts but cannot forge the fence.
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from dataclasses import asdict, dataclass
@@ -69,8 +70,9 @@ class RetryPolicy:
             raise ValueError("limits must not be negative")
 
     def digest(self) -> str:
-        """``retry-policy/v1:sha256:…`` over every field (``RetryPolicyDigest``)."""
-        return versioned_digest("retry-policy", asdict(self))
+        """``retry-policy/v1:sha256:…`` over every field (``RetryPolicyDigest``); a
+        policy is immutable, so its digest is computed once (every claim stores it)."""
+        return _policy_digest(self)
 
     def exponential_ms(self, attempt_number: int) -> int:
         """Un-jittered delay after attempt ``attempt_number`` (1-based), capped."""
@@ -92,6 +94,11 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY_POLICY = RetryPolicy()
+
+
+@functools.lru_cache(maxsize=64)
+def _policy_digest(policy: RetryPolicy) -> str:
+    return versioned_digest("retry-policy", asdict(policy))
 
 
 def _unit(seed: str, attempt_number: int) -> float:

@@ -33,6 +33,13 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from runtime_svc.kernel.applied import (
+    applied_run,
+    applied_step,
+    inserted_attempt,
+    inserted_step,
+    projected_step_state,
+)
 from runtime_svc.kernel.checkpoint_guard import DEFAULT_MAX_CHECKPOINT_BYTES
 from runtime_svc.kernel.decisions import (
     Advance,
@@ -58,10 +65,13 @@ from runtime_svc.kernel.decisions import (
 )
 from runtime_svc.kernel.errors import StateVersionMismatchError, TransitionInputError
 from runtime_svc.kernel.model import (
+    AttemptRecord,
     CheckpointInput,
     CheckpointMeta,
     LeaseFence,
     RunRecord,
+    StepRecord,
+    Transition,
 )
 from runtime_svc.kernel.policy import (
     DEFAULT_RETRY_POLICY,
@@ -133,6 +143,7 @@ from runtime_svc.resources import LockPlan
 from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now, run_in_transaction, transaction
 from services.errors import FenceLostError, NotFoundError
+from services.invariants import InvariantError
 
 __all__ = [
     "EMPTY_LOCK_PLAN_DIGEST",
@@ -180,6 +191,11 @@ class CommitResult:
     #: inserted (canonical JSON): the continued step's input, never read back (ADR 0002).
     context_json: str | None = dataclasses.field(default=None, repr=False)
     read_verification_json: str | None = dataclasses.field(default=None, repr=False)
+    #: The root as this transaction left it and the next step as it inserted it
+    #: (derived in memory, ``kernel.applied``): the continuation decides on them
+    #: instead of re-reading rows it holds or wrote (ADR 0002).
+    root: RunRecord | None = dataclasses.field(default=None, repr=False)
+    next_step: StepRecord | None = dataclasses.field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -290,7 +306,7 @@ class FlowRunStateStore:
             raise TransitionInputError("candidate belongs to another org", field="org_id")
         token = new_lease_token()
 
-        async def fn(conn: AsyncConnection) -> LeaseFence | NotEligible:
+        async def fn(conn: AsyncConnection) -> tuple[LeaseFence, Transition | None] | NotEligible:
             return await self._claim_txn(
                 conn,
                 org_id,
@@ -306,9 +322,10 @@ class FlowRunStateStore:
             )
 
         try:
-            return await self._run(fn)
+            claimed = await self._run(fn)
         except FenceLostError:  # a conditional UPDATE found the row already moved
             return NotEligible("lost_race")
+        return claimed if isinstance(claimed, NotEligible) else claimed[0]
 
     async def _claim_txn(
         self,
@@ -324,13 +341,21 @@ class FlowRunStateStore:
         trace_id: str | None,
         expected_root_version: int | None,
         expected_step_version: int | None,
-    ) -> LeaseFence | NotEligible:
+        held: tuple[RunRecord, StepRecord] | None = None,
+    ) -> tuple[LeaseFence, Transition | None] | NotEligible:
         """The one claim path (§12.1 steps 3-5) of :meth:`claim` and
-        :meth:`continue_txn`: lock root then step, decide, apply."""
-        root = await lock_run(conn, org_id, flow_run_id)
-        step = await lock_step(conn, org_id, step_execution_id)
-        if root is None or step is None:
-            return NotEligible("missing")
+        :meth:`continue_txn`: lock root then step, decide, apply. ``held`` is the root
+        and step a continuation's transaction already holds and wrote (ADR 0002),
+        decided on instead of locked again. Returns the fence and, for a claim that
+        won, the transition it applied."""
+        if held is not None:
+            root, step = held
+        else:
+            locked_root = await lock_run(conn, org_id, flow_run_id)
+            locked_step = await lock_step(conn, org_id, step_execution_id)
+            if locked_root is None or locked_step is None:
+                return NotEligible("missing")
+            root, step = locked_root, locked_step
         request = ClaimRequest(
             attempt_id=new_id("att"),
             lease_owner=lease_owner,
@@ -348,7 +373,8 @@ class FlowRunStateStore:
         await apply_transition(conn, org_id, decision.transition, now)
         if isinstance(decision, RetryExhausted):
             return NotEligible("attempt_budget_spent")
-        return decision.fence(org_id, root.flow_run_id, step, request, token)
+        fence = decision.fence(org_id, root.flow_run_id, step, request, token)
+        return fence, decision.transition
 
     async def _plan_digest(self, conn: AsyncConnection, org_id: str, plan_id: str) -> str:
         """A plan's digest, cached: a stored plan is immutable (digest-addressed), so
@@ -392,6 +418,9 @@ class FlowRunStateStore:
         if step_id is None or result.run_state is not RunState.RUNNABLE:
             return NotEligible("no_next_step")
         now = result.committed_at if result.committed_at is not None else await self._clock(conn)
+        held = None
+        if result.root is not None and result.next_step is not None:
+            held = (result.root, result.next_step)
         claimed = await self._claim_txn(
             conn,
             org_id,
@@ -404,10 +433,18 @@ class FlowRunStateStore:
             trace_id=trace_id,
             expected_root_version=None,
             expected_step_version=None,
+            held=held,
         )
         if isinstance(claimed, NotEligible):
             return claimed
-        return await _start_running_txn(conn, org_id, claimed, now)
+        fence, transition = claimed
+        if held is None or transition is None:
+            return await _start_running_txn(conn, org_id, fence, now)
+        # The rows the claim just wrote, derived in memory (kernel.applied): the same
+        # decide_start_running as the running transaction, without re-reading them.
+        root, step = held
+        rows = _claimed_rows(org_id, root, step, transition, now)
+        return await _start_running_rows(conn, org_id, fence, rows, now)
 
     async def mark_running(self, org_id: str, fence: LeaseFence) -> LeaseFence:
         """§12.2 step 3: step ``Claimed -> Running``; returns the fence with the new step
@@ -456,6 +493,7 @@ class FlowRunStateStore:
         output: CheckpointInput,
         advance: Advance,
         evidence: Mapping[str, Any] | None = None,
+        input_sequence: int | None = None,
     ) -> CommitResult:
         """§12.2 steps 9-12, inside the worker's business transaction and after its
         business locks: lock root, step, attempt; revalidate the whole fence; insert the
@@ -466,6 +504,15 @@ class FlowRunStateStore:
 
         A ``NextStep`` advance with an empty ``step_execution_id`` gets a new id.
 
+        ``input_sequence``: the sequence of the fence's input checkpoint, given when the
+        caller knows it was the run's latest checkpoint at the fence's root version (a
+        continued step: the transaction that wrote it also issued the fence, ADR 0002).
+        Every checkpoint is inserted by run creation or by a commit that moves the root
+        version, so while the locked root still has the fence's version no checkpoint
+        came after it, and the next sequence is ``input_sequence + 1`` without a
+        ``SELECT MAX``; on any other root version the sequence is read as always (the
+        unique ``(org, run, sequence)`` key backs both).
+
         Raises:
             FenceLostError: the fence no longer holds; the caller's transaction must roll
                 back (every business write in it goes too).
@@ -475,7 +522,7 @@ class FlowRunStateStore:
         """
         self._check_fence(org_id, fence)
         prepared = prepare_checkpoint(output, max_bytes=self.max_checkpoint_bytes)
-        return await self._commit(conn, org_id, fence, prepared, advance, evidence)
+        return await self._commit(conn, org_id, fence, prepared, advance, evidence, input_sequence)
 
     async def _commit(
         self,
@@ -485,6 +532,7 @@ class FlowRunStateStore:
         prepared: PreparedCheckpoint,
         advance: Advance,
         evidence: Mapping[str, Any] | None,
+        input_sequence: int | None = None,
     ) -> CommitResult:
         if isinstance(advance, NextStep) and not advance.step_execution_id:
             advance = dataclasses.replace(advance, step_execution_id=new_id("step"))
@@ -502,9 +550,13 @@ class FlowRunStateStore:
             checkpoint_id=checkpoint_id,
             created_by_attempt_id=attempt.attempt_id,
             now=now,
+            last_sequence=input_sequence
+            if root.state_version == fence.root_state_version
+            else None,
         )
-        await apply_transition(conn, org_id, decision.transition, now)
-        new_step = decision.transition.new_step
+        transition = decision.transition
+        await apply_transition(conn, org_id, transition, now)
+        new_step = transition.new_step
         return CommitResult(
             decision.run_state,
             meta,
@@ -512,6 +564,10 @@ class FlowRunStateStore:
             committed_at=now,
             context_json=prepared.context_json,
             read_verification_json=prepared.read_verification_json,
+            root=None
+            if transition.run is None
+            else applied_run(root, transition.run, projected_step_state(transition), now),
+            next_step=None if new_step is None else inserted_step(org_id, new_step, now),
         )
 
     async def record_rollback(
@@ -806,9 +862,39 @@ async def _start_running_txn(
 ) -> LeaseFence:
     """§12.2 step 3 inside ``conn``: lock root, step and attempt under ``fence`` and move
     the step ``Claimed -> Running``; the fence comes back with the new step version, which
-    the final commit compares (:meth:`FlowRunStateStore.mark_running`, and the
-    continuation's claim in the committing transaction)."""
-    root, step, attempt = await lock_fenced(conn, org_id, fence)
+    the final commit compares (:meth:`FlowRunStateStore.mark_running`)."""
+    rows = await lock_fenced(conn, org_id, fence)
+    return await _start_running_rows(conn, org_id, fence, rows, now)
+
+
+def _claimed_rows(
+    org_id: str, root: RunRecord, step: StepRecord, transition: Transition, now: datetime
+) -> tuple[RunRecord, StepRecord, AttemptRecord]:
+    """Root, step and attempt as a claim's ``transition`` left them (in memory).
+
+    Raises:
+        InvariantError: the transition is not a claim's (root, step and new attempt).
+    """
+    if transition.run is None or transition.step is None or transition.new_attempt is None:
+        raise InvariantError("a claim transition patches root and step and adds an attempt")
+    projected = projected_step_state(transition)
+    return (
+        applied_run(root, transition.run, projected, now),
+        applied_step(step, transition.step, now),
+        inserted_attempt(org_id, transition.new_attempt),
+    )
+
+
+async def _start_running_rows(
+    conn: AsyncConnection,
+    org_id: str,
+    fence: LeaseFence,
+    rows: tuple[RunRecord, StepRecord, AttemptRecord],
+    now: datetime,
+) -> LeaseFence:
+    """:func:`_start_running_txn` on rows this transaction already holds: the running
+    transaction's, or the continuation's claim in the committing transaction."""
+    root, step, attempt = rows
     decision = decide_start_running(root, step, attempt, fence, now)
     if isinstance(decision, FenceLost):
         raise fence_error(decision)

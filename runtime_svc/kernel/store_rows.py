@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, false, func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from runtime_svc.kernel.applied import projected_step_state
 from runtime_svc.kernel.checkpoint_guard import validate_checkpoint_payload
 from runtime_svc.kernel.decisions import ATTEMPTS, RUNS, STEPS, FenceLost
 from runtime_svc.kernel.errors import fence_lost
@@ -65,7 +66,7 @@ from runtime_svc.schema import (
     flow_step_attempts,
     flow_step_executions,
 )
-from services.db import cas_update, insert_if_absent
+from services.db import SwitchOnNull, fenced_update, insert_if_absent
 from services.digest import versioned_digest
 from services.errors import ConflictError, FenceLostError, InvalidArgumentError, NotFoundError
 from services.metrics import metrics
@@ -113,37 +114,37 @@ def fence_error(lost: FenceLost) -> FenceLostError:
 # --- locks (§12 lifecycle sub-order: root, steps, attempts) ------------------------------
 
 
+def _lock_by_key(table: Any, key: str) -> Any:
+    """``SELECT * … WHERE org_id = :org AND <key> = :key FOR UPDATE``, built once at import:
+    executing a pre-built statement with bound parameters skips SQLAlchemy's per-call
+    construction and cache-key generation (issue 13, ``docs/performance.md``)."""
+    return (
+        select(table)
+        .where(table.c.org_id == bindparam("org"), table.c[key] == bindparam("key"))
+        .with_for_update()
+    )
+
+
+_LOCK_RUN = _lock_by_key(flow_runs, "flow_run_id")
+_LOCK_STEP = _lock_by_key(flow_step_executions, "step_execution_id")
+_LOCK_ATTEMPT = _lock_by_key(flow_step_attempts, "attempt_id")
+
+
 async def lock_run(conn: AsyncConnection, org_id: str, flow_run_id: str) -> RunRecord | None:
     """Lock and read the root (first lifecycle lock of every transition)."""
-    t = flow_runs.c
-    stmt = (
-        select(flow_runs).where(t.org_id == org_id, t.flow_run_id == flow_run_id).with_for_update()
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    row = (await conn.execute(_LOCK_RUN, {"org": org_id, "key": flow_run_id})).mappings().first()
     return None if row is None else run_from_row(row)
 
 
 async def lock_step(conn: AsyncConnection, org_id: str, step_id: str) -> StepRecord | None:
     """Lock and read one step (after its root)."""
-    t = flow_step_executions.c
-    stmt = (
-        select(flow_step_executions)
-        .where(t.org_id == org_id, t.step_execution_id == step_id)
-        .with_for_update()
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    row = (await conn.execute(_LOCK_STEP, {"org": org_id, "key": step_id})).mappings().first()
     return None if row is None else step_from_row(row)
 
 
 async def lock_attempt(conn: AsyncConnection, org_id: str, attempt_id: str) -> AttemptRecord | None:
     """Lock and read one attempt (after its root and step)."""
-    t = flow_step_attempts.c
-    stmt = (
-        select(flow_step_attempts)
-        .where(t.org_id == org_id, t.attempt_id == attempt_id)
-        .with_for_update()
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    row = (await conn.execute(_LOCK_ATTEMPT, {"org": org_id, "key": attempt_id})).mappings().first()
     return None if row is None else attempt_from_row(row)
 
 
@@ -228,82 +229,74 @@ def _coded(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _eq_or_null(column: Any, value: Any) -> ColumnElement[bool]:
-    result: ColumnElement[bool] = column.is_(None) if value is None else column == value
-    return result
-
-
 async def _apply_run(
     conn: AsyncConnection, org_id: str, patch: RunPatch, step_state: StepState | None, now: datetime
 ) -> int:
-    t = flow_runs.c
     values = _coded(patch_changes(patch))
     status: Any = compatibility_status(patch.to_state, step_state).code
     if patch.to_state in ACTIVE_RUN_STATES:
         # An operator-paused run (PauseRun) keeps projecting §18.2 ``Paused`` through
         # every transition it still takes (a running step's commit, a wait resolution).
         paused = compatibility_status(patch.to_state, step_state, paused=True).code
-        status = case((t.operator_paused_at.is_not(None), paused), else_=status)
+        status = SwitchOnNull("operator_paused_at", paused, status)
     values.update(runtime_state=patch.to_state.code, interview_status=status, updated_at=now)
-    predicates: list[ColumnElement[bool]] = [
-        t.runtime_state == patch.from_state.code,
-        t.execution_owner == _V2,
-        t.ownership_epoch == patch.expect_epoch,
-    ]
+    equal: dict[str, Any] = {
+        "runtime_state": patch.from_state.code,
+        "execution_owner": _V2,
+        "ownership_epoch": patch.expect_epoch,
+    }
     if patch.require_live:
-        predicates += [t.is_deleted == false(), t.delete_requested_at.is_(None)]
+        equal.update(is_deleted=False, delete_requested_at=None)
     if patch.expect_current_step is not None:
-        predicates.append(t.current_step_execution_id == patch.expect_current_step)
+        equal["current_step_execution_id"] = patch.expect_current_step
     if patch.require_not_paused:
-        predicates.append(t.operator_paused_at.is_(None))
-    return await cas_update(
+        equal["operator_paused_at"] = None
+    return await fenced_update(
         conn,
         flow_runs,
         org_id=org_id,
         key={"flow_run_id": patch.flow_run_id},
         expected_version=patch.expected_version,
         values=values,
-        extra_predicates=predicates,
+        equal=equal,
     )
 
 
 async def _apply_step(conn: AsyncConnection, org_id: str, patch: StepPatch, now: datetime) -> int:
-    t = flow_step_executions.c
     changes = patch_changes(patch)
     if "lease_token_digest" in changes:
         changes["lease_token"] = changes.pop("lease_token_digest")
     values = _coded(changes)
     values.update(state=patch.to_state.code, updated_at=now)
-    predicates = [
-        t.state == patch.from_state.code,
-        t.ownership_epoch == patch.expect_epoch,
-        _eq_or_null(t.lease_token, patch.expect_lease_token_digest),
-    ]
+    equal: dict[str, Any] = {
+        "state": patch.from_state.code,
+        "ownership_epoch": patch.expect_epoch,
+        "lease_token": patch.expect_lease_token_digest,  # None: IS NULL
+    }
     if patch.expect_input_checkpoint_id is not None:
-        predicates.append(t.input_checkpoint_id == patch.expect_input_checkpoint_id)
-    return await cas_update(
+        equal["input_checkpoint_id"] = patch.expect_input_checkpoint_id
+    return await fenced_update(
         conn,
         flow_step_executions,
         org_id=org_id,
         key={"step_execution_id": patch.step_execution_id},
         expected_version=patch.expected_version,
         values=values,
-        extra_predicates=predicates,
+        equal=equal,
     )
 
 
 async def _apply_attempt(conn: AsyncConnection, org_id: str, patch: AttemptPatch) -> int:
-    t = flow_step_attempts.c
     values = _coded(patch_changes(patch))
     values["transaction_outcome"] = patch.to_state.code
-    predicates = [
-        t.transaction_outcome == patch.from_state.code,
-        t.lease_token_digest == patch.expect_lease_token_digest,
-        t.ownership_epoch == patch.expect_epoch,
-    ]
+    equal: dict[str, Any] = {
+        "transaction_outcome": patch.from_state.code,
+        "lease_token_digest": patch.expect_lease_token_digest,
+        "ownership_epoch": patch.expect_epoch,
+    }
     if patch.expect_root_state_version_at_claim is not None:
-        predicates.append(t.root_state_version_at_claim == patch.expect_root_state_version_at_claim)
-    return await cas_update(
+        equal["root_state_version_at_claim"] = patch.expect_root_state_version_at_claim
+    return await fenced_update(
         conn,
         flow_step_attempts,
         org_id=org_id,
@@ -311,7 +304,7 @@ async def _apply_attempt(conn: AsyncConnection, org_id: str, patch: AttemptPatch
         expected_version=patch.expected_version,
         values=values,
         version_column="attempt_state_version",
-        extra_predicates=predicates,
+        equal=equal,
     )
 
 
@@ -324,13 +317,8 @@ async def apply_transition(
         FenceLostError: any conditional UPDATE matched no row (the caller's transaction
             must roll back; everything it wrote goes with it).
     """
-    if transition.new_step is not None:
-        projected: StepState | None = transition.new_step.state
-    elif transition.step is not None:
-        projected = transition.step.to_state
-    else:
-        projected = None
     if transition.run is not None:
+        projected = projected_step_state(transition)
         await _apply_run(conn, org_id, transition.run, projected, now)
     if transition.step is not None:
         await _apply_step(conn, org_id, transition.step, now)
@@ -460,6 +448,12 @@ def prepare_checkpoint(checkpoint: CheckpointInput, *, max_bytes: int) -> Prepar
     )
 
 
+_MAX_SEQUENCE = select(func.max(flow_checkpoints.c.sequence)).where(
+    flow_checkpoints.c.org_id == bindparam("org"),
+    flow_checkpoints.c.flow_run_id == bindparam("run"),
+)
+
+
 async def insert_checkpoint(
     conn: AsyncConnection,
     org_id: str,
@@ -469,18 +463,18 @@ async def insert_checkpoint(
     checkpoint_id: str,
     created_by_attempt_id: str | None,
     now: datetime,
+    last_sequence: int | None = None,
 ) -> CheckpointMeta:
     """Insert an immutable checkpoint with the run's next sequence.
 
     The caller holds the root lock, which is what makes ``max(sequence) + 1`` safe; a
     duplicate sequence would mean a writer without that lock and is a conflict.
+    ``last_sequence``: the run's latest sequence when the caller proved it under that
+    lock (``FlowRunStateStore.commit_step_txn``'s ``input_sequence``); read otherwise.
     """
-    t = flow_checkpoints.c
-    last = (
-        await conn.execute(
-            select(func.max(t.sequence)).where(t.org_id == org_id, t.flow_run_id == flow_run_id)
-        )
-    ).scalar_one()
+    last = last_sequence
+    if last is None:
+        last = (await conn.execute(_MAX_SEQUENCE, {"org": org_id, "run": flow_run_id})).scalar_one()
     meta = CheckpointMeta(
         checkpoint_id=checkpoint_id,
         flow_run_id=flow_run_id,

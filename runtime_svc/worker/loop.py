@@ -38,6 +38,7 @@ is then served by the kernel's bounded ``eligible_work``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -478,6 +479,8 @@ class StepWorker:
             return await self._fail(org_id, fence, abort.code)
         if self._hook is not None:
             await self._hook("executed", fence, None)
+        if known is not None:
+            prepared = dataclasses.replace(prepared, input_sequence=known.sequence)
         return await self._commit(org_id, fence, prepared, chain)
 
     async def _prepare(self, org_id: str, fence: LeaseFence, known: _Known | None) -> _Prepared:
@@ -696,6 +699,7 @@ class StepWorker:
                     output=_output(outcome, verification),
                     advance=outcome.advance,
                     evidence=_lock_plan_evidence(admitted),
+                    input_sequence=prepared.input_sequence,
                 )
                 if prepared.wait is not None and self._waits is not None:
                     # §14: the dependency commits with the wait transition and the
@@ -789,6 +793,7 @@ class StepWorker:
             step=_StepRow(advance.plan_step_key, advance.step_kind, advance.invocation_ordinal),
             payload=committed.context_json,
             verification=None if raw is None else json.loads(raw),
+            sequence=committed.output_checkpoint.sequence,
         )
         return claimed, advance, known
 
@@ -921,6 +926,9 @@ class _Known:
     step: _StepRow
     payload: str
     verification: Any
+    #: The output checkpoint's sequence: the run's latest at the continued fence's root
+    #: version (``commit_step_txn``'s ``input_sequence``).
+    sequence: int | None = None
 
 
 def _since(began: float) -> float:
@@ -941,6 +949,8 @@ class _Prepared:
     effect: PreparedSubmit | None = None
     #: The run's plan (a continued step of the run is prepared with it).
     plan_id: str = ""
+    #: A continued step's input checkpoint sequence (``_Known.sequence``).
+    input_sequence: int | None = None
 
 
 async def _step_row_txn(conn: AsyncConnection, org_id: str, step_execution_id: str) -> _StepRow:

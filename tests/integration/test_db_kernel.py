@@ -194,6 +194,94 @@ async def test_cas_update_extra_predicates_are_part_of_the_fence(engine: AsyncEn
     assert (await _get(engine, "a")).counter == 1
 
 
+async def test_fenced_update_checks_its_equalities_null_tests_and_version(
+    engine: AsyncEngine,
+) -> None:
+    await _insert(engine, _row("a", lease_token="t-new"), _row("b"))
+
+    async def update(item: str, version: int, **equal: Any) -> int:
+        async with db.transaction(engine) as conn:
+            return await db.fenced_update(
+                conn,
+                items,
+                org_id=ORG,
+                key={"item_id": item},
+                expected_version=version,
+                values={"counter": 1, "seen_at": datetime(2026, 1, 2, tzinfo=UTC)},
+                equal=equal,
+            )
+
+    for stale in ({"lease_token": "t-old"}, {"lease_token": None}):
+        with pytest.raises(FenceLostError) as caught:
+            await update("a", 0, **stale)
+        assert caught.value.found_version == 0
+    with pytest.raises(FenceLostError) as caught:
+        await update("a", 1, lease_token="t-new")  # the statement is reused: same shape
+    assert caught.value.found_version == 0
+    with pytest.raises(FenceLostError):
+        await update("b", 0, lease_token="t-new")  # NULL never equals a value
+    assert (await _get(engine, "a")).counter == 0
+
+    assert await update("a", 0, lease_token="t-new") == 1
+    assert await update("b", 0, lease_token=None) == 1
+    row = await _get(engine, "a")
+    assert (row.state_version, row.counter, row.seen_at) == (
+        1,
+        1,
+        datetime(2026, 1, 2, tzinfo=UTC),
+    )
+
+
+async def test_fenced_update_switch_on_null_is_decided_by_the_row(engine: AsyncEngine) -> None:
+    await _insert(engine, _row("a", lease_token="t"), _row("b"))
+    switch = db.SwitchOnNull("lease_token", '"held"', '"free"')
+    async with db.transaction(engine) as conn:
+        for item in ("a", "b"):
+            await db.fenced_update(
+                conn,
+                items,
+                org_id=ORG,
+                key={"item_id": item},
+                expected_version=0,
+                values={"note": switch},
+                equal={},
+            )
+    assert (await _get(engine, "a")).note == '"held"'
+    assert (await _get(engine, "b")).note == '"free"'
+
+
+async def test_fenced_update_in_the_wrong_org_matches_nothing_and_refuses_misuse(
+    engine: AsyncEngine,
+) -> None:
+    await _insert(engine, _row("a"))
+    async with db.transaction(engine) as conn:
+        with pytest.raises(FenceLostError) as caught:
+            await db.fenced_update(
+                conn,
+                items,
+                org_id=OTHER_ORG,
+                key={"item_id": "a"},
+                expected_version=0,
+                values={"counter": 1},
+                equal={},
+            )
+        assert caught.value.found_version is None
+        with pytest.raises(ValueError, match="not a unique key"):
+            await db.fenced_update(
+                conn, items, org_id=ORG, key={"counter": 0}, expected_version=0, values={}, equal={}
+            )
+        with pytest.raises(ValueError, match="may not set"):
+            await db.fenced_update(
+                conn,
+                items,
+                org_id=ORG,
+                key={"item_id": "a"},
+                expected_version=0,
+                values={"state_version": 9},
+                equal={},
+            )
+
+
 async def test_cas_update_accepts_a_unique_key_and_refuses_misuse(engine: AsyncEngine) -> None:
     await _insert(engine, _row("a"))
     async with db.transaction(engine) as conn:
@@ -388,6 +476,30 @@ async def test_db_now_is_utc_whatever_the_session_time_zone(engine: AsyncEngine)
     assert first <= second
     # A session-zone clock would be off by five hours; allow for a generous clock skew.
     assert abs(first - datetime.now(UTC)) < timedelta(minutes=30)
+
+
+async def test_db_now_is_read_once_per_transaction(engine: AsyncEngine) -> None:
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        if not str(args[2]).startswith("BEGIN"):  # SQLite's own BEGIN IMMEDIATE
+            statements.append(args[2])
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    try:
+        async with db.transaction(engine) as conn:
+            first = await db.db_now(conn)
+            asked = len(statements)
+            again = await db.db_now(conn)
+            assert len(statements) == asked  # no second round trip in the transaction
+        async with db.transaction(engine) as conn:
+            later = await db.db_now(conn)
+            assert len(statements) == asked + 1  # a new transaction asks the database
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
+
+    assert again == first  # every durable time one transaction writes is one instant
+    assert later >= first
 
 
 async def test_utc_datetime_round_trips_instants_with_microseconds(engine: AsyncEngine) -> None:

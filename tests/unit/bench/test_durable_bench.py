@@ -28,5 +28,8 @@ async def test_the_durable_bench_counts_transactions_statements_and_cpu_per_step
     assert cost.write_txns == (8 * 3 + 72) / 80
     # Read transactions: discovery and the first steps' preparation only.
     assert cost.write_txns < cost.txns < 2 * cost.write_txns
-    assert 10 < cost.statements < 40
+    # 28.0 before the continuation stopped re-reading the rows it holds or wrote, the
+    # clock was read once per transaction and a continued step's commit stopped asking
+    # for the checkpoint sequence; 21.6 after (issue 13, docs/performance.md).
+    assert 10 < cost.statements < 22
     assert cost.cpu_ms > 0

@@ -1,0 +1,69 @@
+"""The rows step continuation derives in memory instead of reading back (ADR 0002,
+``runtime_svc.kernel.applied``) are the rows the database holds, on SQLite and MariaDB:
+the root and next step a final commit leaves, and the root, step and attempt a claim
+leaves. A derivation that drifted from the stored row would make the continuation's
+conditional UPDATEs miss and roll whole commits back; these tests pin it field by field.
+"""
+
+from __future__ import annotations
+
+from runtime_svc.kernel import CheckpointInput, LeaseFence
+from runtime_svc.kernel.store import _claimed_rows
+from runtime_svc.kernel.store_rows import lock_fenced, lock_run, lock_step
+from services import db
+from tests.integration.kernel.conftest import World
+from tests.integration.kernel.helpers import claim, next_step, start
+
+
+class _Rollback(Exception):
+    """Ends a test transaction without committing it."""
+
+
+async def test_a_commit_derives_the_root_and_next_step_it_stored(world: World) -> None:
+    run_id = await start(world)
+    fence = await world.store.mark_running(world.org, await claim(world, run_id))
+    async with db.transaction(world.engine) as conn:
+        result = await world.store.commit_step_txn(
+            conn, world.org, fence, output=CheckpointInput({"n": 1}), advance=next_step()
+        )
+        assert result.next_step_execution_id is not None
+        stored_root = await lock_run(conn, world.org, run_id)
+        stored_step = await lock_step(conn, world.org, result.next_step_execution_id)
+
+    assert result.root is not None and result.next_step is not None
+    assert result.root == stored_root
+    assert result.next_step == stored_step
+
+
+async def test_a_claim_on_held_rows_derives_the_rows_it_stored(world: World) -> None:
+    run_id = await start(world)
+    try:
+        async with db.transaction(world.engine) as conn:
+            now = await db.db_now(conn)
+            root = await lock_run(conn, world.org, run_id)
+            assert root is not None and root.current_step_execution_id is not None
+            step = await lock_step(conn, world.org, root.current_step_execution_id)
+            assert step is not None
+            claimed = await world.store._claim_txn(
+                conn,
+                world.org,
+                run_id,
+                step.step_execution_id,
+                now=now,
+                token="t" * 43,
+                lease_owner="w1",
+                lock_plan_digest=world.plan_digest,
+                trace_id=None,
+                expected_root_version=None,
+                expected_step_version=None,
+                held=(root, step),
+            )
+            assert isinstance(claimed, tuple), claimed
+            fence, transition = claimed
+            assert isinstance(fence, LeaseFence) and transition is not None
+            derived = _claimed_rows(world.org, root, step, transition, now)
+            stored = await lock_fenced(conn, world.org, fence)
+            assert derived == stored
+            raise _Rollback
+    except _Rollback:
+        pass
