@@ -43,7 +43,7 @@ from runtime_svc.compiler.plan import DependencyDecl, ExecutionPlan
 from runtime_svc.kernel.decisions import NoChange
 from runtime_svc.kernel.model import RunRecord
 from runtime_svc.kernel.states import RunState
-from runtime_svc.kernel.store_reads import get_checkpoint_txn, get_run_txn
+from runtime_svc.kernel.store_reads import Candidate, get_checkpoint_txn, get_run_txn
 from runtime_svc.kernel.store_waits import (
     FaultStep,
     WaitStore,
@@ -142,6 +142,10 @@ class ResolvedRun:
 
     org_id: str
     flow_run_id: str
+    #: The resumed step as the resolution left it (versions it wrote): the worker claims
+    #: it directly, without a candidate read; ``None`` (a fault path, an expiry) means
+    #: the worker reads the run's current candidate first.
+    candidate: Candidate | None = None
 
 
 class Matcher:
@@ -221,13 +225,22 @@ class Matcher:
             return NoChange("missing")
         return await self.match_dependency(dep)
 
-    async def match_signal(self, scope: WorkScopeKey, signal_id: str) -> WaitTransition | NoChange:
+    async def match_signal(
+        self, scope: WorkScopeKey, signal_id: str, *, accepted: SignalRecord | None = None
+    ) -> WaitTransition | NoChange:
         """Producer side (§14.2 step 2): read the signal, its key's pending dependencies
         (creation order) and their evidence in one fresh read-only transaction, then try
         the resolutions in that order; the owed match is settled (a consumed signal's
-        mark is cleared by the consume itself)."""
+        mark is cleared by the consume itself).
+
+        ``accepted`` is the row the caller's committed acceptance transaction just wrote
+        (its identity, key and owed-match mark): the signal is then not read back. Only
+        its immutable identity is used; the resolution locks and re-validates the row."""
         async with transaction(self._engine, readonly=True) as conn:
-            signal = await queries.signal_by_id_txn(conn, scope, signal_id)
+            if accepted is not None and accepted.wake_signal_id == signal_id:
+                signal: SignalRecord | None = accepted
+            else:
+                signal = await queries.signal_by_id_txn(conn, scope, signal_id)
             if signal is None:
                 return NoChange("missing")
             deps = await queries.pending_for_key_txn(
@@ -282,7 +295,7 @@ class Matcher:
             and result.transition.run is not None
             and result.transition.run.to_state is RunState.RUNNABLE
         ):
-            self._on_resolved(ResolvedRun(dep.scope.org_id, dep.flow_run_id))
+            self._on_resolved(ResolvedRun(dep.scope.org_id, dep.flow_run_id, result.resumed))
         return result
 
     async def _evidence(
