@@ -507,30 +507,61 @@ class WaitStore:
         """
 
         async def fn(conn: AsyncConnection) -> WaitTransition | NoChange:
-            now = await self._clock(conn)
-            locked = await self._locked(conn, org_id, dependency_id)
-            if locked is None:
-                return NoChange("missing")
-            root, step, dep = locked
-            if expected_version is not None and dep.state_version != expected_version:
-                return NoChange("superseded")
-            signal = None
-            if signal_id is not None:
-                signal = await lock_signal(conn, dep.scope, signal_id)
-                if signal is None:
-                    return NoChange("signal_missing")
-            if check is not None and not check(dep, signal):
-                return NoChange("condition_false")
-            decision = decide_resolution(
-                root, step, dep, signal, now, receipt=receipt, wake_version=wake_version
+            return await self.resolve_in(
+                conn,
+                org_id,
+                dependency_id,
+                receipt=receipt,
+                signal_id=signal_id,
+                wake_version=wake_version,
+                expected_version=expected_version,
+                check=check,
             )
-            if isinstance(decision, WaitTransition):
-                await apply_wait_transition(conn, org_id, decision, now)
-                if step is not None:
-                    decision = replace(decision, resumed=resumed_candidate(root, step, now))
-            return decision
 
         return await self._guarded(fn)
+
+    async def resolve_in(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        dependency_id: str,
+        *,
+        receipt: dict[str, Any],
+        signal_id: str | None = None,
+        wake_version: int | None = None,
+        expected_version: int | None = None,
+        check: Callable[[DependencyRecord, SignalRecord | None], bool] | None = None,
+    ) -> WaitTransition | NoChange:
+        """:meth:`resolve` inside the caller's transaction (the producer-side match reads
+        its evidence without locks and resolves in one transaction). The caller commits;
+        the locks are taken in the same root → step → dependency → signal order.
+
+        Raises:
+            FenceLostError: a conditional UPDATE found its row moved; the caller's
+                transaction must roll back (:meth:`resolve` answers ``lost_race``).
+        """
+        now = await self._clock(conn)
+        locked = await self._locked(conn, org_id, dependency_id)
+        if locked is None:
+            return NoChange("missing")
+        root, step, dep = locked
+        if expected_version is not None and dep.state_version != expected_version:
+            return NoChange("superseded")
+        signal = None
+        if signal_id is not None:
+            signal = await lock_signal(conn, dep.scope, signal_id)
+            if signal is None:
+                return NoChange("signal_missing")
+        if check is not None and not check(dep, signal):
+            return NoChange("condition_false")
+        decision = decide_resolution(
+            root, step, dep, signal, now, receipt=receipt, wake_version=wake_version
+        )
+        if isinstance(decision, WaitTransition):
+            await apply_wait_transition(conn, org_id, decision, now)
+            if step is not None:
+                decision = replace(decision, resumed=resumed_candidate(root, step, now))
+        return decision
 
     async def _fault(
         self,

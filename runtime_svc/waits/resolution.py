@@ -67,8 +67,8 @@ from runtime_svc.waits import queries
 from runtime_svc.waits.plans import PlanSource, WaitBounds
 from runtime_svc.waits.registry import ProducerFamily, ProducerRegistry
 from runtime_svc.worker.executor import env_of
-from services.db import transaction
-from services.errors import NotFoundError
+from services.db import run_in_transaction, transaction
+from services.errors import FenceLostError, NotFoundError
 from services.faults import CrashPoint, crash_point
 from services.metrics import metrics
 
@@ -235,7 +235,12 @@ class Matcher:
 
         ``accepted`` is the row the caller's committed acceptance transaction just wrote
         (its identity, key and owed-match mark): the signal is then not read back. Only
-        its immutable identity is used; the resolution locks and re-validates the row."""
+        its immutable identity is used; the resolution locks and re-validates the row.
+        The match then runs as :meth:`_match_accepted` (one transaction) when it can."""
+        if accepted is not None and accepted.wake_signal_id == signal_id:
+            fused = await self._match_accepted(accepted)
+            if fused is not None:
+                return fused
         async with transaction(self._engine, readonly=True) as conn:
             if accepted is not None and accepted.wake_signal_id == signal_id:
                 signal: SignalRecord | None = accepted
@@ -254,14 +259,61 @@ class Matcher:
                 result.signal is None or result.signal.wake_signal_id == signal.wake_signal_id
             ):
                 break
-        consumed = (
-            isinstance(result, WaitTransition)
-            and result.signal is not None
-            and result.signal.wake_signal_id == signal.wake_signal_id
-        )
-        if signal.next_match_at is not None and not consumed:
+        if signal.next_match_at is not None and not _consumed(result, signal):
             async with transaction(self._engine) as conn:
                 await queries.clear_signal_match_txn(conn, signal)
+        return result
+
+    async def _match_accepted(self, signal: SignalRecord) -> WaitTransition | NoChange | None:
+        """The producer-side match of a just-accepted signal in ONE fresh transaction:
+        the key's pending dependency and its evidence are read without locks, then the
+        root-first resolution (root → step → dependency → signal) runs in the same
+        transaction — one transaction less on every wake than a read-only discovery
+        transaction followed by the resolution's. A signal no dependency waits for yet
+        has its owed-match mark cleared in that transaction too.
+
+        Only the common shape is fused: at most one pending dependency of the key and an
+        evidence read that decides a resolution or nothing. Anything else (several
+        waiters of one key — whose resolutions must not hold one run's locks while
+        locking another's root — or an expiry) answers ``None`` with nothing written,
+        and the caller runs the two-transaction match. A lost compare-and-swap rolls the
+        whole transaction back and answers ``lost_race`` like :meth:`WaitStore.resolve`.
+        """
+
+        async def fn(
+            conn: AsyncConnection,
+        ) -> tuple[WaitTransition | NoChange, DependencyRecord | None, _Action | None]:
+            deps = await queries.pending_for_key_txn(
+                conn, signal.scope, signal.producer_kind, signal.producer_key, 2
+            )
+            if len(deps) > 1:
+                raise _Unfused
+            result: WaitTransition | NoChange = NoChange("no_dependency")
+            dep = deps[0] if deps else None
+            action = None
+            if dep is not None:
+                action, _bounds = await self._evidence(conn, dep)
+                if action.expire is not None:
+                    raise _Unfused
+                result = await action.resolve_in(self.waits, conn, dep)
+            if signal.next_match_at is not None and not _consumed(result, signal):
+                await queries.clear_signal_match_txn(conn, signal)
+            return result, dep, action
+
+        try:
+            result, dep, action = await run_in_transaction(self._engine, fn)
+        except _Unfused:
+            return None
+        except FenceLostError:
+            # A concurrent transition won (the whole transaction rolled back): re-read
+            # like a lost resolution; the owed match is settled as after one.
+            if signal.next_match_at is not None:
+                async with transaction(self._engine) as conn:
+                    await queries.clear_signal_match_txn(conn, signal)
+            return NoChange("lost_race")
+        if isinstance(result, WaitTransition) and dep is not None and action is not None:
+            action.committed(dep, result)
+            result = self._woken(result, dep)
         return result
 
     async def match_dependency(self, dep: DependencyRecord) -> WaitTransition | NoChange:
@@ -403,6 +455,20 @@ class Matcher:
         return _Action(resolve=attempts, notified=notified, family=family.value)
 
 
+class _Unfused(Exception):
+    """The fused match does not apply: roll back (nothing was written) and run the
+    two-transaction match instead."""
+
+
+def _consumed(result: WaitTransition | NoChange, signal: SignalRecord) -> bool:
+    """Whether ``result`` consumed ``signal`` (the consume clears its owed match)."""
+    return (
+        isinstance(result, WaitTransition)
+        and result.signal is not None
+        and result.signal.wake_signal_id == signal.wake_signal_id
+    )
+
+
 def _effect_outcome(evidence_json: str | None) -> dict[str, Any]:
     """``command_id`` and ``outcome`` of a completion receipt's evidence (safe fields)."""
     try:
@@ -472,19 +538,45 @@ class _Action:
                 expected_version=dep.state_version,
             )
             if isinstance(result, WaitTransition):
-                # Resolved and committed; the scheduler has not claimed the step yet.
-                crash_point(CrashPoint.AFTER_RESOLUTION_COMMIT, dep.producer_kind)
-                notice = self.notified.get(signal_id) or _Notice(None)
-                wait_resolved(
-                    flow_run_id=dep.flow_run_id,
-                    dependency_id=dep.dependency_id,
-                    producer_kind=dep.producer_kind,
-                    family=self.family or "unknown",
-                    created_at=dep.created_at,
-                    notified_at=notice.at,
-                    signal_trace=notice.trace_context,
-                )
+                self.committed(dep, result)
                 return result
             if result.reason not in _NEXT_CANDIDATE:
                 return result
         return result
+
+    async def resolve_in(
+        self, waits: WaitStore, conn: AsyncConnection, dep: DependencyRecord
+    ) -> WaitTransition | NoChange:
+        """The resolutions of :meth:`run` inside the caller's transaction (no expiry;
+        the caller calls :meth:`committed` after its commit). The candidates are one
+        dependency's signals: the locks stay root → step → dependency → signal(s)."""
+        result: WaitTransition | NoChange = self.outcome or NoChange("nothing")
+        for signal_id, receipt, version in self.resolve or ():
+            result = await waits.resolve_in(
+                conn,
+                dep.org_id,
+                dep.dependency_id,
+                receipt=receipt,
+                signal_id=signal_id,
+                wake_version=version,
+                expected_version=dep.state_version,
+            )
+            if isinstance(result, WaitTransition) or result.reason not in _NEXT_CANDIDATE:
+                return result
+        return result
+
+    def committed(self, dep: DependencyRecord, result: WaitTransition) -> None:
+        """After the resolution's commit (the scheduler has not claimed the step yet):
+        the crash point and the wait metrics."""
+        crash_point(CrashPoint.AFTER_RESOLUTION_COMMIT, dep.producer_kind)
+        signal_id = None if result.signal is None else result.signal.wake_signal_id
+        notice = self.notified.get(signal_id) or _Notice(None)
+        wait_resolved(
+            flow_run_id=dep.flow_run_id,
+            dependency_id=dep.dependency_id,
+            producer_kind=dep.producer_kind,
+            family=self.family or "unknown",
+            created_at=dep.created_at,
+            notified_at=notice.at,
+            signal_trace=notice.trace_context,
+        )
