@@ -500,3 +500,45 @@ async def test_a_worker_loop_idle_for_minutes_runs_a_resolved_run_from_its_hint(
     finally:
         StepWorker.run_once = real_run_once  # type: ignore[method-assign]
     assert polls <= 3  # start-up; at most the woken fallback pass and its busy re-poll
+
+
+async def test_an_accepted_signal_is_matched_and_resolved_in_one_transaction(
+    world: World,
+) -> None:
+    """The producer-side match of a just-accepted signal reads its evidence and resolves
+    in one fresh transaction after the acceptance's commit: two transactions per wake
+    (acceptance, match+resolution), the run resumed and the signal consumed."""
+    from sqlalchemy import event
+
+    run_id = await _waiting(world, key="r4")
+    begun: list[int] = []
+
+    def began(*_args: object) -> None:
+        begun.append(1)
+
+    event.listen(world.engine.sync_engine, "begin", began)
+    try:
+        outcome = await world.rt.signals.submit(world.work, approval("r4", "t4"))
+    finally:
+        event.remove(world.engine.sync_engine, "begin", began)
+    assert len(begun) == 2
+    assert outcome.signal.state.name == "CONSUMED"
+    assert (await world.run(run_id)).state is RunState.RUNNABLE
+
+
+async def test_two_waiters_of_one_key_take_the_two_transaction_match_one_wake_each(
+    world: World,
+) -> None:
+    """Several pending dependencies of one key are not resolved in the fused
+    transaction (one run's locks are never held while another's root is locked): the
+    match falls back to discovery then resolution, and each signal wakes exactly one
+    waiter, the oldest first."""
+    first = await _waiting(world, key="r5")
+    run = await world.start("wait_signal", key="r5")
+    assert (await world.drive(run.flow_run_id)).state is RunState.WAITING
+    second = run.flow_run_id
+    await world.rt.signals.submit(world.work, approval("r5", "t5a"))
+    assert (await world.run(first)).state is RunState.RUNNABLE
+    assert (await world.run(second)).state is RunState.WAITING
+    await world.rt.signals.submit(world.work, approval("r5", "t5b"))
+    assert (await world.run(second)).state is RunState.RUNNABLE
