@@ -527,21 +527,9 @@ class _Action:
                 fault_lookup=lookup,
                 quarantine=self.quarantine,
             )
-        result: WaitTransition | NoChange = self.outcome or NoChange("nothing")
-        for signal_id, receipt, version in self.resolve or ():
-            result = await waits.resolve(
-                dep.org_id,
-                dep.dependency_id,
-                receipt=receipt,
-                signal_id=signal_id,
-                wake_version=version,
-                expected_version=dep.state_version,
-            )
-            if isinstance(result, WaitTransition):
-                self.committed(dep, result)
-                return result
-            if result.reason not in _NEXT_CANDIDATE:
-                return result
+        result = await self._each(dep, waits.resolve)
+        if isinstance(result, WaitTransition):
+            self.committed(dep, result)
         return result
 
     async def resolve_in(
@@ -550,10 +538,16 @@ class _Action:
         """The resolutions of :meth:`run` inside the caller's transaction (no expiry;
         the caller calls :meth:`committed` after its commit). The candidates are one
         dependency's signals: the locks stay root → step → dependency → signal(s)."""
+        return await self._each(dep, functools.partial(waits.resolve_in, conn))
+
+    async def _each(
+        self, dep: DependencyRecord, resolve: Callable[..., Awaitable[WaitTransition | NoChange]]
+    ) -> WaitTransition | NoChange:
+        """Try the candidate resolutions in order until one commits or one fails for
+        another reason than its candidate (then the next would fail the same way)."""
         result: WaitTransition | NoChange = self.outcome or NoChange("nothing")
         for signal_id, receipt, version in self.resolve or ():
-            result = await waits.resolve_in(
-                conn,
+            result = await resolve(
                 dep.org_id,
                 dep.dependency_id,
                 receipt=receipt,
