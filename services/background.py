@@ -62,6 +62,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 __all__ = [
     "DEFAULT_GRACE_S",
+    "HINTED_IDLE_FLOOR",
     "MAX_HINTS",
     "BackgroundLoop",
     "Body",
@@ -82,6 +83,10 @@ OrgSource = Callable[[str | None, int], Awaitable[list[str]]]
 #: How long :meth:`BackgroundLoop.shutdown` lets the current iteration finish.
 DEFAULT_GRACE_S = 10.0
 _MIN_IDLE_S = 0.01
+#: A woken loop whose producers name their work (hints) starts its idle backoff after
+#: work at ``idle_s / HINTED_IDLE_FLOOR`` instead of 10 ms: no rapid re-polls competing
+#: with the next hop on the same event loop (polling finds other processes' work).
+HINTED_IDLE_FLOOR = 4
 #: The most hints a :class:`Wakeup` keeps (older ones are dropped; polling finds them).
 MAX_HINTS = 256
 
@@ -298,9 +303,11 @@ class LoopGroup:
         *,
         interval: bool = False,
         wake: Wakeup | None = None,
+        min_idle_s: float = _MIN_IDLE_S,
     ) -> BackgroundLoop:
         """Own a loop over ``body`` (``True`` when it did work; ``interval``: a periodic
-        duty; ``wake``: ends its idle wait — see :class:`BackgroundLoop`)."""
+        duty; ``wake``: ends its idle wait; ``min_idle_s``: the first idle delay after
+        work — see :class:`BackgroundLoop`)."""
         return self.add(
             BackgroundLoop(
                 name,
@@ -309,6 +316,7 @@ class LoopGroup:
                 grace_s=self._grace_s,
                 interval=interval,
                 wake=wake,
+                min_idle_s=min_idle_s,
             )
         )
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from runtime_svc.compiler.kinds import EFFECT_COMPLETION_PRODUCER
 from runtime_svc.kernel.decisions import NoChange
 from runtime_svc.kernel.model import RunRecord, StepRecord
+from runtime_svc.kernel.store_reads import Candidate
 from runtime_svc.kernel.store_rows import apply_transition, lock_run, lock_step
 from runtime_svc.kernel.transitions_waits import (
     CAUSE_WAIT_EXPIRED,
@@ -69,6 +70,7 @@ __all__ = [
     "lock_signal",
     "new_dependency_id",
     "read_dependency_txn",
+    "resumed_candidate",
     "scope_predicates",
     "signal_from_row",
 ]
@@ -426,6 +428,26 @@ class FaultStep:
 FaultLookup = Callable[[RunRecord, DependencyRecord], Awaitable[FaultStep | None]]
 
 
+def resumed_candidate(root: RunRecord, step: StepRecord, now: datetime) -> Candidate:
+    """The claim candidate a committed resolution left: its waiting step ``Pending`` and
+    its root ``Runnable``, each one version past the locked rows (``cas_update`` bumps a
+    version by exactly one), due at ``now``. A hint only: the claim compares both
+    versions under its own locks, so a candidate something else moved claims nothing."""
+    return Candidate(
+        org_id=root.org_id,
+        flow_run_id=root.flow_run_id,
+        step_execution_id=step.step_execution_id,
+        root_state_version=root.state_version + 1,
+        step_state_version=step.state_version + 1,
+        run_after=now,
+        queue_class=step.queue_class,
+        plan_id=root.plan_id,
+        trace_context=root.trace_context,
+        execution_profile=root.execution_profile,
+        step_kind=step.step_kind,
+    )
+
+
 class WaitStore:
     """Root-first wait transitions, one short transaction each.
 
@@ -485,28 +507,61 @@ class WaitStore:
         """
 
         async def fn(conn: AsyncConnection) -> WaitTransition | NoChange:
-            now = await self._clock(conn)
-            locked = await self._locked(conn, org_id, dependency_id)
-            if locked is None:
-                return NoChange("missing")
-            root, step, dep = locked
-            if expected_version is not None and dep.state_version != expected_version:
-                return NoChange("superseded")
-            signal = None
-            if signal_id is not None:
-                signal = await lock_signal(conn, dep.scope, signal_id)
-                if signal is None:
-                    return NoChange("signal_missing")
-            if check is not None and not check(dep, signal):
-                return NoChange("condition_false")
-            decision = decide_resolution(
-                root, step, dep, signal, now, receipt=receipt, wake_version=wake_version
+            return await self.resolve_in(
+                conn,
+                org_id,
+                dependency_id,
+                receipt=receipt,
+                signal_id=signal_id,
+                wake_version=wake_version,
+                expected_version=expected_version,
+                check=check,
             )
-            if isinstance(decision, WaitTransition):
-                await apply_wait_transition(conn, org_id, decision, now)
-            return decision
 
         return await self._guarded(fn)
+
+    async def resolve_in(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        dependency_id: str,
+        *,
+        receipt: dict[str, Any],
+        signal_id: str | None = None,
+        wake_version: int | None = None,
+        expected_version: int | None = None,
+        check: Callable[[DependencyRecord, SignalRecord | None], bool] | None = None,
+    ) -> WaitTransition | NoChange:
+        """:meth:`resolve` inside the caller's transaction (the producer-side match reads
+        its evidence without locks and resolves in one transaction). The caller commits;
+        the locks are taken in the same root → step → dependency → signal order.
+
+        Raises:
+            FenceLostError: a conditional UPDATE found its row moved; the caller's
+                transaction must roll back (:meth:`resolve` answers ``lost_race``).
+        """
+        now = await self._clock(conn)
+        locked = await self._locked(conn, org_id, dependency_id)
+        if locked is None:
+            return NoChange("missing")
+        root, step, dep = locked
+        if expected_version is not None and dep.state_version != expected_version:
+            return NoChange("superseded")
+        signal = None
+        if signal_id is not None:
+            signal = await lock_signal(conn, dep.scope, signal_id)
+            if signal is None:
+                return NoChange("signal_missing")
+        if check is not None and not check(dep, signal):
+            return NoChange("condition_false")
+        decision = decide_resolution(
+            root, step, dep, signal, now, receipt=receipt, wake_version=wake_version
+        )
+        if isinstance(decision, WaitTransition):
+            await apply_wait_transition(conn, org_id, decision, now)
+            if step is not None:
+                decision = replace(decision, resumed=resumed_candidate(root, step, now))
+        return decision
 
     async def _fault(
         self,

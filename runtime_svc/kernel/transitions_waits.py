@@ -34,6 +34,7 @@ from runtime_svc.kernel.errors import IllegalTransitionError
 from runtime_svc.kernel.model import NewStep, RunRecord, StepRecord, Transition
 from runtime_svc.kernel.patches import patch_root, patch_step
 from runtime_svc.kernel.states import FailureClass, RunState, StepState
+from runtime_svc.kernel.store_reads import Candidate
 from runtime_svc.kernel.transitions_recovery import (
     decide_cancel,
     decide_resolve_wait,
@@ -89,6 +90,11 @@ class WaitTransition:
     signal: SignalPatch | None
     outcome: str
     cause_code: str | None = None
+    #: Set by the store after a resolution committed: the resumed step as the claim
+    #: candidate that transaction left (the versions it wrote), so a worker of this
+    #: process claims it without a discovery read. Never compared by anything but the
+    #: claim's own fence (a stale candidate loses the claim).
+    resumed: Candidate | None = None
 
 
 def scope_of(root: RunRecord) -> WorkScopeKey:

@@ -43,7 +43,7 @@ from runtime_svc.compiler.plan import DependencyDecl, ExecutionPlan
 from runtime_svc.kernel.decisions import NoChange
 from runtime_svc.kernel.model import RunRecord
 from runtime_svc.kernel.states import RunState
-from runtime_svc.kernel.store_reads import get_checkpoint_txn, get_run_txn
+from runtime_svc.kernel.store_reads import Candidate, get_checkpoint_txn, get_run_txn
 from runtime_svc.kernel.store_waits import (
     FaultStep,
     WaitStore,
@@ -67,8 +67,8 @@ from runtime_svc.waits import queries
 from runtime_svc.waits.plans import PlanSource, WaitBounds
 from runtime_svc.waits.registry import ProducerFamily, ProducerRegistry
 from runtime_svc.worker.executor import env_of
-from services.db import transaction
-from services.errors import NotFoundError
+from services.db import run_in_transaction, transaction
+from services.errors import FenceLostError, NotFoundError
 from services.faults import CrashPoint, crash_point
 from services.metrics import metrics
 
@@ -142,6 +142,10 @@ class ResolvedRun:
 
     org_id: str
     flow_run_id: str
+    #: The resumed step as the resolution left it (versions it wrote): the worker claims
+    #: it directly, without a candidate read; ``None`` (a fault path, an expiry) means
+    #: the worker reads the run's current candidate first.
+    candidate: Candidate | None = None
 
 
 class Matcher:
@@ -221,13 +225,27 @@ class Matcher:
             return NoChange("missing")
         return await self.match_dependency(dep)
 
-    async def match_signal(self, scope: WorkScopeKey, signal_id: str) -> WaitTransition | NoChange:
+    async def match_signal(
+        self, scope: WorkScopeKey, signal_id: str, *, accepted: SignalRecord | None = None
+    ) -> WaitTransition | NoChange:
         """Producer side (§14.2 step 2): read the signal, its key's pending dependencies
         (creation order) and their evidence in one fresh read-only transaction, then try
         the resolutions in that order; the owed match is settled (a consumed signal's
-        mark is cleared by the consume itself)."""
+        mark is cleared by the consume itself).
+
+        ``accepted`` is the row the caller's committed acceptance transaction just wrote
+        (its identity, key and owed-match mark): the signal is then not read back. Only
+        its immutable identity is used; the resolution locks and re-validates the row.
+        The match then runs as :meth:`_match_accepted` (one transaction) when it can."""
+        if accepted is not None and accepted.wake_signal_id == signal_id:
+            fused = await self._match_accepted(accepted)
+            if fused is not None:
+                return fused
         async with transaction(self._engine, readonly=True) as conn:
-            signal = await queries.signal_by_id_txn(conn, scope, signal_id)
+            if accepted is not None and accepted.wake_signal_id == signal_id:
+                signal: SignalRecord | None = accepted
+            else:
+                signal = await queries.signal_by_id_txn(conn, scope, signal_id)
             if signal is None:
                 return NoChange("missing")
             deps = await queries.pending_for_key_txn(
@@ -241,14 +259,61 @@ class Matcher:
                 result.signal is None or result.signal.wake_signal_id == signal.wake_signal_id
             ):
                 break
-        consumed = (
-            isinstance(result, WaitTransition)
-            and result.signal is not None
-            and result.signal.wake_signal_id == signal.wake_signal_id
-        )
-        if signal.next_match_at is not None and not consumed:
+        if signal.next_match_at is not None and not _consumed(result, signal):
             async with transaction(self._engine) as conn:
                 await queries.clear_signal_match_txn(conn, signal)
+        return result
+
+    async def _match_accepted(self, signal: SignalRecord) -> WaitTransition | NoChange | None:
+        """The producer-side match of a just-accepted signal in ONE fresh transaction:
+        the key's pending dependency and its evidence are read without locks, then the
+        root-first resolution (root → step → dependency → signal) runs in the same
+        transaction — one transaction less on every wake than a read-only discovery
+        transaction followed by the resolution's. A signal no dependency waits for yet
+        has its owed-match mark cleared in that transaction too.
+
+        Only the common shape is fused: at most one pending dependency of the key and an
+        evidence read that decides a resolution or nothing. Anything else (several
+        waiters of one key — whose resolutions must not hold one run's locks while
+        locking another's root — or an expiry) answers ``None`` with nothing written,
+        and the caller runs the two-transaction match. A lost compare-and-swap rolls the
+        whole transaction back and answers ``lost_race`` like :meth:`WaitStore.resolve`.
+        """
+
+        async def fn(
+            conn: AsyncConnection,
+        ) -> tuple[WaitTransition | NoChange, DependencyRecord | None, _Action | None]:
+            deps = await queries.pending_for_key_txn(
+                conn, signal.scope, signal.producer_kind, signal.producer_key, 2
+            )
+            if len(deps) > 1:
+                raise _Unfused
+            result: WaitTransition | NoChange = NoChange("no_dependency")
+            dep = deps[0] if deps else None
+            action = None
+            if dep is not None:
+                action, _bounds = await self._evidence(conn, dep)
+                if action.expire is not None:
+                    raise _Unfused
+                result = await action.resolve_in(self.waits, conn, dep)
+            if signal.next_match_at is not None and not _consumed(result, signal):
+                await queries.clear_signal_match_txn(conn, signal)
+            return result, dep, action
+
+        try:
+            result, dep, action = await run_in_transaction(self._engine, fn)
+        except _Unfused:
+            return None
+        except FenceLostError:
+            # A concurrent transition won (the whole transaction rolled back): re-read
+            # like a lost resolution; the owed match is settled as after one.
+            if signal.next_match_at is not None:
+                async with transaction(self._engine) as conn:
+                    await queries.clear_signal_match_txn(conn, signal)
+            return NoChange("lost_race")
+        if isinstance(result, WaitTransition) and dep is not None and action is not None:
+            action.committed(dep, result)
+            result = self._woken(result, dep)
         return result
 
     async def match_dependency(self, dep: DependencyRecord) -> WaitTransition | NoChange:
@@ -282,7 +347,7 @@ class Matcher:
             and result.transition.run is not None
             and result.transition.run.to_state is RunState.RUNNABLE
         ):
-            self._on_resolved(ResolvedRun(dep.scope.org_id, dep.flow_run_id))
+            self._on_resolved(ResolvedRun(dep.scope.org_id, dep.flow_run_id, result.resumed))
         return result
 
     async def _evidence(
@@ -390,6 +455,20 @@ class Matcher:
         return _Action(resolve=attempts, notified=notified, family=family.value)
 
 
+class _Unfused(Exception):
+    """The fused match does not apply: roll back (nothing was written) and run the
+    two-transaction match instead."""
+
+
+def _consumed(result: WaitTransition | NoChange, signal: SignalRecord) -> bool:
+    """Whether ``result`` consumed ``signal`` (the consume clears its owed match)."""
+    return (
+        isinstance(result, WaitTransition)
+        and result.signal is not None
+        and result.signal.wake_signal_id == signal.wake_signal_id
+    )
+
+
 def _effect_outcome(evidence_json: str | None) -> dict[str, Any]:
     """``command_id`` and ``outcome`` of a completion receipt's evidence (safe fields)."""
     try:
@@ -448,9 +527,27 @@ class _Action:
                 fault_lookup=lookup,
                 quarantine=self.quarantine,
             )
+        result = await self._each(dep, waits.resolve)
+        if isinstance(result, WaitTransition):
+            self.committed(dep, result)
+        return result
+
+    async def resolve_in(
+        self, waits: WaitStore, conn: AsyncConnection, dep: DependencyRecord
+    ) -> WaitTransition | NoChange:
+        """The resolutions of :meth:`run` inside the caller's transaction (no expiry;
+        the caller calls :meth:`committed` after its commit). The candidates are one
+        dependency's signals: the locks stay root → step → dependency → signal(s)."""
+        return await self._each(dep, functools.partial(waits.resolve_in, conn))
+
+    async def _each(
+        self, dep: DependencyRecord, resolve: Callable[..., Awaitable[WaitTransition | NoChange]]
+    ) -> WaitTransition | NoChange:
+        """Try the candidate resolutions in order until one commits or one fails for
+        another reason than its candidate (then the next would fail the same way)."""
         result: WaitTransition | NoChange = self.outcome or NoChange("nothing")
         for signal_id, receipt, version in self.resolve or ():
-            result = await waits.resolve(
+            result = await resolve(
                 dep.org_id,
                 dep.dependency_id,
                 receipt=receipt,
@@ -458,20 +555,22 @@ class _Action:
                 wake_version=version,
                 expected_version=dep.state_version,
             )
-            if isinstance(result, WaitTransition):
-                # Resolved and committed; the scheduler has not claimed the step yet.
-                crash_point(CrashPoint.AFTER_RESOLUTION_COMMIT, dep.producer_kind)
-                notice = self.notified.get(signal_id) or _Notice(None)
-                wait_resolved(
-                    flow_run_id=dep.flow_run_id,
-                    dependency_id=dep.dependency_id,
-                    producer_kind=dep.producer_kind,
-                    family=self.family or "unknown",
-                    created_at=dep.created_at,
-                    notified_at=notice.at,
-                    signal_trace=notice.trace_context,
-                )
-                return result
-            if result.reason not in _NEXT_CANDIDATE:
+            if isinstance(result, WaitTransition) or result.reason not in _NEXT_CANDIDATE:
                 return result
         return result
+
+    def committed(self, dep: DependencyRecord, result: WaitTransition) -> None:
+        """After the resolution's commit (the scheduler has not claimed the step yet):
+        the crash point and the wait metrics."""
+        crash_point(CrashPoint.AFTER_RESOLUTION_COMMIT, dep.producer_kind)
+        signal_id = None if result.signal is None else result.signal.wake_signal_id
+        notice = self.notified.get(signal_id) or _Notice(None)
+        wait_resolved(
+            flow_run_id=dep.flow_run_id,
+            dependency_id=dep.dependency_id,
+            producer_kind=dep.producer_kind,
+            family=self.family or "unknown",
+            created_at=dep.created_at,
+            notified_at=notice.at,
+            signal_trace=notice.trace_context,
+        )

@@ -223,7 +223,9 @@ class SignalService:
         """Step 3: the fresh-transaction match after the signal's commit."""
         crash_point(CrashPoint.AFTER_SIGNAL_COMMIT, new.producer_kind)
         try:
-            result = await self._matcher.match_signal(scope, new.wake_signal_id)
+            result = await self._matcher.match_signal(
+                scope, new.wake_signal_id, accepted=outcome.signal
+            )
         except Exception:
             # Acknowledged already: the owed match is the repair sweep's now.
             log.warning("signal %s: match deferred to the sweep", new.wake_signal_id, exc_info=True)

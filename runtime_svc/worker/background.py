@@ -35,7 +35,7 @@ from runtime_svc.worker.loop import Outcome, StepWorker, Sweeper
 from runtime_svc.worker.settings import WorkerSettings
 from runtime_svc.worker.views import FixedViews, RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
-from services.background import IdleBackoff, LoopGroup, Wakeup
+from services.background import HINTED_IDLE_FLOOR, IdleBackoff, LoopGroup, Wakeup
 from services.config import ServiceConfig
 from services.db import db_now
 from services.errors import FailedPreconditionError
@@ -66,13 +66,19 @@ class _NoViews:
 async def _run_resolved(worker: StepWorker, hints: list[object]) -> bool:
     """Claim the steps of runs a resolution in this process just made runnable (the
     wakeup's hints, ``runtime_svc.waits.resolution.ResolvedRun``) without the org and
-    queue discovery reads; the claim re-validates each (a stale hint claims nothing)."""
+    queue discovery reads — and, when the hint carries the resolution's candidate,
+    without the candidate read; the claim re-validates each under its fence (a stale
+    hint claims nothing: polling finds the step)."""
     from runtime_svc.waits.resolution import ResolvedRun
 
     did = False
     for hint in hints:
         if isinstance(hint, ResolvedRun):
-            candidate = await worker.store.candidate_for_run(hint.org_id, hint.flow_run_id)
+            # The resolution's own candidate (the versions it committed) spares the read;
+            # a hint without one (fault path, expiry) reads the run's current step.
+            candidate = hint.candidate
+            if candidate is None or candidate.org_id != hint.org_id:
+                candidate = await worker.store.candidate_for_run(hint.org_id, hint.flow_run_id)
             if candidate is not None:
                 outcomes = await worker.process_found(hint.org_id, candidate)
                 did = did or any(o is not Outcome.NOT_ELIGIBLE for o in outcomes)
@@ -160,11 +166,20 @@ async def start_background(
         )
 
         async def work(w: StepWorker = worker) -> bool:
+            # Runs a resolution in this process just made runnable first (claimed from
+            # the hint). They were named, so no immediate re-poll follows them: the
+            # backoff from its floor finds other work, and a new hint ends that wait.
             if work_wake is not None and await _run_resolved(w, work_wake.take_hints()):
-                return True
+                return False
             return any(o is not Outcome.NOT_ELIGIBLE for o in await w.run_once())
 
-        group.spawn(f"flow-worker-{i}", work, s.idle_ms / 1000, wake=work_wake)
+        group.spawn(
+            f"flow-worker-{i}",
+            work,
+            s.idle_ms / 1000,
+            wake=work_wake,
+            min_idle_s=s.idle_ms / 1000 / HINTED_IDLE_FLOOR if work_wake is not None else 0.0,
+        )
     if s.sweeps:
         sweeper = Sweeper(engine, store, org_batch=s.org_batch)
 

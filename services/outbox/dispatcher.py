@@ -37,7 +37,7 @@ from datetime import datetime, timedelta
 from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.background import BackgroundLoop, LoopGroup, Wakeup
+from services.background import HINTED_IDLE_FLOOR, BackgroundLoop, LoopGroup, Wakeup
 from services.db import db_now, run_in_transaction
 from services.errors import FenceLostError
 from services.faults import CrashPoint, crash_point
@@ -76,8 +76,6 @@ __all__ = ["DELIVER_SPAN", "HINTED_IDLE_FLOOR", "OutboxDispatcher", "SweepReport
 log = logging.getLogger(__name__)
 
 _ORG_LIMIT = 100
-#: A woken delivery loop's first idle delay after work is ``idle_s / HINTED_IDLE_FLOOR``.
-HINTED_IDLE_FLOOR = 4
 #: The span of one delivery or reconciliation attempt.
 DELIVER_SPAN = "outbox.deliver"
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.kernel import RunState
-from runtime_svc.kernel.decisions import NoChange
+from runtime_svc.kernel.decisions import NoChange, NotEligible
 from runtime_svc.kernel.store_waits import insert_dependency_txn
 from runtime_svc.kernel.transitions_waits import WaitTransition
 from runtime_svc.kernel.wait_model import (
@@ -402,14 +403,142 @@ async def test_a_resolution_names_the_run_and_a_worker_claims_it_from_that_hint(
     run_id = await _waiting(world)
     await world.rt.signals.submit(world.work, approval("r1", "t1"))
     hints = wake.take_hints()
-    assert hints == [ResolvedRun(world.org, run_id)]
+    assert [(h.org_id, h.flow_run_id) for h in hints] == [(world.org, run_id)]
+    # The hint carries the candidate the resolution committed (no read to claim it).
+    resumed = hints[0].candidate
+    assert resumed is not None and resumed.flow_run_id == run_id
+    assert resumed == await world.store.candidate_for_run(world.org, run_id)
 
-    async def no_discovery(org_id: str) -> list[object]:
+    async def no_discovery(*_args: object) -> list[object]:
         raise AssertionError("a hinted run must not need the discovery batch")
 
+    async def no_candidate_read(*_args: object) -> object:
+        raise AssertionError("a hint with the resolution's candidate needs no candidate read")
+
     world.worker.run_batch = no_discovery  # type: ignore[assignment,method-assign]
+    real_read = world.store.candidate_for_run
+    world.store.candidate_for_run = no_candidate_read  # type: ignore[assignment,method-assign]
     assert await _run_resolved(world.worker, hints) is True
     run = await world.run(run_id)
     assert run.state is not RunState.WAITING
+    world.store.candidate_for_run = real_read  # type: ignore[method-assign]
     assert await _run_resolved(world.worker, [ResolvedRun(world.org, "no-such-run")]) is False
     assert await _run_resolved(world.worker, [object()]) is False
+
+
+async def test_a_stale_hinted_candidate_claims_nothing(world: World) -> None:
+    """A hint is only a shortcut: a candidate whose versions something else moved since
+    the resolution (here another worker's claim, found by its own discovery) loses the
+    fenced claim and writes nothing — no second attempt, no version bump."""
+    from runtime_svc.worker.background import _run_resolved
+    from services.background import Wakeup
+
+    wake = Wakeup()
+    world.rt.matcher._on_resolved = wake.notify
+    run_id = await _waiting(world, key="r2")
+    await world.rt.signals.submit(world.work, approval("r2", "t2"))
+    hints = wake.take_hints()
+    found = await world.store.candidate_for_run(world.org, run_id)
+    assert found is not None and found == hints[0].candidate
+    fence = await world.store.claim(world.org, found, lease_owner="other")
+    assert not isinstance(fence, NotEligible)
+    before = await world.run(run_id)
+    assert await _run_resolved(world.worker, hints) is False
+    after = await world.run(run_id)
+    assert after.state_version == before.state_version  # the stale claim wrote nothing
+    assert after.state is before.state
+
+
+async def test_a_worker_loop_idle_for_minutes_runs_a_resolved_run_from_its_hint(
+    world: World,
+) -> None:
+    """Event-driven wake, not a poll: the process's worker loop idles with a poll
+    interval of ten minutes (its floor after work is minutes too), yet a resolution in
+    the process wakes it and it runs the resumed step to the end from the hint alone;
+    the loop's polls besides its start-up pass all follow the wake with no sleep between
+    (when admission defers the hinted candidate of an org this process has not visited
+    yet — fair-share credit comes from a visit, §16 — the woken iteration falls back to
+    one pass at once, and a pass that found work re-polls once), never a timed poll."""
+    from runtime_svc.worker import FixedViews, WorkerSettings, start_background
+    from runtime_svc.worker.loop import StepWorker
+    from services.background import Wakeup
+    from tests.integration.worker.support import record_view
+    from tests.support.procs import assert_eventually
+
+    wake = Wakeup()
+    world.rt.matcher._on_resolved = wake.notify
+    run_id = await _waiting(world, key="r3")
+    polls = 0
+    real_run_once = StepWorker.run_once
+
+    async def counted(self: StepWorker) -> Any:
+        nonlocal polls
+        polls += 1
+        return await real_run_once(self)
+
+    settings = WorkerSettings(workers=1, sweeps=False, idle_ms=600_000)
+    StepWorker.run_once = counted  # type: ignore[method-assign]
+    try:
+        bg = await start_background(
+            None,
+            world.engine,
+            views=FixedViews(record_view()),
+            settings=settings,
+            waits=world.rt,
+            work_wake=wake,
+        )
+        try:
+            await assert_eventually(lambda: polls >= 1, timeout=30, what="the start-up poll")
+            await world.rt.signals.submit(world.work, approval("r3", "t3"))
+
+            async def finished() -> bool:
+                return (await world.run(run_id)).state is RunState.SUCCEEDED
+
+            await assert_eventually(finished, timeout=60, what="the hinted run to finish")
+        finally:
+            await bg.stop()
+    finally:
+        StepWorker.run_once = real_run_once  # type: ignore[method-assign]
+    assert polls <= 3  # start-up; at most the woken fallback pass and its busy re-poll
+
+
+async def test_an_accepted_signal_is_matched_and_resolved_in_one_transaction(
+    world: World,
+) -> None:
+    """The producer-side match of a just-accepted signal reads its evidence and resolves
+    in one fresh transaction after the acceptance's commit: two transactions per wake
+    (acceptance, match+resolution), the run resumed and the signal consumed."""
+    from sqlalchemy import event
+
+    run_id = await _waiting(world, key="r4")
+    begun: list[int] = []
+
+    def began(*_args: object) -> None:
+        begun.append(1)
+
+    event.listen(world.engine.sync_engine, "begin", began)
+    try:
+        outcome = await world.rt.signals.submit(world.work, approval("r4", "t4"))
+    finally:
+        event.remove(world.engine.sync_engine, "begin", began)
+    assert len(begun) == 2
+    assert outcome.signal.state.name == "CONSUMED"
+    assert (await world.run(run_id)).state is RunState.RUNNABLE
+
+
+async def test_two_waiters_of_one_key_take_the_two_transaction_match_one_wake_each(
+    world: World,
+) -> None:
+    """Several pending dependencies of one key are not resolved in the fused
+    transaction (one run's locks are never held while another's root is locked): the
+    match falls back to discovery then resolution, and each signal wakes exactly one
+    waiter, the oldest first."""
+    first = await _waiting(world, key="r5")
+    run = await world.start("wait_signal", key="r5")
+    assert (await world.drive(run.flow_run_id)).state is RunState.WAITING
+    second = run.flow_run_id
+    await world.rt.signals.submit(world.work, approval("r5", "t5a"))
+    assert (await world.run(first)).state is RunState.RUNNABLE
+    assert (await world.run(second)).state is RunState.WAITING
+    await world.rt.signals.submit(world.work, approval("r5", "t5b"))
+    assert (await world.run(second)).state is RunState.RUNNABLE

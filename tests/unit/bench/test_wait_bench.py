@@ -21,6 +21,9 @@ async def test_the_wait_bench_measures_real_wakes_and_sweeps(
     assert re.search(r"reconciler sweep,\s+60 waiting: .* 61 probes \(batch 100\)", out), out
     assert re.search(r"wake latency,\s+60 waiting: p50 +\d", out), out
     assert re.search(r"wake p99 ratio 60 / 20 waiting: +\d", out), out
-    assert "cost per wake: accept+resolve 3 transactions" in out
+    # Acceptance, then match and resolution in one fresh transaction; the worker claims
+    # the candidate the resolution's hint carries (no candidate read): 2 + 2.
+    assert "cost per wake: accept+resolve 2 transactions" in out
+    assert "claim+running 2 transactions" in out
     # Every measured wake left the population again; the clones (and the template) wait.
     assert "pending dependencies at the end: 61" in out
