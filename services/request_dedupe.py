@@ -59,7 +59,8 @@ import base64
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from datetime import datetime
+from typing import Any, Generic, Protocol, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -72,8 +73,10 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     String,
     Table,
+    bindparam,
     delete,
     false,
+    insert,
     select,
     update,
 )
@@ -88,11 +91,11 @@ from services.db import (
     JsonText,
     UtcDateTime,
     db_now,
-    insert_if_absent,
     run_in_transaction,
     transaction,
     work_scope_columns,
 )
+from services.db_prepared import insert_prepared
 from services.digest import versioned_digest
 from services.errors import ConflictError, FailedPreconditionError, InvalidArgumentError
 
@@ -340,10 +343,23 @@ class RequestLedger:
 
     def __init__(self, table: Table) -> None:
         self.table = table
+        t = table
+        # The hot statements (lookup and insert of every deduplicated write) are built
+        # once with bound parameters (``k_*``: the key; see :func:`_key_params`).
+        where = [t.c[name] == bindparam(f"k_{name}") for name in WORK_SCOPE]
+        where += [t.c.rpc_name == bindparam("k_rpc"), t.c.request_id == bindparam("k_request")]
+        self._lookup = select(t.c.request_digest, t.c.response_payload, t.c.completed).where(*where)
+        self._insert = insert(t)
 
     def _key_where(self, key: RequestKey) -> list[ColumnElement[bool]]:
         t = self.table
         return [*key.scope.where(t), t.c.rpc_name == key.rpc, t.c.request_id == key.request_id]
+
+    @staticmethod
+    def _key_params(key: RequestKey) -> dict[str, Any]:
+        params: dict[str, Any] = {f"k_{name}": getattr(key.scope, name) for name in WORK_SCOPE}
+        params.update(k_rpc=key.rpc, k_request=key.request_id)
+        return params
 
     # --- composable helpers (caller's transaction) -----------------------------------------
 
@@ -353,14 +369,7 @@ class RequestLedger:
         Raises:
             RequestIdReusedError: the id was used with another body.
         """
-        t = self.table
-        row = (
-            await conn.execute(
-                select(t.c.request_digest, t.c.response_payload, t.c.completed).where(
-                    *self._key_where(key)
-                )
-            )
-        ).first()
+        row = (await conn.execute(self._lookup, self._key_params(key))).first()
         if row is None:
             return None
         if row.request_digest != key.request_digest:
@@ -375,15 +384,19 @@ class RequestLedger:
         response: bytes | None,
         *,
         completed: bool = True,
+        now: datetime | None = None,
     ) -> None:
         """Insert the ledger row of a new request (``response`` ``None``: reserved only).
+
+        ``now``: the row's ``created_at`` (the retention anchor) when the caller already
+        read the database clock in this transaction; ``None`` reads it.
 
         Raises:
             DuplicateRequestRace: another transaction recorded the key first.
         """
-        inserted = await insert_if_absent(
+        inserted = await insert_prepared(
             conn,
-            self.table,
+            self._insert,
             {
                 **key.scope.values(),
                 "rpc_name": key.rpc,
@@ -391,7 +404,7 @@ class RequestLedger:
                 "request_digest": key.request_digest,
                 "response_payload": None if response is None else _encode(response),
                 "completed": completed and response is not None,
-                "created_at": await db_now(conn),
+                "created_at": await db_now(conn) if now is None else now,
             },
         )
         if not inserted:
@@ -425,9 +438,14 @@ class RequestLedger:
         encode: Callable[[T], bytes | None],
         *,
         completed: bool | Callable[[T], bool] = True,
+        clock: Callable[[T], datetime] | None = None,
     ) -> Deduplicated[T]:
         """Replay the stored response of ``key``, or run ``work`` and record its encoded
         response in the same transaction (``conn``).
+
+        ``clock(value)``, when given, is the database time ``work`` read in this
+        transaction (e.g. the record engine's lock-time clock): the new ledger row takes
+        it as ``created_at`` instead of reading the clock again.
 
         ``encode`` returning ``None`` records nothing (the service raises a refusal after
         the commit; a retry decides again). ``completed=False`` records a provisional
@@ -449,7 +467,8 @@ class RequestLedger:
             return Deduplicated(value, None)
         final = completed(value) if callable(completed) else completed
         if prior is None:
-            await self.record_txn(conn, key, response, completed=final)
+            now = None if clock is None else clock(value)
+            await self.record_txn(conn, key, response, completed=final, now=now)
         else:
             response = await self.complete_txn(conn, key, response, final=final)
         return Deduplicated(value, response, completed=final)

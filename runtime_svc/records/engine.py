@@ -223,6 +223,10 @@ async def _reserve_history(
     conn: AsyncConnection, org_id: str, mutation: RecordMutation, locks: HeldLocks
 ) -> int:
     key = history_key(mutation.object_name, mutation.record_id)
+    if mutation.kind is MutationKind.CREATE and key in locks.reserved_creates:
+        # Inserted at 1 by the create's lock phase (acquire_locks_txn): already reserved.
+        locks.reserved_creates.discard(key)
+        return 1
     last = locks.history.get(key)
     obj, rid = mutation.object_name, mutation.record_id
     if last is None:
@@ -402,6 +406,12 @@ async def get_record_txn(
 
 
 # --- the public engine ------------------------------------------------------------------------
+
+
+def _clock_of(result: MutationResult) -> datetime:
+    """The database time the mutation's transaction read at its lock phase (every row it
+    wrote carries it; ``updated_at`` of the written record)."""
+    return result.record.updated_at
 
 
 @dataclass
@@ -632,7 +642,8 @@ class RecordEngine:
             )
 
         async def attempt(conn: AsyncConnection) -> Deduplicated[MutationResult]:
-            return await self._ledger.execute_txn(conn, key, work, encode)
+            # The ledger row takes the lock phase's clock reading (one clock read).
+            return await self._ledger.execute_txn(conn, key, work, encode, clock=_clock_of)
 
         return await self.transact(attempt, key=f"{mutation.object_name}/{mutation.record_id}")
 

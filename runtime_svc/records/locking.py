@@ -99,6 +99,8 @@ class HeldLocks:
         rows: business rows read (or inserted) under lock; ``None`` = no such row.
         history: ``last_sequence`` of history rows read under lock; ``None`` = no row.
         pending_creates: inserted rows whose create mutation is not applied yet.
+        reserved_creates: history rows of created records inserted at sequence 1 — the
+            create's own sequence, reserved by that ``INSERT`` (no separate advance).
     """
 
     org_id: str
@@ -107,6 +109,7 @@ class HeldLocks:
     rows: dict[ResourceKey, RecordState | None] = field(default_factory=dict)
     history: dict[ResourceKey, int | None] = field(default_factory=dict)
     pending_creates: set[ResourceKey] = field(default_factory=set)
+    reserved_creates: set[ResourceKey] = field(default_factory=set)
 
 
 def _new_record(
@@ -177,9 +180,14 @@ async def acquire_locks_txn(
                 held.rows[key] = await store.read_record_txn(conn, org_id, obj, rid, lock=True)
         elif key.resource_class is ResourceClass.HISTORY_SEQUENCE:
             if business_key(obj, rid) in plan.creates:
-                # The new record's history row starts at 0; the create reserves 1.
-                await store.insert_history_txn(conn, org_id, obj, rid, 0, held.now)
-                held.history[key] = 0
+                # The new record's history row is inserted at 1: the create's own sequence,
+                # reserved here under the new row's lock (one statement, no advance). Should
+                # a row of that identity exist (its foreign key to the record forbids it),
+                # the create's advance from 0 fences on it, as before.
+                inserted = await store.insert_history_txn(conn, org_id, obj, rid, 1, held.now)
+                held.history[key] = 1 if inserted else 0
+                if inserted:
+                    held.reserved_creates.add(key)
             else:
                 held.history[key] = await store.lock_history_txn(conn, org_id, obj, rid)
         else:
