@@ -408,12 +408,6 @@ async def get_record_txn(
 # --- the public engine ------------------------------------------------------------------------
 
 
-def _clock_of(result: MutationResult) -> datetime:
-    """The database time the mutation's transaction read at its lock phase (every row it
-    wrote carries it; ``updated_at`` of the written record)."""
-    return result.record.updated_at
-
-
 @dataclass
 class EngineStats:
     """Counters of one :class:`RecordEngine` (exported as metrics; read by tests).
@@ -531,6 +525,7 @@ class RecordEngine:
         request: RequestRef | None = None,
         on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
         transform: Transform | None = None,
+        now: datetime | None = None,
     ) -> MutationResult:
         """One attempt of :meth:`mutate` in the caller's transaction: plain read of the
         current row → ``transform`` → :func:`plan_mutation` → :func:`acquire_locks_txn` →
@@ -547,6 +542,8 @@ class RecordEngine:
             transform: awaited after the stored row was read (``None`` for a create) and
                 before the lock plan is made: it returns the mutation to write instead
                 (the Embedded Before-Save Flows); raising rolls everything back.
+            now: the database time this transaction already read (every row written
+                carries it); ``None`` reads the clock at the lock phase.
 
         Raises:
             NotFoundError, AlreadyExistsError, StaleVersionError, RecordValidationError,
@@ -564,7 +561,7 @@ class RecordEngine:
             write = await transform(conn, mutation, current)
         plan = plan_mutation(view, write, current)
         locks = await acquire_locks_txn(
-            conn, org_id, view, plan, [write], on_locked=self._lock_hook
+            conn, org_id, view, plan, [write], on_locked=self._lock_hook, now=now
         )
         result = await apply_mutation_txn(
             conn, org_id, view, write, locks, actor=actor, request=request, changes=self._changes
@@ -629,7 +626,7 @@ class RecordEngine:
         """
         ref = RequestRef(key.rpc, key.request_id, key.request_digest)
 
-        async def work(conn: AsyncConnection) -> MutationResult:
+        async def work(conn: AsyncConnection, now: datetime) -> MutationResult:
             return await self.mutate_txn(
                 conn,
                 org_id,
@@ -639,11 +636,13 @@ class RecordEngine:
                 request=ref,
                 on_applied=on_applied,
                 transform=transform,
+                now=now,
             )
 
         async def attempt(conn: AsyncConnection) -> Deduplicated[MutationResult]:
-            # The ledger row takes the lock phase's clock reading (one clock read).
-            return await self._ledger.execute_txn(conn, key, work, encode, clock=_clock_of)
+            # The ledger lookup reads the transaction's clock too (one statement); the
+            # mutation's rows and the ledger row all carry that time.
+            return await self._ledger.execute_at_txn(conn, key, work, encode)
 
         return await self.transact(attempt, key=f"{mutation.object_name}/{mutation.record_id}")
 

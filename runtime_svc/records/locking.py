@@ -136,6 +136,7 @@ async def acquire_locks_txn(
     mutations: Sequence[RecordMutation] = (),
     *,
     on_locked: LockHook | None = None,
+    now: datetime | None = None,
 ) -> HeldLocks:
     """Take the business/parent, then history-sequence locks of ``plan`` (§13.1 steps 1-3).
 
@@ -150,6 +151,8 @@ async def acquire_locks_txn(
         mutations: the CREATE mutations of ``plan.creates`` (others are ignored): a new
             row is inserted at its key's position, which is how its lock is taken.
         on_locked: awaited after each lock (test seam).
+        now: the database time the caller already read in this transaction (every row
+            of the mutations carries it); ``None`` reads the clock here.
 
     Raises:
         AlreadyExistsError: a record the plan creates exists (even soft-deleted).
@@ -163,7 +166,7 @@ async def acquire_locks_txn(
     missing = plan.creates - creates.keys()
     if missing:
         raise ValueError("every record the lock plan creates needs its CREATE mutation")
-    held = HeldLocks(org_id, plan, await db_now(conn))
+    held = HeldLocks(org_id, plan, await db_now(conn) if now is None else now)
     began = time.perf_counter()
     for key in plan.keys:
         obj, rid = key.object_or_namespace, key.record_identity
