@@ -82,6 +82,7 @@ from runtime_svc.records.view import RecordView
 from runtime_svc.resources import (
     LateResourceDiscoveryError,
     LockRole,
+    ResourceKey,
     business_key,
     history_key,
 )
@@ -529,7 +530,9 @@ class RecordEngine:
     ) -> MutationResult:
         """One attempt of :meth:`mutate` in the caller's transaction: plain read of the
         current row → ``transform`` → :func:`plan_mutation` → :func:`acquire_locks_txn` →
-        :func:`apply_mutation_txn` → ``on_applied``.
+        :func:`apply_mutation_txn` → ``on_applied``. For an object without lock-relevant
+        relationships the plan can only be the record and its history row, so the read
+        is the record's ``FOR UPDATE`` (the plan's first lock) and is not repeated.
 
         Args:
             request: the RPC request that drives the mutation, stored on its business event
@@ -549,19 +552,34 @@ class RecordEngine:
             NotFoundError, AlreadyExistsError, StaleVersionError, RecordValidationError,
                 LateResourceDiscoveryError: see :func:`apply_mutation_txn`.
         """
+        obj, rid = mutation.object_name, mutation.record_id
         current = None
+        locked: dict[ResourceKey, RecordState | None] = {}
         if mutation.kind is not MutationKind.CREATE:
-            current = await store.read_record_txn(
-                conn, org_id, mutation.object_name, mutation.record_id
-            )
+            if lock_relevant_relationships(view, obj):
+                current = await store.read_record_txn(conn, org_id, obj, rid)
+            else:
+                # No parent can enter the plan: it is this record, then its history row.
+                # The read the plan needs is then the record's lock itself, taken first
+                # as §13.1 orders it (one statement instead of a read and a re-read).
+                row = await store.read_record_txn(conn, org_id, obj, rid, lock=True)
+                locked[business_key(obj, rid)] = row
+                current = None if row is None or row.is_deleted else row
             if current is None:
-                raise _not_found(mutation.object_name, mutation.record_id)
+                raise _not_found(obj, rid)
         write = mutation
         if transform is not None:
             write = await transform(conn, mutation, current)
         plan = plan_mutation(view, write, current)
         locks = await acquire_locks_txn(
-            conn, org_id, view, plan, [write], on_locked=self._lock_hook, now=now
+            conn,
+            org_id,
+            view,
+            plan,
+            [write],
+            on_locked=self._lock_hook,
+            now=now,
+            locked=locked,
         )
         result = await apply_mutation_txn(
             conn, org_id, view, write, locks, actor=actor, request=request, changes=self._changes

@@ -10,7 +10,7 @@ are held on the connection.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -137,6 +137,7 @@ async def acquire_locks_txn(
     *,
     on_locked: LockHook | None = None,
     now: datetime | None = None,
+    locked: Mapping[ResourceKey, RecordState | None] | None = None,
 ) -> HeldLocks:
     """Take the business/parent, then history-sequence locks of ``plan`` (§13.1 steps 1-3).
 
@@ -153,6 +154,10 @@ async def acquire_locks_txn(
         on_locked: awaited after each lock (test seam).
         now: the database time the caller already read in this transaction (every row
             of the mutations carries it); ``None`` reads the clock here.
+        locked: business rows the caller already read ``FOR UPDATE`` on ``conn``
+            (``None`` = no such row); they must head the plan's order (no other key of
+            the plan before them), so taking them early kept the §13.1 order, and they
+            are not read again.
 
     Raises:
         AlreadyExistsError: a record the plan creates exists (even soft-deleted).
@@ -166,6 +171,9 @@ async def acquire_locks_txn(
     missing = plan.creates - creates.keys()
     if missing:
         raise ValueError("every record the lock plan creates needs its CREATE mutation")
+    pre = dict(locked or {})
+    if pre and set(plan.keys[: len(pre)]) != pre.keys():
+        raise ValueError("rows locked before the plan must head its canonical order")
     held = HeldLocks(org_id, plan, await db_now(conn) if now is None else now)
     began = time.perf_counter()
     for key in plan.keys:
@@ -179,6 +187,8 @@ async def acquire_locks_txn(
                     raise AlreadyExistsError(RECORD_ENTITY, f"{obj}/{rid}")
                 held.rows[key] = state
                 held.pending_creates.add(key)
+            elif key in pre:
+                held.rows[key] = pre[key]
             else:
                 held.rows[key] = await store.read_record_txn(conn, org_id, obj, rid, lock=True)
         elif key.resource_class is ResourceClass.HISTORY_SEQUENCE:

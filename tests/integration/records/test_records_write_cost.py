@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -22,7 +23,9 @@ from runtime_svc.records import (
     Actor,
     MutationResult,
     RecordEngine,
+    StaleVersionError,
     prepare_create,
+    prepare_delete,
     prepare_update,
 )
 from runtime_svc.schema import (
@@ -33,6 +36,7 @@ from runtime_svc.schema import (
     runtime_requests,
 )
 from services.db import transaction
+from services.errors import NotFoundError
 from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.records.support import last_sequence, record_view, sequences
 
@@ -45,6 +49,8 @@ CREATE_STATEMENTS = 6
 #: A deduplicated update: ledger lookup + clock, plain read, record lock, history lock,
 #: record CAS UPDATE, history advance, event INSERT, audit INSERT, ledger INSERT.
 UPDATE_STATEMENTS = 9
+#: The same for an object without lock-relevant relationships: its read is its lock.
+UNPARENTED_UPDATE_STATEMENTS = 8
 
 
 @dataclass
@@ -114,6 +120,41 @@ async def test_a_deduplicated_create_and_update_cost_one_transaction_each(
         )
     assert replay.replayed and replay.response == done.response
     assert (counts.transactions, counts.statements) == (1, 1)
+
+
+async def test_an_object_without_lock_relevant_parents_reads_its_row_once_under_lock(
+    engine: AsyncEngine, org: str
+) -> None:
+    """Note has no lock-relevant relationship: an update's read is the record's
+    ``FOR UPDATE`` (the plan's first lock), not a plain read followed by the lock. The
+    fences are the same: a stale version is refused, a deleted record is not found."""
+    rec = RecordEngine(engine)
+    created = await rec.mutate(
+        org, VIEW, prepare_create(VIEW, "Note", "", {"Body": "one"}), actor=ACTOR
+    )
+    rid = created.record.record_id
+    with _counting(engine) as counts:
+        updated = await rec.mutate_once(
+            org,
+            VIEW,
+            prepare_update(VIEW, "Note", rid, 1, {"Body": "two"}),
+            actor=ACTOR,
+            key=_key(org, "note-u1"),
+            encode=_encode,
+        )
+    assert (counts.transactions, counts.statements) == (1, UNPARENTED_UPDATE_STATEMENTS)
+    assert updated.value is not None and updated.value.record.version == 2
+    assert updated.value.history_sequence == 2
+    with pytest.raises(StaleVersionError):
+        await rec.mutate(
+            org, VIEW, prepare_update(VIEW, "Note", rid, 1, {"Body": "late"}), actor=ACTOR
+        )
+    await rec.mutate(org, VIEW, prepare_delete(VIEW, "Note", rid, 2), actor=ACTOR)
+    with pytest.raises(NotFoundError):
+        await rec.mutate(
+            org, VIEW, prepare_update(VIEW, "Note", rid, None, {"Body": "gone"}), actor=ACTOR
+        )
+    assert await sequences(engine, org, "Note", rid) == [1, 2, 3]
 
 
 async def test_every_row_of_a_write_carries_the_transactions_one_clock_reading(
