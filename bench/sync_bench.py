@@ -45,6 +45,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from bench.databases import on_each_database
+from bench.durable_bench import _count, _Counters, _raw_rate
 from runtime_svc.atomic import AtomicRunner
 from runtime_svc.compiler import (
     CompilerInputs,
@@ -76,7 +77,6 @@ from runtime_svc.schema import records
 from runtime_svc.worker import FixedViews
 from services import db, migrate
 from services.auth import TrustedRuntimeWorkScope
-from services.db import BEGIN_MODE_OPTION
 from services.digest import versioned_digest
 from services.request_dedupe import DedupeScope, RequestKey
 from tests.support.plans import store_plan
@@ -346,33 +346,6 @@ async def _check(engine: AsyncEngine, setup: _Setup, v: _Variants) -> None:
 
 
 @dataclass
-class _Counters:
-    """Transactions and statements an engine ran (its sync facade's events)."""
-
-    transactions: int = 0
-    write_transactions: int = 0
-    statements: int = 0
-
-
-def _count(engine: AsyncEngine) -> _Counters:
-    counters = _Counters()
-
-    @sa.event.listens_for(engine.sync_engine, "begin")
-    def _begin(conn: sa.Connection) -> None:
-        counters.transactions += 1
-        if conn.get_execution_options().get(BEGIN_MODE_OPTION) != "DEFERRED":
-            counters.write_transactions += 1
-
-    @sa.event.listens_for(engine.sync_engine, "before_cursor_execute")
-    def _statement(*args: Any) -> None:
-        statement = args[2]
-        if not (isinstance(statement, str) and statement.startswith("BEGIN")):
-            counters.statements += 1
-
-    return counters
-
-
-@dataclass
 class _Cost:
     """One variant's calls, wall time, and what they cost (transactions, statements, CPU)."""
 
@@ -426,28 +399,6 @@ async def _rates(
             cost.statements += counters.statements - stmts
             serial += 1
     return costs
-
-
-_RAW = sa.Table(
-    "bench_sync_raw",
-    sa.MetaData(),
-    sa.Column("org_id", sa.String(64), primary_key=True),
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("payload", sa.Text, nullable=False),
-)
-
-
-async def _raw_rate(engine: AsyncEngine, seconds: float) -> float:
-    """Raw single-row commits/s (one INSERT per transaction) of the same database and
-    driver: the ceiling the record write is measured against (issue 13: a/raw ≥ 0.5)."""
-    async with engine.begin() as conn:
-        await conn.run_sync(_RAW.metadata.create_all)
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        async with db.transaction(engine) as conn:
-            await conn.execute(_RAW.insert().values(org_id="org-b", id=f"r{n}", payload="{}"))
-        n += 1
-    return n / (time.perf_counter() - start)
 
 
 async def _bench(label: str, url: str, seconds: float) -> None:
