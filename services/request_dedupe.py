@@ -59,7 +59,8 @@ import base64
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from datetime import datetime
+from typing import Any, Generic, Protocol, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -70,10 +71,16 @@ from sqlalchemy import (
     Index,
     MetaData,
     PrimaryKeyConstraint,
+    Row,
+    Select,
     String,
     Table,
+    and_,
+    bindparam,
     delete,
     false,
+    insert,
+    literal_column,
     select,
     update,
 )
@@ -88,11 +95,12 @@ from services.db import (
     JsonText,
     UtcDateTime,
     db_now,
-    insert_if_absent,
     run_in_transaction,
+    strategy_for,
     transaction,
     work_scope_columns,
 )
+from services.db_prepared import insert_prepared
 from services.digest import versioned_digest
 from services.errors import ConflictError, FailedPreconditionError, InvalidArgumentError
 
@@ -322,6 +330,13 @@ class Deduplicated(Generic[T]):
         return msg
 
 
+def _stored(row: Row[Any, Any, Any], key: RequestKey) -> StoredResponse:
+    if row.request_digest != key.request_digest:
+        raise RequestIdReusedError()
+    payload = None if row.response_payload is None else base64.b64decode(row.response_payload)
+    return StoredResponse(payload, bool(row.completed))
+
+
 def _encode(response: bytes) -> str:
     if len(response) > MAX_RESPONSE_BYTES:
         raise FailedPreconditionError(
@@ -340,10 +355,26 @@ class RequestLedger:
 
     def __init__(self, table: Table) -> None:
         self.table = table
+        t = table
+        # The hot statements (lookup and insert of every deduplicated write) are built
+        # once with bound parameters (``k_*``: the key; see :func:`_key_params`).
+        where = [t.c[name] == bindparam(f"k_{name}") for name in WORK_SCOPE]
+        where += [t.c.rpc_name == bindparam("k_rpc"), t.c.request_id == bindparam("k_request")]
+        self._where = where
+        self._lookup = select(t.c.request_digest, t.c.response_payload, t.c.completed).where(*where)
+        self._insert = insert(t)
+        #: :meth:`lookup_clocked_txn`'s statement per dialect name (its clock SQL differs).
+        self._clocked: dict[str, Select[Any]] = {}
 
     def _key_where(self, key: RequestKey) -> list[ColumnElement[bool]]:
         t = self.table
         return [*key.scope.where(t), t.c.rpc_name == key.rpc, t.c.request_id == key.request_id]
+
+    @staticmethod
+    def _key_params(key: RequestKey) -> dict[str, Any]:
+        params: dict[str, Any] = {f"k_{name}": getattr(key.scope, name) for name in WORK_SCOPE}
+        params.update(k_rpc=key.rpc, k_request=key.request_id)
+        return params
 
     # --- composable helpers (caller's transaction) -----------------------------------------
 
@@ -353,20 +384,36 @@ class RequestLedger:
         Raises:
             RequestIdReusedError: the id was used with another body.
         """
+        row = (await conn.execute(self._lookup, self._key_params(key))).first()
+        return None if row is None else _stored(row, key)
+
+    async def lookup_clocked_txn(
+        self, conn: AsyncConnection, key: RequestKey
+    ) -> tuple[StoredResponse | None, datetime]:
+        """:meth:`lookup_txn` and the database clock (:func:`services.db.db_now`) in one
+        statement: the clock from a one-row derived table, the ledger row outer-joined to
+        it by its primary key (so a new request still returns the clock).
+
+        Raises:
+            RequestIdReusedError: the id was used with another body.
+        """
+        strategy = strategy_for(conn.dialect)
+        stmt = self._clocked.get(conn.dialect.name)
+        if stmt is None:
+            stmt = self._clocked[conn.dialect.name] = self._clocked_lookup(strategy.now_sql)
+        row = (await conn.execute(stmt, self._key_params(key))).one()
+        now = strategy.parse_now(row.db_now)
+        return (None if row.request_digest is None else _stored(row, key)), now
+
+    def _clocked_lookup(self, now_sql: str) -> Select[Any]:
         t = self.table
-        row = (
-            await conn.execute(
-                select(t.c.request_digest, t.c.response_payload, t.c.completed).where(
-                    *self._key_where(key)
-                )
-            )
-        ).first()
-        if row is None:
-            return None
-        if row.request_digest != key.request_digest:
-            raise RequestIdReusedError()
-        payload = None if row.response_payload is None else base64.b64decode(row.response_payload)
-        return StoredResponse(payload, bool(row.completed))
+        if not now_sql.startswith("SELECT "):
+            raise ValueError(f"unexpected clock query {now_sql!r}")
+        clock: ColumnElement[Any] = literal_column(now_sql.removeprefix("SELECT ")).label("db_now")
+        one = select(literal_column("1").label("one")).subquery("clock_row")
+        return select(clock, t.c.request_digest, t.c.response_payload, t.c.completed).select_from(
+            one.outerjoin(t, and_(*self._where))
+        )
 
     async def record_txn(
         self,
@@ -375,15 +422,19 @@ class RequestLedger:
         response: bytes | None,
         *,
         completed: bool = True,
+        now: datetime | None = None,
     ) -> None:
         """Insert the ledger row of a new request (``response`` ``None``: reserved only).
+
+        ``now``: the row's ``created_at`` (the retention anchor) when the caller already
+        read the database clock in this transaction; ``None`` reads it.
 
         Raises:
             DuplicateRequestRace: another transaction recorded the key first.
         """
-        inserted = await insert_if_absent(
+        inserted = await insert_prepared(
             conn,
-            self.table,
+            self._insert,
             {
                 **key.scope.values(),
                 "rpc_name": key.rpc,
@@ -391,7 +442,7 @@ class RequestLedger:
                 "request_digest": key.request_digest,
                 "response_payload": None if response is None else _encode(response),
                 "completed": completed and response is not None,
-                "created_at": await db_now(conn),
+                "created_at": await db_now(conn) if now is None else now,
             },
         )
         if not inserted:
@@ -441,6 +492,43 @@ class RequestLedger:
                 caller's transaction must roll back and run again.
         """
         prior = await self.lookup_txn(conn, key)
+        return await self._finish_txn(conn, key, prior, work, encode, completed, None)
+
+    async def execute_at_txn(
+        self,
+        conn: AsyncConnection,
+        key: RequestKey,
+        work: Callable[[AsyncConnection, datetime], Awaitable[T]],
+        encode: Callable[[T], bytes | None],
+        *,
+        completed: bool | Callable[[T], bool] = True,
+    ) -> Deduplicated[T]:
+        """:meth:`execute_txn` whose lookup reads the database clock in the same statement
+        (:meth:`lookup_clocked_txn`): ``work`` gets that time as its transaction's clock
+        reading, and a new ledger row takes it as ``created_at`` — one statement where a
+        deduplicated write otherwise reads the clock separately (the record engine's
+        writes, whose every row carries the transaction's time).
+
+        Raises:
+            The errors of :meth:`execute_txn`.
+        """
+        prior, now = await self.lookup_clocked_txn(conn, key)
+
+        async def timed(c: AsyncConnection) -> T:
+            return await work(c, now)
+
+        return await self._finish_txn(conn, key, prior, timed, encode, completed, now)
+
+    async def _finish_txn(
+        self,
+        conn: AsyncConnection,
+        key: RequestKey,
+        prior: StoredResponse | None,
+        work: Callable[[AsyncConnection], Awaitable[T]],
+        encode: Callable[[T], bytes | None],
+        completed: bool | Callable[[T], bool],
+        now: datetime | None,
+    ) -> Deduplicated[T]:
         if prior is not None and prior.payload is not None:
             return Deduplicated(None, prior.payload, replayed=True, completed=prior.completed)
         value = await work(conn)
@@ -449,7 +537,7 @@ class RequestLedger:
             return Deduplicated(value, None)
         final = completed(value) if callable(completed) else completed
         if prior is None:
-            await self.record_txn(conn, key, response, completed=final)
+            await self.record_txn(conn, key, response, completed=final, now=now)
         else:
             response = await self.complete_txn(conn, key, response, final=final)
         return Deduplicated(value, response, completed=final)

@@ -82,6 +82,7 @@ from runtime_svc.records.view import RecordView
 from runtime_svc.resources import (
     LateResourceDiscoveryError,
     LockRole,
+    ResourceKey,
     business_key,
     history_key,
 )
@@ -223,6 +224,10 @@ async def _reserve_history(
     conn: AsyncConnection, org_id: str, mutation: RecordMutation, locks: HeldLocks
 ) -> int:
     key = history_key(mutation.object_name, mutation.record_id)
+    if mutation.kind is MutationKind.CREATE and key in locks.reserved_creates:
+        # Inserted at 1 by the create's lock phase (acquire_locks_txn): already reserved.
+        locks.reserved_creates.discard(key)
+        return 1
     last = locks.history.get(key)
     obj, rid = mutation.object_name, mutation.record_id
     if last is None:
@@ -521,10 +526,13 @@ class RecordEngine:
         request: RequestRef | None = None,
         on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
         transform: Transform | None = None,
+        now: datetime | None = None,
     ) -> MutationResult:
         """One attempt of :meth:`mutate` in the caller's transaction: plain read of the
         current row → ``transform`` → :func:`plan_mutation` → :func:`acquire_locks_txn` →
-        :func:`apply_mutation_txn` → ``on_applied``.
+        :func:`apply_mutation_txn` → ``on_applied``. For an object without lock-relevant
+        relationships the plan can only be the record and its history row, so the read
+        is the record's ``FOR UPDATE`` (the plan's first lock) and is not repeated.
 
         Args:
             request: the RPC request that drives the mutation, stored on its business event
@@ -537,24 +545,41 @@ class RecordEngine:
             transform: awaited after the stored row was read (``None`` for a create) and
                 before the lock plan is made: it returns the mutation to write instead
                 (the Embedded Before-Save Flows); raising rolls everything back.
+            now: the database time this transaction already read (every row written
+                carries it); ``None`` reads the clock at the lock phase.
 
         Raises:
             NotFoundError, AlreadyExistsError, StaleVersionError, RecordValidationError,
                 LateResourceDiscoveryError: see :func:`apply_mutation_txn`.
         """
+        obj, rid = mutation.object_name, mutation.record_id
         current = None
+        locked: dict[ResourceKey, RecordState | None] = {}
         if mutation.kind is not MutationKind.CREATE:
-            current = await store.read_record_txn(
-                conn, org_id, mutation.object_name, mutation.record_id
-            )
+            if lock_relevant_relationships(view, obj):
+                current = await store.read_record_txn(conn, org_id, obj, rid)
+            else:
+                # No parent can enter the plan: it is this record, then its history row.
+                # The read the plan needs is then the record's lock itself, taken first
+                # as §13.1 orders it (one statement instead of a read and a re-read).
+                row = await store.read_record_txn(conn, org_id, obj, rid, lock=True)
+                locked[business_key(obj, rid)] = row
+                current = None if row is None or row.is_deleted else row
             if current is None:
-                raise _not_found(mutation.object_name, mutation.record_id)
+                raise _not_found(obj, rid)
         write = mutation
         if transform is not None:
             write = await transform(conn, mutation, current)
         plan = plan_mutation(view, write, current)
         locks = await acquire_locks_txn(
-            conn, org_id, view, plan, [write], on_locked=self._lock_hook
+            conn,
+            org_id,
+            view,
+            plan,
+            [write],
+            on_locked=self._lock_hook,
+            now=now,
+            locked=locked,
         )
         result = await apply_mutation_txn(
             conn, org_id, view, write, locks, actor=actor, request=request, changes=self._changes
@@ -619,7 +644,7 @@ class RecordEngine:
         """
         ref = RequestRef(key.rpc, key.request_id, key.request_digest)
 
-        async def work(conn: AsyncConnection) -> MutationResult:
+        async def work(conn: AsyncConnection, now: datetime) -> MutationResult:
             return await self.mutate_txn(
                 conn,
                 org_id,
@@ -629,10 +654,13 @@ class RecordEngine:
                 request=ref,
                 on_applied=on_applied,
                 transform=transform,
+                now=now,
             )
 
         async def attempt(conn: AsyncConnection) -> Deduplicated[MutationResult]:
-            return await self._ledger.execute_txn(conn, key, work, encode)
+            # The ledger lookup reads the transaction's clock too (one statement); the
+            # mutation's rows and the ledger row all carry that time.
+            return await self._ledger.execute_at_txn(conn, key, work, encode)
 
         return await self.transact(attempt, key=f"{mutation.object_name}/{mutation.record_id}")
 

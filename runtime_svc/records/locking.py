@@ -10,7 +10,7 @@ are held on the connection.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -99,6 +99,8 @@ class HeldLocks:
         rows: business rows read (or inserted) under lock; ``None`` = no such row.
         history: ``last_sequence`` of history rows read under lock; ``None`` = no row.
         pending_creates: inserted rows whose create mutation is not applied yet.
+        reserved_creates: history rows of created records inserted at sequence 1 — the
+            create's own sequence, reserved by that ``INSERT`` (no separate advance).
     """
 
     org_id: str
@@ -107,6 +109,7 @@ class HeldLocks:
     rows: dict[ResourceKey, RecordState | None] = field(default_factory=dict)
     history: dict[ResourceKey, int | None] = field(default_factory=dict)
     pending_creates: set[ResourceKey] = field(default_factory=set)
+    reserved_creates: set[ResourceKey] = field(default_factory=set)
 
 
 def _new_record(
@@ -133,6 +136,8 @@ async def acquire_locks_txn(
     mutations: Sequence[RecordMutation] = (),
     *,
     on_locked: LockHook | None = None,
+    now: datetime | None = None,
+    locked: Mapping[ResourceKey, RecordState | None] | None = None,
 ) -> HeldLocks:
     """Take the business/parent, then history-sequence locks of ``plan`` (§13.1 steps 1-3).
 
@@ -147,6 +152,12 @@ async def acquire_locks_txn(
         mutations: the CREATE mutations of ``plan.creates`` (others are ignored): a new
             row is inserted at its key's position, which is how its lock is taken.
         on_locked: awaited after each lock (test seam).
+        now: the database time the caller already read in this transaction (every row
+            of the mutations carries it); ``None`` reads the clock here.
+        locked: business rows the caller already read ``FOR UPDATE`` on ``conn``
+            (``None`` = no such row); they must head the plan's order (no other key of
+            the plan before them), so taking them early kept the §13.1 order, and they
+            are not read again.
 
     Raises:
         AlreadyExistsError: a record the plan creates exists (even soft-deleted).
@@ -160,7 +171,10 @@ async def acquire_locks_txn(
     missing = plan.creates - creates.keys()
     if missing:
         raise ValueError("every record the lock plan creates needs its CREATE mutation")
-    held = HeldLocks(org_id, plan, await db_now(conn))
+    pre = dict(locked or {})
+    if pre and set(plan.keys[: len(pre)]) != pre.keys():
+        raise ValueError("rows locked before the plan must head its canonical order")
+    held = HeldLocks(org_id, plan, await db_now(conn) if now is None else now)
     began = time.perf_counter()
     for key in plan.keys:
         obj, rid = key.object_or_namespace, key.record_identity
@@ -173,13 +187,20 @@ async def acquire_locks_txn(
                     raise AlreadyExistsError(RECORD_ENTITY, f"{obj}/{rid}")
                 held.rows[key] = state
                 held.pending_creates.add(key)
+            elif key in pre:
+                held.rows[key] = pre[key]
             else:
                 held.rows[key] = await store.read_record_txn(conn, org_id, obj, rid, lock=True)
         elif key.resource_class is ResourceClass.HISTORY_SEQUENCE:
             if business_key(obj, rid) in plan.creates:
-                # The new record's history row starts at 0; the create reserves 1.
-                await store.insert_history_txn(conn, org_id, obj, rid, 0, held.now)
-                held.history[key] = 0
+                # The new record's history row is inserted at 1: the create's own sequence,
+                # reserved here under the new row's lock (one statement, no advance). Should
+                # a row of that identity exist (its foreign key to the record forbids it),
+                # the create's advance from 0 fences on it, as before.
+                inserted = await store.insert_history_txn(conn, org_id, obj, rid, 1, held.now)
+                held.history[key] = 1 if inserted else 0
+                if inserted:
+                    held.reserved_creates.add(key)
             else:
                 held.history[key] = await store.lock_history_txn(conn, org_id, obj, rid)
         else:

@@ -10,6 +10,12 @@ by primary key (SQLite serialises writers with ``BEGIN IMMEDIATE`` instead); the
 fence and the history-sequence reservation are conditional ``UPDATE``\\s checked by row
 count; inserts that may collide are ``INSERT`` + duplicate-key detection; no
 ``RETURNING``, no AUTO_INCREMENT.
+
+Every statement of the write path is built once, at import, with bound parameters
+(``sa.bindparam``) and executed with a parameter dict: building a Core statement per call
+(``.values(...)``, ``==`` comparisons) and generating its cache key cost more CPU than the
+database round trip on the hot path; a module-level statement hits SQLAlchemy's compiled
+cache directly.
 """
 
 from __future__ import annotations
@@ -20,12 +26,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, false, select, update
+from sqlalchemy import Row, bindparam, false, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records.model import ParentRef, RecordState
 from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
-from services.db import cas_update, insert_if_absent
+from services.db_prepared import insert_prepared
 from services.digest import canonical_json
 from services.errors import FenceLostError
 
@@ -63,6 +69,46 @@ def _state(row: Row[Any]) -> RecordState:
     )
 
 
+# --- pre-built statements (bound parameters ``k_*`` name the row; see module docstring) --
+
+_R = records.c
+_H = record_history_sequences.c
+_RECORD_KEY = (
+    _R.org_id == bindparam("k_org"),
+    _R.object_name == bindparam("k_object"),
+    _R.record_id == bindparam("k_record"),
+)
+_HISTORY_KEY = (
+    _H.org_id == bindparam("k_org"),
+    _H.object_name == bindparam("k_object"),
+    _H.record_id == bindparam("k_record"),
+)
+_READ_RECORD = select(records).where(*_RECORD_KEY)
+_READ_LIVE_RECORD = _READ_RECORD.where(_R.is_deleted == false())
+_LOCK_RECORD = _READ_RECORD.with_for_update()
+_RECORD_VERSION = select(_R.record_version).where(*_RECORD_KEY)
+_INSERT_RECORD = insert(records)
+_UPDATE_RECORD = (
+    update(records)
+    .where(*_RECORD_KEY, _R.record_version == bindparam("k_version"))
+    .values(record_version=_R.record_version + 1)
+)
+_HISTORY_LAST = select(_H.last_sequence).where(*_HISTORY_KEY)
+_LOCK_HISTORY = _HISTORY_LAST.with_for_update()
+_INSERT_HISTORY = insert(record_history_sequences)
+_ADVANCE_HISTORY = (
+    update(record_history_sequences)
+    .where(*_HISTORY_KEY, _H.last_sequence == bindparam("k_last"))
+    .values(last_sequence=bindparam("k_next"), updated_at=bindparam("k_now"))
+)
+_INSERT_EVENT = insert(business_events)
+_INSERT_AUDIT = insert(audit_records)
+
+
+def _key(org_id: str, object_name: str, record_id: str) -> dict[str, Any]:
+    return {"k_org": org_id, "k_object": object_name, "k_record": record_id}
+
+
 async def read_record_txn(
     conn: AsyncConnection,
     org_id: str,
@@ -78,16 +124,13 @@ async def read_record_txn(
     A locking read always returns deleted rows too: the lock is taken either way, and the
     caller decides what a deleted row means.
     """
-    stmt = select(records).where(
-        records.c.org_id == org_id,
-        records.c.object_name == object_name,
-        records.c.record_id == record_id,
-    )
     if lock:
-        stmt = stmt.with_for_update()
-    elif not include_deleted:
-        stmt = stmt.where(records.c.is_deleted == false())
-    row = (await conn.execute(stmt)).one_or_none()
+        stmt = _LOCK_RECORD
+    elif include_deleted:
+        stmt = _READ_RECORD
+    else:
+        stmt = _READ_LIVE_RECORD
+    row = (await conn.execute(stmt, _key(org_id, object_name, record_id))).one_or_none()
     return None if row is None else _state(row)
 
 
@@ -146,9 +189,9 @@ async def insert_record_txn(
 
     The ``INSERT`` is also how the new row's lock is taken (§13.1: at its key's position).
     """
-    return await insert_if_absent(
+    return await insert_prepared(
         conn,
-        records,
+        _INSERT_RECORD,
         {
             "org_id": state.org_id,
             "object_name": state.object_name,
@@ -175,37 +218,39 @@ async def update_record_txn(
     Raises:
         FenceLostError: the row is not at ``expected_version`` (or not in ``org_id``).
     """
-    return await cas_update(
-        conn,
-        records,
-        org_id=org_id,
-        key={"object_name": state.object_name, "record_id": state.record_id},
-        expected_version=expected_version,
-        version_column="record_version",
-        values={
+    key = _key(org_id, state.object_name, state.record_id)
+    result = await conn.execute(
+        _UPDATE_RECORD,
+        {
+            **key,
+            "k_version": expected_version,
             "fields": _json(state.fields),
             "is_deleted": state.is_deleted,
             "updated_at": state.updated_at,
             **_parent_columns(state.parent_refs, lock_relevant),
         },
     )
+    if result.rowcount == 1:
+        return expected_version + 1
+    # Diagnostic only: the decision was made by the row count above.
+    found = (await conn.execute(_RECORD_VERSION, key)).scalar_one_or_none()
+    raise FenceLostError(
+        records.name,
+        f"object_name={state.object_name},record_id={state.record_id}",
+        expected_version,
+        found,
+    )
 
 
 # --- history sequence -----------------------------------------------------------------
-
-
-def _history_scope(org_id: str, object_name: str, record_id: str) -> list[Any]:
-    t = record_history_sequences
-    return [t.c.org_id == org_id, t.c.object_name == object_name, t.c.record_id == record_id]
 
 
 async def lock_history_txn(
     conn: AsyncConnection, org_id: str, object_name: str, record_id: str
 ) -> int | None:
     """``last_sequence`` of the record's history row read ``FOR UPDATE`` (``None``: no row)."""
-    t = record_history_sequences
-    stmt = select(t.c.last_sequence).where(*_history_scope(org_id, object_name, record_id))
-    value = (await conn.execute(stmt.with_for_update())).scalar_one_or_none()
+    key = _key(org_id, object_name, record_id)
+    value = (await conn.execute(_LOCK_HISTORY, key)).scalar_one_or_none()
     return None if value is None else int(value)
 
 
@@ -218,9 +263,9 @@ async def insert_history_txn(
     now: datetime,
 ) -> bool:
     """Create the record's history row at ``last_sequence``; ``False`` when it exists."""
-    return await insert_if_absent(
+    return await insert_prepared(
         conn,
-        record_history_sequences,
+        _INSERT_HISTORY,
         {
             "org_id": org_id,
             "object_name": object_name,
@@ -247,21 +292,18 @@ async def advance_history_txn(
     Raises:
         FenceLostError: the row no longer holds ``last_sequence``.
     """
-    t = record_history_sequences
+    key = _key(org_id, object_name, record_id)
     result = await conn.execute(
-        update(t)
-        .where(
-            *_history_scope(org_id, object_name, record_id),
-            t.c.last_sequence == last_sequence,
-        )
-        .values(last_sequence=last_sequence + 1, updated_at=now)
+        _ADVANCE_HISTORY,
+        {**key, "k_last": last_sequence, "k_next": last_sequence + 1, "k_now": now},
     )
     if result.rowcount != 1:
-        found = await conn.execute(
-            select(t.c.last_sequence).where(*_history_scope(org_id, object_name, record_id))
-        )
+        found = await conn.execute(_HISTORY_LAST, key)
         raise FenceLostError(
-            t.name, f"{object_name}/{record_id}", last_sequence, found.scalar_one_or_none()
+            record_history_sequences.name,
+            f"{object_name}/{record_id}",
+            last_sequence,
+            found.scalar_one_or_none(),
         )
     return last_sequence + 1
 
@@ -309,9 +351,9 @@ class AuditRow:
 
 async def insert_event_txn(conn: AsyncConnection, event: EventRow) -> bool:
     """Append a business event; ``False`` when its sequence or request key exists."""
-    return await insert_if_absent(
+    return await insert_prepared(
         conn,
-        business_events,
+        _INSERT_EVENT,
         {
             "org_id": event.org_id,
             "event_id": event.event_id,
@@ -334,18 +376,19 @@ async def insert_event_txn(conn: AsyncConnection, event: EventRow) -> bool:
 async def insert_audit_txn(conn: AsyncConnection, audit: AuditRow) -> None:
     """Append an audit record (fresh identity: a duplicate is a bug and raises)."""
     await conn.execute(
-        audit_records.insert().values(
-            org_id=audit.org_id,
-            audit_record_id=audit.audit_record_id,
-            actor_kind=audit.actor_kind,
-            actor_id=audit.actor_id,
-            action=audit.action,
-            object_name=audit.object_name,
-            record_id=audit.record_id,
-            flow_run_id=audit.flow_run_id,
-            step_execution_id=audit.step_execution_id,
-            attempt_id=audit.attempt_id,
-            details=_json(audit.details),
-            occurred_at=audit.occurred_at,
-        )
+        _INSERT_AUDIT,
+        {
+            "org_id": audit.org_id,
+            "audit_record_id": audit.audit_record_id,
+            "actor_kind": audit.actor_kind,
+            "actor_id": audit.actor_id,
+            "action": audit.action,
+            "object_name": audit.object_name,
+            "record_id": audit.record_id,
+            "flow_run_id": audit.flow_run_id,
+            "step_execution_id": audit.step_execution_id,
+            "attempt_id": audit.attempt_id,
+            "details": _json(audit.details),
+            "occurred_at": audit.occurred_at,
+        },
     )

@@ -20,6 +20,7 @@ from services.request_dedupe import (
     RequestIdReusedError,
     RequestKey,
     RequestLedger,
+    StoredResponse,
     request_dedupe_table,
 )
 from services.request_retention import RequestRetention
@@ -248,3 +249,52 @@ async def test_retention_loop_purges_every_org_in_rotation(engine: AsyncEngine) 
     async with keep:  # the loop lifecycle: starts, sweeps, shuts down
         await asyncio.sleep(0.01)
     assert keep.stopping and await ledger.replay(engine, key()) is not None
+
+
+async def test_the_clocked_lookup_reads_the_ledger_and_the_clock_in_one_statement(
+    engine: AsyncEngine,
+) -> None:
+    """``execute_at_txn`` (the record engine's path): the lookup also returns the database
+    clock — for a new request too — which ``work`` gets and the ledger row keeps as its
+    ``created_at``; a retry replays, a reused id with another body is refused, and a
+    reserved row takes the response, exactly as with ``execute_txn``."""
+    ledger = RequestLedger(ledger_table)
+    seen: list[object] = []
+
+    async def work(conn: AsyncConnection, now: object) -> int:
+        seen.append(now)
+        return 7
+
+    async def run(k: RequestKey) -> object:
+        async def fn(conn: AsyncConnection) -> object:
+            return await ledger.execute_at_txn(conn, k, work, lambda n: b"seven-%d" % n)
+
+        return await db.run_in_transaction(engine, fn)
+
+    async with db.transaction(engine, readonly=True) as conn:
+        before = await db.db_now(conn)
+        stored, clock = await ledger.lookup_clocked_txn(conn, key(rid="clock-new"))
+    assert stored is None and clock.tzinfo is not None and clock >= before
+
+    first = await run(key(rid="clock-1"))
+    assert getattr(first, "response", None) == b"seven-7" and len(seen) == 1
+    async with db.transaction(engine, readonly=True) as conn:
+        created = (
+            await conn.execute(
+                select(ledger_table.c.created_at).where(ledger_table.c.request_id == "clock-1")
+            )
+        ).scalar_one()
+        stored, _ = await ledger.lookup_clocked_txn(conn, key(rid="clock-1"))
+    assert created == seen[0]
+    assert stored is not None and stored.payload == b"seven-7" and stored.completed
+
+    again = await run(key(rid="clock-1"))
+    assert getattr(again, "replayed", False) and len(seen) == 1  # replayed, work not run
+    with pytest.raises(RequestIdReusedError):
+        await run(key(rid="clock-1", digest="d2"))
+    assert len(seen) == 1
+
+    assert await ledger.reserve(engine, key(rid="clock-2")) is None
+    reserved = await run(key(rid="clock-2"))
+    assert getattr(reserved, "response", None) == b"seven-7" and len(seen) == 2
+    assert (await ledger.reserve(engine, key(rid="clock-2"))) == StoredResponse(b"seven-7", True)

@@ -32,3 +32,13 @@ async def test_the_three_variants_do_their_work_and_are_reported(
     assert re.search(r"\(a\) bare record mutations/s\s+\d", out), out
     assert re.search(r"\(b\) \+ 5-element before-save Flow/s\s+\d.*ratio b/a.*overhead", out)
     assert re.search(r"\(c\) Bounded Atomic runs/s\s+\d.*ratio c/a", out), out
+    # The cost drivers of each variant and the raw commit rate they are measured against.
+    assert re.search(r"raw single-row commits/s\s+\d", out), out
+    assert re.search(r"\(a\) bare record mutations/s\s+\d.*ratio a/raw", out), out
+    per_op = re.findall(
+        r"per op: write txns (\S+)\s+txns (\S+)\s+statements\s+(\S+)\s+CPU ms\s+\S+", out
+    )
+    assert len(per_op) == 3, out
+    # A deduplicated create is one write transaction (pinned in detail, with its
+    # statements, by tests/integration/records/test_records_write_cost.py).
+    assert per_op[0][:2] == ("1.00", "1.00") and per_op[1][:2] == ("1.00", "1.00"), per_op

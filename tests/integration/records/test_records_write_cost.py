@@ -1,0 +1,186 @@
+"""The cost of one deduplicated record write, pinned by count (never by time), on SQLite and
+MariaDB: what ``RecordService`` pays per create and per update, that a create's history
+row starts at its own sequence, and that every row of the write — record, history, event,
+audit, request ledger — carries the transaction's one clock reading.
+
+Counts come from SQLAlchemy engine events (``begin``, ``before_cursor_execute``; SQLite's
+own ``BEGIN`` statement is not counted), as ``bench/sync_bench.py`` prints them. A change
+that adds a statement to the write path fails here and has to say why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from runtime_svc.records import (
+    Actor,
+    MutationResult,
+    RecordEngine,
+    StaleVersionError,
+    prepare_create,
+    prepare_delete,
+    prepare_update,
+)
+from runtime_svc.schema import (
+    audit_records,
+    business_events,
+    record_history_sequences,
+    records,
+    runtime_requests,
+)
+from services.db import transaction
+from services.errors import NotFoundError
+from services.request_dedupe import DedupeScope, RequestKey
+from tests.integration.records.support import last_sequence, record_view, sequences
+
+VIEW = record_view()
+ACTOR = Actor("workload", "records-cost-test")
+
+#: A deduplicated create: ledger lookup + clock (one statement), record INSERT, history
+#: INSERT at sequence 1, event INSERT, audit INSERT, ledger INSERT.
+CREATE_STATEMENTS = 6
+#: A deduplicated update: ledger lookup + clock, plain read, record lock, history lock,
+#: record CAS UPDATE, history advance, event INSERT, audit INSERT, ledger INSERT.
+UPDATE_STATEMENTS = 9
+#: The same for an object without lock-relevant relationships: its read is its lock.
+UNPARENTED_UPDATE_STATEMENTS = 8
+
+
+@dataclass
+class _Counts:
+    transactions: int = 0
+    statements: int = 0
+
+
+@contextmanager
+def _counting(engine: AsyncEngine) -> Iterator[_Counts]:
+    counts = _Counts()
+
+    def begin(_conn: sa.Connection) -> None:
+        counts.transactions += 1
+
+    def statement(*args: Any) -> None:
+        if not (isinstance(args[2], str) and args[2].startswith("BEGIN")):
+            counts.statements += 1
+
+    sa.event.listen(engine.sync_engine, "begin", begin)
+    sa.event.listen(engine.sync_engine, "before_cursor_execute", statement)
+    try:
+        yield counts
+    finally:
+        sa.event.remove(engine.sync_engine, "begin", begin)
+        sa.event.remove(engine.sync_engine, "before_cursor_execute", statement)
+
+
+def _encode(result: MutationResult) -> bytes:
+    return f"{result.record.record_id}@{result.record.version}".encode()
+
+
+def _key(org: str, request_id: str) -> RequestKey:
+    return RequestKey(DedupeScope(org), "CreateRecord", request_id, f"digest-{request_id}")
+
+
+async def test_a_deduplicated_create_and_update_cost_one_transaction_each(
+    engine: AsyncEngine, org: str
+) -> None:
+    rec = RecordEngine(engine)
+    create = prepare_create(VIEW, "Account", "", {"Name": "Acme", "Employees": 3})
+    with _counting(engine) as counts:
+        done = await rec.mutate_once(
+            org, VIEW, create, actor=ACTOR, key=_key(org, "c1"), encode=_encode
+        )
+    assert done.value is not None
+    rid = done.value.record.record_id
+    assert (counts.transactions, counts.statements) == (1, CREATE_STATEMENTS)
+    # The create's history row was inserted at its own sequence; an update advances it.
+    assert done.value.history_sequence == 1
+    assert await last_sequence(engine, org, "Account", rid) == 1
+
+    update = prepare_update(VIEW, "Account", rid, 1, {"Employees": 4})
+    with _counting(engine) as counts:
+        again = await rec.mutate_once(
+            org, VIEW, update, actor=ACTOR, key=_key(org, "u1"), encode=_encode
+        )
+    assert (counts.transactions, counts.statements) == (1, UPDATE_STATEMENTS)
+    assert again.value is not None and again.value.history_sequence == 2
+    assert await last_sequence(engine, org, "Account", rid) == 2
+    assert await sequences(engine, org, "Account", rid) == [1, 2]
+
+    # A replay answers from the ledger: one transaction, one statement (lookup + clock).
+    with _counting(engine) as counts:
+        replay = await rec.mutate_once(
+            org, VIEW, create, actor=ACTOR, key=_key(org, "c1"), encode=_encode
+        )
+    assert replay.replayed and replay.response == done.response
+    assert (counts.transactions, counts.statements) == (1, 1)
+
+
+async def test_an_object_without_lock_relevant_parents_reads_its_row_once_under_lock(
+    engine: AsyncEngine, org: str
+) -> None:
+    """Note has no lock-relevant relationship: an update's read is the record's
+    ``FOR UPDATE`` (the plan's first lock), not a plain read followed by the lock. The
+    fences are the same: a stale version is refused, a deleted record is not found."""
+    rec = RecordEngine(engine)
+    created = await rec.mutate(
+        org, VIEW, prepare_create(VIEW, "Note", "", {"Body": "one"}), actor=ACTOR
+    )
+    rid = created.record.record_id
+    with _counting(engine) as counts:
+        updated = await rec.mutate_once(
+            org,
+            VIEW,
+            prepare_update(VIEW, "Note", rid, 1, {"Body": "two"}),
+            actor=ACTOR,
+            key=_key(org, "note-u1"),
+            encode=_encode,
+        )
+    assert (counts.transactions, counts.statements) == (1, UNPARENTED_UPDATE_STATEMENTS)
+    assert updated.value is not None and updated.value.record.version == 2
+    assert updated.value.history_sequence == 2
+    with pytest.raises(StaleVersionError):
+        await rec.mutate(
+            org, VIEW, prepare_update(VIEW, "Note", rid, 1, {"Body": "late"}), actor=ACTOR
+        )
+    await rec.mutate(org, VIEW, prepare_delete(VIEW, "Note", rid, 2), actor=ACTOR)
+    with pytest.raises(NotFoundError):
+        await rec.mutate(
+            org, VIEW, prepare_update(VIEW, "Note", rid, None, {"Body": "gone"}), actor=ACTOR
+        )
+    assert await sequences(engine, org, "Note", rid) == [1, 2, 3]
+
+
+async def test_every_row_of_a_write_carries_the_transactions_one_clock_reading(
+    engine: AsyncEngine, org: str
+) -> None:
+    rec = RecordEngine(engine)
+    create = prepare_create(VIEW, "Account", "", {"Name": "Clocked"})
+    done = await rec.mutate_once(
+        org, VIEW, create, actor=ACTOR, key=_key(org, "clock-1"), encode=_encode
+    )
+    assert done.value is not None
+    rid = done.value.record.record_id
+    checks: list[tuple[sa.Table, str, sa.ColumnElement[bool]]] = [
+        (records, "created_at", records.c.record_id == rid),
+        (records, "updated_at", records.c.record_id == rid),
+        (record_history_sequences, "updated_at", record_history_sequences.c.record_id == rid),
+        (business_events, "occurred_at", business_events.c.record_id == rid),
+        (audit_records, "occurred_at", audit_records.c.record_id == rid),
+        (runtime_requests, "created_at", runtime_requests.c.request_id == "clock-1"),
+    ]
+    async with transaction(engine, readonly=True) as conn:
+        times = [
+            (
+                await conn.execute(sa.select(table.c[column]).where(table.c.org_id == org, where))
+            ).scalar_one()
+            for table, column, where in checks
+        ]
+    assert len(set(times)) == 1, times
+    assert times[0] == done.value.record.created_at
