@@ -12,9 +12,17 @@ three scenarios, each ``_TICKS`` ticks of the same arrival pattern:
   batch taken in one visit), for contrast.
 
 A tick creates the hot tenant's runs, then the cold tenant's, then runs one worker pass
-over every org with work; the hot tenant's org sorts first, so every pass serves it
-before the cold tenant (the worst order for the cold tenant). Each run is the one-step
-worker Flow (one record mutation). Nothing is asserted; figures depend on the machine.
+over every org with work; the hot tenant's org sorts first, so the rotation order puts
+it before the cold tenant (the worst order for the cold tenant). Each run is the
+one-step worker Flow (one record mutation).
+
+The first tick is the warm-up: every org is new to the worker (no deficit, no backlog
+history, empty policy and plan caches), so the scheduler has nothing to tell a hot
+tenant from a cold one and serves one quantum of each in rotation order. Its age is
+printed on its own (``first``) and kept out of p50/p99, which describe the steady state
+the target is about: a hot tenant with a standing backlog next to a cold one. Nothing
+is asserted; figures depend on the machine (p99 of ``_TICKS`` samples is close to the
+worst one: compare runs of one back-to-back invocation only).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from tests.integration.worker.support import Seeded, record_view, seed, start_ru
 
 __all__ = ["run", "scenario"]
 
-_TICKS = int(os.environ.get("BENCH_ADMISSION_TICKS", "40"))
+_TICKS = int(os.environ.get("BENCH_ADMISSION_TICKS", "60"))
 _HOT_FACTOR = 10
 
 
@@ -62,7 +70,8 @@ def _p(values: list[float], q: float) -> float:
 async def scenario(
     engine: AsyncEngine, *, hot: bool, admission: bool, ticks: int = _TICKS
 ) -> list[float]:
-    """The cold tenant's queue ages (seconds) over ``ticks`` ticks of one scenario."""
+    """The cold tenant's queue ages (seconds): the warm-up tick's first, then one per
+    measured tick (``ticks`` of them)."""
     stem = uuid.uuid4().hex[:8]
     store = FlowRunStateStore(engine, policy=RetryPolicy(lease_duration_ms=300_000))
     cold: Seeded = await seed(engine, f"b-cold-{stem}", mutations=1, pure_step=False)
@@ -75,18 +84,23 @@ async def scenario(
     )
     worker.picked = {}
     created: dict[str, float] = {}
-    for tick in range(ticks):
+    for tick in range(ticks + 1):
         if heavy is not None:
             for i in range(_HOT_FACTOR):
                 await start_run(store, heavy, label=f"h{tick}-{i}")
         run = await start_run(store, cold, label=f"c{tick}")
         created[run.flow_run_id] = time.perf_counter()
         await worker.run_once()
-    for _ in range(ticks):  # drain the cold tenant (bounded)
+    for _ in range(ticks + 1):  # drain the cold tenant (bounded)
         if all(r in worker.picked for r in created):
             break
         await worker.run_once()
     return [worker.picked[r] - t for r, t in created.items() if r in worker.picked]
+
+
+def _steady(ages: list[float]) -> list[float]:
+    """The measured ticks' ages (the warm-up tick left out)."""
+    return ages[1:] or ages
 
 
 async def _bench(label: str, url: str, ticks: int) -> dict[str, list[float]]:
@@ -98,14 +112,15 @@ async def _bench(label: str, url: str, ticks: int) -> dict[str, list[float]]:
         unfair = await scenario(engine, hot=True, admission=False, ticks=ticks)
     finally:
         await engine.dispose()
-    base = _p(alone, 99)
+    base = _p(_steady(alone), 99)
     figures = {"alone": alone, "hot, admission": fair, "hot, no admission": unfair}
-    for name, ages in figures.items():
+    for name, all_ages in figures.items():
+        ages = _steady(all_ages)
         ratio = _p(ages, 99) / base if base else 0.0
         print(
             f"{label:<8} cold tenant queue age, {name:<18} p50 {_p(ages, 50) * 1000:8.1f} ms"
             f"  p99 {_p(ages, 99) * 1000:8.1f} ms  ratio p99/alone {ratio:5.2f}"
-            f"  ({len(ages)} runs)"
+            f"  ({len(ages)} runs; first tick {all_ages[0] * 1000:.1f} ms)"
         )
     return figures
 
@@ -113,7 +128,8 @@ async def _bench(label: str, url: str, ticks: int) -> dict[str, list[float]]:
 def run(seconds: float) -> None:
     """Print the fairness figures (``BENCH_ADMISSION_TICKS`` sets the ticks per scenario)."""
     print(
-        f"Admission fairness bench ({_TICKS} ticks, hot tenant at {_HOT_FACTOR}x; "
+        f"Admission fairness bench ({_TICKS} ticks after a warm-up tick, hot tenant at "
+        f"{_HOT_FACTOR}x; "
         f"{seconds:.0f}s unused; target p99 ratio with admission <= 2)"
     )
 
