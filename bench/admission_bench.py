@@ -7,7 +7,10 @@ three scenarios, each ``_TICKS`` ticks of the same arrival pattern:
 * **alone** — the cold tenant only: one new run per tick;
 * **hot, admission** — plus a hot tenant with ten times the arrivals (ten runs per
   tick), served by the worker with the §16 admission controller (deficit round-robin,
-  quantum 1): the figure the target is about, ``p99(hot) / p99(alone)``;
+  quantum 1, sparse orgs first): the figure the target is about, ``p99(hot) / p99(alone)``;
+* **hot, rotation order** — the same with admission, but the pass's orgs served in the
+  rotation's org order (sparse-first off, :class:`_RotationOrder`): the cold tenant
+  waits behind one quantum of the hot tenant per pass — the figure before sparse-first;
 * **hot, no admission** — the same load on a worker without admission (every org's due
   batch taken in one visit), for contrast.
 
@@ -32,7 +35,7 @@ import os
 import statistics
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -61,6 +64,13 @@ class _Timed(StepWorker):
         return await super().process_chain(org_id, candidate, gate=gate)
 
 
+class _RotationOrder(AdmissionController):
+    """Admission without sparse-first: a pass serves its orgs in rotation order."""
+
+    def order(self, orgs: Sequence[str]) -> list[str]:
+        return list(orgs)
+
+
 def _p(values: list[float], q: float) -> float:
     if len(values) < 2:
         return values[0] if values else 0.0
@@ -68,7 +78,12 @@ def _p(values: list[float], q: float) -> float:
 
 
 async def scenario(
-    engine: AsyncEngine, *, hot: bool, admission: bool, ticks: int = _TICKS
+    engine: AsyncEngine,
+    *,
+    hot: bool,
+    admission: bool,
+    ticks: int = _TICKS,
+    sparse_first: bool = True,
 ) -> list[float]:
     """The cold tenant's queue ages (seconds): the warm-up tick's first, then one per
     measured tick (``ticks`` of them)."""
@@ -78,7 +93,8 @@ async def scenario(
     heavy: Seeded | None = (
         await seed(engine, f"a-hot-{stem}", mutations=1, pure_step=False) if hot else None
     )
-    controller = AdmissionController(engine, budget=4, quantum=1) if admission else None
+    kind = AdmissionController if sparse_first else _RotationOrder
+    controller = kind(engine, budget=4, quantum=1) if admission else None
     worker = _Timed(
         engine, store, FixedViews(record_view()), owner=f"bench-{stem}", admission=controller
     )
@@ -109,16 +125,22 @@ async def _bench(label: str, url: str, ticks: int) -> dict[str, list[float]]:
     try:
         alone = await scenario(engine, hot=False, admission=True, ticks=ticks)
         fair = await scenario(engine, hot=True, admission=True, ticks=ticks)
+        rotation = await scenario(engine, hot=True, admission=True, ticks=ticks, sparse_first=False)
         unfair = await scenario(engine, hot=True, admission=False, ticks=ticks)
     finally:
         await engine.dispose()
     base = _p(_steady(alone), 99)
-    figures = {"alone": alone, "hot, admission": fair, "hot, no admission": unfair}
+    figures = {
+        "alone": alone,
+        "hot, admission": fair,
+        "hot, rotation order": rotation,
+        "hot, no admission": unfair,
+    }
     for name, all_ages in figures.items():
         ages = _steady(all_ages)
         ratio = _p(ages, 99) / base if base else 0.0
         print(
-            f"{label:<8} cold tenant queue age, {name:<18} p50 {_p(ages, 50) * 1000:8.1f} ms"
+            f"{label:<8} cold tenant queue age, {name:<19} p50 {_p(ages, 50) * 1000:8.1f} ms"
             f"  p99 {_p(ages, 99) * 1000:8.1f} ms  ratio p99/alone {ratio:5.2f}"
             f"  ({len(ages)} runs; first tick {all_ages[0] * 1000:.1f} ms)"
         )

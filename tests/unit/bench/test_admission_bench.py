@@ -21,6 +21,6 @@ async def test_every_scenario_serves_the_cold_tenant_and_is_reported(
         # every cold run picked up: the warm-up tick and the three measured ones
         assert len(ages) == 4 and all(a >= 0 for a in ages)
     out = capsys.readouterr().out
-    for name in ("alone", "hot, admission", "hot, no admission"):
+    for name in ("alone", "hot, admission", "hot, rotation order", "hot, no admission"):
         assert re.search(rf"{re.escape(name)}\s+p50\s+[\d.]+ ms\s+p99\s+[\d.]+ ms", out), out
     assert "ratio p99/alone" in out
