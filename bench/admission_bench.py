@@ -14,10 +14,12 @@ three scenarios, each ``_TICKS`` ticks of the same arrival pattern:
 * **hot, no admission** — the same load on a worker without admission (every org's due
   batch taken in one visit), for contrast.
 
+The scenarios run interleaved, tick by tick (the order rotating), on one database, each
+with its own orgs and worker, so load drift on a shared machine hits all of them alike.
 A tick creates the hot tenant's runs, then the cold tenant's, then runs one worker pass
-over every org with work; the hot tenant's org sorts first, so the rotation order puts
-it before the cold tenant (the worst order for the cold tenant). Each run is the
-one-step worker Flow (one record mutation).
+over every org of the scenario with work; the hot tenant's org sorts first, so the
+rotation order puts it before the cold tenant (the worst order for the cold tenant).
+Each run is the one-step worker Flow (one record mutation).
 
 The first tick is the warm-up: every org is new to the worker (no deficit, no backlog
 history, empty policy and plan caches), so the scheduler has nothing to tell a hot
@@ -77,6 +79,67 @@ def _p(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
+class _Scenario:
+    """One scenario's orgs, worker and cold-run timings; advanced tick by tick, so the
+    scenarios of a bench run interleave and machine drift hits them all alike. Its
+    worker serves only its own orgs (the org query still sees, and pays for, all)."""
+
+    def __init__(self, engine: AsyncEngine, *, hot: bool, admission: bool, sparse_first: bool):
+        self.engine, self.hot, self.admission, self.sparse_first = (
+            engine,
+            hot,
+            admission,
+            sparse_first,
+        )
+        self.created: dict[str, float] = {}
+        self.ticks = 0
+
+    async def setup(self) -> None:
+        engine, stem = self.engine, uuid.uuid4().hex[:8]
+        self.store = FlowRunStateStore(engine, policy=RetryPolicy(lease_duration_ms=300_000))
+        self.cold: Seeded = await seed(engine, f"b-cold-{stem}", mutations=1, pure_step=False)
+        self.heavy: Seeded | None = (
+            await seed(engine, f"a-hot-{stem}", mutations=1, pure_step=False) if self.hot else None
+        )
+        kind = AdmissionController if self.sparse_first else _RotationOrder
+        controller = kind(engine, budget=4, quantum=1) if self.admission else None
+        self.worker = _Timed(
+            engine,
+            self.store,
+            FixedViews(record_view()),
+            owner=f"bench-{stem}",
+            admission=controller,
+        )
+        self.worker.picked = {}
+        ours = {self.cold.org} | ({self.heavy.org} if self.heavy else set())
+        rotation = self.worker._orgs
+        original = rotation.next_batch
+
+        async def next_batch() -> list[str]:
+            return [org for org in await original() if org in ours]
+
+        rotation.next_batch = next_batch  # type: ignore[method-assign]
+
+    async def tick(self) -> None:
+        """The hot tenant's runs, then the cold tenant's, then one worker pass."""
+        if self.heavy is not None:
+            for i in range(_HOT_FACTOR):
+                await start_run(self.store, self.heavy, label=f"h{self.ticks}-{i}")
+        run = await start_run(self.store, self.cold, label=f"c{self.ticks}")
+        self.created[run.flow_run_id] = time.perf_counter()
+        self.ticks += 1
+        await self.worker.run_once()
+
+    async def ages(self) -> list[float]:
+        """The cold tenant's queue ages (seconds), in tick order (drained first)."""
+        picked = self.worker.picked
+        for _ in range(self.ticks):  # drain the cold tenant (bounded)
+            if all(r in picked for r in self.created):
+                break
+            await self.worker.run_once()
+        return [picked[r] - t for r, t in self.created.items() if r in picked]
+
+
 async def scenario(
     engine: AsyncEngine,
     *,
@@ -85,33 +148,24 @@ async def scenario(
     ticks: int = _TICKS,
     sparse_first: bool = True,
 ) -> list[float]:
-    """The cold tenant's queue ages (seconds): the warm-up tick's first, then one per
-    measured tick (``ticks`` of them)."""
-    stem = uuid.uuid4().hex[:8]
-    store = FlowRunStateStore(engine, policy=RetryPolicy(lease_duration_ms=300_000))
-    cold: Seeded = await seed(engine, f"b-cold-{stem}", mutations=1, pure_step=False)
-    heavy: Seeded | None = (
-        await seed(engine, f"a-hot-{stem}", mutations=1, pure_step=False) if hot else None
-    )
-    kind = AdmissionController if sparse_first else _RotationOrder
-    controller = kind(engine, budget=4, quantum=1) if admission else None
-    worker = _Timed(
-        engine, store, FixedViews(record_view()), owner=f"bench-{stem}", admission=controller
-    )
-    worker.picked = {}
-    created: dict[str, float] = {}
+    """The cold tenant's queue ages (seconds) of one scenario run on its own: the
+    warm-up tick's first, then one per measured tick (``ticks`` of them)."""
+    return (await _interleaved(engine, [(hot, admission, sparse_first)], ticks))[0]
+
+
+async def _interleaved(
+    engine: AsyncEngine, kinds: Sequence[tuple[bool, bool, bool]], ticks: int
+) -> list[list[float]]:
+    """Each ``(hot, admission, sparse_first)`` scenario, ticked in turn (the order
+    rotating every tick) for a warm-up tick and ``ticks`` more."""
+    scenarios = [_Scenario(engine, hot=h, admission=a, sparse_first=f) for h, a, f in kinds]
+    for sc in scenarios:
+        await sc.setup()
     for tick in range(ticks + 1):
-        if heavy is not None:
-            for i in range(_HOT_FACTOR):
-                await start_run(store, heavy, label=f"h{tick}-{i}")
-        run = await start_run(store, cold, label=f"c{tick}")
-        created[run.flow_run_id] = time.perf_counter()
-        await worker.run_once()
-    for _ in range(ticks + 1):  # drain the cold tenant (bounded)
-        if all(r in worker.picked for r in created):
-            break
-        await worker.run_once()
-    return [worker.picked[r] - t for r, t in created.items() if r in worker.picked]
+        shift = tick % len(scenarios)
+        for sc in scenarios[shift:] + scenarios[:shift]:
+            await sc.tick()
+    return [await sc.ages() for sc in scenarios]
 
 
 def _steady(ages: list[float]) -> list[float]:
@@ -123,10 +177,11 @@ async def _bench(label: str, url: str, ticks: int) -> dict[str, list[float]]:
     await migrate.upgrade(url, "runtime_svc")
     engine = db.create_engine(url, pool_size=4)
     try:
-        alone = await scenario(engine, hot=False, admission=True, ticks=ticks)
-        fair = await scenario(engine, hot=True, admission=True, ticks=ticks)
-        rotation = await scenario(engine, hot=True, admission=True, ticks=ticks, sparse_first=False)
-        unfair = await scenario(engine, hot=True, admission=False, ticks=ticks)
+        alone, fair, rotation, unfair = await _interleaved(
+            engine,
+            [(False, True, True), (True, True, True), (True, True, False), (True, False, True)],
+            ticks,
+        )
     finally:
         await engine.dispose()
     base = _p(_steady(alone), 99)
