@@ -9,8 +9,10 @@ local record writes.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -24,6 +26,7 @@ from runtime_svc.migration.process import start_bridge_duties
 from runtime_svc.observability import RuntimeStateSource
 from runtime_svc.outbox import RuntimeOutbox, start_runtime_outbox
 from runtime_svc.processes import start_worker_processes
+from runtime_svc.waits.resolution import ResolvedRun
 from runtime_svc.waits.runtime import WaitRuntime
 from runtime_svc.worker.background import start_background
 from runtime_svc.worker.binary import BinaryCheck
@@ -33,11 +36,18 @@ from services.auth import load_signing_key
 from services.background import Wakeup
 from services.config import ServiceConfig
 from services.grpc_server import ServiceRegistration
+from services.metrics import metrics
 from services.metrics_state import StateSource
 from services.process_pool import ProcessPool
 from services.service_main import Background
+from services.supervisor_link import encode_message
 
-__all__ = ["SERVICE_NAMES", "RuntimeApp"]
+__all__ = ["RESOLVED_RUN", "SERVICE_NAMES", "RuntimeApp"]
+
+log = logging.getLogger(__name__)
+
+#: The supervisor → worker-process message naming a run a resolution made runnable.
+RESOLVED_RUN = "resolved_run"
 
 SERVICE_NAMES = (
     "nexus.flow.runtime.v1.FlowDefinitionService",
@@ -57,13 +67,30 @@ class RuntimeApp:
         self.work_wake = Wakeup()
         #: Wakes the outbox dispatcher: an EffectSubmit committed in this process.
         self.outbox_wake = Wakeup()
+        #: The supervised worker processes (``FLOW_RUNTIME_WORKER_PROCESSES``), once
+        #: started: a run made runnable here is relayed to one of them.
+        self._pool: ProcessPool | None = None
+
+    def _resolved(self, hint: object) -> None:
+        """A wait resolved in this process made a run runnable: wake this process's
+        workers and, when the steps execute in worker processes, relay the hint to one
+        of them over its stdin (``services.supervisor_link``) so an idle worker process
+        claims the run at once instead of at its next poll."""
+        self.work_wake.notify(hint)
+        if self._pool is not None and isinstance(hint, ResolvedRun):
+            sent = self._pool.send(
+                encode_message(
+                    {"kind": RESOLVED_RUN, "org_id": hint.org_id, "flow_run_id": hint.flow_run_id}
+                )
+            )
+            metrics().process_hint("sent" if sent else "dropped")
 
     def waits(self, cfg: ServiceConfig, engine: AsyncEngine) -> WaitRuntime:
         """This process's wait components (built on first use)."""
         if self._waits is None:
             settings = WorkerSettings.from_config(cfg)
             self._waits = WaitRuntime.build(
-                engine, signal_kinds=settings.signal_kinds, on_resolved=self.work_wake.notify
+                engine, signal_kinds=settings.signal_kinds, on_resolved=self._resolved
             )
         return self._waits
 
@@ -163,20 +190,42 @@ class RuntimeApp:
         try:
             pool = await start_worker_processes(cfg, os.environ)
         except BaseException:
-            await _RuntimeBackground(bridged, outbox, None).stop()
+            await _RuntimeBackground(bridged, outbox, None, self.work_wake).stop()
             raise
-        return _RuntimeBackground(bridged, outbox, pool)
+        self._pool = pool
+        return _RuntimeBackground(bridged, outbox, pool, self.work_wake)
 
 
 class _RuntimeBackground:
     """Workers/sweeps with the bridge duties, the canonical-outbox dispatcher and the
     supervised worker processes, stopped together (the processes first: they drain in
-    parallel, each on its own)."""
+    parallel, each on its own). In a worker process it receives the supervisor's
+    relayed hints (:meth:`on_supervisor_message`)."""
 
     def __init__(
-        self, workers: Background, outbox: RuntimeOutbox | None, pool: ProcessPool | None
+        self,
+        workers: Background,
+        outbox: RuntimeOutbox | None,
+        pool: ProcessPool | None,
+        work_wake: Wakeup,
     ) -> None:
         self._workers, self._outbox, self._pool = workers, outbox, pool
+        self._work_wake = work_wake
+
+    def on_supervisor_message(self, message: Mapping[str, Any]) -> None:
+        """A run the supervisor made runnable (``RuntimeApp._resolved``): wake this
+        process's workers with it as their hint (the claim re-validates it; anything
+        else is ignored)."""
+        org, run = message.get("org_id"), message.get("flow_run_id")
+        if message.get("kind") == RESOLVED_RUN and isinstance(org, str) and isinstance(run, str):
+            log.debug("supervisor relayed a runnable run %s", run)
+            metrics().process_hint("received")
+            self._work_wake.notify(ResolvedRun(org, run))
+
+    def unhealthy(self) -> str | None:
+        """Crash-looping worker processes make the supervisor NOT_SERVING
+        (``services.health_watch``): the pod no longer executes steps."""
+        return self._pool.unhealthy() if self._pool is not None else None
 
     async def stop(self) -> None:
         if self._pool is not None:

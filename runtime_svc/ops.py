@@ -25,6 +25,16 @@ stored as a digest; never a credential::
     python -m runtime_svc.ops principal disable --org ORG --principal user-ann
     python -m runtime_svc.ops principal enable  --org ORG --principal user-ann
 
+The org's versioned runtime policy (§16.3: the compiler's bounds, the wait policy and the
+``admission`` budgets, ``docs/operations.md`` §8) is read and published here; a published
+document is validated in full first (an invalid one is refused with the offending field,
+nothing is written), an unchanged one publishes nothing, and a changed one becomes the
+next immutable generation — new activations compile against it and admission reads it
+within its cache period::
+
+    python -m runtime_svc.ops policy show    --org ORG
+    python -m runtime_svc.ops policy publish --org ORG --file policy.json   # or --file - (stdin)
+
 Exit codes: 0 done, 1 refused or not found (the reason code is printed), 2 usage.
 """
 
@@ -34,10 +44,13 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from runtime_svc.definitions.policy_store import PolicyStore
 from runtime_svc.identity import PrincipalDirectory
 from runtime_svc.kernel.reconcile import Resolution
 from runtime_svc.kernel.store_reconcile import inspect_quarantine, reconcile_quarantine
@@ -68,11 +81,54 @@ async def _principal(engine: AsyncEngine, args: argparse.Namespace) -> dict[str,
     }
 
 
-async def _run(args: argparse.Namespace, db_url: str, max_attempts: int) -> dict[str, object]:
+async def _policy(
+    engine: AsyncEngine, args: argparse.Namespace, document: Mapping[str, Any] | None
+) -> dict[str, object]:
+    policies = PolicyStore(engine)
+    before = await policies.current(args.org)
+    after = before if document is None else await policies.put(args.org, document)
+    out: dict[str, object] = {
+        "org_id": after.org_id,
+        "version": after.version,
+        "document_digest": after.document_digest,
+        "document": dict(after.document),
+    }
+    if document is not None:
+        out["published"] = after.version != before.version
+    return out
+
+
+def _policy_document(path: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (``-``: stdin).
+
+    Raises:
+        ValueError: unreadable, not JSON, or not an object.
+    """
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read the policy document {path}: {exc.strerror}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the policy document {path} is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ValueError(f"the policy document {path} must be a JSON object")
+    return document
+
+
+async def _run(
+    args: argparse.Namespace,
+    db_url: str,
+    max_attempts: int,
+    document: Mapping[str, Any] | None = None,
+) -> dict[str, object]:
     engine = db.create_engine(db_url, pool_size=1)
     try:
         if args.group == "principal":
             return await _principal(engine, args)
+        if args.group == "policy":
+            return await _policy(engine, args, document)
         if args.action == "show":
             return (await inspect_quarantine(engine, args.org, args.run)).as_dict()
         result = await reconcile_quarantine(
@@ -126,10 +182,27 @@ def main(argv: Sequence[str] | None = None, *, db_url: str | None = None) -> int
                 "--grant", action="append", default=[], help="permission/FLS/RLS grant name"
             )
             verb.add_argument("--disabled", action="store_true", help="register it disabled")
+    policy = groups.add_parser("policy", help="the org's versioned runtime policy (§16.3)")
+    policy_verbs = policy.add_subparsers(dest="action", required=True)
+    for name, text in (
+        ("show", "print the org's newest policy generation"),
+        ("publish", "validate a policy document and publish it as the next generation"),
+    ):
+        verb = policy_verbs.add_parser(name, help=text)
+        verb.add_argument("--org", required=True)
+        if name == "publish":
+            verb.add_argument("--file", required=True, help="the JSON document (- for stdin)")
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
+    document = None
+    if args.group == "policy" and args.action == "publish":
+        try:
+            document = _policy_document(args.file)
+        except ValueError as exc:
+            sys.stderr.write(f"{exc}\n")
+            return 2
     try:
         cfg = load_config(ServiceName.RUNTIME)
         url = db_url if db_url is not None else cfg.db_url
@@ -138,7 +211,7 @@ def main(argv: Sequence[str] | None = None, *, db_url: str | None = None) -> int
         sys.stderr.write(f"configuration error: {exc}\n")
         return 2
     try:
-        out = asyncio.run(_run(args, url, max_attempts))
+        out = asyncio.run(_run(args, url, max_attempts, document))
     except FlowError as exc:
         sys.stderr.write(f"{exc.reason}: {exc}\n")
         return 1

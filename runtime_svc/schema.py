@@ -309,6 +309,10 @@ flow_runs = Table(
     # The run's W3C trace context (``services.telemetry``; revision 0010): every attempt
     # and hop of the run continues this trace. Diagnostics, never in a checkpoint.
     Column("trace_context", JsonText(TRACE_CONTEXT_BYTES), nullable=True),
+    # ``<object>:<record_id>`` of the record the run is about (revision 0014): the
+    # after-save trigger's saved record; per-record run limits key on it
+    # (``runtime_svc.admission.slots``). NULL for runs started without a record.
+    Column("subject_record_key", String(KEY_LEN), nullable=True),
     # Legacy-owned field set of a LegacyInterpreter run (revision 0009, runtime_svc.legacy):
     # the interview context and the legacy scheduler's claim. NULL on V2 runs.
     Column("legacy_context", JsonText(MAX_CONTEXT_PAYLOAD_BYTES), nullable=True),

@@ -358,6 +358,14 @@ class FlowMetrics:
             ["decision"],
             registry=r,
         )
+        # --- supervisor → worker-process hints (services.supervisor_link) -----------------
+        self.process_hints = Counter(
+            "nexus_flow_worker_process_hints",
+            "Wake hints a supervisor relayed to its worker processes (sent, dropped: no "
+            "live child could take it) and a worker process received.",
+            ["event"],
+            registry=r,
+        )
         # --- the state scan itself --------------------------------------------------------
         self.state_scan_duration = Histogram(
             "nexus_flow_state_scan_duration_seconds",
@@ -487,6 +495,9 @@ class FlowMetrics:
 
     def handoff_decided(self, decision: str) -> None:
         self.handoffs.labels(label(decision)).inc()
+
+    def process_hint(self, event: str) -> None:
+        self.process_hints.labels(label(event, ("sent", "dropped", "received"))).inc()
 
 
 class _Current:

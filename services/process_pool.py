@@ -19,7 +19,12 @@ Lifecycle, chosen so that no child outlives its supervisor:
 * a child that exits while the pool runs is restarted after
   :meth:`RestartPolicy.delay` (jittered exponential in the number of consecutive short
   lives; a child that ran ``stable_s`` resets the count), so a crash loop (e.g. the
-  database is down) does not spin.
+  database is down) does not spin;
+* a slot whose child has exited ``unhealthy_after`` times in a row without running
+  ``stable_s`` is *crash-looping* until a restarted child has run ``stable_s``:
+  :meth:`ProcessPool.unhealthy` then names it, and the supervisor reports NOT_SERVING on
+  its gRPC health service (``services.service_main``) so probes and operators see a pod
+  that no longer executes steps instead of a healthy-looking supervisor.
 
 Children share the supervisor's stdout/stderr and process group: Ctrl-C in a terminal
 reaches all of them at once, and each drains on its own.
@@ -39,6 +44,10 @@ __all__ = ["ProcessPool", "RestartPolicy"]
 
 log = logging.getLogger(__name__)
 
+#: Unread bytes in a child's stdin pipe buffer beyond which :meth:`ProcessPool.send`
+#: skips it (a child that does not read must not grow the supervisor's memory).
+_MAX_PENDING_BYTES = 64 * 1024
+
 
 @dataclass(frozen=True)
 class RestartPolicy:
@@ -50,12 +59,15 @@ class RestartPolicy:
         stable_s: a child that ran at least this long counts as healthy (its exit restarts
             the backoff at ``base_s``).
         jitter: fraction of the delay drawn at random (spreads restarts of many pods).
+        unhealthy_after: consecutive short lives after which a slot counts as
+            crash-looping (see :meth:`ProcessPool.unhealthy`).
     """
 
     base_s: float = 0.5
     max_s: float = 30.0
     stable_s: float = 30.0
     jitter: float = 0.2
+    unhealthy_after: int = 3
 
     def delay(self, failures: int, rand: float = 0.5) -> float:
         """Seconds to wait before restarting after ``failures`` consecutive short lives
@@ -66,6 +78,14 @@ class RestartPolicy:
     def failures_after(self, failures: int, ran_s: float) -> int:
         """The consecutive-failure count after a child that ran ``ran_s`` exited."""
         return 1 if ran_s >= self.stable_s else failures + 1
+
+    def crash_looping(self, failures: int, up_s: float | None) -> bool:
+        """Whether a slot with ``failures`` consecutive short lives whose current child
+        has been up ``up_s`` seconds (None: no child running) is crash-looping: it is
+        until a restarted child has run ``stable_s``."""
+        if failures < self.unhealthy_after:
+            return False
+        return up_s is None or up_s < self.stable_s
 
 
 class ProcessPool:
@@ -94,6 +114,11 @@ class ProcessPool:
         self._extra: dict[int, Mapping[str, str]] = {}
         self._slots: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
+        #: Per slot: consecutive short lives, and when its current child started
+        #: (event-loop time; absent while no child runs).
+        self._failures: dict[int, int] = {}
+        self._since: dict[int, float] = {}
+        self._next_send = 0
         #: Children started again after an unexpected exit (all slots).
         self.restarts = 0
 
@@ -115,6 +140,48 @@ class ProcessPool:
             for slot, p in sorted(self._procs.items())
             if p.returncode is None
         ]
+
+    def send(self, line: bytes) -> bool:
+        """Write one message line (``services.supervisor_link``) to the stdin of one live
+        child, round-robin over the slots; False when no child could take it. Never
+        blocks: a child whose pipe already holds :data:`_MAX_PENDING_BYTES` unread bytes
+        is skipped (messages are hints; the child's polling finds the work anyway)."""
+        if self._stopping.is_set():
+            return False
+        for _ in range(self._size):
+            slot = self._next_send
+            self._next_send = (self._next_send + 1) % self._size
+            proc = self._procs.get(slot)
+            stdin = None if proc is None or proc.returncode is not None else proc.stdin
+            if stdin is None or stdin.is_closing():
+                continue
+            if stdin.transport.get_write_buffer_size() > _MAX_PENDING_BYTES:
+                continue
+            stdin.write(line)
+            return True
+        return False
+
+    def unhealthy(self) -> str | None:
+        """Why the pool is not doing its job now, or None: names the crash-looping slots
+        (:meth:`RestartPolicy.crash_looping`). A stopping pool is not unhealthy (the
+        server's own drain reports that)."""
+        if self._stopping.is_set():
+            return None
+        now = asyncio.get_running_loop().time()
+        looping = []
+        for slot in range(self._size):
+            failures = self._failures.get(slot, 0)
+            proc, since = self._procs.get(slot), self._since.get(slot)
+            up = (
+                now - since
+                if since is not None and proc is not None and proc.returncode is None
+                else None
+            )
+            if self._policy.crash_looping(failures, up):
+                looping.append(f"{slot} ({failures} exits in a row)")
+        if not looping:
+            return None
+        return f"{self.name} crash-looping: slot {', '.join(looping)}"
 
     async def start(self) -> ProcessPool:
         """Start every child (returns once each has been spawned)."""
@@ -140,6 +207,7 @@ class ProcessPool:
         )
         self._extra[slot] = extra
         self._procs[slot] = proc
+        self._since[slot] = asyncio.get_running_loop().time()
         log.info("%s %d started (pid %d)", self.name, slot, proc.pid)
         return proc
 
@@ -164,6 +232,8 @@ class ProcessPool:
             else:
                 failures += 1
                 why = "could not be started"
+            self._failures[slot] = failures
+            self._since.pop(slot, None)
             delay = self._policy.delay(failures, random.random())  # noqa: S311 - jitter, not a secret
             log.warning("%s %d %s; restarting in %.1fs", self.name, slot, why, delay)
             with contextlib.suppress(TimeoutError):

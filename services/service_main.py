@@ -6,7 +6,8 @@ first when ``FLOW_DB_AUTO_MIGRATE`` is true) and the service's background loops;
 with a gRPC server that answers health and reflection and serves no RPC, so worker-only
 replicas scale apart from the API replicas and still have probes; ``worker --supervised``
 is how a supervisor (``services.process_pool``) starts one: end-of-file on stdin (the
-supervisor stopped or died) drains the process exactly as SIGTERM does;
+supervisor stopped or died) drains the process exactly as SIGTERM does, and message lines
+on stdin (``services.supervisor_link``) reach the background duties as hints;
 ``python -m <service> db upgrade|verify|current`` manages the schema;
 ``python -m <service> outbox counts|list|show`` reads the service's outbox (when it has
 one; ``services.outbox.cli``). Each
@@ -41,11 +42,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services import db, db_cluster, db_profiles, faults, migrate
 from services.background import LoopGroup
 from services.config import ConfigError, ServiceConfig, ServiceName, load_config
-from services.grpc_server import ServiceRegistration, serve_forever
+from services.grpc_server import RunningServer, ServiceRegistration, serve_forever
+from services.health_watch import HealthSource, HealthWatch, start_health_watch
 from services.logging import configure_logging
 from services.metrics import MetricsServer, start_metrics_server
 from services.metrics_state import OutboxStateSource, StateScan, StateSource
 from services.outbox.store import OutboxTable
+from services.supervisor_link import LineDecoder, SupervisorMessages
 from services.telemetry import configure_tracing, instrument_engine, shutdown_tracing
 
 __all__ = [
@@ -65,7 +68,10 @@ RegistrationFactory = Callable[
 
 
 class Background(Protocol):
-    """Background loops of a process (workers, sweeps, dispatchers)."""
+    """Background loops of a process (workers, sweeps, dispatchers). One that can fail
+    without the server noticing (e.g. crash-looping worker processes) also implements
+    :class:`services.health_watch.HealthSource`; its reason then turns the process's gRPC
+    health NOT_SERVING."""
 
     async def stop(self) -> None:
         """Stop every loop (idempotent); awaited before the database engine is disposed."""
@@ -140,22 +146,32 @@ async def _no_servicers(cfg: ServiceConfig, engine: AsyncEngine) -> Sequence[Ser
     return ()
 
 
-def _drain_on_stdin_eof(running: object) -> None:
-    """Supervised child: when stdin reaches end-of-file (the supervisor closed the pipe
-    or died), signal this process SIGTERM so it drains through the one shutdown path."""
-    del running
+def _read_supervisor(receiver: SupervisorMessages | None) -> None:
+    """Supervised child: read the supervisor's pipe on stdin. Each message line
+    (``services.supervisor_link``) goes to ``receiver``; end-of-file (the supervisor
+    closed the pipe or died) signals this process SIGTERM so it drains through the one
+    shutdown path."""
     loop = asyncio.get_running_loop()
     fd = sys.stdin.fileno()
+    decoder = LineDecoder()
 
     def readable() -> None:
         try:
-            data = os.read(fd, 4096)
+            data = os.read(fd, 65536)
         except OSError:
             data = b""
         if not data:
             loop.remove_reader(fd)
             log.info("supervisor gone (stdin closed); draining")
             os.kill(os.getpid(), signal.SIGTERM)
+            return
+        for message in decoder.feed(data):
+            if receiver is None:
+                continue
+            try:
+                receiver.on_supervisor_message(message)
+            except Exception:  # a hint must never take the child down
+                log.exception("a supervisor message could not be handled")
 
     loop.add_reader(fd, readable)
 
@@ -173,6 +189,7 @@ async def _serve(
     engine = db.create_engine(cfg.db_url, pool_size=cfg.db_pool_size)
     instrument_engine(engine, cfg)
     loops: Background | None = None
+    watch: HealthWatch | None = None
     observed = Observability(None, None)
     try:
         settings = await db_profiles.verify_database(engine)
@@ -186,10 +203,19 @@ async def _serve(
         registrations = await factory(cfg, engine)
         if background is not None:
             loops = await background(cfg, engine)
-        await serve_forever(
-            cfg, registrations, on_started=_drain_on_stdin_eof if supervised else None
-        )
+        source = loops if isinstance(loops, HealthSource) else None
+
+        def on_started(running: RunningServer) -> None:
+            nonlocal watch
+            if supervised:
+                _read_supervisor(loops if isinstance(loops, SupervisorMessages) else None)
+            if source is not None:
+                watch = start_health_watch(running, source)
+
+        await serve_forever(cfg, registrations, on_started=on_started)
     finally:
+        if watch is not None:
+            await watch.stop()
         if loops is not None:
             await loops.stop()
         await observed.stop()

@@ -11,6 +11,7 @@ connection is acquired::
       "flows":          {"Invoice_Sync": {"max_inflight": 2, "max_concurrent_runs": 3}},
       "flow_versions":  {"Invoice_Sync@4": {"max_inflight": 1}},
       "object_classes": {"Account": {"max_inflight": 4}},
+      "records":        {"Account": {"max_concurrent_runs": 1}},
       "reserved_share": 0.25,
       "pressure": {"pool_saturation": 0.75, "retry_rate": 0.2, ...}
     }
@@ -21,6 +22,9 @@ connection is acquired::
 * ``max_concurrent_runs`` (flows only) — runs of the Flow that may be *started*
   (claimed at least once, not terminal) at once, across every process: a durable,
   fenced slot count (:mod:`runtime_svc.admission.slots`);
+* ``records.<Object>.max_concurrent_runs`` — runs *about one record* of that object (the
+  record whose save started them) that may be started and not terminal at once, across
+  every process and every Flow: durable slots keyed by the record;
 * ``reserved_share`` — the fraction of the environment budget mutation admission can
   never take: cold lanes, dependency completions and recovery keep it under pressure;
 * ``pressure`` — the thresholds at which each signal counts as full pressure
@@ -104,6 +108,23 @@ class Budget:
         )
 
 
+def _records(raw: Any, where: str) -> dict[str, int]:
+    """The ``records`` table: object name -> ``max_concurrent_runs`` (>= 1)."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where} must be an object")
+    out: dict[str, int] = {}
+    for name, value in raw.items():
+        at = f"{where}.{name}"
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{at} must be an object")
+        _unknown(value, ("max_concurrent_runs",), at)
+        limit = _int(value, "max_concurrent_runs", at, low=1)
+        if limit is None:
+            raise ValueError(f"{at}.max_concurrent_runs is required")
+        out[str(name)] = limit
+    return out
+
+
 @dataclass(frozen=True)
 class PressureThresholds:
     """The value of each §16.2 signal that counts as *full* pressure (1.0).
@@ -175,6 +196,8 @@ class AdmissionPolicy:
     flows: Mapping[str, Budget] = field(default_factory=dict)
     flow_versions: Mapping[str, Budget] = field(default_factory=dict)
     object_classes: Mapping[str, Budget] = field(default_factory=dict)
+    #: Per-record run limits by object name (``max_concurrent_runs``).
+    records: Mapping[str, int] = field(default_factory=dict)
     reserved_share: float = 0.25
     pressure: PressureThresholds = DEFAULT_PRESSURE
 
@@ -208,6 +231,10 @@ class AdmissionPolicy:
         budget = self.flows.get(flow_api_name)
         return None if budget is None else budget.max_concurrent_runs
 
+    def record_runs_limit(self, object_name: str) -> int | None:
+        """The per-record run concurrency limit of ``object_name`` (``None``: none)."""
+        return self.records.get(object_name)
+
     def scopes(self, subject: AdmissionSubject) -> list[tuple[str, Budget]]:
         """Every budget ``subject`` falls in, with its scope key (for in-flight counting)."""
         found: list[tuple[str, Budget]] = [("org", self.org)]
@@ -239,7 +266,7 @@ class AdmissionPolicy:
         def table(t: Mapping[str, Budget]) -> dict[str, Any]:
             return {k: t[k].to_dict() for k in sorted(t)}
 
-        return {
+        out: dict[str, Any] = {
             "org": self.org.to_dict(),
             "lanes": table(self.lanes),
             "profiles": table(self.profiles),
@@ -249,6 +276,12 @@ class AdmissionPolicy:
             "reserved_share": self.reserved_share,
             "pressure": self.pressure.to_dict(),
         }
+        if self.records:
+            # Only when set: documents published before the key keep their digest.
+            out["records"] = {
+                k: {"max_concurrent_runs": self.records[k]} for k in sorted(self.records)
+            }
+        return out
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "admission") -> AdmissionPolicy:
@@ -260,7 +293,7 @@ class AdmissionPolicy:
         if not isinstance(d, Mapping):
             raise ValueError(f"{where} must be an object")
         default = cls()
-        _unknown(d, default.to_dict(), where)
+        _unknown(d, (*default.to_dict(), "records"), where)
 
         def table(key: str, runs: bool = False) -> dict[str, Budget]:
             raw = d.get(key, {})
@@ -280,6 +313,7 @@ class AdmissionPolicy:
             flows=table("flows", runs=True),
             flow_versions=table("flow_versions"),
             object_classes=table("object_classes"),
+            records=_records(d.get("records", {}), f"{where}.records"),
             reserved_share=float(share),
             pressure=PressureThresholds.from_dict(d.get("pressure", {}), f"{where}.pressure"),
         )

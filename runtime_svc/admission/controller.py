@@ -57,7 +57,12 @@ from runtime_svc.admission.pressure import (
     pressure_level,
 )
 from runtime_svc.admission.scheduler import DeficitScheduler
-from runtime_svc.admission.slots import RunSlots, flow_slot_key
+from runtime_svc.admission.slots import (
+    RunSlots,
+    flow_slot_key,
+    record_slot_key,
+    subject_object,
+)
 from runtime_svc.definitions import repository as repo
 from services.db import transaction
 from services.metrics import metrics
@@ -152,7 +157,8 @@ class AdmissionController:
         self._inflight: Counter[str] = Counter()
         self._policies: dict[str, tuple[float, AdmissionPolicy]] = {}
         self._plans: OrderedDict[tuple[str, str], _PlanFacts] = OrderedDict()
-        self._held: OrderedDict[tuple[str, str], None] = OrderedDict()
+        #: (org, run, slot key) this process saw the run hold (bounded, oldest dropped).
+        self._held: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._queue_age = 0.0
         #: Orgs whose current visit deferred something (see :meth:`finished_org`).
         self._left_behind: set[str] = set()
@@ -301,7 +307,11 @@ class AdmissionController:
             if budget.max_inflight is not None and self._inflight[key] >= budget.max_inflight:
                 return self._defer(lane, Decision.POLICY, org_id)
         limit = policy.concurrent_runs_limit(facts.flow_api_name) if facts.flow_api_name else None
-        if limit is not None and not await self._slot(org_id, facts, candidate, limit):
+        if limit is not None and not await self._slot(
+            org_id, flow_slot_key(facts.flow_api_name), candidate, limit
+        ):
+            return self._defer(lane, Decision.CONCURRENCY, org_id)
+        if policy.records and not await self._record_slot(org_id, policy, candidate):
             return self._defer(lane, Decision.CONCURRENCY, org_id)
         counted = (_ENV, f"lane:{lane}", *keys)
         for key in counted:
@@ -400,13 +410,24 @@ class AdmissionController:
             self._plans.popitem(last=False)
         return facts
 
-    async def _slot(self, org_id: str, facts: _PlanFacts, candidate: Candidate, limit: int) -> bool:
-        held = (org_id, candidate.flow_run_id)
+    async def _record_slot(
+        self, org_id: str, policy: AdmissionPolicy, candidate: Candidate
+    ) -> bool:
+        """The per-record limit: only read the run's subject when the org's policy has
+        record limits at all (one indexed point read; none for other orgs)."""
+        subject = await self._slots.subject_of(org_id, candidate.flow_run_id)
+        if subject is None:
+            return True
+        limit = policy.record_runs_limit(subject_object(subject))
+        if limit is None:
+            return True
+        return await self._slot(org_id, record_slot_key(subject), candidate, limit)
+
+    async def _slot(self, org_id: str, slot_key: str, candidate: Candidate, limit: int) -> bool:
+        held = (org_id, candidate.flow_run_id, slot_key)
         if held in self._held:
             return True
-        ok = await self._slots.acquire(
-            org_id, flow_slot_key(facts.flow_api_name), candidate.flow_run_id, limit
-        )
+        ok = await self._slots.acquire(org_id, slot_key, candidate.flow_run_id, limit)
         if ok:
             self._held[held] = None
             while len(self._held) > _MAX_HELD:

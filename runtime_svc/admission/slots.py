@@ -1,5 +1,11 @@
 """Per-key run concurrency limits: durable, fenced slots (issue 14 item 3).
 
+Two keys exist: the Flow (``flow:<api>``, ``admission.flows.<api>.max_concurrent_runs``)
+and the record a run is about (``record:<object>:<id>``,
+``admission.records.<object>.max_concurrent_runs``: at most N live runs per record of that
+object, whatever their Flow — the after-save trigger records the saved record as the run's
+subject, ``flow_runs.subject_record_key``). A run under both limits holds a slot of each.
+
 "At most N concurrent runs of this Flow" must hold across every worker process and
 replica, so it cannot be an in-process counter, and a ``SELECT COUNT(*)`` followed by a
 claim can be raced into N+1. Instead a run *holds a slot*: a row of ``flow_run_slots``
@@ -35,7 +41,14 @@ from runtime_svc.kernel.states import TERMINAL_RUN_STATES
 from runtime_svc.schema import flow_run_slots, flow_runs
 from services.db import db_now, transaction
 
-__all__ = ["RunSlots", "SlotHolder", "flow_slot_key"]
+__all__ = [
+    "RunSlots",
+    "SlotHolder",
+    "flow_slot_key",
+    "record_slot_key",
+    "record_subject_key",
+    "subject_object",
+]
 
 _TERMINAL_CODES = tuple(sorted(s.code for s in TERMINAL_RUN_STATES))
 
@@ -43,6 +56,21 @@ _TERMINAL_CODES = tuple(sorted(s.code for s in TERMINAL_RUN_STATES))
 def flow_slot_key(flow_api_name: str) -> str:
     """The slot key of the per-Flow run concurrency limit."""
     return f"flow:{flow_api_name}"
+
+
+def record_subject_key(object_name: str, record_id: str) -> str:
+    """``flow_runs.subject_record_key`` of a run about this record."""
+    return f"{object_name}:{record_id}"
+
+
+def subject_object(subject_record_key: str) -> str:
+    """The object name of a subject record key."""
+    return subject_record_key.partition(":")[0]
+
+
+def record_slot_key(subject_record_key: str) -> str:
+    """The slot key of the per-record run concurrency limit."""
+    return f"record:{subject_record_key}"
 
 
 @dataclass(frozen=True)
@@ -81,6 +109,14 @@ class RunSlots:
             )
             for no, run, state, deleted in rows
         ]
+
+    async def subject_of(self, org_id: str, flow_run_id: str) -> str | None:
+        """The run's subject record key (None: no subject, or no such run)."""
+        r = flow_runs.c
+        stmt = select(r.subject_record_key).where(r.org_id == org_id, r.flow_run_id == flow_run_id)
+        async with transaction(self._engine, readonly=True) as conn:
+            value = (await conn.execute(stmt)).scalar_one_or_none()
+        return None if value is None else str(value)
 
     async def acquire(self, org_id: str, slot_key: str, flow_run_id: str, limit: int) -> bool:
         """True when ``flow_run_id`` holds (or now took) one of ``limit`` slots of the key."""

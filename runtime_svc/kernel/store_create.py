@@ -68,6 +68,10 @@ class StartRunRequest:
     input: CheckpointInput
     idempotency_key: str | None = None
     priority: int = 0
+    #: ``<object>:<record_id>`` of the record the run is about (an after-save trigger's
+    #: saved record), for per-record run limits (``runtime_svc.admission.slots``). Not
+    #: part of the request digest: it is derived from the trigger the context holds.
+    subject_record: str | None = None
 
     def digest(self, scope: TrustedRuntimeWorkScope) -> str:
         """``RequestDigest``: everything that makes two requests the same request."""
@@ -176,6 +180,7 @@ async def create_run_txn(
         "is_deleted": False,
         "idempotency_key": request.idempotency_key,
         "request_digest": request_digest,
+        "subject_record_key": request.subject_record,
         "interview_status": compatibility_status(state, StepState.PENDING).code,
         "current_element": first.plan_step_key,
         "created_at": now,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from runtime_svc.admission.slots import record_subject_key
 from runtime_svc.definitions import (
     AdmissionError,
     RequestBoundView,
@@ -162,6 +163,7 @@ async def admit_after_save_runs_txn(
                 plan_cursor={"step": first.plan_step_key},
             ),
             idempotency_key=key,
+            subject_record=record_subject_key(record.object_name, record.record_id),
         )
         result = await store.create_run_txn(conn, scope, request)
         # §17.1: the principal whose save started the run (the SaveRecord caller).

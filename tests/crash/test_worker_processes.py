@@ -12,6 +12,7 @@ supervisor — and even its SIGKILL — leaves no process behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -235,3 +236,39 @@ async def test_a_worker_process_stopped_by_sigterm_mid_work_exits_0_and_its_runs
     await _assert_each_run_once(engine, seeded.org, ids)
     every = [p for pids in _children(sup).values() for p in pids]
     await _stop_and_assert_no_process(sup, every)
+
+
+def _not_serving(port: int) -> bool:
+    try:
+        return health_status(port) == 2  # NOT_SERVING
+    except grpc.RpcError:
+        return False
+
+
+async def test_a_crash_looping_worker_process_turns_the_supervisor_not_serving(
+    harness: Harness, engine: AsyncEngine
+) -> None:
+    """A worker process that dies again and again right after it starts (here: SIGKILLed
+    by the test each time; in production a bad node, OOM, a database it cannot reach)
+    makes the supervisor's gRPC health NOT_SERVING — the pod executes no step, and its
+    probes must say so instead of a healthy-looking supervisor — and the log names it."""
+    del engine  # the migrated database the harness needs
+    sup = harness.spawn(env=_pool_env(1))
+    await _pool_started(sup, 1)
+    assert await wait_until(lambda: _async_true(_serving(sup.port)), timeout_s=60)
+    killed: set[int] = set()
+
+    async def kill_each_new_child() -> bool:
+        if sup.proc.poll() is not None:
+            pytest.fail(f"supervisor exited {sup.proc.returncode}:\n{sup.log_text()[-3000:]}")
+        for pid in _children(sup).get(0, []):
+            if pid not in killed:
+                killed.add(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        return _not_serving(sup.port)
+
+    assert await wait_until(kill_each_new_child, timeout_s=90, poll_s=0.1), sup.log_text()[-3000:]
+    assert len(killed) >= 3  # RestartPolicy.unhealthy_after short lives in a row
+    assert "crash-looping: slot 0" in sup.log_text()
+    await _stop_and_assert_no_process(sup, sorted(killed))

@@ -17,8 +17,14 @@ import asyncio
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.admission.controller import AdmissionController, Decision
-from runtime_svc.admission.slots import RunSlots, flow_slot_key
-from runtime_svc.kernel import FlowRunStateStore, LeaseFence
+from runtime_svc.admission.slots import RunSlots, flow_slot_key, record_slot_key
+from runtime_svc.kernel import (
+    CheckpointInput,
+    FirstStep,
+    FlowRunStateStore,
+    LeaseFence,
+    StartRunRequest,
+)
 from runtime_svc.worker import Sweeper
 from services import db
 from tests.integration.admission.support import (
@@ -28,7 +34,7 @@ from tests.integration.admission.support import (
     seed_org,
     states,
 )
-from tests.integration.worker.support import new_org
+from tests.integration.worker.support import new_org, seed
 
 LIMIT = 2
 
@@ -124,3 +130,64 @@ async def test_workers_with_separate_controllers_never_exceed_the_per_flow_limit
         assert len(await live_started_runs(engine, org)) <= LIMIT
     assert set((await states(engine, org, runs.run_ids)).values()) == {"Succeeded"}
     assert peak and max(peak) <= LIMIT
+
+
+async def test_per_record_limit_runs_one_run_per_record_at_a_time_across_flows(
+    engine: AsyncEngine, store: FlowRunStateStore
+) -> None:
+    """``admission.records.<Object>.max_concurrent_runs = 1``: of the runs about one
+    record (its after-save trigger's subject), only one is started at a time, whatever
+    their Flow and however many workers race; runs about other records go on meanwhile;
+    a refused run is left untouched; every run finishes."""
+    org = new_org()
+    seeded = await seed(engine, org, mutations=3, pure_step=False)
+    first = seeded.plan.step(seeded.plan.start_step)
+    subjects = ["Account:acc-1"] * 3 + ["Account:acc-2"] * 2 + [None]
+    ids = []
+    for i, subject in enumerate(subjects):
+        result = await store.create_run(
+            seeded.scope,
+            StartRunRequest(
+                plan_id=seeded.plan_id,
+                first_step=FirstStep(first.key, first.kind.value, "durable_mutation"),
+                input=CheckpointInput(context={"variables": {"label": f"r{i}", "n": i}}),
+                subject_record=subject,
+            ),
+        )
+        ids.append(result.run.flow_run_id)
+    await publish_admission(engine, org, {"records": {"Account": {"max_concurrent_runs": 1}}})
+    by_subject = {s: {r for r, x in zip(ids, subjects, strict=True) if x == s} for s in subjects}
+    peaks: dict[str | None, int] = {}
+
+    async def observe(at: str, fence: LeaseFence, conn: AsyncConnection | None) -> None:
+        if at == "executed":
+            live = await live_started_runs(engine, org)
+            for subject, runs in by_subject.items():
+                peaks[subject] = max(peaks.get(subject, 0), len(live & runs))
+            await asyncio.sleep(0)  # let the other workers race here
+
+    workers = [
+        RecordingWorker(
+            engine,
+            store,
+            admission=AdmissionController(engine, budget=6, quantum=6),
+            owner=f"w{i}",
+            hook=observe,
+        )
+        for i in range(3)
+    ]
+    await asyncio.gather(*(w.run_batch(org) for w in workers))
+    live = await live_started_runs(engine, org)
+    assert len(live & by_subject["Account:acc-1"]) <= 1
+    assert len(live & by_subject["Account:acc-2"]) <= 1
+    deferred = sum(w.admission.decisions[Decision.CONCURRENCY] for w in workers if w.admission)
+    assert deferred > 0
+    for _ in range(60):  # bounded
+        if set((await states(engine, org, ids)).values()) == {"Succeeded"}:
+            break
+        await asyncio.gather(*(w.run_batch(org) for w in workers))
+    assert set((await states(engine, org, ids)).values()) == {"Succeeded"}
+    assert peaks["Account:acc-1"] == 1 and peaks["Account:acc-2"] == 1
+    # One slot row per record key at most; the run without a subject took none.
+    for subject in ("Account:acc-1", "Account:acc-2"):
+        assert len(await RunSlots(engine).holders(org, record_slot_key(subject))) <= 1

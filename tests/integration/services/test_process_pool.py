@@ -113,3 +113,82 @@ async def test_a_first_start_failure_is_reported_and_a_later_one_is_retried(
     finally:
         await pool.stop()
     assert not [p for p in {first, *now} if _alive(p)]
+
+
+def test_a_slot_is_crash_looping_after_unhealthy_after_short_lives_until_a_child_runs_stable() -> (
+    None
+):
+    policy = RestartPolicy(stable_s=10.0, unhealthy_after=3)
+    assert not policy.crash_looping(2, None)
+    assert policy.crash_looping(3, None)  # no child running after the third exit
+    assert policy.crash_looping(3, 9.9)  # restarted, not yet stable
+    assert not policy.crash_looping(3, 10.0)  # ran stable_s: healthy again
+    assert not policy.crash_looping(0, None)
+
+
+async def test_a_crash_looping_pool_reports_unhealthy_and_recovers_when_a_child_stays_up(
+    tmp_path: Path,
+) -> None:
+    """``unhealthy()`` names the slot whose child keeps dying right after start (what
+    turns the supervisor's gRPC health NOT_SERVING), is None for a pool whose children
+    stay up, and clears once a restarted child has run ``stable_s``."""
+    fixed = tmp_path / "fixed"
+    crash_until_fixed = [
+        sys.executable,
+        "-c",
+        f"import pathlib, sys; pathlib.Path({str(fixed)!r}).exists() or sys.exit(3); "
+        "sys.stdin.read()",
+    ]
+    policy = RestartPolicy(base_s=0.05, max_s=0.2, stable_s=1.0, jitter=0.0, unhealthy_after=2)
+    healthy = await ProcessPool("steady", _UNTIL_EOF, os.environ, 1, policy=policy).start()
+    pool = await ProcessPool("crasher", crash_until_fixed, os.environ, 2, policy=policy).start()
+    try:
+        await assert_eventually(
+            lambda: (
+                (pool.unhealthy() or "").startswith("crasher crash-looping: slot 0 (")
+                and ", 1 (" in (pool.unhealthy() or "")
+            ),
+            timeout=60,
+            what="the crash loop of both slots reported",
+        )
+        assert healthy.unhealthy() is None
+        fixed.touch()
+        await assert_eventually(
+            lambda: pool.unhealthy() is None, timeout=60, what="healthy once a child ran stable_s"
+        )
+        assert len(pool.pids()) == 2
+    finally:
+        await pool.stop()
+        await healthy.stop()
+    assert pool.unhealthy() is None  # a stopped pool is not unhealthy
+
+
+async def test_send_writes_message_lines_round_robin_to_live_children(tmp_path: Path) -> None:
+    """``send`` hands each line to one child, alternating slots; a stopped pool sends
+    nothing."""
+    echo = [
+        sys.executable,
+        "-c",
+        "import os, sys\nwith open(os.environ['ECHO_TO'], 'a') as f:\n"
+        "    for line in sys.stdin:\n        f.write(line); f.flush()",
+    ]
+
+    def out(slot: int) -> dict[str, str]:
+        return {"ECHO_TO": str(tmp_path / f"slot{slot}.txt")}
+
+    pool = await ProcessPool("echo", echo, os.environ, 2, policy=_FAST, spawn_env=out).start()
+    try:
+        for i in range(4):
+            assert pool.send(f"m{i}\n".encode())
+
+        def received(slot: int) -> list[str]:
+            path = tmp_path / f"slot{slot}.txt"
+            return path.read_text().split() if path.exists() else []
+
+        await assert_eventually(
+            lambda: len(received(0)) + len(received(1)) == 4, timeout=30, what="4 lines echoed"
+        )
+        assert sorted([received(0), received(1)]) == [["m0", "m2"], ["m1", "m3"]]
+    finally:
+        await pool.stop()
+    assert not pool.send(b"late\n")

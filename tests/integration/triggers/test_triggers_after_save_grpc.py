@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records import Actor, MutationResult, RecordEngine, RecordView, prepare_create
-from runtime_svc.schema import flow_checkpoints
+from runtime_svc.schema import flow_checkpoints, flow_runs
 from services import db
 from services.proto import runtime_v1
 from services.request_dedupe import DedupeScope, RequestKey
@@ -188,7 +188,7 @@ def test_entry_condition_decides_inside_the_transaction_and_the_run_carries_the_
     assert list(replay.triggered_flow_run_ids) == [run_id]
     assert _run_ids(client, pub) == [run_id]
 
-    async def context() -> dict[str, Any]:
+    async def context() -> tuple[dict[str, Any], str | None]:
         engine = db.create_engine(module_db_url, pool_size=1)
         try:
             async with db.transaction(engine, readonly=True) as conn:
@@ -200,11 +200,21 @@ def test_entry_condition_decides_inside_the_transaction_and_the_run_carries_the_
                         )
                     )
                 ).scalar_one()
-            return dict(json.loads(raw))
+                r = flow_runs.c
+                subject = (
+                    await conn.execute(
+                        select(r.subject_record_key).where(
+                            r.org_id == pub.scope[0], r.flow_run_id == run_id
+                        )
+                    )
+                ).scalar_one()
+            return dict(json.loads(raw)), subject
         finally:
             await engine.dispose()
 
-    ctx = asyncio.run(context())
+    ctx, subject = asyncio.run(context())
+    # The run's subject is the saved record (per-record run limits key on it).
+    assert subject == f"{started.record.object_api_name}:{started.record.record_id}"
     record = ctx["variables"]["$Record"]
     assert record == {"Id": started.record.record_id, "Email": "ada@example.com"}
     assert ctx["variables"]["$Record__Prior"] is None

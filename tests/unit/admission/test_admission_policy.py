@@ -85,12 +85,35 @@ def test_budgets_live_in_the_versioned_policy_and_change_its_digest() -> None:
         {"pressure": {"pool_saturation": 1.5}},
         {"pressure": {"unknown_signal": 1}},
         {"org": "x"},
+        {"records": {"Account": {"max_concurrent_runs": 0}}},
+        {"records": {"Account": {}}},
+        {"records": {"Account": {"max_inflight": 1}}},
+        {"records": {"Account": 1}},
+        {"records": []},
     ],
 )
 def test_a_malformed_admission_section_is_invalid_argument(admission: dict[str, Any]) -> None:
     with pytest.raises(InvalidArgumentError) as err:
         normalize_policy_document(_doc(admission))
     assert err.value.field_path == "policy"
+
+
+def test_per_record_limits_are_read_by_object_and_absent_ones_keep_the_digest() -> None:
+    without = normalize_policy_document(_doc({"flows": {"F": {"max_concurrent_runs": 2}}}))
+    assert "records" not in without["admission"]  # published before the key: same digest
+    doc = normalize_policy_document(
+        _doc(
+            {"records": {"Account": {"max_concurrent_runs": 1}, "Case": {"max_concurrent_runs": 3}}}
+        )
+    )
+    assert doc["admission"]["records"] == {
+        "Account": {"max_concurrent_runs": 1},
+        "Case": {"max_concurrent_runs": 3},
+    }
+    policy = RuntimePolicy.from_dict({**doc, "version": 2}).admission_policy
+    assert policy.record_runs_limit("Account") == 1
+    assert policy.record_runs_limit("Case") == 3
+    assert policy.record_runs_limit("Contact") is None
 
 
 def test_the_applicable_bound_is_the_smallest_scope_and_names_it() -> None:
