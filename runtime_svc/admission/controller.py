@@ -160,6 +160,8 @@ class AdmissionController:
         #: (org, run, slot key) this process saw the run hold (bounded, oldest dropped).
         self._held: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._queue_age = 0.0
+        #: Orgs whose current visit deferred something (see :meth:`finished_org`).
+        self._left_behind: set[str] = set()
         self.decisions: Counter[str] = Counter()
 
     # --- signals -------------------------------------------------------------------------
@@ -231,6 +233,7 @@ class AdmissionController:
         """How many candidates each lane of ``org_id`` may fetch this pass (cold lanes
         first; lanes with no allowance left out, so they are not queried)."""
         policy = await self.policy(org_id)
+        self._left_behind.discard(org_id)
         credit = self.scheduler.visit(org_id, policy.org.weight)
         level = self.pressure(policy)
         limits = pass_limits(
@@ -254,13 +257,26 @@ class AdmissionController:
             if limit > 0:
                 out.append((lane, limit))
             else:
-                self._defer(lane, Decision.PRESSURE if level > 0 else Decision.ENVIRONMENT)
+                decision = Decision.PRESSURE if level > 0 else Decision.ENVIRONMENT
+                self._defer(lane, decision, org_id)
         return out
 
-    def finished_org(self, org_id: str, found: int) -> None:
-        """The org's pass fetched ``found`` candidates (0: its bank is dropped)."""
-        if found == 0:
+    def order(self, orgs: Sequence[str]) -> list[str]:
+        """A pass's orgs in serving order: sparse orgs (their last visit left no work
+        behind) ahead of backlogged ones (:meth:`DeficitScheduler.order`)."""
+        return self.scheduler.order(orgs)
+
+    def finished_org(self, org_id: str, found: int, *, more: bool = False) -> None:
+        """The org's pass fetched ``found`` candidates (0: its bank is dropped);
+        ``more``: a lane had more due candidates than it fetched. An org that left work
+        behind — ``more``, a deferral, a lane given no allowance — is backlogged until a
+        visit drains it; otherwise it is sparse and served first in the next pass."""
+        left = org_id in self._left_behind
+        self._left_behind.discard(org_id)
+        if found == 0 and not left:
             self.scheduler.idle(org_id)
+        else:
+            self.scheduler.finished(org_id, backlogged=more or left)
 
     # --- one candidate -------------------------------------------------------------------
 
@@ -272,11 +288,11 @@ class AdmissionController:
         self._observe_age(candidate.run_after)
         policy = await self.policy(org_id)
         if self._inflight[_ENV] >= self.budget:
-            return self._defer(lane, Decision.ENVIRONMENT)
+            return self._defer(lane, Decision.ENVIRONMENT, org_id)
         if lane in MUTATION_LANES and not self._mutation_room(policy):
-            return self._defer(lane, Decision.PRESSURE)
+            return self._defer(lane, Decision.PRESSURE, org_id)
         if self.scheduler.credit(org_id) <= 0:
-            return self._defer(lane, Decision.CREDIT)
+            return self._defer(lane, Decision.CREDIT, org_id)
         facts = self._facts(org_id, candidate, plan)
         subject = AdmissionSubject(
             org_id,
@@ -289,14 +305,14 @@ class AdmissionController:
         keys = [f"{org_id}/{key}" for key, _ in policy.scopes(subject)]
         for (_, budget), key in zip(policy.scopes(subject), keys, strict=True):
             if budget.max_inflight is not None and self._inflight[key] >= budget.max_inflight:
-                return self._defer(lane, Decision.POLICY)
+                return self._defer(lane, Decision.POLICY, org_id)
         limit = policy.concurrent_runs_limit(facts.flow_api_name) if facts.flow_api_name else None
         if limit is not None and not await self._slot(
             org_id, flow_slot_key(facts.flow_api_name), candidate, limit
         ):
-            return self._defer(lane, Decision.CONCURRENCY)
+            return self._defer(lane, Decision.CONCURRENCY, org_id)
         if policy.records and not await self._record_slot(org_id, policy, candidate):
-            return self._defer(lane, Decision.CONCURRENCY)
+            return self._defer(lane, Decision.CONCURRENCY, org_id)
         counted = (_ENV, f"lane:{lane}", *keys)
         for key in counted:
             self._inflight[key] += 1
@@ -360,8 +376,11 @@ class AdmissionController:
         )
         return sum(self._inflight[f"lane:{m}"] for m in MUTATION_LANES) - handed_on < limit
 
-    def _defer(self, lane: str, decision: str) -> Ticket | None:
-        """Count a deferral; always ``None`` (no ticket), so callers can return it."""
+    def _defer(self, lane: str, decision: str, org_id: str | None = None) -> Ticket | None:
+        """Count a deferral (of a candidate of ``org_id``, which it leaves behind);
+        always ``None`` (no ticket), so callers can return it."""
+        if org_id is not None and len(self._left_behind) < _MAX_HELD:
+            self._left_behind.add(org_id)
         self.decisions[decision] += 1
         metrics().admission_decided(lane, decision)
         return None

@@ -9,12 +9,22 @@ tenant is served at every visit — its queue age is bounded by one rotation of 
 with work, not by the hot tenant's backlog. An org found without due work loses its bank
 (classic DRR: credit is only kept while there is a queue to spend it on).
 
+Sparse orgs first (DRR++ / fq_codel's "new flows" list): an org whose last visit left
+no due work behind — or that was never visited — is *sparse*; :meth:`order` puts the
+sparse orgs of a pass ahead of the *backlogged* ones (those whose last visit left work:
+more candidates than their credit, a deferral, or a lane without allowance). So a cold
+tenant's new run waits behind no hot tenant's quantum, whatever the org order; the
+backlogged orgs are still visited in the same pass (only the order within the pass
+changes), so completeness and the per-visit quantum are unchanged, and an org cannot
+stay sparse while it keeps a backlog.
+
 The weight is the org's ``admission.org.weight`` in its runtime policy (default 1).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 __all__ = ["DeficitScheduler"]
 
@@ -33,6 +43,7 @@ class DeficitScheduler:
         self.quantum = quantum
         self._max = max_orgs
         self._deficit: OrderedDict[str, int] = OrderedDict()
+        self._backlogged: OrderedDict[str, None] = OrderedDict()
 
     def visit(self, org_id: str, weight: int = 1) -> int:
         """The org's credit for this visit (earned quantum plus what it banked)."""
@@ -52,5 +63,23 @@ class DeficitScheduler:
             self._deficit[org_id] = max(0, self._deficit[org_id] - amount)
 
     def idle(self, org_id: str) -> None:
-        """``org_id`` had no due work at its visit: its bank is dropped."""
+        """``org_id`` had no due work at its visit: its bank is dropped (and it is sparse)."""
         self._deficit.pop(org_id, None)
+        self._backlogged.pop(org_id, None)
+
+    def finished(self, org_id: str, *, backlogged: bool) -> None:
+        """``org_id``'s visit ended; ``backlogged``: it left due work behind."""
+        self._backlogged.pop(org_id, None)
+        if backlogged:
+            self._backlogged[org_id] = None
+            while len(self._backlogged) > self._max:
+                self._backlogged.popitem(last=False)
+
+    def backlogged(self, org_id: str) -> bool:
+        """Did ``org_id``'s last visit leave due work behind?"""
+        return org_id in self._backlogged
+
+    def order(self, orgs: Sequence[str]) -> list[str]:
+        """The pass's orgs, sparse ones first; each group keeps the rotation's order."""
+        sparse = [o for o in orgs if o not in self._backlogged]
+        return sparse + [o for o in orgs if o in self._backlogged]

@@ -317,8 +317,14 @@ class StepWorker:
             lanes = await admission.lanes(org_id, self._queues, self._batch)
         done: list[Outcome] = []
         found = 0
+        more = False
+        # With admission, one candidate more than the lane may take is fetched (never
+        # processed): it tells a backlogged org from a sparse one (served first, §16).
+        peek = 0 if admission is None else 1
         for queue, limit in lanes:
-            batch = await self.store.eligible_work(org_id, queue, limit=limit)
+            batch = await self.store.eligible_work(org_id, queue, limit=limit + peek)
+            more = more or len(batch) > limit
+            batch = batch[:limit]
             found += len(batch)
             # The query's order is stable, so every replica fetches the same head; walking
             # the batch in a random order spreads them over it instead of all racing for
@@ -330,7 +336,7 @@ class StepWorker:
                 else:
                     done.extend(await self._admitted(admission, org_id, candidate))
         if admission is not None:
-            admission.finished_org(org_id, found)
+            admission.finished_org(org_id, found, more=more)
         return done
 
     async def process_found(self, org_id: str, candidate: Candidate) -> list[Outcome]:
@@ -373,9 +379,13 @@ class StepWorker:
         return outcomes
 
     async def run_once(self) -> list[Outcome]:
-        """One bounded pass: the next batch of orgs that have work (in rotation)."""
+        """One bounded pass: the next batch of orgs that have work (in rotation; with
+        admission, the orgs whose last visit drained them first)."""
         done: list[Outcome] = []
-        for org_id in await self._orgs.next_batch():
+        orgs = await self._orgs.next_batch()
+        if self.admission is not None:
+            orgs = self.admission.order(orgs)  # sparse orgs first (§16, DRR++)
+        for org_id in orgs:
             done.extend(await self.run_batch(org_id))
         return done
 

@@ -24,7 +24,7 @@ from tests.integration.admission.support import (
     seed_org,
     states,
 )
-from tests.integration.worker.support import new_org
+from tests.integration.worker.support import new_org, start_run
 
 HOT_RUNS = 40
 COLD_RUNS = 4
@@ -136,3 +136,31 @@ async def test_a_step_continuation_is_charged_to_the_org_and_stops_without_credi
     assert generous.decisions[Decision.CONTINUED] == 1
     assert generous.scheduler.credit(org) == 8 - 2
     assert set((await states(engine, org, runs.run_ids)).values()) == {"Succeeded"}
+
+
+async def test_a_sparse_org_is_served_before_a_backlogged_one(
+    engine: AsyncEngine, store: FlowRunStateStore
+) -> None:
+    # The hot org sorts first and keeps a backlog; the cold org's visits drain it. When a
+    # new cold run appears, the next pass serves it ahead of the hot org's quantum (DRR++
+    # "sparse flows first") — and the hot org is still served in that pass.
+    stem = new_org()
+    hot = await seed_org(engine, store, f"{stem}-a-hot", HOT_RUNS)
+    cold = await seed_org(engine, store, f"{stem}-b-cold", 1)
+    admission = AdmissionController(engine, budget=4, quantum=QUANTUM)
+    worker = RecordingWorker(engine, store, admission=admission, org_batch=100)
+
+    await worker.run_once()  # both new: rotation order, one quantum of the hot org first
+    first = [p.org for p in worker.log if p.org in (hot.org, cold.org)]
+    assert first == [hot.org] * QUANTUM + [cold.org]
+    assert admission.scheduler.backlogged(hot.org)
+    assert not admission.scheduler.backlogged(cold.org)
+
+    later = await start_run(store, cold.seeded, label="late")
+    worker.log.clear()
+    await worker.run_once()
+    second = [(p.org, p.run_id) for p in worker.log if p.org in (hot.org, cold.org)]
+    assert second[0] == (cold.org, later.flow_run_id)
+    assert [org for org, _ in second[1:]] == [hot.org] * QUANTUM
+    assert all(p.outcome is Outcome.COMMITTED for p in worker.log if p.org == cold.org)
+    assert admission.scheduler.backlogged(hot.org)
