@@ -39,6 +39,27 @@ from tests.integration.worker.support import new_org, seed
 LIMIT = 2
 
 
+class _HoldForARefusal:
+    """Parks the first step executions (bounded) until some worker's admission refused a
+    run for its concurrency limit. With step continuation a worker runs a whole run in one
+    go, so without the hold the workers may happen to run one after another and no limit
+    is ever reached; parked, the runs that hold slots are live while the others race."""
+
+    def __init__(self) -> None:
+        self.workers: list[RecordingWorker] = []
+        self._released = False
+
+    def refusals(self) -> int:
+        return sum(w.admission.decisions[Decision.CONCURRENCY] for w in self.workers if w.admission)
+
+    async def until_a_refusal(self) -> None:
+        for _ in range(100):  # at most ~5 s, once
+            if self._released or self.refusals() > 0:
+                break
+            await asyncio.sleep(0.05)
+        self._released = True
+
+
 async def test_racing_acquirers_never_take_more_than_n_slots(
     engine: AsyncEngine, store: FlowRunStateStore
 ) -> None:
@@ -101,12 +122,13 @@ async def test_workers_with_separate_controllers_never_exceed_the_per_flow_limit
     flow = runs.seeded.plan.flow.api_name
     await publish_admission(engine, org, {"flows": {flow: {"max_concurrent_runs": LIMIT}}})
     peak: list[int] = []
+    hold = _HoldForARefusal()
 
     async def observe(at: str, fence: LeaseFence, conn: AsyncConnection | None) -> None:
         if at == "executed":
             live = await live_started_runs(engine, org)
             peak.append(len(live))
-            await asyncio.sleep(0)  # let the other workers race here
+            await hold.until_a_refusal()  # the other workers race here
 
     workers = [
         RecordingWorker(
@@ -118,6 +140,7 @@ async def test_workers_with_separate_controllers_never_exceed_the_per_flow_limit
         )
         for i in range(3)
     ]
+    hold.workers = workers
     # After the first passes exactly LIMIT runs have started; the rest are untouched.
     await asyncio.gather(*(w.run_batch(org) for w in workers))
     assert len(await live_started_runs(engine, org)) <= LIMIT
@@ -158,13 +181,14 @@ async def test_per_record_limit_runs_one_run_per_record_at_a_time_across_flows(
     await publish_admission(engine, org, {"records": {"Account": {"max_concurrent_runs": 1}}})
     by_subject = {s: {r for r, x in zip(ids, subjects, strict=True) if x == s} for s in subjects}
     peaks: dict[str | None, int] = {}
+    hold = _HoldForARefusal()
 
     async def observe(at: str, fence: LeaseFence, conn: AsyncConnection | None) -> None:
         if at == "executed":
             live = await live_started_runs(engine, org)
             for subject, runs in by_subject.items():
                 peaks[subject] = max(peaks.get(subject, 0), len(live & runs))
-            await asyncio.sleep(0)  # let the other workers race here
+            await hold.until_a_refusal()  # the other workers race here
 
     workers = [
         RecordingWorker(
@@ -176,6 +200,7 @@ async def test_per_record_limit_runs_one_run_per_record_at_a_time_across_flows(
         )
         for i in range(3)
     ]
+    hold.workers = workers
     await asyncio.gather(*(w.run_batch(org) for w in workers))
     live = await live_started_runs(engine, org)
     assert len(live & by_subject["Account:acc-1"]) <= 1
