@@ -198,7 +198,9 @@ async def test_per_record_limit_runs_one_run_per_record_at_a_time_across_flows(
             owner=f"w{i}",
             hook=observe,
         )
-        for i in range(3)
+        # One more worker than runs that may be live at once (one per record, one
+        # without a subject), so some worker must meet a full record.
+        for i in range(4)
     ]
     hold.workers = workers
     await asyncio.gather(*(w.run_batch(org) for w in workers))
