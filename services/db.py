@@ -45,6 +45,7 @@ from sqlalchemy import (
     ColumnElement,
     DateTime,
     Dialect,
+    Executable,
     Integer,
     MetaData,
     String,
@@ -98,6 +99,7 @@ __all__ = [
     "db_now",
     "fenced_update",
     "insert_if_absent",
+    "insert_prepared",
     "new_metadata",
     "outbox_delivery_columns",
     "run_in_transaction",
@@ -737,16 +739,28 @@ async def insert_if_absent(conn: AsyncConnection, table: Table, values: Mapping[
     """
     params = dict(values)
     if any(isinstance(v, ClauseElement) for v in params.values()):
-        stmt: Any = insert(table).values(params)  # SQL expressions are inlined, not bound
-        params = {}
-    else:
-        # One INSERT construct per table, reused: the parameters are bound at execution,
-        # so no statement is built and no cache key is generated per call.
-        stmt = _INSERTS.get(table)
-        if stmt is None:
-            stmt = _INSERTS[table] = insert(table)
+        # SQL expressions are inlined, not bound.
+        return await insert_prepared(conn, insert(table).values(params), None)
+    # One INSERT construct per table, reused: the parameters are bound at execution, so
+    # no statement is built and no cache key is generated per call.
+    stmt = _INSERTS.get(table)
+    if stmt is None:
+        stmt = _INSERTS[table] = insert(table)
+    return await insert_prepared(conn, stmt, params)
+
+
+async def insert_prepared(
+    conn: AsyncConnection, stmt: Executable, params: Mapping[str, Any] | None
+) -> bool:
+    """Execute a pre-built ``INSERT`` of one row (built once, at import, with bound
+    parameters; ``params`` None: the statement carries its values); ``False`` when a
+    primary/unique key already holds it — the transaction stays usable, as with
+    :func:`insert_if_absent`, its per-table form."""
     try:
-        await conn.execute(stmt, params) if params else await conn.execute(stmt)
+        if params is None:
+            await conn.execute(stmt)
+        else:
+            await conn.execute(stmt, dict(params))
     except DBAPIError as exc:
         if classify_db_error(exc) is DbErrorClass.DUPLICATE_KEY:
             return False

@@ -95,12 +95,12 @@ from services.db import (
     JsonText,
     UtcDateTime,
     db_now,
+    insert_prepared,
     run_in_transaction,
     strategy_for,
     transaction,
     work_scope_columns,
 )
-from services.db_prepared import insert_prepared
 from services.digest import versioned_digest
 from services.errors import ConflictError, FailedPreconditionError, InvalidArgumentError
 

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records.model import ParentRef, RecordState
 from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
-from services.db_prepared import insert_prepared
+from services.db import insert_prepared
 from services.digest import canonical_json
 from services.errors import FenceLostError
 

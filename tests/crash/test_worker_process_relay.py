@@ -67,13 +67,13 @@ def _hints(port: int) -> dict[tuple[str, str], float]:
     return out
 
 
+@pytest.mark.timeout(400)
 async def test_a_wait_resolved_in_the_supervisor_is_relayed_to_a_worker_process(
     harness: Harness, engine: AsyncEngine
 ) -> None:
     world = World(engine, new_scope())
     world.store = FlowRunStateStore(engine)  # the real database clock, as the children
     await world.seed(signal_flow())
-    run = await world.start("wait_signal", key="relay")
     metrics_port = free_port()
     sup = harness.spawn(
         env={
@@ -83,7 +83,6 @@ async def test_a_wait_resolved_in_the_supervisor_is_relayed_to_a_worker_process(
             "FLOW_METRICS_PORT": str(metrics_port),
         }
     )
-    await _until(world.store, world.org, run.flow_run_id, sup, RunState.WAITING)
 
     async def serving() -> bool:
         try:
@@ -102,29 +101,41 @@ async def test_a_wait_resolved_in_the_supervisor_is_relayed_to_a_worker_process(
         runtime_work_binding_digest=world.scope.runtime_work_binding_digest,
         roles=("flow.signals.submit",),
     )
-    token = mint_credential(load_signing_key(keys.signing_key), "dev", claims, ttl_s=120)
+    token = mint_credential(load_signing_key(keys.signing_key), "dev", claims, ttl_s=300)
     evidence = {"status": "approved"}
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{sup.port}") as channel:
-        await runtime_v1.WakeSignalServiceStub(channel).SubmitWakeSignal(
-            runtime_v1.SubmitWakeSignalRequest(
-                request_id=uuid.uuid4().hex,
-                producer_kind="external.signal",
-                producer_key="approval:relay",
-                wake_token="t1",
-                evidence_json=json.dumps(evidence),
-                evidence_digest=evidence_digest(evidence),
-            ),
-            metadata=bearer_metadata(token),
-            timeout=30,
-        )
-    await _until(world.store, world.org, run.flow_run_id, sup, RunState.SUCCEEDED)
-    assert await events_of(engine, world.org, run.flow_run_id) == 1  # resumed once
 
-    async def relayed() -> bool:
-        hints = await asyncio.to_thread(_hints, metrics_port)
-        return hints.get(("sent", ""), 0) >= 1 and hints.get(("received", "0"), 0) >= 1
+    async def sent() -> float:
+        return (await asyncio.to_thread(_hints, metrics_port)).get(("sent", ""), 0.0)
 
-    # Both counters moved before the run could finish (the hint precedes the claim); the
-    # bound only covers the scrape.
-    assert await wait_until(relayed, timeout_s=20), await asyncio.to_thread(_hints, metrics_port)
+    # The worker process resolves the wait itself when its own fresh reconciliation after
+    # the wait commit runs after the signal (a slow child under load): then the supervisor
+    # has nothing to relay. That is inconclusive, not a failure — try another run (bounded).
+    for attempt in range(3):
+        run = await world.start("wait_signal", key=f"relay{attempt}")
+        await _until(world.store, world.org, run.flow_run_id, sup, RunState.WAITING)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sup.port}") as channel:
+            await runtime_v1.WakeSignalServiceStub(channel).SubmitWakeSignal(
+                runtime_v1.SubmitWakeSignalRequest(
+                    request_id=uuid.uuid4().hex,
+                    producer_kind="external.signal",
+                    producer_key=f"approval:relay{attempt}",
+                    wake_token="t1",
+                    evidence_json=json.dumps(evidence),
+                    evidence_digest=evidence_digest(evidence),
+                ),
+                metadata=bearer_metadata(token),
+                timeout=30,
+            )
+        await _until(world.store, world.org, run.flow_run_id, sup, RunState.SUCCEEDED)
+        assert await events_of(engine, world.org, run.flow_run_id) == 1  # resumed once
+        if await sent() >= 1:
+            break
+    assert await sent() >= 1, "the supervisor never relayed a resolution it made"
+
+    async def received() -> bool:
+        return (await asyncio.to_thread(_hints, metrics_port)).get(("received", "0"), 0) >= 1
+
+    # The hint reached the worker process before the run could finish; the bound only
+    # covers the merged scrape (the child's endpoint may be slow to answer under load).
+    assert await wait_until(received, timeout_s=60), await asyncio.to_thread(_hints, metrics_port)
     sup.stop()
