@@ -24,13 +24,8 @@ from runtime_svc.kernel import FlowRunStateStore, RunState
 from runtime_svc.kernel.wait_model import DependencyState, SignalState
 from runtime_svc.waits.evidence import evidence_digest
 from services.auth import (
-    WorkloadClaims,
     bearer_metadata,
-    ensure_dev_keys,
-    load_signing_key,
-    mint_credential,
 )
-from services.config import ServiceName
 from services.proto import runtime_v1
 from tests.crash.conftest import Child, Harness
 from tests.integration.waits.support import (
@@ -41,6 +36,7 @@ from tests.integration.waits.support import (
     events_of,
     new_scope,
     signal_flow,
+    signal_submitter_token,
     signals,
     task_subjects,
     timer_flow,
@@ -149,17 +145,7 @@ async def test_producer_commits_its_signal_and_dies_before_matching(
     point = "after_signal_commit:external.signal"
     producer_side = _spawn(harness, point)
     await _serving(producer_side)
-    keys = ensure_dev_keys(harness.tmp, env="test")
-    claims = WorkloadClaims(
-        subject="approvals",
-        audiences=(ServiceName.RUNTIME,),
-        org_id=world.org,
-        app_installation_id=world.scope.app_installation_id,
-        runtime_capability_id=world.scope.runtime_capability_id,
-        runtime_work_binding_digest=world.scope.runtime_work_binding_digest,
-        roles=("flow.signals.submit",),
-    )
-    token = mint_credential(load_signing_key(keys.signing_key), "dev", claims, ttl_s=120)
+    token = signal_submitter_token(world.scope, harness.tmp, ttl_s=120)
     evidence = {"status": "approved"}
     channel = grpc.insecure_channel(f"127.0.0.1:{producer_side.port}")
     with channel, pytest.raises(grpc.RpcError):  # the process died before acknowledging

@@ -24,16 +24,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from runtime_svc.kernel import FlowRunStateStore, RunState
 from runtime_svc.waits.evidence import evidence_digest
 from services.auth import (
-    WorkloadClaims,
     bearer_metadata,
-    ensure_dev_keys,
-    load_signing_key,
-    mint_credential,
 )
-from services.config import ServiceName
 from services.proto import runtime_v1
 from tests.crash.conftest import Child, Harness
-from tests.integration.waits.support import SIGNAL_KINDS, World, events_of, new_scope, signal_flow
+from tests.integration.waits.support import (
+    SIGNAL_KINDS,
+    World,
+    events_of,
+    new_scope,
+    signal_flow,
+    signal_submitter_token,
+)
 from tests.integration.worker.support import wait_until
 from tests.support.procs import free_port, health_status
 
@@ -91,17 +93,7 @@ async def test_a_wait_resolved_in_the_supervisor_is_relayed_to_a_worker_process(
             return False
 
     assert await wait_until(serving, timeout_s=60), sup.log_text()[-3000:]
-    keys = ensure_dev_keys(harness.tmp, env="test")
-    claims = WorkloadClaims(
-        subject="approvals",
-        audiences=(ServiceName.RUNTIME,),
-        org_id=world.org,
-        app_installation_id=world.scope.app_installation_id,
-        runtime_capability_id=world.scope.runtime_capability_id,
-        runtime_work_binding_digest=world.scope.runtime_work_binding_digest,
-        roles=("flow.signals.submit",),
-    )
-    token = mint_credential(load_signing_key(keys.signing_key), "dev", claims, ttl_s=300)
+    token = signal_submitter_token(world.scope, harness.tmp, ttl_s=300)
     evidence = {"status": "approved"}
 
     async def sent() -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -38,7 +39,14 @@ from runtime_svc.waits.reconciler import WaitSweeper
 from runtime_svc.waits.runtime import WaitRuntime
 from runtime_svc.worker import FixedViews, StepWorker, Sweeper
 from services import db
-from services.auth import TrustedRuntimeWorkScope
+from services.auth import (
+    TrustedRuntimeWorkScope,
+    WorkloadClaims,
+    ensure_dev_keys,
+    load_signing_key,
+    mint_credential,
+)
+from services.config import ServiceName
 from tests.integration.kernel.conftest import ShiftedClock
 from tests.integration.worker.support import record_view
 from tests.support.plans import store_plan
@@ -377,3 +385,20 @@ async def step_states(engine: AsyncEngine, org: str, run_id: str) -> dict[str, s
             select(s.plan_step_key, s.state).where(s.org_id == org, s.flow_run_id == run_id)
         )
         return {str(k): str(v) for k, v in rows}
+
+
+def signal_submitter_token(scope: TrustedRuntimeWorkScope, data_dir: Path, ttl_s: int = 120) -> str:
+    """A development workload credential with the ``flow.signals.submit`` role for
+    ``scope``, signed with the dev keys under ``data_dir`` (what service processes started
+    on that data dir trust): the caller of ``SubmitWakeSignal`` in process tests."""
+    keys = ensure_dev_keys(data_dir, env="test")
+    claims = WorkloadClaims(
+        subject="approvals",
+        audiences=(ServiceName.RUNTIME,),
+        org_id=scope.org_id,
+        app_installation_id=scope.app_installation_id,
+        runtime_capability_id=scope.runtime_capability_id,
+        runtime_work_binding_digest=scope.runtime_work_binding_digest,
+        roles=("flow.signals.submit",),
+    )
+    return mint_credential(load_signing_key(keys.signing_key), "dev", claims, ttl_s=ttl_s)
