@@ -122,12 +122,22 @@ def receipt_family(
 class OwnerBackground:
     """The running loops of the owner process, and what they hold open."""
 
-    def __init__(self, loops: LoopGroup, providers: ProviderSet, channel: object) -> None:
+    def __init__(
+        self,
+        loops: LoopGroup,
+        providers: ProviderSet,
+        channel: object,
+        receipts: OutboxDispatcher | None = None,
+    ) -> None:
         self._loops, self._providers, self._channel = loops, providers, channel
+        self._receipts = receipts
 
     async def stop(self) -> None:
-        """Stop the loops, then close providers and the runtime channel (idempotent)."""
+        """Stop the loops and settle handed receipt deliveries, then close providers and
+        the runtime channel (idempotent)."""
         await self._loops.stop()
+        if self._receipts is not None:
+            await self._receipts.settle()
         await self._providers.aclose()
         close = getattr(self._channel, "close", None)
         if close is not None:
@@ -192,4 +202,4 @@ async def start_owner_background(
         outbox.dispatchers,
         settings.runtime_target,
     )
-    return OwnerBackground(loops, providers, channel)
+    return OwnerBackground(loops, providers, channel, receipts)

@@ -90,6 +90,7 @@ class RuntimeOutbox:
         if self._engine is not None:
             preclaim.unregister(self._engine, self.dispatcher)
         await self._loops.stop()
+        await self.dispatcher.settle()
         for channel in self._channels:
             await channel.close()
         self._channels.clear()

@@ -147,6 +147,8 @@ class OutboxDispatcher:
         #: design: one entry per committed row not yet delivered, never dropped).
         self._handed: deque[OutboxMessage] = deque()
         self._handed_wake: Wakeup | None = None
+        #: Handed deliveries in flight (:meth:`deliver_handed`, :meth:`settle`).
+        self._inflight: set[asyncio.Future[int]] = set()
 
     @property
     def spec(self) -> OutboxTable:
@@ -253,10 +255,32 @@ class OutboxDispatcher:
             self._handed_wake.notify()
 
     async def deliver_handed(self) -> int:
-        """Deliver every handed message (no claim: each already holds its lease)."""
+        """Start delivering every handed message (no claim: each already holds its
+        lease); returns how many were started.
+
+        The deliveries run as tasks (bounded by the dispatcher's concurrency), not
+        awaited here: a message handed over while others are in flight starts at once
+        instead of waiting for the slowest of the previous batch (with 60 effects at
+        once that wait was most of the owner → runtime hop)."""
         handed = list(self._handed)
         self._handed.clear()
-        return sum(await asyncio.gather(*(self._guarded_leased(m) for m in handed)))
+        for message in handed:
+            task = asyncio.ensure_future(self._guarded_leased(message))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+        return len(handed)
+
+    async def settle(self, grace_s: float = 5.0) -> None:
+        """Wait (bounded) for the handed deliveries still in flight, then cancel the
+        rest: a cancelled one keeps its lease, which expires and the repair sweep
+        returns the row for redelivery (ADR 0003). Call after the loops stopped."""
+        pending = set(self._inflight)
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=grace_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
 
     async def _guarded_leased(self, leased: OutboxMessage) -> int:
         async with self._gate:
@@ -519,6 +543,7 @@ class OutboxDispatcher:
         await self._loops.run()
 
     async def shutdown(self) -> None:
-        """Stop after the current iteration (idempotent)."""
+        """Stop after the current iteration, then settle handed deliveries (idempotent)."""
         if self._loops is not None:
             await self._loops.shutdown()
+        await self.settle()

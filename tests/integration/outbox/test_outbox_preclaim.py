@@ -21,8 +21,12 @@ from effect_owner_svc.schema import owner_outbox
 from services.background import LoopGroup, Wakeup
 from services.db import db_now, run_in_transaction
 from services.outbox import (
+    Delivered,
+    DeliveryResult,
     DeliveryState,
     EnqueueResult,
+    FamilyRegistry,
+    MessageFamily,
     NewOutboxMessage,
     OutboxDispatcher,
     OutboxMessage,
@@ -31,7 +35,13 @@ from services.outbox import (
 )
 from services.outbox.model import Transition
 from services.outbox.store import apply_txn, claim_txn
-from tests.integration.outbox.test_outbox_hints import Consumer, _dispatcher, _message, _state
+from tests.integration.outbox.test_outbox_hints import (
+    POLICY,
+    Consumer,
+    _dispatcher,
+    _message,
+    _state,
+)
 from tests.support.dbs import new_org
 
 
@@ -180,3 +190,47 @@ async def test_claim_and_record_return_exactly_the_stored_row(engine: AsyncEngin
     recorded = await run_in_transaction(engine, record)
     assert recorded == await _state(engine, org)
     assert recorded.delivery_state is DeliveryState.DELIVERED and recorded.lease_token is None
+
+
+class _OneSlow:
+    """Holds the delivery of key ``slow`` until released; every other key at once."""
+
+    def __init__(self) -> None:
+        self.received: list[str] = []
+        self.release = asyncio.Event()
+
+    async def deliver(self, message: OutboxMessage) -> DeliveryResult:
+        self.received.append(message.key)
+        if message.key == "slow":
+            await asyncio.wait_for(self.release.wait(), timeout=10)
+        return Delivered()
+
+
+async def test_a_message_handed_during_a_slow_delivery_is_not_held_behind_it(
+    engine: AsyncEngine,
+) -> None:
+    """The delivery loop does not await the batch it started: a message handed over
+    while an earlier delivery is still waiting for its consumer is delivered at once.
+    Stopping settles what is still in flight."""
+    org = new_org()
+    consumer = _OneSlow()
+    family = MessageFamily(f"test.{org}", consumer.deliver, policy=POLICY)
+    d = OutboxDispatcher(engine, OWNER_OUTBOX, FamilyRegistry([family]), owner="hinted")
+    wake = Wakeup()
+    loops = LoopGroup(d.loops("preclaim", wake=wake))
+    async with loops:
+        for key in ("slow", "fast"):
+            result = await _enqueue(engine, _message(org, key), d.preclaim(f"test.{org}"))
+            assert result.leased is not None
+            d.hand(result.leased)
+            await asyncio.sleep(0)  # the first one is in flight before the second arrives
+        for _ in range(1000):  # bounded
+            if (await _state(engine, org, "fast")).delivery_state is DeliveryState.DELIVERED:
+                break
+            await asyncio.sleep(0.01)
+        assert (await _state(engine, org, "fast")).delivery_state is DeliveryState.DELIVERED
+        assert (await _state(engine, org, "slow")).delivery_state is DeliveryState.DELIVERING
+        consumer.release.set()
+    await d.settle()
+    assert (await _state(engine, org, "slow")).delivery_state is DeliveryState.DELIVERED
+    assert sorted(consumer.received) == ["fast", "slow"]
