@@ -182,7 +182,7 @@ async def start_owner_background(
             idle_s=settings.idle_ms / 1000,
             on_receipt=None if app is None else app.receipts.notify,
             # A receipt's message is enqueued leased to this process's receipt delivery
-            # (when it runs woken) and handed to it after the commit (ADR 0003).
+            # (when it runs woken) and handed to it after the commit (ADR 0004).
             receipts=receipts,
         )
         tasks += dispatcher.loops(wake=None if app is None else app.commands)

@@ -84,7 +84,7 @@ class CommandDispatcher:
         on_receipt: called after a completion receipt committed, with the hint naming its
             owner-outbox message (wakes its delivery, which claims that message directly).
         receipts: this process's owner-outbox dispatcher: a receipt's message is then
-            enqueued already leased to it and handed over after the commit (ADR 0003),
+            enqueued already leased to it and handed over after the commit (ADR 0004),
             so its delivery starts without a claim transaction.
     """
 

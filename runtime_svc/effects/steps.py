@@ -110,7 +110,7 @@ class PreparedSubmit:
     link: LinkRecord
     step_key: str
     #: Set by the commit transaction: its outbox message when it was enqueued leased to
-    #: this process's dispatcher (ADR 0003), to hand over after the commit.
+    #: this process's dispatcher (ADR 0004), to hand over after the commit.
     leased: list[OutboxMessage] = field(default_factory=list, compare=False, repr=False)
 
 

@@ -138,7 +138,7 @@ async def start_runtime_outbox(
     )
     loops = LoopGroup(dispatcher.loops("runtime-outbox", wake=wake)).start()
     if wake is not None:
-        # EffectSubmit commits of this process enqueue leased to it (ADR 0003).
+        # EffectSubmit commits of this process enqueue leased to it (ADR 0004).
         preclaim.register(engine, dispatcher)
     log.info(
         "runtime outbox dispatcher: owners %s, finalizer %s",

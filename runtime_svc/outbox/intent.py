@@ -158,7 +158,7 @@ async def enqueue_effect_submit_txn(
 ) -> EnqueueResult:
     """Enqueue ``intent`` into the canonical Runtime outbox — last, inside the caller's
     EffectSubmit transaction (see the module docstring); with ``preclaim`` already leased
-    to this process's dispatcher (ADR 0003: ``EnqueueResult.leased`` is handed to it
+    to this process's dispatcher (ADR 0004: ``EnqueueResult.leased`` is handed to it
     after the commit).
 
     Raises:

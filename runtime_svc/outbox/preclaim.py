@@ -1,5 +1,5 @@
 """Which outbox dispatcher of this process takes pre-claimed ``flow.effect.submit``
-messages (ADR 0003): the EffectSubmit transaction writes its outbox row already leased to
+messages (ADR 0004): the EffectSubmit transaction writes its outbox row already leased to
 that dispatcher and, after the commit, hands the leased message over — no claim
 transaction before ``AcceptHandoff``.
 
@@ -37,6 +37,6 @@ def register(engine: AsyncEngine, dispatcher: OutboxDispatcher) -> None:
 
 def unregister(engine: AsyncEngine, dispatcher: OutboxDispatcher) -> None:
     """``dispatcher`` stops: new messages are enqueued ``Pending`` again (a message it
-    was handed and did not deliver is repaired after its lease, ADR 0003)."""
+    was handed and did not deliver is repaired after its lease, ADR 0004)."""
     if _SERVING.get(engine) is dispatcher:
         del _SERVING[engine]

@@ -13,7 +13,7 @@ A delivery loop woken with hints (:mod:`services.outbox.hints`: a producer in th
 process committed those messages) first claims each hinted message directly —
 ``claim_hinted_txn`` instead of discovery + claim — and then polls as usual.
 
-A producer in this process may instead enqueue *pre-claimed* (ADR 0003): its
+A producer in this process may instead enqueue *pre-claimed* (ADR 0004): its
 transaction writes the row already leased to this dispatcher (:meth:`preclaim`) and,
 after its commit, hands the leased message over (:meth:`hand`); the delivery loop then
 delivers it at once — no claim transaction at all. The lease is the same fence a claim
@@ -236,7 +236,7 @@ class OutboxDispatcher:
         await self._run_leased(leased, started)
         return True
 
-    # --- pre-claimed enqueue (ADR 0003) -------------------------------------------------
+    # --- pre-claimed enqueue (ADR 0004) -------------------------------------------------
 
     def preclaim(self, family: str) -> PreClaim | None:
         """The lease a producer of this process writes with a new ``family`` message
@@ -273,7 +273,7 @@ class OutboxDispatcher:
     async def settle(self, grace_s: float = 5.0) -> None:
         """Wait (bounded) for the handed deliveries still in flight, then cancel the
         rest: a cancelled one keeps its lease, which expires and the repair sweep
-        returns the row for redelivery (ADR 0003). Call after the loops stopped."""
+        returns the row for redelivery (ADR 0004). Call after the loops stopped."""
         pending = set(self._inflight)
         if not pending:
             return

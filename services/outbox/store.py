@@ -182,7 +182,7 @@ class NewOutboxMessage:
 @dataclass(frozen=True)
 class PreClaim:
     """The delivery lease an enqueue writes with a new row (a *pre-claimed* enqueue,
-    ADR 0003): the row is born ``Delivering``, leased to ``lease_owner`` with a fresh
+    ADR 0004): the row is born ``Delivering``, leased to ``lease_owner`` with a fresh
     fencing token until ``now + lease_ms``, exactly as :func:`claim_txn` would leave it.
     Only the dispatcher of the producer's own process asks for it, and it is handed the
     leased message after the commit; if that process dies first, the lease expires and

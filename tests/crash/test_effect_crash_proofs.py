@@ -242,7 +242,7 @@ async def test_durable_seam_crash_after_the_receipt_committed_redelivers_one_wak
     """durable seam: crash after the outcome, completion receipt and owner-outbox
     message committed, before delivery — the restarted owner delivers it; one wake.
 
-    The message was enqueued pre-claimed (ADR 0003): it died ``Delivering`` under the
+    The message was enqueued pre-claimed (ADR 0004): it died ``Delivering`` under the
     dead process's lease, so it is the repair sweep that returns it once the lease
     expired (the lost attempt counted) and the restarted owner delivers it."""
     point = "after_receipt_commit:email.smtp"

@@ -173,7 +173,7 @@ async def test_durable_seam_crash_after_a_preclaimed_submit_commit_hands_off_onc
     stack: FlowStack, runtime_engine: AsyncEngine, owner_engine: AsyncEngine
 ) -> None:
     """durable seam: crash after the EffectSubmit transaction committed its outbox
-    message pre-claimed for this runtime's own dispatcher (ADR 0003), before the message
+    message pre-claimed for this runtime's own dispatcher (ADR 0004), before the message
     was handed over — the row is ``Delivering`` under the dead process's lease, nobody
     claims it while the lease holds, and when it expires the restarted runtime's repair
     sweep returns it to ``Retrying`` (the lost attempt counted) and delivers it once; the

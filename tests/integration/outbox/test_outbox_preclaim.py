@@ -1,4 +1,4 @@
-"""Pre-claimed enqueue of the generic outbox (ADR 0003) on a real table (``owner_outbox``),
+"""Pre-claimed enqueue of the generic outbox (ADR 0004) on a real table (``owner_outbox``),
 SQLite and MariaDB: a producer's transaction writes the row already leased to its own
 process's dispatcher and hands the leased message over after the commit, so the delivery
 runs without a claim transaction — and the lease keeps every fence: the handed message
