@@ -122,12 +122,22 @@ def receipt_family(
 class OwnerBackground:
     """The running loops of the owner process, and what they hold open."""
 
-    def __init__(self, loops: LoopGroup, providers: ProviderSet, channel: object) -> None:
+    def __init__(
+        self,
+        loops: LoopGroup,
+        providers: ProviderSet,
+        channel: object,
+        receipts: OutboxDispatcher | None = None,
+    ) -> None:
         self._loops, self._providers, self._channel = loops, providers, channel
+        self._receipts = receipts
 
     async def stop(self) -> None:
-        """Stop the loops, then close providers and the runtime channel (idempotent)."""
+        """Stop the loops and settle handed receipt deliveries, then close providers and
+        the runtime channel (idempotent)."""
         await self._loops.stop()
+        if self._receipts is not None:
+            await self._receipts.settle()
         await self._providers.aclose()
         close = getattr(self._channel, "close", None)
         if close is not None:
@@ -144,6 +154,18 @@ async def start_owner_background(
     providers = build_providers(settings)
     host = f"{socket.gethostname()}:{os.getpid()}/{uuid.uuid4().hex[:8]}"
     tasks: list[BackgroundLoop] = []
+    family, channel = receipt_family(cfg, settings, outbox)
+    receipts: OutboxDispatcher | None = None
+    if outbox.dispatchers > 0:
+        receipts = OutboxDispatcher(
+            engine,
+            OWNER_OUTBOX,
+            FamilyRegistry([family]),
+            owner=host,
+            idle_s=outbox.idle_ms / 1000,
+            sweep_interval_s=outbox.sweep_ms / 1000,
+        )
+        tasks += receipts.loops("owner-outbox", wake=None if app is None else app.receipts)
     if settings.dispatchers > 0 and providers:
         dispatcher = CommandDispatcher(
             engine,
@@ -159,19 +181,11 @@ async def start_owner_background(
             concurrency=settings.dispatchers,
             idle_s=settings.idle_ms / 1000,
             on_receipt=None if app is None else app.receipts.notify,
+            # A receipt's message is enqueued leased to this process's receipt delivery
+            # (when it runs woken) and handed to it after the commit (ADR 0004).
+            receipts=receipts,
         )
         tasks += dispatcher.loops(wake=None if app is None else app.commands)
-    family, channel = receipt_family(cfg, settings, outbox)
-    if outbox.dispatchers > 0:
-        receipts = OutboxDispatcher(
-            engine,
-            OWNER_OUTBOX,
-            FamilyRegistry([family]),
-            owner=host,
-            idle_s=outbox.idle_ms / 1000,
-            sweep_interval_s=outbox.sweep_ms / 1000,
-        )
-        tasks += receipts.loops("owner-outbox", wake=None if app is None else app.receipts)
     # The request-dedupe ledger of the owner's RPCs keeps FLOW_REQUEST_RETENTION_HOURS.
     tasks.append(
         RequestRetention(
@@ -188,4 +202,4 @@ async def start_owner_background(
         outbox.dispatchers,
         settings.runtime_target,
     )
-    return OwnerBackground(loops, providers, channel)
+    return OwnerBackground(loops, providers, channel, receipts)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -11,6 +11,7 @@ from sqlalchemy.engine import RowMapping
 from effect_owner_svc.commands.model import AttemptOutcome, CommandState
 from effect_owner_svc.inbox.fence import FenceState, HandoffAttributes
 from services.auth import TrustedRuntimeWorkScope
+from services.outbox import OutboxMessage
 
 __all__ = [
     "AttemptRecord",
@@ -189,6 +190,9 @@ class ReceiptRecord:
     evidence_json: str
     evidence_digest: str
     created_at: datetime
+    #: Not a column: the owner-outbox message that delivers this receipt, when the
+    #: writing transaction enqueued it pre-claimed for this process's dispatcher.
+    delivery: OutboxMessage | None = field(default=None, compare=False, repr=False)
 
 
 def receipt_from_row(row: RowMapping) -> ReceiptRecord:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -53,6 +53,7 @@ from services.auth import TrustedRuntimeWorkScope
 from services.db import cas_update
 from services.effect_contract import CompletionEvidence
 from services.errors import FenceLostError
+from services.outbox import PreClaim
 
 __all__ = [
     "Reconciling",
@@ -231,7 +232,11 @@ async def claim_txn(
     Raises:
         FenceLostError: another dispatcher claimed or changed it first.
     """
-    latest = await _latest_attempt(conn, command.org_id, command.command_id)
+    # A command still ACCEPTED has never had an attempt (every attempt is inserted in the
+    # transaction that moves it to DISPATCHING, and nothing moves it back); the fence
+    # below re-checks that state, so a just-accepted command skips the attempt read.
+    fresh = command.state is CommandState.ACCEPTED
+    latest = None if fresh else await _latest_attempt(conn, command.org_id, command.command_id)
     interrupted = latest is not None and latest.outcome is AttemptOutcome.IN_FLIGHT
     reconcile = command.state is CommandState.OUTCOME_UNKNOWN or interrupted
     values: dict[str, Any] = {
@@ -258,7 +263,13 @@ async def claim_txn(
         values=values,
         extra_predicates=[_C.state == command.state.value, _C.next_attempt_at <= now],
     )
-    leased = await _reread(conn, command.org_id, command.command_id)
+    # The fence matched exactly ``command``'s version: the row now is it plus ``values``.
+    leased = replace(
+        command,
+        **{k: v for k, v in values.items() if k != "state"},
+        state=CommandState(values["state"]),
+        state_version=command.state_version + 1,
+    )
     if reconcile:
         if interrupted and latest is not None:
             # Nobody saw this attempt's answer (the dispatcher died or stalled past its
@@ -324,6 +335,8 @@ async def record_attempt_txn(
     outcome: ProviderOutcome,
     decision: Complete | RetryAt | Reconcile,
     now: datetime,
+    *,
+    preclaim: PreClaim | None = None,
 ) -> ReceiptRecord | None:
     """Record one remote attempt's outcome and the command's next state.
 
@@ -356,7 +369,7 @@ async def record_attempt_txn(
     )
     if completed is None:
         return None
-    return await write_receipt_txn(conn, *completed, now)
+    return await write_receipt_txn(conn, *completed, now, preclaim=preclaim)
 
 
 async def record_lookup_txn(
@@ -364,6 +377,8 @@ async def record_lookup_txn(
     reconciling: Reconciling,
     decision: Complete | Replay | LookupAgainAt,
     now: datetime,
+    *,
+    preclaim: PreClaim | None = None,
 ) -> ReceiptRecord | Started | None:
     """Record a reconciliation decision (§15.3).
 
@@ -378,7 +393,7 @@ async def record_lookup_txn(
     match decision:
         case Complete():
             command, evidence = await _fence_complete(conn, leased, decision, now)
-            return await write_receipt_txn(conn, command, evidence, now)
+            return await write_receipt_txn(conn, command, evidence, now, preclaim=preclaim)
         case Replay(code):
             command = await _fence_leased(
                 conn,

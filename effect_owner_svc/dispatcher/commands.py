@@ -56,10 +56,11 @@ from effect_owner_svc.providers.factory import ProviderSet
 from effect_owner_svc.receipts.store import receipt_hint
 from services.background import BackgroundLoop, Wakeup
 from services.db import db_now, run_in_transaction
+from services.effect_contract import EFFECT_COMPLETION_FAMILY
 from services.errors import FenceLostError
 from services.faults import CrashPoint, crash_point
-from services.outbox import OutboxHint
-from services.outbox.dispatcher import HINTED_IDLE_FLOOR
+from services.outbox import OutboxHint, PreClaim
+from services.outbox.dispatcher import HINTED_IDLE_FLOOR, OutboxDispatcher
 
 __all__ = ["CommandDispatcher"]
 
@@ -82,6 +83,9 @@ class CommandDispatcher:
         rng: jitter source.
         on_receipt: called after a completion receipt committed, with the hint naming its
             owner-outbox message (wakes its delivery, which claims that message directly).
+        receipts: this process's owner-outbox dispatcher: a receipt's message is then
+            enqueued already leased to it and handed over after the commit (ADR 0004),
+            so its delivery starts without a claim transaction.
     """
 
     def __init__(
@@ -96,9 +100,11 @@ class CommandDispatcher:
         idle_s: float = 0.5,
         rng: random.Random | None = None,
         on_receipt: Callable[[OutboxHint], None] | None = None,
+        receipts: OutboxDispatcher | None = None,
     ) -> None:
         self._engine = engine
         self._on_receipt = on_receipt
+        self._receipts = receipts
         self._providers = providers
         self._policy = policy
         self._owner = owner
@@ -197,7 +203,9 @@ class CommandDispatcher:
             decision = decide_after_attempt(
                 started.attempt.attempt_number, outcome, self._policy, now=now, rng=self._rng
             )
-            return await record_attempt_txn(conn, started, outcome, decision, now)
+            return await record_attempt_txn(
+                conn, started, outcome, decision, now, preclaim=self._preclaim()
+            )
 
         receipt = await run_in_transaction(self._engine, record)
         if receipt is not None:
@@ -252,7 +260,9 @@ class CommandDispatcher:
                 now=now,
                 rng=self._rng,
             )
-            return await record_lookup_txn(conn, reconciling, decision, now)
+            return await record_lookup_txn(
+                conn, reconciling, decision, now, preclaim=self._preclaim()
+            )
 
         result = await run_in_transaction(self._engine, record)
         if isinstance(result, Started):
@@ -262,10 +272,16 @@ class CommandDispatcher:
             self._receipt_written(result)
         return None
 
+    def _preclaim(self) -> PreClaim | None:
+        return None if self._receipts is None else self._receipts.preclaim(EFFECT_COMPLETION_FAMILY)
+
     def _receipt_written(self, receipt: ReceiptRecord) -> None:
-        # A receipt (and its owner-outbox message) committed: wake the receipt delivery,
-        # naming that message so it is claimed without discovery.
-        if self._on_receipt is not None:
+        # A receipt (and its owner-outbox message) committed: hand the pre-claimed message
+        # to the receipt delivery, or wake it naming that message so it is claimed
+        # without discovery.
+        if receipt.delivery is not None and self._receipts is not None:
+            self._receipts.hand(receipt.delivery)
+        elif self._on_receipt is not None:
             self._on_receipt(receipt_hint(receipt))
 
     def loops(

@@ -22,10 +22,12 @@ outbox (the dispatcher never takes an inbox lock).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, Table, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from effect_owner_svc.commands.model import CommandState
@@ -206,6 +208,12 @@ async def _command_txn(conn: AsyncConnection, org_id: str, key: str) -> CommandR
     return command_from_row(row)
 
 
+def _as_row(table: Table, values: Mapping[str, Any]) -> Any:
+    """The row ``values`` inserted into ``table`` (every other column NULL; the callers
+    give every column that has a server default)."""
+    return {**{c.name: None for c in table.columns}, **values}
+
+
 async def accept_handoff_txn(conn: AsyncConnection, request: HandoffRequest) -> Accepted | Refusal:
     """Accept the handoff and its one command, or find the existing acceptance (caller's
     transaction; the key's scope grammar was checked by the caller).
@@ -217,47 +225,47 @@ async def accept_handoff_txn(conn: AsyncConnection, request: HandoffRequest) -> 
     attrs = request.attributes
     now = await db_now(conn)
     command_id = new_command_id()
-    inserted = await insert_if_absent(
-        conn,
-        owner_inbox,
-        _fence_row(attrs, FenceState.ACCEPTED, command_id, request.payload_schema_version, now),
+    fence_values = _fence_row(
+        attrs, FenceState.ACCEPTED, command_id, request.payload_schema_version, now
     )
+    inserted = await insert_if_absent(conn, owner_inbox, fence_values)
     if inserted:
-        await conn.execute(
-            external_commands.insert().values(
-                org_id=attrs.org_id,
-                app_installation_id=attrs.app_installation_id,
-                runtime_capability_id=attrs.runtime_capability_id,
-                runtime_work_binding_digest=attrs.runtime_work_binding_digest,
-                external_command_id=command_id,
-                effect_handoff_key=attrs.effect_handoff_key,
-                effect_owner_kind=request.effect_owner_kind,
-                payload_schema_version=request.payload_schema_version,
-                payload=request.payload_json,
-                payload_digest=attrs.payload_digest,
-                state=CommandState.ACCEPTED.value,
-                state_version=1,
-                outcome_version=0,
-                attempt_count=0,
-                reconcile_attempts=0,
-                next_attempt_at=now,
-                created_at=now,
-                updated_at=now,
-                runtime_outbox_message_id=attrs.runtime_outbox_message_id,
-                flow_run_id=request.flow_run_id,
-                step_execution_id=request.step_execution_id,
-                submission_attempt_id=request.submission_attempt_id,
-                deadline=request.deadline,
-                failure_policy=request.failure_policy,
-                provider_idempotency_key=provider_idempotency_key(
-                    request.effect_owner_kind, attrs.effect_handoff_key
-                ),
-                # The acceptance span's trace: the provider call and receipt continue it.
-                trace_context=current_carrier(),
-            )
+        command_values = dict(
+            org_id=attrs.org_id,
+            app_installation_id=attrs.app_installation_id,
+            runtime_capability_id=attrs.runtime_capability_id,
+            runtime_work_binding_digest=attrs.runtime_work_binding_digest,
+            external_command_id=command_id,
+            effect_handoff_key=attrs.effect_handoff_key,
+            effect_owner_kind=request.effect_owner_kind,
+            payload_schema_version=request.payload_schema_version,
+            payload=request.payload_json,
+            payload_digest=attrs.payload_digest,
+            state=CommandState.ACCEPTED.value,
+            state_version=1,
+            outcome_version=0,
+            attempt_count=0,
+            reconcile_attempts=0,
+            next_attempt_at=now,
+            created_at=now,
+            updated_at=now,
+            runtime_outbox_message_id=attrs.runtime_outbox_message_id,
+            flow_run_id=request.flow_run_id,
+            step_execution_id=request.step_execution_id,
+            submission_attempt_id=request.submission_attempt_id,
+            deadline=request.deadline,
+            failure_policy=request.failure_policy,
+            provider_idempotency_key=provider_idempotency_key(
+                request.effect_owner_kind, attrs.effect_handoff_key
+            ),
+            # The acceptance span's trace: the provider call and receipt continue it.
+            trace_context=current_carrier(),
         )
-        fence = await _existing_fence_txn(conn, attrs)
-        command = await _command_txn(conn, attrs.org_id, attrs.effect_handoff_key)
+        await conn.execute(external_commands.insert().values(command_values))
+        # Both rows as this transaction inserted them (their other columns NULL or at
+        # their defaults): no read-back statement on the acceptance path.
+        fence = fence_from_row(_as_row(owner_inbox, fence_values))
+        command = command_from_row(_as_row(external_commands, command_values))
         return Accepted(fence, command, False)
     fence = await _existing_fence_txn(conn, attrs)
     reason = mismatch(fence.attributes, attrs)

@@ -26,7 +26,7 @@ from services.effect_contract import (
     EFFECT_COMPLETION_PRODUCER_KIND,
     CompletionEvidence,
 )
-from services.outbox import NewOutboxMessage, OutboxHint, enqueue_txn
+from services.outbox import NewOutboxMessage, OutboxHint, PreClaim, enqueue_txn
 
 __all__ = ["get_receipt_txn", "receipt_hint", "wake_request_doc", "write_receipt_txn"]
 
@@ -56,10 +56,16 @@ def receipt_hint(receipt: ReceiptRecord) -> OutboxHint:
 
 
 async def write_receipt_txn(
-    conn: AsyncConnection, command: CommandRecord, evidence: CompletionEvidence, now: datetime
+    conn: AsyncConnection,
+    command: CommandRecord,
+    evidence: CompletionEvidence,
+    now: datetime,
+    *,
+    preclaim: PreClaim | None = None,
 ) -> ReceiptRecord:
     """Insert the receipt of ``evidence`` and enqueue its delivery (caller's transaction;
-    the command row must already be fenced by the caller)."""
+    the command row must already be fenced by the caller); with ``preclaim`` the message
+    is enqueued leased to this process's outbox dispatcher (``ReceiptRecord.delivery``)."""
     await conn.execute(
         completion_receipts.insert().values(
             org_id=command.org_id,
@@ -76,7 +82,7 @@ async def write_receipt_txn(
         )
     )
     body = canonical_json(wake_request_doc(evidence)).decode("utf-8")
-    await enqueue_txn(
+    enqueued = await enqueue_txn(
         conn,
         OWNER_OUTBOX,
         NewOutboxMessage(
@@ -91,6 +97,7 @@ async def write_receipt_txn(
             payload_digest=versioned_digest("owner-outbox-payload", body),
         ),
         now=now,
+        preclaim=preclaim,
     )
     return ReceiptRecord(
         org_id=command.org_id,
@@ -104,6 +111,7 @@ async def write_receipt_txn(
         evidence_json=evidence.to_json(),
         evidence_digest=evidence.digest(),
         created_at=now,
+        delivery=enqueued.leased,
     )
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -70,6 +70,7 @@ from runtime_svc.outbox import (
     effect_submit_intent,
     enqueue_effect_submit_txn,
 )
+from runtime_svc.outbox import preclaim as outbox_preclaim
 from runtime_svc.waits.resolution import Clock
 from runtime_svc.waits.steps import PreparedWait, WaitSteps
 from runtime_svc.waits.support import consumed_signal_txn
@@ -83,9 +84,9 @@ from runtime_svc.worker.executor import (
 )
 from services.auth import TrustedRuntimeWorkScope
 from services.db import transaction
-from services.effect_contract import EffectContractError
+from services.effect_contract import FLOW_EFFECT_SUBMIT_FAMILY, EffectContractError
 from services.invariants import InvariantError
-from services.outbox import OutboxHint, hint_of
+from services.outbox import OutboxHint, OutboxMessage, hint_of
 
 __all__ = ["EffectSteps", "PreparedSubmit"]
 
@@ -108,6 +109,9 @@ class PreparedSubmit:
     wait: PreparedWait
     link: LinkRecord
     step_key: str
+    #: Set by the commit transaction: its outbox message when it was enqueued leased to
+    #: this process's dispatcher (ADR 0004), to hand over after the commit.
+    leased: list[OutboxMessage] = field(default_factory=list, compare=False, repr=False)
 
 
 def _work(scope: TrustedRuntimeWorkScope) -> WorkScopeKey:
@@ -302,14 +306,26 @@ class EffectSteps:
         deadline = dependency.deadline
         # The outbox's own times (created, due) come from the database clock its
         # dispatcher reads (enqueue reads it); the deadline is the dependency's.
-        await enqueue_effect_submit_txn(conn, replace(prepared.intent, deadline=deadline))
+        # A process whose outbox dispatcher runs writes the message already leased to it
+        # and hands it over after the commit: no claim transaction before AcceptHandoff.
+        dispatcher = outbox_preclaim.dispatcher_for(self._engine)
+        lease = None if dispatcher is None else dispatcher.preclaim(FLOW_EFFECT_SUBMIT_FAMILY)
+        enqueued = await enqueue_effect_submit_txn(
+            conn, replace(prepared.intent, deadline=deadline), preclaim=lease
+        )
+        prepared.leased.clear()  # a retried transaction starts over
+        if enqueued.leased is not None:
+            prepared.leased.append(enqueued.leased)
         await insert_link_txn(conn, prepared.link, now)
 
     async def after_commit(self, prepared: PreparedSubmit) -> None:
         """Wake this process's outbox dispatcher with the committed message, then the
         completion dependency's fresh reconciliation (§14.2 step 4): a receipt that
         committed first is matched now instead of at the next probe."""
-        if self._on_submitted is not None:
+        dispatcher = outbox_preclaim.dispatcher_for(self._engine)
+        if prepared.leased and dispatcher is not None:
+            dispatcher.hand(prepared.leased[0])
+        elif self._on_submitted is not None:
             self._on_submitted(hint_of(RUNTIME_OUTBOX, prepared.intent.message()))
         await self._waits.after_commit(prepared.wait)
 

@@ -22,6 +22,7 @@ import uuid
 import grpc.aio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from runtime_svc.outbox import preclaim
 from runtime_svc.outbox.handoff import EffectHandoff, owner_channels
 from runtime_svc.outbox.table import RUNTIME_OUTBOX
 from services.background import LoopGroup, Wakeup
@@ -78,12 +79,18 @@ class RuntimeOutbox:
         dispatcher: OutboxDispatcher,
         loops: LoopGroup,
         channels: list[grpc.aio.Channel],
+        engine: AsyncEngine | None = None,
     ) -> None:
         self.dispatcher, self._loops, self._channels = dispatcher, loops, channels
+        self._engine = engine
 
     async def stop(self) -> None:
-        """Stop the loops, then close the owner channels (idempotent)."""
+        """Stop taking pre-claimed messages, stop the loops, then close the owner
+        channels (idempotent)."""
+        if self._engine is not None:
+            preclaim.unregister(self._engine, self.dispatcher)
         await self._loops.stop()
+        await self.dispatcher.settle()
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
@@ -130,12 +137,15 @@ async def start_runtime_outbox(
         sweep_interval_s=s.sweep_ms / 1000,
     )
     loops = LoopGroup(dispatcher.loops("runtime-outbox", wake=wake)).start()
+    if wake is not None:
+        # EffectSubmit commits of this process enqueue leased to it (ADR 0004).
+        preclaim.register(engine, dispatcher)
     log.info(
         "runtime outbox dispatcher: owners %s, finalizer %s",
         dict(s.owner_targets),
         "registered" if finalizer is not None else "not registered yet",
     )
-    return RuntimeOutbox(dispatcher, loops, opened)
+    return RuntimeOutbox(dispatcher, loops, opened, engine)
 
 
 def _remember(opened: list[grpc.aio.Channel], channel: grpc.aio.Channel) -> grpc.aio.Channel:

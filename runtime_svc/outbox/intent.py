@@ -40,7 +40,7 @@ from services.effect_contract import (
     effect_payload_digest,
     runtime_outbox_message_id,
 )
-from services.outbox import EnqueueResult, NewOutboxMessage, enqueue_txn
+from services.outbox import EnqueueResult, NewOutboxMessage, PreClaim, enqueue_txn
 
 __all__ = [
     "FAILURE_POLICIES",
@@ -150,12 +150,18 @@ def effect_submit_intent(
 
 
 async def enqueue_effect_submit_txn(
-    conn: AsyncConnection, intent: EffectSubmitIntent, *, now: datetime | None = None
+    conn: AsyncConnection,
+    intent: EffectSubmitIntent,
+    *,
+    now: datetime | None = None,
+    preclaim: PreClaim | None = None,
 ) -> EnqueueResult:
     """Enqueue ``intent`` into the canonical Runtime outbox — last, inside the caller's
-    EffectSubmit transaction (see the module docstring).
+    EffectSubmit transaction (see the module docstring); with ``preclaim`` already leased
+    to this process's dispatcher (ADR 0004: ``EnqueueResult.leased`` is handed to it
+    after the commit).
 
     Raises:
         ConflictError: the key already holds a different message.
     """
-    return await enqueue_txn(conn, RUNTIME_OUTBOX, intent.message(), now=now)
+    return await enqueue_txn(conn, RUNTIME_OUTBOX, intent.message(), now=now, preclaim=preclaim)

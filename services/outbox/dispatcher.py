@@ -13,6 +13,14 @@ A delivery loop woken with hints (:mod:`services.outbox.hints`: a producer in th
 process committed those messages) first claims each hinted message directly —
 ``claim_hinted_txn`` instead of discovery + claim — and then polls as usual.
 
+A producer in this process may instead enqueue *pre-claimed* (ADR 0004): its
+transaction writes the row already leased to this dispatcher (:meth:`preclaim`) and,
+after its commit, hands the leased message over (:meth:`hand`); the delivery loop then
+delivers it at once — no claim transaction at all. The lease is the same fence a claim
+writes: a producer that dies before handing it over, or a dispatcher that stops before
+delivering it, leaves a ``Delivering`` row whose lease expires and which the repair sweep
+returns to ``Retrying`` like any other lost delivery.
+
 A remote call never runs inside a transaction. A dispatcher that dies between delivery
 and recording leaves the row ``Delivering``; the repair sweep (:meth:`sweep_once`)
 returns an expired delivery lease to ``Retrying`` (counting the attempt), so the same
@@ -30,6 +38,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -60,6 +69,7 @@ from services.outbox.model import (
 from services.outbox.store import (
     OutboxMessage,
     OutboxTable,
+    PreClaim,
     apply_txn,
     claim_txn,
     due_messages,
@@ -133,6 +143,12 @@ class OutboxDispatcher:
         self._sweep_s = sweep_interval_s
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
         self._loops: LoopGroup | None = None
+        #: Pre-claimed messages handed over by producers of this process (unbounded by
+        #: design: one entry per committed row not yet delivered, never dropped).
+        self._handed: deque[OutboxMessage] = deque()
+        self._handed_wake: Wakeup | None = None
+        #: Handed deliveries in flight (:meth:`deliver_handed`, :meth:`settle`).
+        self._inflight: set[asyncio.Future[int]] = set()
 
     @property
     def spec(self) -> OutboxTable:
@@ -219,6 +235,65 @@ class OutboxDispatcher:
             return False
         await self._run_leased(leased, started)
         return True
+
+    # --- pre-claimed enqueue (ADR 0004) -------------------------------------------------
+
+    def preclaim(self, family: str) -> PreClaim | None:
+        """The lease a producer of this process writes with a new ``family`` message
+        (:func:`~services.outbox.enqueue_txn` ``preclaim=``), or None when this
+        dispatcher does not serve that family or runs no woken delivery loop (the
+        producer then enqueues ``Pending`` for polling)."""
+        if self._handed_wake is None or family not in self._families:
+            return None
+        return PreClaim(self._owner, self._families[family].policy.lease_ms)
+
+    def hand(self, leased: OutboxMessage) -> None:
+        """Deliver ``leased`` — a message enqueued with :meth:`preclaim`'s lease whose
+        transaction committed — at the delivery loop's next iteration."""
+        self._handed.append(leased)
+        if self._handed_wake is not None:
+            self._handed_wake.notify()
+
+    async def deliver_handed(self) -> int:
+        """Start delivering every handed message (no claim: each already holds its
+        lease); returns how many were started.
+
+        The deliveries run as tasks (bounded by the dispatcher's concurrency), not
+        awaited here: a message handed over while others are in flight starts at once
+        instead of waiting for the slowest of the previous batch (with 60 effects at
+        once that wait was most of the owner → runtime hop)."""
+        handed = list(self._handed)
+        self._handed.clear()
+        for message in handed:
+            task = asyncio.ensure_future(self._guarded_leased(message))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+        return len(handed)
+
+    async def settle(self, grace_s: float = 5.0) -> None:
+        """Wait (bounded) for the handed deliveries still in flight, then cancel the
+        rest: a cancelled one keeps its lease, which expires and the repair sweep
+        returns the row for redelivery (ADR 0004). Call after the loops stopped."""
+        pending = set(self._inflight)
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=grace_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+
+    async def _guarded_leased(self, leased: OutboxMessage) -> int:
+        async with self._gate:
+            try:
+                if leased.family not in self._families:
+                    return 0  # not ours: its lease expires and the sweep repairs it
+                await self._run_leased(leased, time.time_ns())
+                return 1
+            except Exception:
+                log.exception(
+                    "outbox %s: delivering %s failed", self._spec.table.name, leased.message_id
+                )
+                return 0
 
     async def _run_leased(self, leased: OutboxMessage, started: int) -> None:
         family = self._families[leased.family]
@@ -433,12 +508,18 @@ class OutboxDispatcher:
         """The delivery loop (woken by ``wake``: a message was enqueued in this process)
         and the periodic repair sweep (``services.background``)."""
 
+        self._handed_wake = wake
+
         async def deliver() -> bool:
-            # Hinted messages first (claimed without discovery); they named what this
-            # process committed, so no immediate re-poll follows them (the idle backoff
-            # from its floor finds the rest). Otherwise the ordinary pass.
-            if wake is not None and await self.deliver_hinted(wake.take_hints()) > 0:
-                return False
+            # Pre-claimed and hinted messages first (delivered without a claim, or claimed
+            # without discovery); they named what this process committed, so no immediate
+            # re-poll follows them (the idle backoff from its floor finds the rest).
+            # Otherwise the ordinary pass.
+            if wake is not None:
+                done = await self.deliver_handed()
+                done += await self.deliver_hinted(wake.take_hints())
+                if done > 0:
+                    return False
             return await self.deliver_once() > 0
 
         async def sweep() -> bool:
@@ -462,6 +543,7 @@ class OutboxDispatcher:
         await self._loops.run()
 
     async def shutdown(self) -> None:
-        """Stop after the current iteration (idempotent)."""
+        """Stop after the current iteration, then settle handed deliveries (idempotent)."""
         if self._loops is not None:
             await self._loops.shutdown()
+        await self.settle()

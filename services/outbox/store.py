@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, Table, and_, func, or_, select
@@ -52,6 +52,7 @@ __all__ = [
     "NewOutboxMessage",
     "OutboxMessage",
     "OutboxTable",
+    "PreClaim",
     "apply_txn",
     "claim_txn",
     "count_by_state",
@@ -179,11 +180,26 @@ class NewOutboxMessage:
 
 
 @dataclass(frozen=True)
+class PreClaim:
+    """The delivery lease an enqueue writes with a new row (a *pre-claimed* enqueue,
+    ADR 0004): the row is born ``Delivering``, leased to ``lease_owner`` with a fresh
+    fencing token until ``now + lease_ms``, exactly as :func:`claim_txn` would leave it.
+    Only the dispatcher of the producer's own process asks for it, and it is handed the
+    leased message after the commit; if that process dies first, the lease expires and
+    the repair sweep returns the row to ``Retrying`` like any other lost delivery."""
+
+    lease_owner: str
+    lease_ms: int
+
+
+@dataclass(frozen=True)
 class EnqueueResult:
-    """``created`` is False when the same message was already enqueued."""
+    """``created`` is False when the same message was already enqueued; ``leased`` is the
+    new row when it was enqueued pre-claimed (:class:`PreClaim`)."""
 
     message_id: str
     created: bool
+    leased: OutboxMessage | None = None
 
 
 def _message(spec: OutboxTable, row: RowMapping) -> OutboxMessage:
@@ -228,6 +244,7 @@ async def enqueue_txn(
     message: NewOutboxMessage,
     *,
     now: datetime | None = None,
+    preclaim: PreClaim | None = None,
 ) -> EnqueueResult:
     """Enqueue ``message`` in the caller's transaction; call it after every other lock.
 
@@ -239,9 +256,11 @@ async def enqueue_txn(
         spec: the outbox table.
         message: the immutable message.
         now: the database time of the caller's transaction (read once when omitted).
+        preclaim: write the new row already leased (see :class:`PreClaim`); a duplicate
+            is left as it is.
 
     Returns:
-        Whether this call created the row.
+        Whether this call created the row (and the leased row, when pre-claimed).
 
     Raises:
         ConflictError: the dedupe key (or the message id) already holds a different
@@ -280,8 +299,21 @@ async def enqueue_txn(
             else encode_carrier(message.trace_context)
         ),
     }
+    if preclaim is not None:
+        until = when + timedelta(milliseconds=preclaim.lease_ms)
+        values.update(
+            delivery_state=DeliveryState.DELIVERING.value,
+            next_attempt_at=until,
+            lease_owner=preclaim.lease_owner,
+            lease_token=uuid.uuid4().hex,
+            lease_until=until,
+        )
     if await insert_if_absent(conn, t, values):
-        return EnqueueResult(message.message_id, True)
+        if preclaim is None:
+            return EnqueueResult(message.message_id, True)
+        # The row as inserted (every other column NULL): no read-back statement.
+        born: Any = {**{c.name: None for c in t.columns}, **values}
+        return EnqueueResult(message.message_id, True, _message(spec, born))
     dedupe = [t.c[c] == values[c] for c in spec.dedupe_scope_columns]
     row = (
         (
@@ -470,23 +502,35 @@ async def claim_txn(
         if state is DeliveryState.RECONCILING
         else DeliveryState.DELIVERING
     )
+    values = {
+        "delivery_state": target.value,
+        "lease_owner": owner,
+        "lease_token": uuid.uuid4().hex,
+        "lease_until": lease_until,
+        "next_attempt_at": lease_until,
+        "updated_at": now,
+    }
     await cas_update(
         conn,
         t,
         org_id=message.org_id,
         key=spec.pk_key(message),
         expected_version=message.state_version,
-        values={
-            "delivery_state": target.value,
-            "lease_owner": owner,
-            "lease_token": uuid.uuid4().hex,
-            "lease_until": lease_until,
-            "next_attempt_at": lease_until,
-            "updated_at": now,
-        },
+        values=values,
         extra_predicates=[t.c.delivery_state == state.value, t.c.next_attempt_at <= now],
     )
-    return await _reread(conn, spec, message)
+    return _moved(message, {**values, "delivery_state": target})
+
+
+def _moved(message: OutboxMessage, values: Mapping[str, Any]) -> OutboxMessage:
+    """``message`` after a successful :func:`~services.db.cas_update` of ``values``.
+
+    Every change of an outbox row is such a compare-and-swap on ``state_version``, so the
+    row the fence matched is exactly ``message`` and the row now is ``message`` with
+    ``values`` and the next version: no re-read statement on the delivery path.
+    """
+    # The mutable columns carry their field's name; ``delivery_state`` is given as the enum.
+    return replace(message, **values, state_version=message.state_version + 1)
 
 
 def _transition_values(transition: Transition, now: datetime) -> dict[str, Any]:
@@ -521,16 +565,17 @@ async def apply_txn(
     t = spec.table
     if leased.lease_token is None:
         raise ValueError("apply_txn needs a leased message")
+    values = _transition_values(transition, now)
     await cas_update(
         conn,
         t,
         org_id=leased.org_id,
         key=spec.pk_key(leased),
         expected_version=leased.state_version,
-        values=_transition_values(transition, now),
+        values=values,
         extra_predicates=[t.c.lease_token == leased.lease_token],
     )
-    return await _reread(conn, spec, leased)
+    return _moved(leased, {**values, "delivery_state": transition.state})
 
 
 async def expire_lease_txn(

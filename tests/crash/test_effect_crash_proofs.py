@@ -129,6 +129,16 @@ async def _receipt_delivered(engine: AsyncEngine, org: str) -> bool:
     return [s[0] for s in states] == [DeliveryState.DELIVERED.value]
 
 
+async def _outbox_row(engine: AsyncEngine, org: str) -> dict[str, Any]:
+    async with transaction(engine, readonly=True) as conn:
+        row = (
+            (await conn.execute(select(owner_outbox).where(owner_outbox.c.org_id == org)))
+            .mappings()
+            .one()
+        )
+    return dict(row)
+
+
 async def _assert_one_command_one_receipt(engine: AsyncEngine, org: str) -> None:
     assert await count(engine, owner_inbox, org_id=org) == 1
     assert await count(engine, external_commands, org_id=org) == 1
@@ -230,7 +240,11 @@ async def test_durable_seam_crash_after_the_receipt_committed_redelivers_one_wak
     stack: EffectStack, owner_engine: AsyncEngine
 ) -> None:
     """durable seam: crash after the outcome, completion receipt and owner-outbox
-    message committed, before delivery — the restarted owner delivers it; one wake."""
+    message committed, before delivery — the restarted owner delivers it; one wake.
+
+    The message was enqueued pre-claimed (ADR 0004): it died ``Delivering`` under the
+    dead process's lease, so it is the repair sweep that returns it once the lease
+    expired (the lost attempt counted) and the restarted owner delivers it."""
     point = "after_receipt_commit:email.smtp"
     scope = Scope(new_org())
     owner = stack.spawn_owner(point)
@@ -240,11 +254,16 @@ async def test_durable_seam_crash_after_the_receipt_committed_redelivers_one_wak
     assert _wakes(stack, scope.org_id) == []
     assert (await _command(owner_engine, scope.org_id))["state"] == "SUCCEEDED"
     await _assert_one_command_one_receipt(owner_engine, scope.org_id)
+    orphan = await _outbox_row(owner_engine, scope.org_id)
+    assert orphan["delivery_state"] == DeliveryState.DELIVERING.value
+    assert orphan["lease_token"] and orphan["delivery_attempts"] == 0
 
     restarted = stack.spawn_owner()
     await restarted.wait_serving()
     await _until("the wake", lambda: _receipt_delivered(owner_engine, scope.org_id), stack)
     assert len(_wakes(stack, scope.org_id)) == 1
+    # One lost attempt (the dead process's lease) and the one delivery.
+    assert (await _outbox_row(owner_engine, scope.org_id))["delivery_attempts"] == 2
     assert len(stack.sink.received) == 1
     await _assert_one_command_one_receipt(owner_engine, scope.org_id)
 

@@ -169,6 +169,41 @@ async def test_durable_seam_crash_after_the_submit_commit_before_dispatch_hands_
     assert stack.effects.sink.data_commands == 1 and len(stack.effects.sink.received) == 1
 
 
+async def test_durable_seam_crash_after_a_preclaimed_submit_commit_hands_off_once(
+    stack: FlowStack, runtime_engine: AsyncEngine, owner_engine: AsyncEngine
+) -> None:
+    """durable seam: crash after the EffectSubmit transaction committed its outbox
+    message pre-claimed for this runtime's own dispatcher (ADR 0004), before the message
+    was handed over — the row is ``Delivering`` under the dead process's lease, nobody
+    claims it while the lease holds, and when it expires the restarted runtime's repair
+    sweep returns it to ``Retrying`` (the lost attempt counted) and delivers it once; the
+    submit step is never entered again."""
+    point = f"after_step_commit:{SUBMIT}"
+    runtime, _ = await _up(stack, runtime=point)
+    run_id = await stack.create_contact("ada@example.com")
+    await expect_sigkill(runtime, stack.effects.marker, point)  # type: ignore[arg-type]
+    assert stack.demo is not None
+    org = stack.demo.org_id
+    assert await _outbox_states(runtime_engine, org) == [DeliveryState.DELIVERING.value]
+    o = runtime_outbox.c
+    async with transaction(runtime_engine, readonly=True) as conn:
+        row = (await conn.execute(select(runtime_outbox).where(o.org_id == org))).mappings().one()
+    assert row["lease_token"] and row["delivery_attempts"] == 0  # leased, never attempted
+    assert await _count(owner_engine, external_commands, org) == 0
+    assert stack.effects.sink.data_commands == 0
+    assert stack.entries(SUBMIT) == 1
+
+    restarted = stack.spawn_runtime()
+    await restarted.wait_serving()
+    await _succeeded(stack, run_id)
+
+    await _assert_once_on_every_side(stack, runtime_engine, owner_engine)
+    async with transaction(runtime_engine, readonly=True) as conn:
+        row = (await conn.execute(select(runtime_outbox).where(o.org_id == org))).mappings().one()
+    assert row["delivery_attempts"] == 2  # the dead process's lease, then the delivery
+    assert stack.effects.sink.data_commands == 1 and len(stack.effects.sink.received) == 1
+
+
 async def test_durable_seam_crash_after_owner_acceptance_before_delivered_resumes_once(
     stack: FlowStack, runtime_engine: AsyncEngine, owner_engine: AsyncEngine
 ) -> None:
