@@ -58,6 +58,7 @@ from services.errors import ConflictError, FenceLostError
 
 __all__ = [
     "FaultStep",
+    "HeldRun",
     "WaitStore",
     "apply_wait_transition",
     "cancel_step_dependencies_txn",
@@ -68,6 +69,7 @@ __all__ = [
     "insert_signal_txn",
     "lock_dependency",
     "lock_signal",
+    "lock_waiting_txn",
     "new_dependency_id",
     "read_dependency_txn",
     "resumed_candidate",
@@ -174,6 +176,26 @@ async def lock_dependency(
     )
     row = (await conn.execute(stmt)).mappings().first()
     return None if row is None else dependency_from_row(row)
+
+
+@dataclass(frozen=True)
+class HeldRun:
+    """The root and waiting step of a dependency, locked (root → step) by the caller's
+    transaction before it reads the producer's evidence: a resolution in that same
+    transaction continues the lifecycle order at the dependency instead of reading the
+    dependency again and re-locking root and step (:meth:`WaitStore.resolve_in`)."""
+
+    root: RunRecord
+    step: StepRecord | None
+
+
+async def lock_waiting_txn(conn: AsyncConnection, dep: DependencyRecord) -> HeldRun | None:
+    """Lock ``dep``'s root, then its waiting step (the first two locks of every wait
+    transition); ``None`` when the root is gone."""
+    root = await lock_run(conn, dep.org_id, dep.flow_run_id)
+    if root is None:
+        return None
+    return HeldRun(root, await lock_step(conn, dep.org_id, dep.step_execution_id))
 
 
 async def lock_signal(
@@ -464,9 +486,15 @@ class WaitStore:
         return await run_in_transaction(self._engine, fn)
 
     async def _locked(
-        self, conn: AsyncConnection, org_id: str, dependency_id: str
+        self, conn: AsyncConnection, org_id: str, dependency_id: str, held: HeldRun | None = None
     ) -> tuple[RunRecord, StepRecord | None, DependencyRecord] | None:
-        """Discover the dependency without a lock, then lock root → step → dependency."""
+        """Discover the dependency without a lock, then lock root → step → dependency
+        (``held``: root and step are locked already; only the dependency is)."""
+        if held is not None:
+            dep = await lock_dependency(conn, org_id, dependency_id)
+            if dep is None or dep.flow_run_id != held.root.flow_run_id:
+                return None
+            return held.root, held.step, dep
         found = await read_dependency_txn(conn, org_id, dependency_id)
         if found is None:
             return None
@@ -531,17 +559,19 @@ class WaitStore:
         wake_version: int | None = None,
         expected_version: int | None = None,
         check: Callable[[DependencyRecord, SignalRecord | None], bool] | None = None,
+        held: HeldRun | None = None,
     ) -> WaitTransition | NoChange:
         """:meth:`resolve` inside the caller's transaction (the producer-side match reads
-        its evidence without locks and resolves in one transaction). The caller commits;
-        the locks are taken in the same root → step → dependency → signal order.
+        its evidence and resolves in one transaction). The caller commits; the locks are
+        taken in the same root → step → dependency → signal order — ``held`` when the
+        caller's transaction already took root and step (:func:`lock_waiting_txn`).
 
         Raises:
             FenceLostError: a conditional UPDATE found its row moved; the caller's
                 transaction must roll back (:meth:`resolve` answers ``lost_race``).
         """
         now = await self._clock(conn)
-        locked = await self._locked(conn, org_id, dependency_id)
+        locked = await self._locked(conn, org_id, dependency_id, held)
         if locked is None:
             return NoChange("missing")
         root, step, dep = locked

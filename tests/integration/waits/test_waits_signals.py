@@ -502,6 +502,69 @@ async def test_a_worker_loop_idle_for_minutes_runs_a_resolved_run_from_its_hint(
     assert polls <= 3  # start-up; at most the woken fallback pass and its busy re-poll
 
 
+async def test_a_resolution_wakes_one_of_the_idle_workers_the_others_keep_sleeping(
+    world: World,
+) -> None:
+    """Three worker loops of one process idle on the process's one wakeup (ten-minute
+    poll interval); a resolution's hinted notify wakes ONE of them, which runs the run
+    from the hint; the other two make no discovery pass for it (before: every idle
+    worker woke and polled, N-1 extra polls per wake)."""
+    from runtime_svc.worker import FixedViews, WorkerSettings, start_background
+    from runtime_svc.worker.loop import StepWorker
+    from services.background import Wakeup
+    from tests.integration.worker.support import record_view
+    from tests.support.procs import assert_eventually
+
+    wake = Wakeup()
+    world.rt.matcher._on_resolved = wake.notify
+    run_id = await _waiting(world, key="r5")
+    polls: list[StepWorker] = []
+    hinted: list[StepWorker] = []
+    real_run_once, real_found = StepWorker.run_once, StepWorker.process_found
+
+    async def counted(self: StepWorker) -> Any:
+        polls.append(self)
+        return await real_run_once(self)
+
+    async def found(self: StepWorker, *args: Any, **kw: Any) -> Any:
+        hinted.append(self)
+        return await real_found(self, *args, **kw)
+
+    settings = WorkerSettings(workers=3, sweeps=False, idle_ms=600_000)
+    StepWorker.run_once = counted  # type: ignore[method-assign]
+    StepWorker.process_found = found  # type: ignore[method-assign]
+    try:
+        bg = await start_background(
+            None,
+            world.engine,
+            views=FixedViews(record_view()),
+            settings=settings,
+            waits=world.rt,
+            work_wake=wake,
+        )
+        try:
+            await assert_eventually(
+                lambda: len(set(polls)) == 3, timeout=30, what="every worker's start-up poll"
+            )
+            startup = len(polls)
+            await world.rt.signals.submit(world.work, approval("r5", "t5"))
+
+            async def finished() -> bool:
+                return (await world.run(run_id)).state is RunState.SUCCEEDED
+
+            await assert_eventually(finished, timeout=60, what="the hinted run to finish")
+        finally:
+            await bg.stop()
+    finally:
+        StepWorker.run_once = real_run_once  # type: ignore[method-assign]
+        StepWorker.process_found = real_found  # type: ignore[method-assign]
+    assert hinted, "the run was not claimed from the hint"
+    woken = hinted[0]
+    # Only the woken worker polled after the wake (its fallback pass when admission
+    # deferred the hint, and that pass's busy re-poll); the other two slept on.
+    assert all(w is woken for w in polls[startup:]), polls[startup:]
+
+
 async def test_an_accepted_signal_is_matched_and_resolved_in_one_transaction(
     world: World,
 ) -> None:
@@ -524,6 +587,89 @@ async def test_an_accepted_signal_is_matched_and_resolved_in_one_transaction(
     assert len(begun) == 2
     assert outcome.signal.state.name == "CONSUMED"
     assert (await world.run(run_id)).state is RunState.RUNNABLE
+
+
+def _submit_key(world: World, request_id: str, key: str, token: str) -> Any:
+    from services.proto import runtime_v1
+    from services.request_dedupe import DedupeScope, RequestKey
+
+    request = runtime_v1.SubmitWakeSignalRequest(
+        request_id=request_id, producer_kind="approval.decision", producer_key=key, wake_token=token
+    )
+    return RequestKey.of(DedupeScope.of_work_scope(world.work), "SubmitWakeSignal", request)
+
+
+async def test_submit_wake_signal_completes_its_request_row_in_the_match_transaction(
+    world: World,
+) -> None:
+    """``SubmitWakeSignal``'s request-ledger row commits with the signal (provisional)
+    and is completed with the post-match answer inside the match+resolution
+    transaction — two transactions per wake, not a third for the ledger — and a retry
+    with the same request id replays that consumed answer."""
+    from sqlalchemy import event
+
+    from runtime_svc.api.signals import encode_submit_response
+    from services.proto import runtime_v1
+
+    run_id = await _waiting(world, key="r6")
+    key = _submit_key(world, "req-r6", "r6", "t6")
+    begun: list[int] = []
+
+    def began(*_args: object) -> None:
+        begun.append(1)
+
+    event.listen(world.engine.sync_engine, "begin", began)
+    try:
+        data = await world.rt.signals.submit_once(
+            world.work, approval("r6", "t6"), key, encode_submit_response
+        )
+    finally:
+        event.remove(world.engine.sync_engine, "begin", began)
+    assert len(begun) == 2
+    answer = runtime_v1.SubmitWakeSignalResponse.FromString(data)
+    assert answer.signal.resolution_state == SignalState.CONSUMED.value
+    assert answer.signal.dependency_id and answer.signal.consumed_at.seconds > 0
+    assert (await world.run(run_id)).state is RunState.RUNNABLE
+    replay = await world.rt.signals.submit_once(
+        world.work, approval("r6", "t6"), key, encode_submit_response
+    )
+    assert replay == data  # the completed (consumed) answer, not the provisional one
+
+
+async def test_a_submission_whose_match_lost_its_race_still_completes_its_request_row(
+    world: World,
+) -> None:
+    """When the fused match transaction rolls back (a concurrent transition won the
+    compare-and-swap), nothing of it — the ledger completion included — is kept: the
+    request row is completed in a transaction of its own and a retry replays it."""
+    from runtime_svc.api.signals import encode_submit_response
+    from runtime_svc.kernel.store_waits import WaitStore
+    from services.errors import FenceLostError
+
+    await _waiting(world, key="r7")
+    key = _submit_key(world, "req-r7", "r7", "t7")
+    real = WaitStore.resolve_in
+
+    async def lost(self: WaitStore, *args: Any, **kw: Any) -> Any:
+        await real(self, *args, **kw)
+        raise FenceLostError("moved meanwhile", entity="flow_dependencies", key="r7")
+
+    WaitStore.resolve_in = lost  # type: ignore[method-assign]
+    try:
+        data = await world.rt.signals.submit_once(
+            world.work, approval("r7", "t7"), key, encode_submit_response
+        )
+    finally:
+        WaitStore.resolve_in = real  # type: ignore[method-assign]
+    from services.proto import runtime_v1
+
+    answer = runtime_v1.SubmitWakeSignalResponse.FromString(data)
+    assert not answer.signal.dependency_id  # unmatched: the resolution rolled back
+    assert answer.signal.resolution_state == SignalState.UNMATCHED.value
+    replay = await world.rt.signals.submit_once(
+        world.work, approval("r7", "t7"), key, encode_submit_response
+    )
+    assert replay == data
 
 
 async def test_two_waiters_of_one_key_take_the_two_transaction_match_one_wake_each(
