@@ -102,7 +102,7 @@ class Wakeup:
     first to run takes the hints, the others poll and find the rest of the burst."""
 
     def __init__(self, max_hints: int = MAX_HINTS) -> None:
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[asyncio.Future[bool]] = deque()
         self._pending = False
         self._hints: deque[object] = deque(maxlen=max(1, max_hints))
 
@@ -114,7 +114,7 @@ class Wakeup:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(True)
                 return
         self._pending = True
 
@@ -130,9 +130,9 @@ class Wakeup:
         if self._pending:
             self._pending = False
             return True
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        stopping = asyncio.ensure_future(stop.wait())
+        stopping: asyncio.Future[bool] = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait(
                 {waiter, stopping}, timeout=idle_s, return_when=asyncio.FIRST_COMPLETED

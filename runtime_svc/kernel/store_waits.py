@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Table, func, select
+from sqlalchemy import ColumnElement, Table, bindparam, func, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -61,6 +61,7 @@ __all__ = [
     "HeldRun",
     "WaitStore",
     "apply_wait_transition",
+    "bound_scope_predicates",
     "cancel_step_dependencies_txn",
     "dependency_from_row",
     "effect_dependency_of_step_txn",
@@ -73,6 +74,7 @@ __all__ = [
     "new_dependency_id",
     "read_dependency_txn",
     "resumed_candidate",
+    "scope_params",
     "scope_predicates",
     "signal_from_row",
 ]
@@ -140,6 +142,40 @@ def signal_from_row(r: RowMapping) -> SignalRecord:
     )
 
 
+#: Bound-parameter names of the four work-scope columns (:func:`scope_params`).
+_SCOPE_PARAMS = ("scope_org", "scope_inst", "scope_cap", "scope_digest")
+
+
+def bound_scope_predicates(table: Table) -> list[ColumnElement[bool]]:
+    """The four work-scope equalities of ``table`` over bound parameters, for statements
+    built once at import and executed with :func:`scope_params` (the wake path's reads:
+    no per-call statement construction or cache-key generation)."""
+    c = table.c
+    org, inst, cap, digest = _SCOPE_PARAMS
+    return [
+        c.org_id == bindparam(org),
+        c.app_installation_id == bindparam(inst),
+        c.runtime_capability_id == bindparam(cap),
+        c.runtime_work_binding_digest == bindparam(digest),
+    ]
+
+
+def scope_params(scope: WorkScopeKey) -> dict[str, str]:
+    """The parameters of :func:`bound_scope_predicates`."""
+    return dict(
+        zip(
+            _SCOPE_PARAMS,
+            (
+                scope.org_id,
+                scope.app_installation_id,
+                scope.runtime_capability_id,
+                scope.runtime_work_binding_digest,
+            ),
+            strict=True,
+        )
+    )
+
+
 def scope_predicates(table: Table, scope: WorkScopeKey) -> list[ColumnElement[bool]]:
     """The four work-scope equalities of ``table`` (every match uses all four, §10.0)."""
     c = table.c
@@ -164,17 +200,30 @@ async def read_dependency_txn(
     return None if row is None else dependency_from_row(row)
 
 
+_LOCK_DEPENDENCY = (
+    select(flow_dependencies)
+    .where(
+        flow_dependencies.c.org_id == bindparam("org"),
+        flow_dependencies.c.dependency_id == bindparam("key"),
+    )
+    .with_for_update()
+)
+_LOCK_SIGNAL = (
+    select(flow_wake_signals)
+    .where(
+        *bound_scope_predicates(flow_wake_signals),
+        flow_wake_signals.c.wake_signal_id == bindparam("key"),
+    )
+    .with_for_update()
+)
+
+
 async def lock_dependency(
     conn: AsyncConnection, org_id: str, dependency_id: str
 ) -> DependencyRecord | None:
     """Lock and read one dependency (after its root and step)."""
-    d = flow_dependencies.c
-    stmt = (
-        select(flow_dependencies)
-        .where(d.org_id == org_id, d.dependency_id == dependency_id)
-        .with_for_update()
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    params = {"org": org_id, "key": dependency_id}
+    row = (await conn.execute(_LOCK_DEPENDENCY, params)).mappings().first()
     return None if row is None else dependency_from_row(row)
 
 
@@ -202,13 +251,8 @@ async def lock_signal(
     conn: AsyncConnection, scope: WorkScopeKey, wake_signal_id: str
 ) -> SignalRecord | None:
     """Lock and read one signal of ``scope`` (last in the lifecycle sub-order)."""
-    w = flow_wake_signals.c
-    stmt = (
-        select(flow_wake_signals)
-        .where(*scope_predicates(flow_wake_signals, scope), w.wake_signal_id == wake_signal_id)
-        .with_for_update()
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    params = {**scope_params(scope), "key": wake_signal_id}
+    row = (await conn.execute(_LOCK_SIGNAL, params)).mappings().first()
     return None if row is None else signal_from_row(row)
 
 
