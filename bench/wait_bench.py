@@ -2,12 +2,17 @@
 set) MariaDB:
 
 * **wake latency**, signal accepted → step ``Running``: ``SubmitWakeSignal``'s service path
-  (validate, commit the signal, the producer-side match and the root-first resolution) and
-  then the scheduler's claim (of the candidate the resolution's wakeup hint carries, as
-  a worker of the process does) and ``Claimed → Running`` of the woken step, p50/p99 over
-  ``samples`` wakes, with 1,000 and with 100,000 other runs waiting, and the p99 ratio
-  (target p99 ≤ 50 ms on loopback, ratio ≤ 1.2). The worker's idle back-off is left out:
-  it is a scheduling setting, not a cost of the wake;
+  (``SignalService.submit_once`` with a request id, as the servicer calls it: validate,
+  commit the signal with its request-ledger row, the producer-side match and the
+  root-first resolution, the ledger row's completion) and then the scheduler's claim (of
+  the candidate the resolution's wakeup hint carries, as a worker of the process does)
+  and ``Claimed → Running`` of the woken step, p50/p99 over ``samples`` wakes, with 1,000
+  and with 100,000 other runs waiting, and the p99 ratio (target p99 ≤ 50 ms on
+  loopback, ratio ≤ 1.2). The worker's idle back-off is left out: a hint ends it
+  (``services.background.Wakeup``);
+* **where a wake's time goes**: per phase (up to the signal's, the resolution's, the
+  claim's and the ``Running`` commit), the process CPU and GC pauses per wake, and the
+  phases of the slowest 2 % of wakes — the tail the p99 comes from;
 * the **cost drivers of one wake**: transactions and SQL statements, split into the
   accept-and-resolve part and the claim part;
 * the **periodic reconciler's cost per sweep** (one org pass: due probes, owed matches,
