@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -449,6 +450,39 @@ async def test_a_stale_hinted_candidate_claims_nothing(world: World) -> None:
     assert after.state is before.state
 
 
+async def _woken_by_hint(world: World, key: str, workers: int, ready: Callable[[], bool]) -> None:
+    """A run waits on ``key``; ``workers`` worker loops of one process idle on the
+    process's wakeup with a ten-minute poll interval; once ``ready()`` (their start-up
+    polls ran) the signal is submitted, and the run must finish."""
+    from runtime_svc.worker import FixedViews, WorkerSettings, start_background
+    from services.background import Wakeup
+    from tests.integration.worker.support import record_view
+    from tests.support.procs import assert_eventually
+
+    wake = Wakeup()
+    world.rt.matcher._on_resolved = wake.notify
+    run_id = await _waiting(world, key=key)
+    settings = WorkerSettings(workers=workers, sweeps=False, idle_ms=600_000)
+    bg = await start_background(
+        None,
+        world.engine,
+        views=FixedViews(record_view()),
+        settings=settings,
+        waits=world.rt,
+        work_wake=wake,
+    )
+    try:
+        await assert_eventually(ready, timeout=30, what="the start-up polls")
+        await world.rt.signals.submit(world.work, approval(key, f"t-{key}"))
+
+        async def finished() -> bool:
+            return (await world.run(run_id)).state is RunState.SUCCEEDED
+
+        await assert_eventually(finished, timeout=60, what="the hinted run to finish")
+    finally:
+        await bg.stop()
+
+
 async def test_a_worker_loop_idle_for_minutes_runs_a_resolved_run_from_its_hint(
     world: World,
 ) -> None:
@@ -459,15 +493,8 @@ async def test_a_worker_loop_idle_for_minutes_runs_a_resolved_run_from_its_hint(
     (when admission defers the hinted candidate of an org this process has not visited
     yet — fair-share credit comes from a visit, §16 — the woken iteration falls back to
     one pass at once, and a pass that found work re-polls once), never a timed poll."""
-    from runtime_svc.worker import FixedViews, WorkerSettings, start_background
     from runtime_svc.worker.loop import StepWorker
-    from services.background import Wakeup
-    from tests.integration.worker.support import record_view
-    from tests.support.procs import assert_eventually
 
-    wake = Wakeup()
-    world.rt.matcher._on_resolved = wake.notify
-    run_id = await _waiting(world, key="r3")
     polls = 0
     real_run_once = StepWorker.run_once
 
@@ -476,27 +503,9 @@ async def test_a_worker_loop_idle_for_minutes_runs_a_resolved_run_from_its_hint(
         polls += 1
         return await real_run_once(self)
 
-    settings = WorkerSettings(workers=1, sweeps=False, idle_ms=600_000)
     StepWorker.run_once = counted  # type: ignore[method-assign]
     try:
-        bg = await start_background(
-            None,
-            world.engine,
-            views=FixedViews(record_view()),
-            settings=settings,
-            waits=world.rt,
-            work_wake=wake,
-        )
-        try:
-            await assert_eventually(lambda: polls >= 1, timeout=30, what="the start-up poll")
-            await world.rt.signals.submit(world.work, approval("r3", "t3"))
-
-            async def finished() -> bool:
-                return (await world.run(run_id)).state is RunState.SUCCEEDED
-
-            await assert_eventually(finished, timeout=60, what="the hinted run to finish")
-        finally:
-            await bg.stop()
+        await _woken_by_hint(world, "r3", 1, lambda: polls >= 1)
     finally:
         StepWorker.run_once = real_run_once  # type: ignore[method-assign]
     assert polls <= 3  # start-up; at most the woken fallback pass and its busy re-poll
@@ -509,17 +518,11 @@ async def test_a_resolution_wakes_one_of_the_idle_workers_the_others_keep_sleepi
     poll interval); a resolution's hinted notify wakes ONE of them, which runs the run
     from the hint; the other two make no discovery pass for it (before: every idle
     worker woke and polled, N-1 extra polls per wake)."""
-    from runtime_svc.worker import FixedViews, WorkerSettings, start_background
     from runtime_svc.worker.loop import StepWorker
-    from services.background import Wakeup
-    from tests.integration.worker.support import record_view
-    from tests.support.procs import assert_eventually
 
-    wake = Wakeup()
-    world.rt.matcher._on_resolved = wake.notify
-    run_id = await _waiting(world, key="r5")
     polls: list[StepWorker] = []
     hinted: list[StepWorker] = []
+    startup: list[int] = []
     real_run_once, real_found = StepWorker.run_once, StepWorker.process_found
 
     async def counted(self: StepWorker) -> Any:
@@ -530,31 +533,16 @@ async def test_a_resolution_wakes_one_of_the_idle_workers_the_others_keep_sleepi
         hinted.append(self)
         return await real_found(self, *args, **kw)
 
-    settings = WorkerSettings(workers=3, sweeps=False, idle_ms=600_000)
+    def ready() -> bool:
+        if len(set(polls)) < 3:
+            return False
+        startup.append(len(polls))
+        return True
+
     StepWorker.run_once = counted  # type: ignore[method-assign]
     StepWorker.process_found = found  # type: ignore[method-assign]
     try:
-        bg = await start_background(
-            None,
-            world.engine,
-            views=FixedViews(record_view()),
-            settings=settings,
-            waits=world.rt,
-            work_wake=wake,
-        )
-        try:
-            await assert_eventually(
-                lambda: len(set(polls)) == 3, timeout=30, what="every worker's start-up poll"
-            )
-            startup = len(polls)
-            await world.rt.signals.submit(world.work, approval("r5", "t5"))
-
-            async def finished() -> bool:
-                return (await world.run(run_id)).state is RunState.SUCCEEDED
-
-            await assert_eventually(finished, timeout=60, what="the hinted run to finish")
-        finally:
-            await bg.stop()
+        await _woken_by_hint(world, "r5", 3, ready)
     finally:
         StepWorker.run_once = real_run_once  # type: ignore[method-assign]
         StepWorker.process_found = real_found  # type: ignore[method-assign]
@@ -562,31 +550,7 @@ async def test_a_resolution_wakes_one_of_the_idle_workers_the_others_keep_sleepi
     woken = hinted[0]
     # Only the woken worker polled after the wake (its fallback pass when admission
     # deferred the hint, and that pass's busy re-poll); the other two slept on.
-    assert all(w is woken for w in polls[startup:]), polls[startup:]
-
-
-async def test_an_accepted_signal_is_matched_and_resolved_in_one_transaction(
-    world: World,
-) -> None:
-    """The producer-side match of a just-accepted signal reads its evidence and resolves
-    in one fresh transaction after the acceptance's commit: two transactions per wake
-    (acceptance, match+resolution), the run resumed and the signal consumed."""
-    from sqlalchemy import event
-
-    run_id = await _waiting(world, key="r4")
-    begun: list[int] = []
-
-    def began(*_args: object) -> None:
-        begun.append(1)
-
-    event.listen(world.engine.sync_engine, "begin", began)
-    try:
-        outcome = await world.rt.signals.submit(world.work, approval("r4", "t4"))
-    finally:
-        event.remove(world.engine.sync_engine, "begin", began)
-    assert len(begun) == 2
-    assert outcome.signal.state.name == "CONSUMED"
-    assert (await world.run(run_id)).state is RunState.RUNNABLE
+    assert all(w is woken for w in polls[startup[0] :]), polls[startup[0] :]
 
 
 def _submit_key(world: World, request_id: str, key: str, token: str) -> Any:
