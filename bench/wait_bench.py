@@ -368,6 +368,10 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
         )
         world.sweeper = world.rt.sweeper(batch=_BATCH)
         template = await _template(world)
+        # The service process freezes its start-up heap once it serves
+        # (``services.service_main``); so does the bench, once its world is built.
+        gc.collect()
+        gc.freeze()
         cloned = 0
         results: dict[int, list[_Wake]] = {}
         for population in populations:
