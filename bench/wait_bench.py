@@ -2,12 +2,17 @@
 set) MariaDB:
 
 * **wake latency**, signal accepted → step ``Running``: ``SubmitWakeSignal``'s service path
-  (validate, commit the signal, the producer-side match and the root-first resolution) and
-  then the scheduler's claim (of the candidate the resolution's wakeup hint carries, as
-  a worker of the process does) and ``Claimed → Running`` of the woken step, p50/p99 over
-  ``samples`` wakes, with 1,000 and with 100,000 other runs waiting, and the p99 ratio
-  (target p99 ≤ 50 ms on loopback, ratio ≤ 1.2). The worker's idle back-off is left out:
-  it is a scheduling setting, not a cost of the wake;
+  (``SignalService.submit_once`` with a request id, as the servicer calls it: validate,
+  commit the signal with its request-ledger row, the producer-side match and the
+  root-first resolution, the ledger row's completion) and then the scheduler's claim (of
+  the candidate the resolution's wakeup hint carries, as a worker of the process does)
+  and ``Claimed → Running`` of the woken step, p50/p99 over ``samples`` wakes, with 1,000
+  and with 100,000 other runs waiting, and the p99 ratio (target p99 ≤ 50 ms on
+  loopback, ratio ≤ 1.2). The worker's idle back-off is left out: a hint ends it
+  (``services.background.Wakeup``);
+* **where a wake's time goes**: per phase (up to the signal's, the resolution's, the
+  claim's and the ``Running`` commit), the process CPU and GC pauses per wake, and the
+  phases of the slowest 2 % of wakes — the tail the p99 comes from;
 * the **cost drivers of one wake**: transactions and SQL statements, split into the
   accept-and-resolve part and the claim part;
 * the **periodic reconciler's cost per sweep** (one org pass: due probes, owed matches,
@@ -23,6 +28,7 @@ asserted; figures depend on the machine.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import statistics
 import time
@@ -36,6 +42,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.databases import on_each_database
+from runtime_svc.api.signals import encode_submit_response
 from runtime_svc.kernel import NotEligible
 from runtime_svc.kernel.wait_model import DependencyState
 from runtime_svc.schema import (
@@ -47,6 +54,8 @@ from runtime_svc.schema import (
 from runtime_svc.waits.resolution import ResolvedRun
 from runtime_svc.waits.runtime import WaitRuntime
 from services import db, migrate
+from services.proto import runtime_v1
+from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.waits.support import SIGNAL_KINDS, World, approval, new_scope, signal_flow
 
 __all__ = ["run"]
@@ -55,12 +64,15 @@ _BATCH = 100
 
 
 class _Counter:
-    """Transactions and statements an engine executed (a driver-level observation)."""
+    """Transactions and statements an engine executed (a driver-level observation), and
+    when each transaction was handed to its commit (``perf_counter``; the commit's own
+    round trip falls into the next phase)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine.sync_engine
         self.statements = 0
         self.transactions = 0
+        self.commits: list[float] = []
 
     def _statement(self, *_args: Any) -> None:
         self.statements += 1
@@ -68,14 +80,48 @@ class _Counter:
     def _begin(self, *_args: Any) -> None:
         self.transactions += 1
 
+    def _commit(self, *_args: Any) -> None:
+        self.commits.append(time.perf_counter())
+
     def __enter__(self) -> _Counter:
         event.listen(self._engine, "before_cursor_execute", self._statement)
         event.listen(self._engine, "begin", self._begin)
+        event.listen(self._engine, "commit", self._commit)
         return self
 
     def __exit__(self, *exc: object) -> None:
         event.remove(self._engine, "before_cursor_execute", self._statement)
         event.remove(self._engine, "begin", self._begin)
+        event.remove(self._engine, "commit", self._commit)
+
+
+class _GcPauses:
+    """Garbage-collector pauses (ms, generation) while active: a wake's tail can be a
+    collection rather than the database."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, int]] = []
+        self._started = 0.0
+        self.active = False
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if not self.active:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append(((time.perf_counter() - self._started) * 1000, info["generation"]))
+
+
+_GC = _GcPauses()
+gc.callbacks.append(_GC)
+
+#: The phases of a wake, each ending where the named transaction was handed to COMMIT.
+_PHASES = ("signal", "resolution", "claim", "running")
+_NAMES = {
+    len(_PHASES) + 1: (*_PHASES, "end"),
+    len(_PHASES) + 2: ("signal", "resolution", "ledger", "claim", "running", "end"),
+}
 
 
 @dataclass
@@ -86,6 +132,13 @@ class _Wake:
     accept_sql: int
     claim_tx: int
     claim_sql: int
+    #: ms from the submit to each of the wake's four commits (``_PHASES``) and to the end.
+    marks: tuple[float, ...] = ()
+    #: CPU ms of this process over the wake (``time.process_time``; aiosqlite's thread
+    #: included).
+    cpu_ms: float = 0.0
+    #: GC pauses (ms) during the wake.
+    gc_ms: float = 0.0
 
 
 async def _template(world: World) -> str:
@@ -150,9 +203,25 @@ async def _wake(world: World, hints: list[ResolvedRun], key: str) -> _Wake:
     """One wake of a real waiting run: submit → resolved, then claim → Running."""
     run = await world.start("wait_signal", key=key)
     await world.drive(run.flow_run_id)  # parked on its wait (setup, not measured)
+    _GC.pauses.clear()
+    _GC.active = True
+    c0 = time.process_time()
+    submission = approval(key, f"t-{key}")
+    request = runtime_v1.SubmitWakeSignalRequest(
+        request_id=f"req-{key}",
+        producer_kind=submission.producer_kind,
+        producer_key=submission.producer_key,
+        wake_token=submission.wake_token,
+    )
+    ledger_key = RequestKey.of(DedupeScope.of_work_scope(world.work), "SubmitWakeSignal", request)
     with _Counter(world.engine) as accept:
         t0 = time.perf_counter()
-        await world.rt.signals.submit(world.work, approval(key, f"t-{key}"))
+        # ``SubmitWakeSignal``'s service call: deduplicated on the request id like the
+        # servicer (the ledger row commits with the signal and is completed with the
+        # post-match answer).
+        await world.rt.signals.submit_once(
+            world.work, submission, ledger_key, encode_submit_response
+        )
         t1 = time.perf_counter()
     with _Counter(world.engine) as claim:
         # What a worker of the process does with the resolution's wakeup hint
@@ -170,6 +239,9 @@ async def _wake(world: World, hints: list[ResolvedRun], key: str) -> _Wake:
             raise RuntimeError(f"the woken run's claim was refused: {fence.reason}")
         await world.store.mark_running(world.org, fence)
         t2 = time.perf_counter()
+    cpu = (time.process_time() - c0) * 1000
+    _GC.active = False
+    marks = tuple((t - t0) * 1000 for t in [*accept.commits, *claim.commits, t2])
     await world.store.request_cancel(world.org, run.flow_run_id)  # out of the population
     return _Wake(
         (t2 - t0) * 1000,
@@ -178,6 +250,9 @@ async def _wake(world: World, hints: list[ResolvedRun], key: str) -> _Wake:
         accept.statements,
         claim.transactions,
         claim.statements,
+        marks,
+        cpu,
+        sum(ms for ms, _gen in _GC.pauses),
     )
 
 
@@ -199,6 +274,44 @@ async def _commit_ms(engine: AsyncEngine, samples: int) -> float:
             await conn.execute(_RAW.insert().values(id=f"r{i}-{uuid.uuid4().hex[:8]}"))
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
+
+
+def _tail(label: str, wakes: list[_Wake]) -> str:
+    """Where the time of a wake went: per phase p50 / p99, CPU and GC, and the phases of
+    the slowest 2 % of wakes (the tail the p99 comes from)."""
+    # Four commits; five when the request-ledger row is completed in a transaction of
+    # its own (the two-transaction match, or the code before round 5).
+    count = max((len(w.marks) for w in wakes), default=0)
+    names = _NAMES.get(count) or (*(f"commit{i}" for i in range(1, count)), "end")
+    shaped = [w for w in wakes if len(w.marks) == count]
+
+    def spans(w: _Wake) -> list[float]:
+        return [b - a for a, b in zip((0.0, *w.marks), w.marks, strict=False)]
+
+    lines = []
+    if shaped:
+        per = list(zip(*(spans(w) for w in shaped), strict=True))
+        lines.append(
+            f"{label:<8}   phases p50/p99 ms: "
+            + ", ".join(
+                f"{n} {statistics.median(v):.1f}/{_p(list(v), 0.99):.1f}"
+                for n, v in zip(names, per, strict=True)
+            )
+        )
+    cpu = [w.cpu_ms for w in wakes]
+    gcs = [w.gc_ms for w in wakes]
+    lines.append(
+        f"{label:<8}   CPU per wake p50/p99 {_p(cpu, 0.5):.1f}/{_p(cpu, 0.99):.1f} ms; "
+        f"GC in a wake p99/max {_p(gcs, 0.99):.1f}/{max(gcs):.1f} ms"
+    )
+    slowest = sorted(shaped, key=lambda w: -w.total_ms)[: max(1, len(shaped) // 50)]
+    for w in slowest:
+        lines.append(
+            f"{label:<8}   slow wake {w.total_ms:6.1f} ms "
+            f"(CPU {w.cpu_ms:5.1f}, GC {w.gc_ms:4.1f}): "
+            + ", ".join(f"{n} {v:.1f}" for n, v in zip(names, spans(w), strict=True))
+        )
+    return "\n".join(lines)
 
 
 def _p(values: list[float], q: float) -> float:
@@ -255,6 +368,10 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
         )
         world.sweeper = world.rt.sweeper(batch=_BATCH)
         template = await _template(world)
+        # The service process freezes its start-up heap once it serves
+        # (``services.service_main``); so does the bench, once its world is built.
+        gc.collect()
+        gc.freeze()
         cloned = 0
         results: dict[int, list[_Wake]] = {}
         for population in populations:
@@ -273,6 +390,7 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
                 f"p50 {_p(totals, 0.5):6.2f} ms  p99 {_p(totals, 0.99):6.2f} ms  "
                 f"(accept+resolve p50 {statistics.median(w.accept_ms for w in wakes):6.2f} ms)"
             )
+            print(_tail(label, wakes))
         small, large = results[populations[0]], results[populations[-1]]
         ratio = _p([w.total_ms for w in large], 0.99) / _p([w.total_ms for w in small], 0.99)
         print(

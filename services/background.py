@@ -92,21 +92,31 @@ MAX_HINTS = 256
 
 
 class Wakeup:
-    """A process-local nudge for idle loops (see the module docstring). Every loop
-    waiting on it wakes on :meth:`notify`; a notify while no loop waits is remembered
-    until the next wait. ``notify(hint)`` also remembers what committed (bounded to
-    ``max_hints``, oldest dropped) for :meth:`take_hints`."""
+    """A process-local nudge for idle loops (see the module docstring). A notify wakes
+    ONE loop waiting on it — the one that has waited longest — since one loop takes the
+    notified work (and its hints); waking every idle loop would send all but one of them
+    on a discovery pass per notification. A notify while no loop waits is remembered
+    until the next wait (a busy loop re-polls by itself). ``notify(hint)`` also
+    remembers what committed (bounded to ``max_hints``, oldest dropped) for
+    :meth:`take_hints`. Several notifications in a row wake as many waiting loops: the
+    first to run takes the hints, the others poll and find the rest of the burst."""
 
     def __init__(self, max_hints: int = MAX_HINTS) -> None:
-        self._event = asyncio.Event()
+        self._waiters: deque[asyncio.Future[bool]] = deque()
+        self._pending = False
         self._hints: deque[object] = deque(maxlen=max(1, max_hints))
 
     def notify(self, hint: object | None = None) -> None:
         """New work was committed for the loops waiting on this wakeup (``hint``: what,
-        for a loop that can claim it directly)."""
+        for a loop that can claim it directly); wakes one waiting loop."""
         if hint is not None:
             self._hints.append(hint)
-        self._event.set()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(True)
+                return
+        self._pending = True
 
     def take_hints(self) -> list[object]:
         """The hints notified since the last call, oldest first (and forget them)."""
@@ -115,20 +125,29 @@ class Wakeup:
         return hints
 
     async def wait(self, stop: asyncio.Event, idle_s: float) -> bool:
-        """Sleep until :meth:`notify`, ``stop`` or ``idle_s`` passed; True when notified."""
-        if self._event.is_set():
-            self._event.clear()
+        """Sleep until :meth:`notify` picks this loop, ``stop`` or ``idle_s`` passed;
+        True when notified."""
+        if self._pending:
+            self._pending = False
             return True
-        waiters = [asyncio.ensure_future(self._event.wait()), asyncio.ensure_future(stop.wait())]
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        stopping: asyncio.Future[bool] = asyncio.ensure_future(stop.wait())
         try:
-            await asyncio.wait(waiters, timeout=idle_s, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {waiter, stopping}, timeout=idle_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._pending = True  # picked, then cancelled: hand the notification on
+            raise
         finally:
-            for w in waiters:
-                w.cancel()
-        notified = self._event.is_set()
-        if notified:
-            self._event.clear()
-        return notified
+            stopping.cancel()
+            if not waiter.done():
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+        return not waiter.cancelled()
 
 
 class IdleBackoff:

@@ -37,6 +37,7 @@ __all__ = [
     "BindingCheck",
     "WakeSignalServicer",
     "dependency_proto",
+    "encode_submit_response",
     "signal_proto",
     "wake_signal_registration",
 ]
@@ -125,7 +126,8 @@ def dependency_proto(support: DependencySupport) -> Any:
     )
 
 
-def _submit_response(outcome: SubmitOutcome) -> bytes:
+def encode_submit_response(outcome: SubmitOutcome) -> bytes:
+    """The recorded ``SubmitWakeSignalResponse`` of an outcome (the request ledger's)."""
     msg = runtime_v1.SubmitWakeSignalResponse(
         signal=signal_proto(outcome.signal), duplicate=outcome.duplicate, stale=outcome.stale
     )
@@ -183,7 +185,7 @@ class WakeSignalServicer(runtime_v1.WakeSignalServiceServicer):
                 evidence_json=request.evidence_json,
             ),
             key,
-            _submit_response,
+            encode_submit_response,
         )
         return runtime_v1.SubmitWakeSignalResponse.FromString(data)
 

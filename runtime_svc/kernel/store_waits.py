@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Table, func, select
+from sqlalchemy import ColumnElement, Table, bindparam, func, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -58,8 +58,10 @@ from services.errors import ConflictError, FenceLostError
 
 __all__ = [
     "FaultStep",
+    "HeldRun",
     "WaitStore",
     "apply_wait_transition",
+    "bound_scope_predicates",
     "cancel_step_dependencies_txn",
     "dependency_from_row",
     "effect_dependency_of_step_txn",
@@ -68,9 +70,11 @@ __all__ = [
     "insert_signal_txn",
     "lock_dependency",
     "lock_signal",
+    "lock_waiting_txn",
     "new_dependency_id",
     "read_dependency_txn",
     "resumed_candidate",
+    "scope_params",
     "scope_predicates",
     "signal_from_row",
 ]
@@ -138,6 +142,40 @@ def signal_from_row(r: RowMapping) -> SignalRecord:
     )
 
 
+#: Bound-parameter names of the four work-scope columns (:func:`scope_params`).
+_SCOPE_PARAMS = ("scope_org", "scope_inst", "scope_cap", "scope_digest")
+
+
+def bound_scope_predicates(table: Table) -> list[ColumnElement[bool]]:
+    """The four work-scope equalities of ``table`` over bound parameters, for statements
+    built once at import and executed with :func:`scope_params` (the wake path's reads:
+    no per-call statement construction or cache-key generation)."""
+    c = table.c
+    org, inst, cap, digest = _SCOPE_PARAMS
+    return [
+        c.org_id == bindparam(org),
+        c.app_installation_id == bindparam(inst),
+        c.runtime_capability_id == bindparam(cap),
+        c.runtime_work_binding_digest == bindparam(digest),
+    ]
+
+
+def scope_params(scope: WorkScopeKey) -> dict[str, str]:
+    """The parameters of :func:`bound_scope_predicates`."""
+    return dict(
+        zip(
+            _SCOPE_PARAMS,
+            (
+                scope.org_id,
+                scope.app_installation_id,
+                scope.runtime_capability_id,
+                scope.runtime_work_binding_digest,
+            ),
+            strict=True,
+        )
+    )
+
+
 def scope_predicates(table: Table, scope: WorkScopeKey) -> list[ColumnElement[bool]]:
     """The four work-scope equalities of ``table`` (every match uses all four, §10.0)."""
     c = table.c
@@ -162,31 +200,59 @@ async def read_dependency_txn(
     return None if row is None else dependency_from_row(row)
 
 
+_LOCK_DEPENDENCY = (
+    select(flow_dependencies)
+    .where(
+        flow_dependencies.c.org_id == bindparam("org"),
+        flow_dependencies.c.dependency_id == bindparam("key"),
+    )
+    .with_for_update()
+)
+_LOCK_SIGNAL = (
+    select(flow_wake_signals)
+    .where(
+        *bound_scope_predicates(flow_wake_signals),
+        flow_wake_signals.c.wake_signal_id == bindparam("key"),
+    )
+    .with_for_update()
+)
+
+
 async def lock_dependency(
     conn: AsyncConnection, org_id: str, dependency_id: str
 ) -> DependencyRecord | None:
     """Lock and read one dependency (after its root and step)."""
-    d = flow_dependencies.c
-    stmt = (
-        select(flow_dependencies)
-        .where(d.org_id == org_id, d.dependency_id == dependency_id)
-        .with_for_update()
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    params = {"org": org_id, "key": dependency_id}
+    row = (await conn.execute(_LOCK_DEPENDENCY, params)).mappings().first()
     return None if row is None else dependency_from_row(row)
+
+
+@dataclass(frozen=True)
+class HeldRun:
+    """The root and waiting step of a dependency, locked (root → step) by the caller's
+    transaction before it reads the producer's evidence: a resolution in that same
+    transaction continues the lifecycle order at the dependency instead of reading the
+    dependency again and re-locking root and step (:meth:`WaitStore.resolve_in`)."""
+
+    root: RunRecord
+    step: StepRecord | None
+
+
+async def lock_waiting_txn(conn: AsyncConnection, dep: DependencyRecord) -> HeldRun | None:
+    """Lock ``dep``'s root, then its waiting step (the first two locks of every wait
+    transition); ``None`` when the root is gone."""
+    root = await lock_run(conn, dep.org_id, dep.flow_run_id)
+    if root is None:
+        return None
+    return HeldRun(root, await lock_step(conn, dep.org_id, dep.step_execution_id))
 
 
 async def lock_signal(
     conn: AsyncConnection, scope: WorkScopeKey, wake_signal_id: str
 ) -> SignalRecord | None:
     """Lock and read one signal of ``scope`` (last in the lifecycle sub-order)."""
-    w = flow_wake_signals.c
-    stmt = (
-        select(flow_wake_signals)
-        .where(*scope_predicates(flow_wake_signals, scope), w.wake_signal_id == wake_signal_id)
-        .with_for_update()
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    params = {**scope_params(scope), "key": wake_signal_id}
+    row = (await conn.execute(_LOCK_SIGNAL, params)).mappings().first()
     return None if row is None else signal_from_row(row)
 
 
@@ -464,9 +530,15 @@ class WaitStore:
         return await run_in_transaction(self._engine, fn)
 
     async def _locked(
-        self, conn: AsyncConnection, org_id: str, dependency_id: str
+        self, conn: AsyncConnection, org_id: str, dependency_id: str, held: HeldRun | None = None
     ) -> tuple[RunRecord, StepRecord | None, DependencyRecord] | None:
-        """Discover the dependency without a lock, then lock root → step → dependency."""
+        """Discover the dependency without a lock, then lock root → step → dependency
+        (``held``: root and step are locked already; only the dependency is)."""
+        if held is not None:
+            dep = await lock_dependency(conn, org_id, dependency_id)
+            if dep is None or dep.flow_run_id != held.root.flow_run_id:
+                return None
+            return held.root, held.step, dep
         found = await read_dependency_txn(conn, org_id, dependency_id)
         if found is None:
             return None
@@ -531,17 +603,19 @@ class WaitStore:
         wake_version: int | None = None,
         expected_version: int | None = None,
         check: Callable[[DependencyRecord, SignalRecord | None], bool] | None = None,
+        held: HeldRun | None = None,
     ) -> WaitTransition | NoChange:
         """:meth:`resolve` inside the caller's transaction (the producer-side match reads
-        its evidence without locks and resolves in one transaction). The caller commits;
-        the locks are taken in the same root → step → dependency → signal order.
+        its evidence and resolves in one transaction). The caller commits; the locks are
+        taken in the same root → step → dependency → signal order — ``held`` when the
+        caller's transaction already took root and step (:func:`lock_waiting_txn`).
 
         Raises:
             FenceLostError: a conditional UPDATE found its row moved; the caller's
                 transaction must roll back (:meth:`resolve` answers ``lost_race``).
         """
         now = await self._clock(conn)
-        locked = await self._locked(conn, org_id, dependency_id)
+        locked = await self._locked(conn, org_id, dependency_id, held)
         if locked is None:
             return NoChange("missing")
         root, step, dep = locked

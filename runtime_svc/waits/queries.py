@@ -16,12 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import and_, delete, false, select, update
+from sqlalchemy import Integer, and_, bindparam, delete, false, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.states import RunState
 from runtime_svc.kernel.store_waits import (
+    bound_scope_predicates,
     dependency_from_row,
+    scope_params,
     scope_predicates,
     signal_from_row,
 )
@@ -71,18 +73,53 @@ async def signal_by_id_txn(
     return None if row is None else signal_from_row(row)
 
 
+# The wake path's reads (acceptance, producer-side match), built once at import and
+# executed with bound parameters (``docs/performance.md``, round 5).
+_W = flow_wake_signals.c
+_D = flow_dependencies.c
+_SIGNAL_KEY = (
+    *bound_scope_predicates(flow_wake_signals),
+    _W.producer_kind == bindparam("kind"),
+    _W.producer_key == bindparam("key"),
+)
+_SIGNAL_BY_TOKEN = select(flow_wake_signals).where(
+    *_SIGNAL_KEY, _W.wake_token == bindparam("token")
+)
+_LATEST_SIGNAL = (
+    select(flow_wake_signals)
+    .where(*_SIGNAL_KEY, _W.wake_version.is_not(None))
+    .order_by(_W.wake_version.desc())
+    .limit(1)
+)
+_UNMATCHED_FOR_KEY = (
+    select(flow_wake_signals)
+    .where(*_SIGNAL_KEY, _W.resolution_state == _UNMATCHED)
+    .order_by(_W.wake_version.desc(), _W.received_at, _W.wake_signal_id)
+    .limit(bindparam("limit", type_=Integer))
+)
+_PENDING_FOR_KEY = (
+    select(flow_dependencies)
+    .where(
+        *bound_scope_predicates(flow_dependencies),
+        _D.producer_kind == bindparam("kind"),
+        _D.producer_key == bindparam("key"),
+        _D.state == _PENDING,
+    )
+    .order_by(_D.created_at, _D.dependency_id)
+    .limit(bindparam("limit", type_=Integer))
+)
+
+
+def _key_params(scope: WorkScopeKey, kind: str, key: str, **more: object) -> dict[str, object]:
+    return {**scope_params(scope), "kind": kind, "key": key, **more}
+
+
 async def signal_by_token_txn(
     conn: AsyncConnection, scope: WorkScopeKey, kind: str, key: str, token: str
 ) -> SignalRecord | None:
     """The signal with natural key ``(scope, kind, key, token)``."""
-    w = flow_wake_signals.c
-    stmt = select(flow_wake_signals).where(
-        *scope_predicates(flow_wake_signals, scope),
-        w.producer_kind == kind,
-        w.producer_key == key,
-        w.wake_token == token,
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    params = _key_params(scope, kind, key, token=token)
+    row = (await conn.execute(_SIGNAL_BY_TOKEN, params)).mappings().first()
     return None if row is None else signal_from_row(row)
 
 
@@ -90,19 +127,7 @@ async def latest_signal_txn(
     conn: AsyncConnection, scope: WorkScopeKey, kind: str, key: str
 ) -> SignalRecord | None:
     """The accepted signal of ``(scope, kind, key)`` with the highest wake version."""
-    w = flow_wake_signals.c
-    stmt = (
-        select(flow_wake_signals)
-        .where(
-            *scope_predicates(flow_wake_signals, scope),
-            w.producer_kind == kind,
-            w.producer_key == key,
-            w.wake_version.is_not(None),
-        )
-        .order_by(w.wake_version.desc())
-        .limit(1)
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    row = (await conn.execute(_LATEST_SIGNAL, _key_params(scope, kind, key))).mappings().first()
     return None if row is None else signal_from_row(row)
 
 
@@ -111,19 +136,8 @@ async def unmatched_for_key_txn(
 ) -> list[SignalRecord]:
     """Unmatched signals of ``(scope, kind, key)``: highest wake version first, then
     acceptance order (over the unique key's ``(scope, kind, key)`` prefix)."""
-    w = flow_wake_signals.c
-    stmt = (
-        select(flow_wake_signals)
-        .where(
-            *scope_predicates(flow_wake_signals, scope),
-            w.producer_kind == kind,
-            w.producer_key == key,
-            w.resolution_state == _UNMATCHED,
-        )
-        .order_by(w.wake_version.desc(), w.received_at, w.wake_signal_id)
-        .limit(limit)
-    )
-    return [signal_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+    params = _key_params(scope, kind, key, limit=limit)
+    return [signal_from_row(r) for r in (await conn.execute(_UNMATCHED_FOR_KEY, params)).mappings()]
 
 
 async def owed_signal_matches_txn(
@@ -230,19 +244,10 @@ async def pending_for_key_txn(
 ) -> list[DependencyRecord]:
     """Pending dependencies of ``(scope, kind, key)`` in creation order (over
     ``ix_flow_dependencies_producer``)."""
-    d = flow_dependencies.c
-    stmt = (
-        select(flow_dependencies)
-        .where(
-            *scope_predicates(flow_dependencies, scope),
-            d.producer_kind == kind,
-            d.producer_key == key,
-            d.state == _PENDING,
-        )
-        .order_by(d.created_at, d.dependency_id)
-        .limit(limit)
-    )
-    return [dependency_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+    params = _key_params(scope, kind, key, limit=limit)
+    return [
+        dependency_from_row(r) for r in (await conn.execute(_PENDING_FOR_KEY, params)).mappings()
+    ]
 
 
 async def dependency_of_step_txn(

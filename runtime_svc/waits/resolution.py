@@ -46,7 +46,9 @@ from runtime_svc.kernel.states import RunState
 from runtime_svc.kernel.store_reads import Candidate, get_checkpoint_txn, get_run_txn
 from runtime_svc.kernel.store_waits import (
     FaultStep,
+    HeldRun,
     WaitStore,
+    lock_waiting_txn,
     read_dependency_txn,
 )
 from runtime_svc.kernel.transitions_waits import (
@@ -74,6 +76,7 @@ from services.metrics import metrics
 
 __all__ = [
     "Clock",
+    "MatchFinish",
     "Matcher",
     "ResolvedRun",
     "WaitContext",
@@ -83,6 +86,12 @@ __all__ = [
 
 #: The durable clock (the run store's; tests shift it).
 Clock = Callable[[AsyncConnection], Awaitable[datetime]]
+
+#: Extra work of the producer's request in the transaction that matched its signal (the
+#: ``SubmitWakeSignal`` request-ledger row completed with the final answer, which is
+#: known there): called inside that transaction with its result, it returns what to run
+#: once the transaction committed (a rolled-back or retried attempt's is never run).
+MatchFinish = Callable[[AsyncConnection, WaitTransition | NoChange], Awaitable[Callable[[], None]]]
 
 log = logging.getLogger(__name__)
 
@@ -180,21 +189,30 @@ class Matcher:
 
     # --- context ------------------------------------------------------------------------
 
-    async def context_txn(self, conn: AsyncConnection, dep: DependencyRecord) -> WaitContext:
-        """The waiting run, its plan step's dependency declaration and wait bounds.
+    async def context_txn(
+        self, conn: AsyncConnection, dep: DependencyRecord, held: HeldRun | None = None
+    ) -> WaitContext:
+        """The waiting run, its plan step's dependency declaration and wait bounds
+        (``held``: root and step as the caller's transaction locked them — not read
+        again).
 
         Raises:
             NotFoundError: the run, step or plan is gone.
         """
-        root = await get_run_txn(conn, dep.org_id, dep.flow_run_id, include_deleted=True)
-        s = flow_step_executions.c
-        key = (
-            await conn.execute(
-                flow_step_executions.select()
-                .with_only_columns(s.plan_step_key)
-                .where(s.org_id == dep.org_id, s.step_execution_id == dep.step_execution_id)
-            )
-        ).scalar_one_or_none()
+        key: str | None
+        if held is not None:
+            root = held.root
+            key = None if held.step is None else held.step.plan_step_key
+        else:
+            root = await get_run_txn(conn, dep.org_id, dep.flow_run_id, include_deleted=True)
+            s = flow_step_executions.c
+            key = (
+                await conn.execute(
+                    flow_step_executions.select()
+                    .with_only_columns(s.plan_step_key)
+                    .where(s.org_id == dep.org_id, s.step_execution_id == dep.step_execution_id)
+                )
+            ).scalar_one_or_none()
         if key is None:
             raise NotFoundError("flow_step_execution", dep.step_execution_id)
         row, plan = await self.plans.plan_txn(conn, dep.org_id, root.plan_id)
@@ -226,7 +244,12 @@ class Matcher:
         return await self.match_dependency(dep)
 
     async def match_signal(
-        self, scope: WorkScopeKey, signal_id: str, *, accepted: SignalRecord | None = None
+        self,
+        scope: WorkScopeKey,
+        signal_id: str,
+        *,
+        accepted: SignalRecord | None = None,
+        finish: MatchFinish | None = None,
     ) -> WaitTransition | NoChange:
         """Producer side (§14.2 step 2): read the signal, its key's pending dependencies
         (creation order) and their evidence in one fresh read-only transaction, then try
@@ -236,9 +259,11 @@ class Matcher:
         ``accepted`` is the row the caller's committed acceptance transaction just wrote
         (its identity, key and owed-match mark): the signal is then not read back. Only
         its immutable identity is used; the resolution locks and re-validates the row.
-        The match then runs as :meth:`_match_accepted` (one transaction) when it can."""
+        The match then runs as :meth:`_match_accepted` (one transaction) when it can;
+        ``finish`` runs in that transaction only (the caller does its work itself when
+        ``finish``'s commit callback was not called)."""
         if accepted is not None and accepted.wake_signal_id == signal_id:
-            fused = await self._match_accepted(accepted)
+            fused = await self._match_accepted(accepted, finish)
             if fused is not None:
                 return fused
         async with transaction(self._engine, readonly=True) as conn:
@@ -264,7 +289,9 @@ class Matcher:
                 await queries.clear_signal_match_txn(conn, signal)
         return result
 
-    async def _match_accepted(self, signal: SignalRecord) -> WaitTransition | NoChange | None:
+    async def _match_accepted(
+        self, signal: SignalRecord, finish: MatchFinish | None = None
+    ) -> WaitTransition | NoChange | None:
         """The producer-side match of a just-accepted signal in ONE fresh transaction:
         the key's pending dependency and its evidence are read without locks, then the
         root-first resolution (root → step → dependency → signal) runs in the same
@@ -272,17 +299,30 @@ class Matcher:
         transaction followed by the resolution's. A signal no dependency waits for yet
         has its owed-match mark cleared in that transaction too.
 
+        The dependency's root and waiting step are locked (root → step) right after the
+        discovery and the evidence read uses them, so the resolution continues the
+        lifecycle order at the dependency and signal: the run and the step are read
+        once, not read and then locked again (three statements less per wake than an
+        unlocked evidence read followed by ``resolve_in``'s own discovery and locks).
+
         Only the common shape is fused: at most one pending dependency of the key and an
         evidence read that decides a resolution or nothing. Anything else (several
         waiters of one key — whose resolutions must not hold one run's locks while
         locking another's root — or an expiry) answers ``None`` with nothing written,
         and the caller runs the two-transaction match. A lost compare-and-swap rolls the
         whole transaction back and answers ``lost_race`` like :meth:`WaitStore.resolve`.
+        ``finish`` (the producer request's own completion) runs last in the transaction;
+        its commit callback runs after the commit.
         """
 
         async def fn(
             conn: AsyncConnection,
-        ) -> tuple[WaitTransition | NoChange, DependencyRecord | None, _Action | None]:
+        ) -> tuple[
+            WaitTransition | NoChange,
+            DependencyRecord | None,
+            _Action | None,
+            Callable[[], None] | None,
+        ]:
             deps = await queries.pending_for_key_txn(
                 conn, signal.scope, signal.producer_kind, signal.producer_key, 2
             )
@@ -292,16 +332,20 @@ class Matcher:
             dep = deps[0] if deps else None
             action = None
             if dep is not None:
-                action, _bounds = await self._evidence(conn, dep)
+                held = await lock_waiting_txn(conn, dep)
+                if held is None:  # the run is gone: the general path answers it
+                    raise _Unfused
+                action, _bounds = await self._evidence(conn, dep, held)
                 if action.expire is not None:
                     raise _Unfused
-                result = await action.resolve_in(self.waits, conn, dep)
+                result = await action.resolve_in(self.waits, conn, dep, held)
             if signal.next_match_at is not None and not _consumed(result, signal):
                 await queries.clear_signal_match_txn(conn, signal)
-            return result, dep, action
+            done = None if finish is None else await finish(conn, result)
+            return result, dep, action, done
 
         try:
-            result, dep, action = await run_in_transaction(self._engine, fn)
+            result, dep, action, done = await run_in_transaction(self._engine, fn)
         except _Unfused:
             return None
         except FenceLostError:
@@ -311,6 +355,8 @@ class Matcher:
                 async with transaction(self._engine) as conn:
                     await queries.clear_signal_match_txn(conn, signal)
             return NoChange("lost_race")
+        if done is not None:
+            done()
         if isinstance(result, WaitTransition) and dep is not None and action is not None:
             action.committed(dep, result)
             result = self._woken(result, dep)
@@ -351,9 +397,10 @@ class Matcher:
         return result
 
     async def _evidence(
-        self, conn: AsyncConnection, dep: DependencyRecord
+        self, conn: AsyncConnection, dep: DependencyRecord, held: HeldRun | None = None
     ) -> tuple[_Action, WaitBounds | None]:
-        """What the producer's evidence says about ``dep`` (read, never written)."""
+        """What the producer's evidence says about ``dep`` (read, never written;
+        ``held``: its root and step as the caller's transaction locked them)."""
         spec = self.registry.spec(dep.producer_kind)
         if spec is None:
             log.warning(
@@ -364,7 +411,7 @@ class Matcher:
         if spec.family is ProducerFamily.TIMER:
             return replace(await self._timer(conn, dep), family=spec.family.value), None
         try:
-            ctx = await self.context_txn(conn, dep)
+            ctx = await self.context_txn(conn, dep, held)
         except NotFoundError:
             return _Action(NoChange("run_missing")), None
         if spec.family is ProducerFamily.RECORD_CHANGE:
@@ -533,12 +580,17 @@ class _Action:
         return result
 
     async def resolve_in(
-        self, waits: WaitStore, conn: AsyncConnection, dep: DependencyRecord
+        self,
+        waits: WaitStore,
+        conn: AsyncConnection,
+        dep: DependencyRecord,
+        held: HeldRun | None = None,
     ) -> WaitTransition | NoChange:
         """The resolutions of :meth:`run` inside the caller's transaction (no expiry;
         the caller calls :meth:`committed` after its commit). The candidates are one
-        dependency's signals: the locks stay root → step → dependency → signal(s)."""
-        return await self._each(dep, functools.partial(waits.resolve_in, conn))
+        dependency's signals: the locks stay root → step → dependency → signal(s)
+        (``held``: root and step are locked already)."""
+        return await self._each(dep, functools.partial(waits.resolve_in, conn, held=held))
 
     async def _each(
         self, dep: DependencyRecord, resolve: Callable[..., Awaitable[WaitTransition | NoChange]]

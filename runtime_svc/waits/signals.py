@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from runtime_svc.kernel.decisions import NoChange
 from runtime_svc.kernel.store_waits import insert_signal_txn
 from runtime_svc.kernel.transitions_waits import WaitTransition
 from runtime_svc.kernel.wait_model import NewSignal, SignalRecord, SignalState, WorkScopeKey
@@ -37,7 +38,7 @@ from runtime_svc.waits import queries
 from runtime_svc.waits.evidence import SignalSubmission, validate_submission
 from runtime_svc.waits.record_producer import MATCH_GRACE, SIGNAL_RETENTION
 from runtime_svc.waits.registry import ProducerRegistry
-from runtime_svc.waits.resolution import Matcher
+from runtime_svc.waits.resolution import Matcher, MatchFinish
 from services.db import run_in_transaction, transaction
 from services.errors import FailedPreconditionError, NotFoundError
 from services.faults import CrashPoint, crash_point
@@ -82,6 +83,27 @@ def _inserted(
         state_version=0,
         next_match_at=now + MATCH_GRACE,
         consumed_at=None,
+    )
+
+
+def _final(
+    outcome: SubmitOutcome, result: WaitTransition | NoChange, signal_id: str
+) -> SubmitOutcome:
+    """The answer to a freshly accepted signal after its match: consumed by the
+    resolution that matched it (what that transaction wrote), or still unmatched with its
+    owed match settled."""
+    patch = result.signal if isinstance(result, WaitTransition) else None
+    if patch is None or patch.wake_signal_id != signal_id:
+        return SubmitOutcome(replace(outcome.signal, next_match_at=None))
+    return SubmitOutcome(
+        replace(
+            outcome.signal,
+            state=patch.to_state,
+            dependency_id=patch.values["dependency_id"],
+            consumed_at=patch.values["consumed_at"],
+            next_match_at=None,
+            state_version=outcome.signal.state_version + 1,
+        )
     )
 
 
@@ -168,7 +190,23 @@ class SignalService:
             self._observed(new, done.value[0], done.value[1])
         if done.replayed or done.value is None or not done.value[1]:
             return done.response
-        final = await self._matched(scope, new, done.value[0])
+        accepted = done.value[0]
+        answered: list[bytes] = []
+
+        async def finish(
+            conn: AsyncConnection, result: WaitTransition | NoChange
+        ) -> Callable[[], None]:
+            # The post-match answer is known in the match's own transaction: the ledger
+            # row is completed there (one write transaction less per wake than a
+            # separate completion); it counts only once that transaction committed.
+            response = await self._ledger.complete_txn(
+                conn, key, encode(_final(accepted, result, new.wake_signal_id))
+            )
+            return lambda: answered.append(response)
+
+        final = await self._matched(scope, new, accepted, finish)
+        if answered:
+            return answered[0]
         return await self._ledger.complete(self._engine, key, encode(final))
 
     async def _accept_txn(
@@ -218,32 +256,24 @@ class SignalService:
         metrics().signal_submitted(spec.family.value if spec else "unknown", kind)
 
     async def _matched(
-        self, scope: WorkScopeKey, new: NewSignal, outcome: SubmitOutcome
+        self,
+        scope: WorkScopeKey,
+        new: NewSignal,
+        outcome: SubmitOutcome,
+        finish: MatchFinish | None = None,
     ) -> SubmitOutcome:
-        """Step 3: the fresh-transaction match after the signal's commit."""
+        """Step 3: the fresh-transaction match after the signal's commit (``finish``:
+        the request's completion, in the match's transaction when it is one)."""
         crash_point(CrashPoint.AFTER_SIGNAL_COMMIT, new.producer_kind)
         try:
             result = await self._matcher.match_signal(
-                scope, new.wake_signal_id, accepted=outcome.signal
+                scope, new.wake_signal_id, accepted=outcome.signal, finish=finish
             )
         except Exception:
             # Acknowledged already: the owed match is the repair sweep's now.
             log.warning("signal %s: match deferred to the sweep", new.wake_signal_id, exc_info=True)
             return outcome
-        patch = result.signal if isinstance(result, WaitTransition) else None
-        if patch is None or patch.wake_signal_id != new.wake_signal_id:
-            return SubmitOutcome(replace(outcome.signal, next_match_at=None))
-        # Consumed by the resolution that just committed: what that transaction wrote.
-        return SubmitOutcome(
-            replace(
-                outcome.signal,
-                state=patch.to_state,
-                dependency_id=patch.values["dependency_id"],
-                consumed_at=patch.values["consumed_at"],
-                next_match_at=None,
-                state_version=outcome.signal.state_version + 1,
-            )
-        )
+        return _final(outcome, result, new.wake_signal_id)
 
     async def get(
         self,

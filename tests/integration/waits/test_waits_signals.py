@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -449,6 +450,39 @@ async def test_a_stale_hinted_candidate_claims_nothing(world: World) -> None:
     assert after.state is before.state
 
 
+async def _woken_by_hint(world: World, key: str, workers: int, ready: Callable[[], bool]) -> None:
+    """A run waits on ``key``; ``workers`` worker loops of one process idle on the
+    process's wakeup with a ten-minute poll interval; once ``ready()`` (their start-up
+    polls ran) the signal is submitted, and the run must finish."""
+    from runtime_svc.worker import FixedViews, WorkerSettings, start_background
+    from services.background import Wakeup
+    from tests.integration.worker.support import record_view
+    from tests.support.procs import assert_eventually
+
+    wake = Wakeup()
+    world.rt.matcher._on_resolved = wake.notify
+    run_id = await _waiting(world, key=key)
+    settings = WorkerSettings(workers=workers, sweeps=False, idle_ms=600_000)
+    bg = await start_background(
+        None,
+        world.engine,
+        views=FixedViews(record_view()),
+        settings=settings,
+        waits=world.rt,
+        work_wake=wake,
+    )
+    try:
+        await assert_eventually(ready, timeout=30, what="the start-up polls")
+        await world.rt.signals.submit(world.work, approval(key, f"t-{key}"))
+
+        async def finished() -> bool:
+            return (await world.run(run_id)).state is RunState.SUCCEEDED
+
+        await assert_eventually(finished, timeout=60, what="the hinted run to finish")
+    finally:
+        await bg.stop()
+
+
 async def test_a_worker_loop_idle_for_minutes_runs_a_resolved_run_from_its_hint(
     world: World,
 ) -> None:
@@ -459,15 +493,8 @@ async def test_a_worker_loop_idle_for_minutes_runs_a_resolved_run_from_its_hint(
     (when admission defers the hinted candidate of an org this process has not visited
     yet — fair-share credit comes from a visit, §16 — the woken iteration falls back to
     one pass at once, and a pass that found work re-polls once), never a timed poll."""
-    from runtime_svc.worker import FixedViews, WorkerSettings, start_background
     from runtime_svc.worker.loop import StepWorker
-    from services.background import Wakeup
-    from tests.integration.worker.support import record_view
-    from tests.support.procs import assert_eventually
 
-    wake = Wakeup()
-    world.rt.matcher._on_resolved = wake.notify
-    run_id = await _waiting(world, key="r3")
     polls = 0
     real_run_once = StepWorker.run_once
 
@@ -476,41 +503,80 @@ async def test_a_worker_loop_idle_for_minutes_runs_a_resolved_run_from_its_hint(
         polls += 1
         return await real_run_once(self)
 
-    settings = WorkerSettings(workers=1, sweeps=False, idle_ms=600_000)
     StepWorker.run_once = counted  # type: ignore[method-assign]
     try:
-        bg = await start_background(
-            None,
-            world.engine,
-            views=FixedViews(record_view()),
-            settings=settings,
-            waits=world.rt,
-            work_wake=wake,
-        )
-        try:
-            await assert_eventually(lambda: polls >= 1, timeout=30, what="the start-up poll")
-            await world.rt.signals.submit(world.work, approval("r3", "t3"))
-
-            async def finished() -> bool:
-                return (await world.run(run_id)).state is RunState.SUCCEEDED
-
-            await assert_eventually(finished, timeout=60, what="the hinted run to finish")
-        finally:
-            await bg.stop()
+        await _woken_by_hint(world, "r3", 1, lambda: polls >= 1)
     finally:
         StepWorker.run_once = real_run_once  # type: ignore[method-assign]
     assert polls <= 3  # start-up; at most the woken fallback pass and its busy re-poll
 
 
-async def test_an_accepted_signal_is_matched_and_resolved_in_one_transaction(
+async def test_a_resolution_wakes_one_of_the_idle_workers_the_others_keep_sleeping(
     world: World,
 ) -> None:
-    """The producer-side match of a just-accepted signal reads its evidence and resolves
-    in one fresh transaction after the acceptance's commit: two transactions per wake
-    (acceptance, match+resolution), the run resumed and the signal consumed."""
+    """Three worker loops of one process idle on the process's one wakeup (ten-minute
+    poll interval); a resolution's hinted notify wakes ONE of them, which runs the run
+    from the hint; the other two make no discovery pass for it (before: every idle
+    worker woke and polled, N-1 extra polls per wake)."""
+    from runtime_svc.worker.loop import StepWorker
+
+    polls: list[StepWorker] = []
+    hinted: list[StepWorker] = []
+    startup: list[int] = []
+    real_run_once, real_found = StepWorker.run_once, StepWorker.process_found
+
+    async def counted(self: StepWorker) -> Any:
+        polls.append(self)
+        return await real_run_once(self)
+
+    async def found(self: StepWorker, *args: Any, **kw: Any) -> Any:
+        hinted.append(self)
+        return await real_found(self, *args, **kw)
+
+    def ready() -> bool:
+        if len(set(polls)) < 3:
+            return False
+        startup.append(len(polls))
+        return True
+
+    StepWorker.run_once = counted  # type: ignore[method-assign]
+    StepWorker.process_found = found  # type: ignore[method-assign]
+    try:
+        await _woken_by_hint(world, "r5", 3, ready)
+    finally:
+        StepWorker.run_once = real_run_once  # type: ignore[method-assign]
+        StepWorker.process_found = real_found  # type: ignore[method-assign]
+    assert hinted, "the run was not claimed from the hint"
+    woken = hinted[0]
+    # Only the woken worker polled after the wake (its fallback pass when admission
+    # deferred the hint, and that pass's busy re-poll); the other two slept on.
+    assert all(w is woken for w in polls[startup[0] :]), polls[startup[0] :]
+
+
+def _submit_key(world: World, request_id: str, key: str, token: str) -> Any:
+    from services.proto import runtime_v1
+    from services.request_dedupe import DedupeScope, RequestKey
+
+    request = runtime_v1.SubmitWakeSignalRequest(
+        request_id=request_id, producer_kind="approval.decision", producer_key=key, wake_token=token
+    )
+    return RequestKey.of(DedupeScope.of_work_scope(world.work), "SubmitWakeSignal", request)
+
+
+async def test_submit_wake_signal_completes_its_request_row_in_the_match_transaction(
+    world: World,
+) -> None:
+    """``SubmitWakeSignal``'s request-ledger row commits with the signal (provisional)
+    and is completed with the post-match answer inside the match+resolution
+    transaction — two transactions per wake, not a third for the ledger — and a retry
+    with the same request id replays that consumed answer."""
     from sqlalchemy import event
 
-    run_id = await _waiting(world, key="r4")
+    from runtime_svc.api.signals import encode_submit_response
+    from services.proto import runtime_v1
+
+    run_id = await _waiting(world, key="r6")
+    key = _submit_key(world, "req-r6", "r6", "t6")
     begun: list[int] = []
 
     def began(*_args: object) -> None:
@@ -518,12 +584,56 @@ async def test_an_accepted_signal_is_matched_and_resolved_in_one_transaction(
 
     event.listen(world.engine.sync_engine, "begin", began)
     try:
-        outcome = await world.rt.signals.submit(world.work, approval("r4", "t4"))
+        data = await world.rt.signals.submit_once(
+            world.work, approval("r6", "t6"), key, encode_submit_response
+        )
     finally:
         event.remove(world.engine.sync_engine, "begin", began)
     assert len(begun) == 2
-    assert outcome.signal.state.name == "CONSUMED"
+    answer = runtime_v1.SubmitWakeSignalResponse.FromString(data)
+    assert answer.signal.resolution_state == SignalState.CONSUMED.value
+    assert answer.signal.dependency_id and answer.signal.consumed_at.seconds > 0
     assert (await world.run(run_id)).state is RunState.RUNNABLE
+    replay = await world.rt.signals.submit_once(
+        world.work, approval("r6", "t6"), key, encode_submit_response
+    )
+    assert replay == data  # the completed (consumed) answer, not the provisional one
+
+
+async def test_a_submission_whose_match_lost_its_race_still_completes_its_request_row(
+    world: World,
+) -> None:
+    """When the fused match transaction rolls back (a concurrent transition won the
+    compare-and-swap), nothing of it — the ledger completion included — is kept: the
+    request row is completed in a transaction of its own and a retry replays it."""
+    from runtime_svc.api.signals import encode_submit_response
+    from runtime_svc.kernel.store_waits import WaitStore
+    from services.errors import FenceLostError
+
+    await _waiting(world, key="r7")
+    key = _submit_key(world, "req-r7", "r7", "t7")
+    real = WaitStore.resolve_in
+
+    async def lost(self: WaitStore, *args: Any, **kw: Any) -> Any:
+        await real(self, *args, **kw)
+        raise FenceLostError("moved meanwhile", entity="flow_dependencies", key="r7")
+
+    WaitStore.resolve_in = lost  # type: ignore[method-assign]
+    try:
+        data = await world.rt.signals.submit_once(
+            world.work, approval("r7", "t7"), key, encode_submit_response
+        )
+    finally:
+        WaitStore.resolve_in = real  # type: ignore[method-assign]
+    from services.proto import runtime_v1
+
+    answer = runtime_v1.SubmitWakeSignalResponse.FromString(data)
+    assert not answer.signal.dependency_id  # unmatched: the resolution rolled back
+    assert answer.signal.resolution_state == SignalState.UNMATCHED.value
+    replay = await world.rt.signals.submit_once(
+        world.work, approval("r7", "t7"), key, encode_submit_response
+    )
+    assert replay == data
 
 
 async def test_two_waiters_of_one_key_take_the_two_transaction_match_one_wake_each(

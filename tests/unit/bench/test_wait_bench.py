@@ -21,8 +21,13 @@ async def test_the_wait_bench_measures_real_wakes_and_sweeps(
     assert re.search(r"reconciler sweep,\s+60 waiting: .* 61 probes \(batch 100\)", out), out
     assert re.search(r"wake latency,\s+60 waiting: p50 +\d", out), out
     assert re.search(r"wake p99 ratio 60 / 20 waiting: +\d", out), out
-    # Acceptance, then match and resolution in one fresh transaction; the worker claims
-    # the candidate the resolution's hint carries (no candidate read): 2 + 2.
+    # Where the time went: the four commits' phases, CPU and GC per wake, the slowest.
+    assert re.search(r"phases p50/p99 ms: signal [\d.]+/[\d.]+, resolution .* running", out), out
+    assert re.search(r"CPU per wake p50/p99 [\d.]+/[\d.]+ ms; GC in a wake", out), out
+    assert "slow wake" in out
+    # Acceptance (signal + request-ledger row), then match, resolution and the ledger
+    # row's completion in one fresh transaction; the worker claims the candidate the
+    # resolution's hint carries (no candidate read): 2 + 2.
     assert "cost per wake: accept+resolve 2 transactions" in out
     assert "claim+running 2 transactions" in out
     # Every measured wake left the population again; the clones (and the template) wait.

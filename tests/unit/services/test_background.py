@@ -234,3 +234,55 @@ def test_an_idle_floor_sets_the_first_delay_after_work_and_stays_under_the_cap()
     # A floor above the cap is the cap; below the minimum, the minimum.
     assert IdleBackoff(0.2, random.Random(1), min_s=5.0).next_delay() <= 0.2
     assert IdleBackoff(0.2, random.Random(1), min_s=0.0).next_delay() <= 0.01
+
+
+async def _waiting(wake: Wakeup, count: int) -> list[asyncio.Task[bool]]:
+    """``count`` loops idle on ``wake`` (hour-long waits), in start order."""
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(wake.wait(stop, 3600.0)) for _ in range(count)]
+    for _ in range(100):  # bounded: let every task reach its wait
+        await asyncio.sleep(0)
+    assert not any(t.done() for t in tasks)
+    return tasks
+
+
+async def test_a_notify_wakes_one_waiting_loop_the_longest_waiting_first() -> None:
+    wake = Wakeup()
+    tasks = await _waiting(wake, 3)
+    wake.notify("run-1")
+    await asyncio.wait(tasks, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    for _ in range(100):  # the other two stay asleep (no discovery pass each)
+        await asyncio.sleep(0)
+    assert [t.done() for t in tasks] == [True, False, False]
+    assert tasks[0].result() is True
+    assert wake.take_hints() == ["run-1"]
+    wake.notify()
+    wake.notify()  # a second notification in a row wakes the next waiting loop
+    await asyncio.wait_for(asyncio.gather(*tasks[1:]), timeout=5)
+    assert [t.result() for t in tasks] == [True, True, True]
+    # Nobody waits any more: the next notification is kept for the next wait.
+    wake.notify()
+    assert await wake.wait(asyncio.Event(), 3600.0) is True
+
+
+async def test_a_picked_loop_cancelled_before_it_ran_hands_the_notification_on() -> None:
+    wake = Wakeup()
+    [task] = await _waiting(wake, 1)
+    wake.notify("run-1")
+    task.cancel()  # picked, then cancelled before it resumed
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await wake.wait(asyncio.Event(), 3600.0) is True
+    assert wake.take_hints() == ["run-1"]
+
+
+async def test_a_loop_that_stopped_or_timed_out_is_not_picked() -> None:
+    wake = Wakeup()
+    stop = asyncio.Event()
+    stopping = asyncio.create_task(wake.wait(stop, 3600.0))
+    await asyncio.sleep(0)
+    stop.set()
+    assert await asyncio.wait_for(stopping, timeout=5) is False
+    assert await wake.wait(asyncio.Event(), 0.01) is False  # timed out, not notified
+    wake.notify()  # no waiter left behind to swallow it: the next wait gets it
+    assert await wake.wait(asyncio.Event(), 3600.0) is True
