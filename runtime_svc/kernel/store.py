@@ -107,6 +107,7 @@ from runtime_svc.kernel.store_reads import (
 )
 from runtime_svc.kernel.store_rows import (
     PreparedCheckpoint,
+    apply_claim_running,
     apply_transition,
     count_fenced_attempts,
     extend_lease_row,
@@ -293,6 +294,7 @@ class FlowRunStateStore:
         lease_owner: str,
         lock_plan_digest: str = EMPTY_LOCK_PLAN_DIGEST,
         trace_id: str | None = None,
+        running: bool = False,
     ) -> LeaseFence | NotEligible:
         """§12.1: claim the candidate's step; exactly one concurrent claimer wins.
 
@@ -301,6 +303,11 @@ class FlowRunStateStore:
         UPDATE found the row already moved, and ``"attempt_budget_spent"`` when the due
         step could never be claimed again: that claim transaction ended the step and the
         run (``retry_exhausted``) instead.
+
+        ``running``: the fused claim (``docs/adr/0003-fused-claim-running.md``) — the
+        same transaction also moves the step ``Claimed -> Running`` (§12.2 (3)) and the
+        fence comes back with the version the final commit compares, so no
+        :meth:`mark_running` transaction follows.
         """
         if candidate.org_id != org_id:
             raise TransitionInputError("candidate belongs to another org", field="org_id")
@@ -319,6 +326,7 @@ class FlowRunStateStore:
                 trace_id=trace_id,
                 expected_root_version=candidate.root_state_version,
                 expected_step_version=candidate.step_state_version,
+                running=running,
             )
 
         try:
@@ -342,12 +350,16 @@ class FlowRunStateStore:
         expected_root_version: int | None,
         expected_step_version: int | None,
         held: tuple[RunRecord, StepRecord] | None = None,
+        running: bool = False,
     ) -> tuple[LeaseFence, Transition | None] | NotEligible:
         """The one claim path (§12.1 steps 3-5) of :meth:`claim` and
         :meth:`continue_txn`: lock root then step, decide, apply. ``held`` is the root
         and step a continuation's transaction already holds and wrote (ADR 0002),
-        decided on instead of locked again. Returns the fence and, for a claim that
-        won, the transition it applied."""
+        decided on instead of locked again. ``running``: also decide
+        ``decide_start_running`` on the rows the claim leaves (derived in memory) and
+        write both in the claim's UPDATEs (ADR 0003); the fence then carries the
+        Running version. Returns the fence and, for a claim that won, the transition
+        it applied."""
         if held is not None:
             root, step = held
         else:
@@ -370,10 +382,24 @@ class FlowRunStateStore:
         decision = decide_claim(root, step, now, self.policy, request)
         if isinstance(decision, NotEligible):
             return decision
-        await apply_transition(conn, org_id, decision.transition, now)
-        if isinstance(decision, RetryExhausted):
-            return NotEligible("attempt_budget_spent")
+        if isinstance(decision, RetryExhausted) or not running:
+            await apply_transition(conn, org_id, decision.transition, now)
+            if isinstance(decision, RetryExhausted):
+                return NotEligible("attempt_budget_spent")
+            return decision.fence(org_id, root.flow_run_id, step, request, token), (
+                decision.transition
+            )
         fence = decision.fence(org_id, root.flow_run_id, step, request, token)
+        # The rows the claim leaves, derived in memory (kernel.applied): the same
+        # decide_start_running as the running transaction, on the same rows.
+        rows = _claimed_rows(org_id, root, step, decision.transition, now)
+        started = decide_start_running(*rows, fence, now)
+        if isinstance(started, FenceLost):
+            raise fence_error(started)  # unreachable: the claim just wrote these rows
+        if started.transition.step is None:
+            raise InvariantError("decide_start_running patches the step")
+        await apply_claim_running(conn, org_id, decision.transition, started.transition.step, now)
+        # One UPDATE moved the step by one version, Pending -> Running.
         return fence, decision.transition
 
     async def _plan_digest(self, conn: AsyncConnection, org_id: str, plan_id: str) -> str:
@@ -434,17 +460,11 @@ class FlowRunStateStore:
             expected_root_version=None,
             expected_step_version=None,
             held=held,
+            running=True,
         )
         if isinstance(claimed, NotEligible):
             return claimed
-        fence, transition = claimed
-        if held is None or transition is None:
-            return await _start_running_txn(conn, org_id, fence, now)
-        # The rows the claim just wrote, derived in memory (kernel.applied): the same
-        # decide_start_running as the running transaction, without re-reading them.
-        root, step = held
-        rows = _claimed_rows(org_id, root, step, transition, now)
-        return await _start_running_rows(conn, org_id, fence, rows, now)
+        return claimed[0]
 
     async def mark_running(self, org_id: str, fence: LeaseFence) -> LeaseFence:
         """§12.2 step 3: step ``Claimed -> Running``; returns the fence with the new step

@@ -69,10 +69,12 @@ from runtime_svc.schema import (
 from services.db import SwitchOnNull, fenced_update, insert_if_absent
 from services.digest import versioned_digest
 from services.errors import ConflictError, FenceLostError, InvalidArgumentError, NotFoundError
+from services.invariants import InvariantError
 from services.metrics import metrics
 
 __all__ = [
     "PreparedCheckpoint",
+    "apply_claim_running",
     "apply_transition",
     "count_fenced_attempts",
     "extend_lease_row",
@@ -262,12 +264,23 @@ async def _apply_run(
     )
 
 
-async def _apply_step(conn: AsyncConnection, org_id: str, patch: StepPatch, now: datetime) -> int:
+async def _apply_step(
+    conn: AsyncConnection,
+    org_id: str,
+    patch: StepPatch,
+    now: datetime,
+    then: StepPatch | None = None,
+) -> int:
+    """``patch`` as one conditional UPDATE; with ``then`` (a patch decided on the row
+    ``patch`` leaves), both in the same UPDATE: ``patch``'s predicates, the values of
+    both, ``then``'s target state — one version step (:func:`apply_claim_running`)."""
     changes = patch_changes(patch)
+    if then is not None:
+        changes.update(patch_changes(then))
     if "lease_token_digest" in changes:
         changes["lease_token"] = changes.pop("lease_token_digest")
     values = _coded(changes)
-    values.update(state=patch.to_state.code, updated_at=now)
+    values.update(state=(patch if then is None else then).to_state.code, updated_at=now)
     equal: dict[str, Any] = {
         "state": patch.from_state.code,
         "ownership_epoch": patch.expect_epoch,
@@ -328,6 +341,42 @@ async def apply_transition(
         await insert_attempt(conn, org_id, transition.new_attempt)
     if transition.new_step is not None:
         await insert_step(conn, org_id, transition.new_step, now)
+
+
+async def apply_claim_running(
+    conn: AsyncConnection,
+    org_id: str,
+    claim: Transition,
+    running: StepPatch,
+    now: datetime,
+) -> None:
+    """A claim's ``transition`` with its step going on to ``Running`` in the same
+    conditional UPDATE (the fused claim, ``docs/adr/0003-fused-claim-running.md``).
+
+    ``running`` is ``decide_start_running``'s patch, decided on the rows the claim
+    leaves (``kernel.applied``). The root UPDATE and the attempt INSERT are the claim's;
+    the step UPDATE carries the claim's predicates (version, ``Pending``/``Runnable``
+    state, epoch, no lease token) and sets the claim's lease *and* ``Running``, moving
+    the version by one. Nothing is weaker than the two UPDATEs it replaces: the second
+    compared only what the first had just written under the root lock.
+
+    Raises:
+        FenceLostError: an UPDATE matched no row (the transaction must roll back).
+        InvariantError: ``claim`` is not a claim's transition, or ``running`` is not the
+            next arrow of its step.
+    """
+    step = claim.step
+    if claim.run is None or step is None or claim.new_attempt is None:
+        raise InvariantError("a claim transition patches root and step and adds an attempt")
+    if claim.attempt is not None or claim.new_step is not None:
+        raise InvariantError("a claim transition touches no other attempt or step")
+    if running.step_execution_id != step.step_execution_id or running.from_state is not (
+        step.to_state
+    ):
+        raise InvariantError("the running patch does not continue the claim's step patch")
+    await _apply_run(conn, org_id, claim.run, projected_step_state(claim), now)
+    await _apply_step(conn, org_id, step, now, then=running)
+    await insert_attempt(conn, org_id, claim.new_attempt)
 
 
 async def extend_lease_row(

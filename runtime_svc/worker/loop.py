@@ -2,7 +2,8 @@
 
 One step, end to end (:meth:`StepWorker.process`)::
 
-    claim ─► crash_point(after_claim) ─► mark_running ─► crash_point(after_running)
+    claim + Running in one transaction (ADR 0003)
+      ─► crash_point(after_claim) ─► crash_point(after_running)
       ─► [heartbeat task: extend_lease every lease/3 (§12.3)]
            load plan, step, input checkpoint (+ ReadVerificationSet)
            ─► interpret (PureCompute: no transaction)
@@ -422,8 +423,10 @@ class StepWorker:
                 return [Outcome.NOT_ELIGIBLE]
         watch = _watch(candidate)
         chain.trace_id = watch.trace_id
+        # The fused claim (ADR 0003): the claim transaction also moves the step
+        # Claimed -> Running, so the fence comes back Running.
         claimed = await self.store.claim(
-            org_id, candidate, lease_owner=self.owner, trace_id=watch.trace_id
+            org_id, candidate, lease_owner=self.owner, trace_id=watch.trace_id, running=True
         )
         if isinstance(claimed, NotEligible):
             watch.lost(claimed.reason)
@@ -453,14 +456,10 @@ class StepWorker:
             done.append(outcome)
         return done
 
-    async def _claimed(self, org_id: str, claimed: LeaseFence, chain: _Chain) -> Outcome:
+    async def _claimed(self, org_id: str, fence: LeaseFence, chain: _Chain) -> Outcome:
+        # Claim and Running committed together (ADR 0003): both named points mark the one
+        # window between that commit and the step's preparation.
         crash_point(CrashPoint.AFTER_CLAIM_COMMIT)
-        try:
-            fence = await self.store.mark_running(org_id, claimed)
-        except FenceLostError:
-            # Another owner (recovery, cancellation) won: its transition is authoritative.
-            log.info("fence lost on %s; abandoning", claimed.step_execution_id)
-            return Outcome.FENCE_LOST
         crash_point(CrashPoint.AFTER_RUNNING_COMMIT)
         return await self._running(org_id, fence, chain)
 
