@@ -62,6 +62,7 @@ from runtime_svc.kernel import (
     Candidate,
     CheckpointInput,
     CommitResult,
+    ContinueAs,
     FailureClass,
     FlowRunStateStore,
     LeaseFence,
@@ -709,6 +710,7 @@ class StepWorker:
                     advance=outcome.advance,
                     evidence=_lock_plan_evidence(admitted),
                     input_sequence=prepared.input_sequence,
+                    continue_as=self._continue_as(prepared, outcome, chain),
                 )
                 if prepared.wait is not None and self._waits is not None:
                     # §14: the dependency commits with the wait transition and the
@@ -765,6 +767,26 @@ class StepWorker:
         chain.next = continued
         return Outcome.COMMITTED
 
+    def _continue_as(
+        self, prepared: _Prepared, outcome: StepOutcome, chain: _Chain
+    ) -> ContinueAs | None:
+        """Ask the commit to claim the run's next step (step continuation, fused into
+        the commit's writes — ADR 0002/0003) when the chain has room, the step advances
+        the run to a new step of a lane this worker serves, and it carries no wait or
+        effect of its own. Admission's ``gate`` is asked by the commit once its fence
+        held."""
+        advance = outcome.advance
+        if (
+            chain.remaining <= 0
+            or not isinstance(advance, NextStep)
+            or advance.queue_class not in self._queues
+            or prepared.wait is not None
+            or prepared.effect is not None
+            or not prepared.plan_id
+        ):
+            return None
+        return ContinueAs(self.owner, chain.trace_id, chain.gate)
+
     async def _continue_txn(
         self,
         conn: AsyncConnection,
@@ -775,26 +797,13 @@ class StepWorker:
         committed: CommitResult,
         chain: _Chain,
     ) -> tuple[LeaseFence, NextStep, _Known] | None:
-        """Claim the run's next step in the committing transaction (step continuation),
-        when the chain has room, the commit advanced the run to a new step of a lane this
-        worker serves, and the step carries no wait or effect of its own."""
+        """The continuation the commit wrote (:meth:`_continue_as`), if any."""
         advance = outcome.advance
-        if (
-            chain.remaining <= 0
-            or not isinstance(advance, NextStep)
-            or advance.queue_class not in self._queues
-            or prepared.wait is not None
-            or prepared.effect is not None
-            or committed.context_json is None
-            or not prepared.plan_id
-            or (chain.gate is not None and not chain.gate(advance.queue_class))
-        ):
+        claimed = committed.continued
+        if claimed is None or not isinstance(advance, NextStep) or not prepared.plan_id:
             return None
-        claimed = await self.store.continue_txn(
-            conn, org_id, fence, committed, lease_owner=self.owner, trace_id=chain.trace_id
-        )
-        if isinstance(claimed, NotEligible):
-            return None
+        if committed.context_json is None:
+            raise InvariantError("a continued commit publishes its checkpoint payload")
         chain.remaining -= 1
         raw = committed.read_verification_json
         known = _Known(
