@@ -67,6 +67,7 @@ from runtime_svc.kernel import (
     FlowRunStateStore,
     LeaseFence,
     NotEligible,
+    RunRecord,
     RunState,
     StepFailure,
 )
@@ -299,6 +300,10 @@ class StepWorker:
             tuple[str, str], tuple[TrustedRuntimeWorkScope, ExecutionPlan, int]
         ]
         self._plans = OrderedDict()
+        #: The root as the latest successful final commit of this worker left it (derived
+        #: in memory, ``kernel.applied``; ``None`` when it continued the run or failed):
+        #: a synchronous caller answers from it instead of reading the run back.
+        self.last_committed_root: RunRecord | None = None
         self._orgs = _rotation(engine, org_batch)
         self._binary = binary_check
         self._rng = random.Random()  # noqa: S311 - claim order spread, not a secret
@@ -652,6 +657,7 @@ class StepWorker:
         key = step.key
         began = time.perf_counter()
         continued: tuple[LeaseFence, NextStep, _Known] | None = None
+        self.last_committed_root = None
         try:
             async with transaction(self._engine) as conn:
                 read: list[ReadToken] = []
@@ -724,6 +730,7 @@ class StepWorker:
                 )
                 crash_point(CrashPoint.BEFORE_STEP_COMMIT, key)
             raise_connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, key)
+            self.last_committed_root = committed.root
             metrics().step_transaction(plan.profile.value, step.kind.value, _since(began))
         except StepFault as fault:  # rolled back before any lifecycle write
             return await self._fail(org_id, fence, fault.code)
