@@ -606,21 +606,16 @@ class FlowRunStateStore:
         )
         transition = decision.transition
         new_step = transition.new_step
+        continued = None
         if continue_as is not None and decision.run_state is RunState.RUNNABLE:
             continued = await self._fused_continuation(
                 conn, org_id, root, transition, now, continue_as
             )
-            if continued is not None:
-                return CommitResult(
-                    decision.run_state,
-                    meta,
-                    None if new_step is None else new_step.step_execution_id,
-                    committed_at=now,
-                    context_json=prepared.context_json,
-                    read_verification_json=prepared.read_verification_json,
-                    continued=continued,
-                )
-        await apply_transition(conn, org_id, transition, now)
+        if continued is None:
+            await apply_transition(conn, org_id, transition, now)
+        # Continued: the root and next step were written as the continuation left them
+        # (the fence carries what a caller needs); otherwise as the commit left them.
+        written = continued is None
         return CommitResult(
             decision.run_state,
             meta,
@@ -629,9 +624,12 @@ class FlowRunStateStore:
             context_json=prepared.context_json,
             read_verification_json=prepared.read_verification_json,
             root=None
-            if transition.run is None
+            if transition.run is None or not written
             else applied_run(root, transition.run, projected_step_state(transition), now),
-            next_step=None if new_step is None else inserted_step(org_id, new_step, now),
+            next_step=None
+            if new_step is None or not written
+            else inserted_step(org_id, new_step, now),
+            continued=continued,
         )
 
     async def _fused_continuation(
