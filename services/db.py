@@ -55,6 +55,7 @@ from sqlalchemy import (
     case,
     event,
     insert,
+    literal_column,
     make_url,
     select,
     text,
@@ -101,7 +102,9 @@ __all__ = [
     "insert_if_absent",
     "insert_prepared",
     "new_metadata",
+    "now_column",
     "outbox_delivery_columns",
+    "remember_now",
     "run_in_transaction",
     "strategy_for",
     "transaction",
@@ -795,6 +798,35 @@ async def db_now(conn: AsyncConnection) -> datetime:
         # The clock statement itself may have begun the (autobegin) transaction.
         sync.info[_NOW_KEY] = (sync.get_transaction(), now)
     return now
+
+
+def remember_now(conn: AsyncConnection, now: datetime) -> datetime:
+    """Keep ``now`` — a clock reading the caller took with another statement of this
+    transaction (e.g. a column of its first lock read) — as the transaction's
+    :func:`db_now`, unless the transaction already has one; returns the one kept (the
+    first reading wins, as in :func:`db_now`)."""
+    sync = conn.sync_connection
+    txn = None if sync is None else sync.get_transaction()
+    if txn is None or sync is None:
+        return now
+    cached = sync.info.get(_NOW_KEY)
+    if cached is not None and cached[0] is txn:
+        return cached[1]  # type: ignore[no-any-return]
+    sync.info[_NOW_KEY] = (txn, now)
+    return now
+
+
+def now_column(dialect: Dialect) -> tuple[ColumnElement[Any], Callable[[Any], datetime]]:
+    """The database clock of :func:`db_now` as a select-list column (labelled
+    ``db_now``) and the parser of its value, so a statement can carry the clock with
+    its rows (:func:`remember_now`)."""
+    strategy = strategy_for(dialect)
+    if not strategy.now_sql.startswith("SELECT "):
+        raise ValueError(f"unexpected clock query {strategy.now_sql!r}")
+    column: ColumnElement[Any] = literal_column(strategy.now_sql.removeprefix("SELECT ")).label(
+        "db_now"
+    )
+    return column, strategy.parse_now
 
 
 # --- column types ----------------------------------------------------------------------

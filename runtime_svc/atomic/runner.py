@@ -111,6 +111,17 @@ class AtomicRunner:
                 outcome = await self._worker.process(org_id, candidate)
                 self._record(outcome)
                 if outcome in _SETTLED or time.monotonic() >= deadline:
+                    # A commit that ended the run answers with the root it wrote (derived
+                    # in memory, pinned equal to the stored row by
+                    # test_kernel_derived_rows): no read-back transaction.
+                    root = self._worker.last_committed_root
+                    if (
+                        outcome is Outcome.COMMITTED
+                        and root is not None
+                        and root.flow_run_id == flow_run_id
+                        and root.state in TERMINAL_RUN_STATES
+                    ):
+                        return root
                     return await self._state(org_id, flow_run_id)
                 continue
             run = await self._state(org_id, flow_run_id)

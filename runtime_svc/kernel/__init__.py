@@ -41,6 +41,7 @@ from runtime_svc.kernel.states import (
 )
 from runtime_svc.kernel.store import (
     CommitResult,
+    ContinueAs,
     FirstStep,
     FlowRunStateStore,
     StartRunRequest,
@@ -57,6 +58,7 @@ __all__ = [
     "CheckpointInput",
     "CommitResult",
     "CompatibilityStatus",
+    "ContinueAs",
     "EnterWait",
     "ExecutionOwner",
     "FailRun",

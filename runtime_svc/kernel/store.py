@@ -47,6 +47,7 @@ from runtime_svc.kernel.decisions import (
     CancelCompleted,
     CancelRecorded,
     CancelWon,
+    Claimed,
     ClaimRequest,
     FenceLost,
     NextStep,
@@ -79,7 +80,7 @@ from runtime_svc.kernel.policy import (
     lease_token_digest,
     new_lease_token,
 )
-from runtime_svc.kernel.states import AttemptOutcome, RunState
+from runtime_svc.kernel.states import AttemptOutcome, RunState, StepState
 from runtime_svc.kernel.store_create import (
     FirstStep,
     StartRunRequest,
@@ -107,6 +108,8 @@ from runtime_svc.kernel.store_reads import (
 )
 from runtime_svc.kernel.store_rows import (
     PreparedCheckpoint,
+    apply_claim_running,
+    apply_commit_continued,
     apply_transition,
     count_fenced_attempts,
     extend_lease_row,
@@ -149,6 +152,7 @@ __all__ = [
     "EMPTY_LOCK_PLAN_DIGEST",
     "Clock",
     "CommitResult",
+    "ContinueAs",
     "FirstStep",
     "FlowRunStateStore",
     "RecoveryResult",
@@ -196,6 +200,21 @@ class CommitResult:
     #: instead of re-reading rows it holds or wrote (ADR 0002).
     root: RunRecord | None = dataclasses.field(default=None, repr=False)
     next_step: StepRecord | None = dataclasses.field(default=None, repr=False)
+    #: With ``continue_as``: the Running fence of the next step this commit claimed
+    #: (``None``: not continued — the root and next step above are then as written).
+    continued: LeaseFence | None = dataclasses.field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class ContinueAs:
+    """Ask a final commit to continue its run (ADR 0002, fused per ADR 0003): when it
+    advances the root to a new step, claim that step for ``lease_owner`` and make it
+    ``Running`` in the same writes. ``admit(queue_class)`` (admission, §16) is asked
+    once the commit's fence held, before the claim decision; ``False`` declines."""
+
+    lease_owner: str
+    trace_id: str | None = None
+    admit: Callable[[str], bool] | None = dataclasses.field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -293,6 +312,7 @@ class FlowRunStateStore:
         lease_owner: str,
         lock_plan_digest: str = EMPTY_LOCK_PLAN_DIGEST,
         trace_id: str | None = None,
+        running: bool = False,
     ) -> LeaseFence | NotEligible:
         """§12.1: claim the candidate's step; exactly one concurrent claimer wins.
 
@@ -301,6 +321,11 @@ class FlowRunStateStore:
         UPDATE found the row already moved, and ``"attempt_budget_spent"`` when the due
         step could never be claimed again: that claim transaction ended the step and the
         run (``retry_exhausted``) instead.
+
+        ``running``: the fused claim (``docs/adr/0003-fused-claim-running.md``) — the
+        same transaction also moves the step ``Claimed -> Running`` (§12.2 (3)) and the
+        fence comes back with the version the final commit compares, so no
+        :meth:`mark_running` transaction follows.
         """
         if candidate.org_id != org_id:
             raise TransitionInputError("candidate belongs to another org", field="org_id")
@@ -319,6 +344,7 @@ class FlowRunStateStore:
                 trace_id=trace_id,
                 expected_root_version=candidate.root_state_version,
                 expected_step_version=candidate.step_state_version,
+                running=running,
             )
 
         try:
@@ -342,12 +368,16 @@ class FlowRunStateStore:
         expected_root_version: int | None,
         expected_step_version: int | None,
         held: tuple[RunRecord, StepRecord] | None = None,
+        running: bool = False,
     ) -> tuple[LeaseFence, Transition | None] | NotEligible:
         """The one claim path (§12.1 steps 3-5) of :meth:`claim` and
         :meth:`continue_txn`: lock root then step, decide, apply. ``held`` is the root
         and step a continuation's transaction already holds and wrote (ADR 0002),
-        decided on instead of locked again. Returns the fence and, for a claim that
-        won, the transition it applied."""
+        decided on instead of locked again. ``running``: also decide
+        ``decide_start_running`` on the rows the claim leaves (derived in memory) and
+        write both in the claim's UPDATEs (ADR 0003); the fence then carries the
+        Running version. Returns the fence and, for a claim that won, the transition
+        it applied."""
         if held is not None:
             root, step = held
         else:
@@ -370,10 +400,24 @@ class FlowRunStateStore:
         decision = decide_claim(root, step, now, self.policy, request)
         if isinstance(decision, NotEligible):
             return decision
-        await apply_transition(conn, org_id, decision.transition, now)
-        if isinstance(decision, RetryExhausted):
-            return NotEligible("attempt_budget_spent")
+        if isinstance(decision, RetryExhausted) or not running:
+            await apply_transition(conn, org_id, decision.transition, now)
+            if isinstance(decision, RetryExhausted):
+                return NotEligible("attempt_budget_spent")
+            return decision.fence(org_id, root.flow_run_id, step, request, token), (
+                decision.transition
+            )
         fence = decision.fence(org_id, root.flow_run_id, step, request, token)
+        # The rows the claim leaves, derived in memory (kernel.applied): the same
+        # decide_start_running as the running transaction, on the same rows.
+        rows = _claimed_rows(org_id, root, step, decision.transition, now)
+        started = decide_start_running(*rows, fence, now)
+        if isinstance(started, FenceLost):
+            raise fence_error(started)  # unreachable: the claim just wrote these rows
+        if started.transition.step is None:
+            raise InvariantError("decide_start_running patches the step")
+        await apply_claim_running(conn, org_id, decision.transition, started.transition.step, now)
+        # One UPDATE moved the step by one version, Pending -> Running.
         return fence, decision.transition
 
     async def _plan_digest(self, conn: AsyncConnection, org_id: str, plan_id: str) -> str:
@@ -434,17 +478,11 @@ class FlowRunStateStore:
             expected_root_version=None,
             expected_step_version=None,
             held=held,
+            running=True,
         )
         if isinstance(claimed, NotEligible):
             return claimed
-        fence, transition = claimed
-        if held is None or transition is None:
-            return await _start_running_txn(conn, org_id, fence, now)
-        # The rows the claim just wrote, derived in memory (kernel.applied): the same
-        # decide_start_running as the running transaction, without re-reading them.
-        root, step = held
-        rows = _claimed_rows(org_id, root, step, transition, now)
-        return await _start_running_rows(conn, org_id, fence, rows, now)
+        return claimed[0]
 
     async def mark_running(self, org_id: str, fence: LeaseFence) -> LeaseFence:
         """§12.2 step 3: step ``Claimed -> Running``; returns the fence with the new step
@@ -494,6 +532,7 @@ class FlowRunStateStore:
         advance: Advance,
         evidence: Mapping[str, Any] | None = None,
         input_sequence: int | None = None,
+        continue_as: ContinueAs | None = None,
     ) -> CommitResult:
         """§12.2 steps 9-12, inside the worker's business transaction and after its
         business locks: lock root, step, attempt; revalidate the whole fence; insert the
@@ -513,6 +552,14 @@ class FlowRunStateStore:
         ``SELECT MAX``; on any other root version the sequence is read as always (the
         unique ``(org, run, sequence)`` key backs both).
 
+        ``continue_as``: step continuation fused into the commit's writes (ADR 0003):
+        when the commit advances the root to a new ``Runnable`` step and
+        ``decide_claim`` / ``decide_start_running`` accept it on the rows the commit
+        leaves, the root is written once (left ``Running`` on the new step), the new
+        step is inserted claimed and ``Running`` and its attempt inserted;
+        :attr:`CommitResult.continued` carries its fence. Otherwise the commit is
+        written alone.
+
         Raises:
             FenceLostError: the fence no longer holds; the caller's transaction must roll
                 back (every business write in it goes too).
@@ -522,7 +569,9 @@ class FlowRunStateStore:
         """
         self._check_fence(org_id, fence)
         prepared = prepare_checkpoint(output, max_bytes=self.max_checkpoint_bytes)
-        return await self._commit(conn, org_id, fence, prepared, advance, evidence, input_sequence)
+        return await self._commit(
+            conn, org_id, fence, prepared, advance, evidence, input_sequence, continue_as
+        )
 
     async def _commit(
         self,
@@ -533,6 +582,7 @@ class FlowRunStateStore:
         advance: Advance,
         evidence: Mapping[str, Any] | None,
         input_sequence: int | None = None,
+        continue_as: ContinueAs | None = None,
     ) -> CommitResult:
         if isinstance(advance, NextStep) and not advance.step_execution_id:
             advance = dataclasses.replace(advance, step_execution_id=new_id("step"))
@@ -555,8 +605,17 @@ class FlowRunStateStore:
             else None,
         )
         transition = decision.transition
-        await apply_transition(conn, org_id, transition, now)
         new_step = transition.new_step
+        continued = None
+        if continue_as is not None and decision.run_state is RunState.RUNNABLE:
+            continued = await self._fused_continuation(
+                conn, org_id, root, transition, now, continue_as
+            )
+        if continued is None:
+            await apply_transition(conn, org_id, transition, now)
+        # Continued: the root and next step were written as the continuation left them
+        # (the fence carries what a caller needs); otherwise as the commit left them.
+        written = continued is None
         return CommitResult(
             decision.run_state,
             meta,
@@ -565,10 +624,66 @@ class FlowRunStateStore:
             context_json=prepared.context_json,
             read_verification_json=prepared.read_verification_json,
             root=None
-            if transition.run is None
+            if transition.run is None or not written
             else applied_run(root, transition.run, projected_step_state(transition), now),
-            next_step=None if new_step is None else inserted_step(org_id, new_step, now),
+            next_step=None
+            if new_step is None or not written
+            else inserted_step(org_id, new_step, now),
+            continued=continued,
         )
+
+    async def _fused_continuation(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        root: RunRecord,
+        commit: Transition,
+        now: datetime,
+        continue_as: ContinueAs,
+    ) -> LeaseFence | None:
+        """Decide the continuation of ``commit`` on the rows it leaves (derived in
+        memory) and, if the claim and ``Running`` decisions accept, write the commit
+        and the continuation together (``apply_commit_continued``); ``None`` writes
+        nothing (the caller writes the commit alone)."""
+        new_step = commit.new_step
+        if commit.run is None or new_step is None or new_step.state is not StepState.PENDING:
+            return None
+        if continue_as.admit is not None and not continue_as.admit(new_step.queue_class):
+            return None
+        after_root = applied_run(root, commit.run, projected_step_state(commit), now)
+        after_step = inserted_step(org_id, new_step, now)
+        token = new_lease_token()
+        request = ClaimRequest(
+            attempt_id=new_id("att"),
+            lease_owner=continue_as.lease_owner,
+            lease_token_digest=lease_token_digest(token),
+            ownership_epoch=self.ownership_epoch,
+            plan_digest=await self._plan_digest(conn, org_id, root.plan_id),
+            lock_plan_digest=EMPTY_LOCK_PLAN_DIGEST,
+            trace_id=continue_as.trace_id,
+            expected_root_version=None,
+            expected_step_version=None,
+        )
+        decision = decide_claim(after_root, after_step, now, self.policy, request)
+        if not isinstance(decision, Claimed):
+            return None
+        claim = decision.transition
+        if claim.new_attempt is None:
+            raise InvariantError("a claim adds an attempt")
+        fence = decision.fence(org_id, root.flow_run_id, after_step, request, token)
+        rows = _claimed_rows(org_id, after_root, after_step, claim, now)
+        started = decide_start_running(*rows, fence, now)
+        if isinstance(started, FenceLost) or started.transition.step is None:
+            return None
+        # One root UPDATE carries the commit and the claim: the root moves one version
+        # (the claim decided on the commit's, one more), and the attempt records it.
+        version = root.state_version + 1
+        claim = dataclasses.replace(
+            claim,
+            new_attempt=dataclasses.replace(claim.new_attempt, root_state_version_at_claim=version),
+        )
+        await apply_commit_continued(conn, org_id, commit, claim, started.transition.step, now)
+        return dataclasses.replace(fence, root_state_version=version, step_state_version=1)
 
     async def record_rollback(
         self, org_id: str, fence: LeaseFence, failure: StepFailure

@@ -69,10 +69,13 @@ from runtime_svc.schema import (
 from services.db import SwitchOnNull, fenced_update, insert_if_absent
 from services.digest import versioned_digest
 from services.errors import ConflictError, FenceLostError, InvalidArgumentError, NotFoundError
+from services.invariants import InvariantError
 from services.metrics import metrics
 
 __all__ = [
     "PreparedCheckpoint",
+    "apply_claim_running",
+    "apply_commit_continued",
     "apply_transition",
     "count_fenced_attempts",
     "extend_lease_row",
@@ -230,26 +233,42 @@ def _coded(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _apply_run(
-    conn: AsyncConnection, org_id: str, patch: RunPatch, step_state: StepState | None, now: datetime
+    conn: AsyncConnection,
+    org_id: str,
+    patch: RunPatch,
+    step_state: StepState | None,
+    now: datetime,
+    then: RunPatch | None = None,
 ) -> int:
-    values = _coded(patch_changes(patch))
-    status: Any = compatibility_status(patch.to_state, step_state).code
-    if patch.to_state in ACTIVE_RUN_STATES:
+    """``patch`` as one conditional UPDATE; with ``then`` (a patch decided on the row
+    ``patch`` leaves, same epoch), both in the same UPDATE: ``patch``'s predicates plus
+    ``then``'s liveness/pause predicates, the values of both, ``then``'s target state —
+    one version step (:func:`apply_commit_continued`)."""
+    changes = patch_changes(patch)
+    last = patch
+    if then is not None:
+        if then.expect_epoch != patch.expect_epoch or then.from_state is not patch.to_state:
+            raise InvariantError("the second root patch does not continue the first")
+        changes.update(patch_changes(then))
+        last = then
+    values = _coded(changes)
+    status: Any = compatibility_status(last.to_state, step_state).code
+    if last.to_state in ACTIVE_RUN_STATES:
         # An operator-paused run (PauseRun) keeps projecting §18.2 ``Paused`` through
         # every transition it still takes (a running step's commit, a wait resolution).
-        paused = compatibility_status(patch.to_state, step_state, paused=True).code
+        paused = compatibility_status(last.to_state, step_state, paused=True).code
         status = SwitchOnNull("operator_paused_at", paused, status)
-    values.update(runtime_state=patch.to_state.code, interview_status=status, updated_at=now)
+    values.update(runtime_state=last.to_state.code, interview_status=status, updated_at=now)
     equal: dict[str, Any] = {
         "runtime_state": patch.from_state.code,
         "execution_owner": _V2,
         "ownership_epoch": patch.expect_epoch,
     }
-    if patch.require_live:
+    if patch.require_live or (then is not None and then.require_live):
         equal.update(is_deleted=False, delete_requested_at=None)
     if patch.expect_current_step is not None:
         equal["current_step_execution_id"] = patch.expect_current_step
-    if patch.require_not_paused:
+    if patch.require_not_paused or (then is not None and then.require_not_paused):
         equal["operator_paused_at"] = None
     return await fenced_update(
         conn,
@@ -262,12 +281,23 @@ async def _apply_run(
     )
 
 
-async def _apply_step(conn: AsyncConnection, org_id: str, patch: StepPatch, now: datetime) -> int:
+async def _apply_step(
+    conn: AsyncConnection,
+    org_id: str,
+    patch: StepPatch,
+    now: datetime,
+    then: StepPatch | None = None,
+) -> int:
+    """``patch`` as one conditional UPDATE; with ``then`` (a patch decided on the row
+    ``patch`` leaves), both in the same UPDATE: ``patch``'s predicates, the values of
+    both, ``then``'s target state — one version step (:func:`apply_claim_running`)."""
     changes = patch_changes(patch)
+    if then is not None:
+        changes.update(patch_changes(then))
     if "lease_token_digest" in changes:
         changes["lease_token"] = changes.pop("lease_token_digest")
     values = _coded(changes)
-    values.update(state=patch.to_state.code, updated_at=now)
+    values.update(state=(patch if then is None else then).to_state.code, updated_at=now)
     equal: dict[str, Any] = {
         "state": patch.from_state.code,
         "ownership_epoch": patch.expect_epoch,
@@ -330,6 +360,82 @@ async def apply_transition(
         await insert_step(conn, org_id, transition.new_step, now)
 
 
+async def apply_claim_running(
+    conn: AsyncConnection,
+    org_id: str,
+    claim: Transition,
+    running: StepPatch,
+    now: datetime,
+) -> None:
+    """A claim's ``transition`` with its step going on to ``Running`` in the same
+    conditional UPDATE (the fused claim, ``docs/adr/0003-fused-claim-running.md``).
+
+    ``running`` is ``decide_start_running``'s patch, decided on the rows the claim
+    leaves (``kernel.applied``). The root UPDATE and the attempt INSERT are the claim's;
+    the step UPDATE carries the claim's predicates (version, ``Pending``/``Runnable``
+    state, epoch, no lease token) and sets the claim's lease *and* ``Running``, moving
+    the version by one. Nothing is weaker than the two UPDATEs it replaces: the second
+    compared only what the first had just written under the root lock.
+
+    Raises:
+        FenceLostError: an UPDATE matched no row (the transaction must roll back).
+        InvariantError: ``claim`` is not a claim's transition, or ``running`` is not the
+            next arrow of its step.
+    """
+    step = claim.step
+    if claim.run is None or step is None or claim.new_attempt is None:
+        raise InvariantError("a claim transition patches root and step and adds an attempt")
+    if claim.attempt is not None or claim.new_step is not None:
+        raise InvariantError("a claim transition touches no other attempt or step")
+    if running.step_execution_id != step.step_execution_id or running.from_state is not (
+        step.to_state
+    ):
+        raise InvariantError("the running patch does not continue the claim's step patch")
+    await _apply_run(conn, org_id, claim.run, projected_step_state(claim), now)
+    await _apply_step(conn, org_id, step, now, then=running)
+    await insert_attempt(conn, org_id, claim.new_attempt)
+
+
+async def apply_commit_continued(
+    conn: AsyncConnection,
+    org_id: str,
+    commit: Transition,
+    claim: Transition,
+    running: StepPatch,
+    now: datetime,
+) -> None:
+    """A commit's ``transition`` fused with the continuation's claim of the step it
+    inserts and that step's ``Running`` (``docs/adr/0003-fused-claim-running.md``).
+
+    ``claim`` and ``running`` are ``decide_claim`` / ``decide_start_running`` decided on
+    the rows ``commit`` leaves (``kernel.applied``). Written: one root UPDATE with the
+    commit's predicates (and the claim's liveness/pause ones) that leaves the root
+    ``Running`` on the new step (one version step); the old step and attempt UPDATEs
+    of the commit; the new step INSERTed already claimed and ``Running``; the new
+    attempt INSERTed. Every UPDATE is conditional as before; the claim's own
+    predicates on the new step compared only the row this INSERT makes.
+
+    Raises:
+        FenceLostError: an UPDATE matched no row (the transaction must roll back).
+        InvariantError: the transitions are not a commit that inserts a step and a
+            claim of that step.
+    """
+    new_step, step = commit.new_step, claim.step
+    if commit.run is None or claim.run is None or new_step is None or step is None:
+        raise InvariantError("a continued commit advances the root to a step it inserts")
+    if claim.new_attempt is None or claim.attempt is not None or claim.new_step is not None:
+        raise InvariantError("a claim transition adds exactly one attempt")
+    await _apply_run(conn, org_id, commit.run, running.to_state, now, then=claim.run)
+    if commit.step is not None:
+        await _apply_step(conn, org_id, commit.step, now)
+    if commit.attempt is not None:
+        await _apply_attempt(conn, org_id, commit.attempt)
+    if commit.new_attempt is not None:
+        raise InvariantError("a commit adds no attempt")
+    await insert_step(conn, org_id, new_step, now, claimed=(step, running))
+    await insert_attempt(conn, org_id, claim.new_attempt)
+
+
 async def extend_lease_row(
     conn: AsyncConnection, org_id: str, step: StepRecord, token_digest: str, until: datetime
 ) -> None:
@@ -378,10 +484,19 @@ async def insert_attempt(conn: AsyncConnection, org_id: str, a: NewAttempt) -> N
         raise fence_lost(ATTEMPTS, a.attempt_id, 0, None, "attempt_exists")
 
 
-async def insert_step(conn: AsyncConnection, org_id: str, s: NewStep, now: datetime) -> None:
+async def insert_step(
+    conn: AsyncConnection,
+    org_id: str,
+    s: NewStep,
+    now: datetime,
+    claimed: tuple[StepPatch, StepPatch] | None = None,
+) -> None:
     """Insert a ``Pending`` (or, for an effect completion, ``Waiting``) step; a
-    duplicate invocation is a conflicting advance."""
-    values = {
+    duplicate invocation is a conflicting advance. ``claimed`` (the fused claim's step
+    patch and its ``Running`` patch, decided on the row this insert makes): insert it
+    as those patches leave it — claimed, leased, ``Running``, version 1
+    (:func:`apply_commit_continued`)."""
+    values: dict[str, Any] = {
         "org_id": org_id,
         "step_execution_id": s.step_execution_id,
         "flow_run_id": s.flow_run_id,
@@ -398,6 +513,21 @@ async def insert_step(conn: AsyncConnection, org_id: str, s: NewStep, now: datet
         "created_at": now,
         "updated_at": now,
     }
+    if claimed is not None:
+        claim, running = claimed
+        if (
+            claim.step_execution_id != s.step_execution_id
+            or claim.expected_version != 0
+            or claim.from_state is not s.state
+            or running.from_state is not claim.to_state
+        ):
+            raise InvariantError("the claim patches do not start from the inserted step")
+        changes = patch_changes(claim)
+        changes.update(patch_changes(running))
+        if "lease_token_digest" in changes:
+            changes["lease_token"] = changes.pop("lease_token_digest")
+        values.update(_coded(changes))
+        values.update(state=running.to_state.code, state_version=1)
     if not await insert_if_absent(conn, flow_step_executions, values):
         raise ConflictError(
             "this step invocation already exists", entity=STEPS, key=s.plan_step_key

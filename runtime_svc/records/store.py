@@ -21,7 +21,7 @@ cache directly.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records.model import ParentRef, RecordState
 from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
-from services.db import insert_prepared
+from services.db import insert_prepared, now_column, remember_now
 from services.digest import canonical_json
 from services.errors import FenceLostError
 
@@ -44,6 +44,7 @@ __all__ = [
     "insert_history_txn",
     "insert_record_txn",
     "lock_history_txn",
+    "lock_record_clocked_txn",
     "query_children_txn",
     "read_record_txn",
     "update_record_txn",
@@ -107,6 +108,31 @@ _INSERT_AUDIT = insert(audit_records)
 
 def _key(org_id: str, object_name: str, record_id: str) -> dict[str, Any]:
     return {"k_org": org_id, "k_object": object_name, "k_record": record_id}
+
+
+#: :func:`lock_record_clocked_txn`'s statement per dialect name (its clock SQL differs).
+_LOCK_CLOCKED: dict[str, tuple[Any, Callable[[Any], datetime]]] = {}
+
+
+async def lock_record_clocked_txn(
+    conn: AsyncConnection, org_id: str, object_name: str, record_id: str
+) -> RecordState | None:
+    """:func:`read_record_txn` with ``lock=True`` that also carries the database clock
+    (``services.db.now_column``) and keeps it as the transaction's ``db_now``
+    (``remember_now``): a transaction whose first statement is this lock needs no
+    separate clock round trip. Deleted rows are returned (as a locking read does);
+    when no row matches the clock is not read (the next ``db_now`` reads it)."""
+    built = _LOCK_CLOCKED.get(conn.dialect.name)
+    if built is None:
+        clock, parse = now_column(conn.dialect)
+        stmt = select(records, clock).where(*_RECORD_KEY).with_for_update()
+        built = _LOCK_CLOCKED[conn.dialect.name] = (stmt, parse)
+    stmt, parse = built
+    row = (await conn.execute(stmt, _key(org_id, object_name, record_id))).one_or_none()
+    if row is None:
+        return None
+    remember_now(conn, parse(row.db_now))
+    return _state(row)
 
 
 async def read_record_txn(

@@ -81,14 +81,16 @@ from runtime_svc.records import (
     prepare_update,
 )
 from runtime_svc.records.engine import ChangeSink, LockHook
+from runtime_svc.records.locking import RECORD_ENTITY, lock_relevant_relationships
 from runtime_svc.records.model import RecordState
-from runtime_svc.records.store import query_children_txn
+from runtime_svc.records.store import lock_record_clocked_txn, query_children_txn
 from runtime_svc.resources import (
     LateResourceDiscoveryError,
     LockPlan,
     LockRole,
     ResourceClass,
     ResourceKey,
+    business_key,
 )
 from runtime_svc.worker.actions import PureActionError, run_pure_action
 from runtime_svc.worker.budget import BudgetExceeded, BudgetMeter
@@ -748,6 +750,23 @@ async def apply_intents_txn(
     """
     if not intents:
         return []
+    if len(intents) == 1 and intents[0].kind != "create":
+        lone = intents[0]
+        if not lock_relevant_relationships(view, lone.object_name):
+            return await _apply_lone_txn(
+                conn,
+                org_id,
+                view,
+                lone,
+                actor=actor,
+                lineage=lineage,
+                on_locked=on_locked,
+                before_writes=before_writes,
+                declared=declared,
+                observed=observed,
+                admitted=admitted,
+                changes=changes,
+            )
     mutations: list[RecordMutation] = []
     plan: LockPlan | None = None
     for intent in intents:
@@ -798,13 +817,90 @@ async def apply_intents_txn(
             for m in mutations
         ]
     except LateResourceDiscoveryError as exc:
-        # The retry's expanded plan must stay within the declared maximum; a discovery
-        # beyond it is terminal, never retried (§13.3 step 4).
-        role = exc.role or LockRole.RECORD
-        expanded = plan.union(LockPlan.of([(exc.resource_key, role)]))
-        if declared is not None:
-            check_resource_bounds(declared, expanded)
-        exc.expanded_plan = expanded
+        _expand(exc, plan, declared)
+        raise
+
+
+def _expand(
+    exc: LateResourceDiscoveryError, plan: LockPlan, declared: Sequence[ResourceDecl] | None
+) -> None:
+    """Give a late discovery its expanded plan for the retry's evidence. The retry's
+    expanded plan must stay within the declared maximum; a discovery beyond it is
+    terminal, never retried (§13.3 step 4: raises :class:`ResourceBoundExceeded`)."""
+    role = exc.role or LockRole.RECORD
+    expanded = plan.union(LockPlan.of([(exc.resource_key, role)]))
+    if declared is not None:
+        check_resource_bounds(declared, expanded)
+    exc.expanded_plan = expanded
+
+
+async def _apply_lone_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    view: RecordView,
+    intent: MutationIntent,
+    *,
+    actor: Actor,
+    lineage: Lineage,
+    on_locked: LockHook | None,
+    before_writes: Callable[[], Awaitable[None]] | None,
+    declared: Sequence[ResourceDecl] | None,
+    observed: Mapping[tuple[str, str], int] | None,
+    admitted: list[LockPlan] | None,
+    changes: ChangeSink | None,
+) -> list[MutationResult]:
+    """:func:`apply_intents_txn` for one update/delete of an object without
+    lock-relevant relationships (the common durable step).
+
+    No parent can enter its plan: it is the record, then its history row — known
+    before any read (``plan_mutation`` without the stored row). So the bounds are
+    checked first (§13.3, before any business lock) and the one read the step needs is
+    the record's ``FOR UPDATE``, the plan's first lock in §13.1 order, handed to
+    :func:`acquire_locks_txn` instead of a plain read followed by the same row's lock
+    (one statement fewer; ``RecordEngine.mutate_txn`` does the same for a
+    ``RecordService`` write)."""
+    obj, rid = intent.object_name, intent.record_id
+    expected = (observed or {}).get((obj, rid))
+    try:
+        if intent.kind == "update":
+            mutation = prepare_update(view, obj, rid, expected, intent.fields)
+        else:
+            mutation = prepare_delete(view, obj, rid, expected)
+    except RecordValidationError as exc:
+        raise StepFault("record_invalid", str(exc)) from exc
+    plan = plan_mutation(view, mutation, None)
+    if admitted is not None:
+        admitted[:] = [plan]
+    if declared is not None:
+        check_resource_bounds(declared, plan)
+    # The lock also carries the database clock: the transaction's db_now, so neither the
+    # lock phase nor the kernel's commit reads it again (one round trip fewer).
+    row = await lock_record_clocked_txn(conn, org_id, obj, rid)
+    if row is None or row.is_deleted:
+        if before_writes is not None:
+            await before_writes()  # a vanished snapshot record: let verification classify it
+        raise StepFault("record_not_found", str(NotFoundError(RECORD_ENTITY, f"{obj}/{rid}")))
+    if plan_mutation(view, mutation, row) != plan:
+        raise InvariantError("an unparented record's lock plan depends on its stored row")
+    try:
+        locks = await acquire_locks_txn(
+            conn,
+            org_id,
+            view,
+            plan,
+            [mutation],
+            on_locked=on_locked,
+            locked={business_key(obj, rid): row},
+        )
+        if before_writes is not None:
+            await before_writes()
+        return [
+            await apply_mutation_txn(
+                conn, org_id, view, mutation, locks, actor=actor, lineage=lineage, changes=changes
+            )
+        ]
+    except LateResourceDiscoveryError as exc:
+        _expand(exc, plan, declared)
         raise
 
 

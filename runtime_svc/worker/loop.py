@@ -2,7 +2,8 @@
 
 One step, end to end (:meth:`StepWorker.process`)::
 
-    claim ─► crash_point(after_claim) ─► mark_running ─► crash_point(after_running)
+    claim + Running in one transaction (ADR 0003)
+      ─► crash_point(after_claim) ─► crash_point(after_running)
       ─► [heartbeat task: extend_lease every lease/3 (§12.3)]
            load plan, step, input checkpoint (+ ReadVerificationSet)
            ─► interpret (PureCompute: no transaction)
@@ -61,10 +62,12 @@ from runtime_svc.kernel import (
     Candidate,
     CheckpointInput,
     CommitResult,
+    ContinueAs,
     FailureClass,
     FlowRunStateStore,
     LeaseFence,
     NotEligible,
+    RunRecord,
     RunState,
     StepFailure,
 )
@@ -297,6 +300,10 @@ class StepWorker:
             tuple[str, str], tuple[TrustedRuntimeWorkScope, ExecutionPlan, int]
         ]
         self._plans = OrderedDict()
+        #: The root as the latest successful final commit of this worker left it (derived
+        #: in memory, ``kernel.applied``; ``None`` when it continued the run or failed):
+        #: a synchronous caller answers from it instead of reading the run back.
+        self.last_committed_root: RunRecord | None = None
         self._orgs = _rotation(engine, org_batch)
         self._binary = binary_check
         self._rng = random.Random()  # noqa: S311 - claim order spread, not a secret
@@ -422,8 +429,10 @@ class StepWorker:
                 return [Outcome.NOT_ELIGIBLE]
         watch = _watch(candidate)
         chain.trace_id = watch.trace_id
+        # The fused claim (ADR 0003): the claim transaction also moves the step
+        # Claimed -> Running, so the fence comes back Running.
         claimed = await self.store.claim(
-            org_id, candidate, lease_owner=self.owner, trace_id=watch.trace_id
+            org_id, candidate, lease_owner=self.owner, trace_id=watch.trace_id, running=True
         )
         if isinstance(claimed, NotEligible):
             watch.lost(claimed.reason)
@@ -453,14 +462,10 @@ class StepWorker:
             done.append(outcome)
         return done
 
-    async def _claimed(self, org_id: str, claimed: LeaseFence, chain: _Chain) -> Outcome:
+    async def _claimed(self, org_id: str, fence: LeaseFence, chain: _Chain) -> Outcome:
+        # Claim and Running committed together (ADR 0003): both named points mark the one
+        # window between that commit and the step's preparation.
         crash_point(CrashPoint.AFTER_CLAIM_COMMIT)
-        try:
-            fence = await self.store.mark_running(org_id, claimed)
-        except FenceLostError:
-            # Another owner (recovery, cancellation) won: its transition is authoritative.
-            log.info("fence lost on %s; abandoning", claimed.step_execution_id)
-            return Outcome.FENCE_LOST
         crash_point(CrashPoint.AFTER_RUNNING_COMMIT)
         return await self._running(org_id, fence, chain)
 
@@ -652,6 +657,7 @@ class StepWorker:
         key = step.key
         began = time.perf_counter()
         continued: tuple[LeaseFence, NextStep, _Known] | None = None
+        self.last_committed_root = None
         try:
             async with transaction(self._engine) as conn:
                 read: list[ReadToken] = []
@@ -710,6 +716,7 @@ class StepWorker:
                     advance=outcome.advance,
                     evidence=_lock_plan_evidence(admitted),
                     input_sequence=prepared.input_sequence,
+                    continue_as=self._continue_as(prepared, outcome, chain),
                 )
                 if prepared.wait is not None and self._waits is not None:
                     # §14: the dependency commits with the wait transition and the
@@ -723,6 +730,7 @@ class StepWorker:
                 )
                 crash_point(CrashPoint.BEFORE_STEP_COMMIT, key)
             raise_connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, key)
+            self.last_committed_root = committed.root
             metrics().step_transaction(plan.profile.value, step.kind.value, _since(began))
         except StepFault as fault:  # rolled back before any lifecycle write
             return await self._fail(org_id, fence, fault.code)
@@ -766,6 +774,26 @@ class StepWorker:
         chain.next = continued
         return Outcome.COMMITTED
 
+    def _continue_as(
+        self, prepared: _Prepared, outcome: StepOutcome, chain: _Chain
+    ) -> ContinueAs | None:
+        """Ask the commit to claim the run's next step (step continuation, fused into
+        the commit's writes — ADR 0002/0003) when the chain has room, the step advances
+        the run to a new step of a lane this worker serves, and it carries no wait or
+        effect of its own. Admission's ``gate`` is asked by the commit once its fence
+        held."""
+        advance = outcome.advance
+        if (
+            chain.remaining <= 0
+            or not isinstance(advance, NextStep)
+            or advance.queue_class not in self._queues
+            or prepared.wait is not None
+            or prepared.effect is not None
+            or not prepared.plan_id
+        ):
+            return None
+        return ContinueAs(self.owner, chain.trace_id, chain.gate)
+
     async def _continue_txn(
         self,
         conn: AsyncConnection,
@@ -776,26 +804,13 @@ class StepWorker:
         committed: CommitResult,
         chain: _Chain,
     ) -> tuple[LeaseFence, NextStep, _Known] | None:
-        """Claim the run's next step in the committing transaction (step continuation),
-        when the chain has room, the commit advanced the run to a new step of a lane this
-        worker serves, and the step carries no wait or effect of its own."""
+        """The continuation the commit wrote (:meth:`_continue_as`), if any."""
         advance = outcome.advance
-        if (
-            chain.remaining <= 0
-            or not isinstance(advance, NextStep)
-            or advance.queue_class not in self._queues
-            or prepared.wait is not None
-            or prepared.effect is not None
-            or committed.context_json is None
-            or not prepared.plan_id
-            or (chain.gate is not None and not chain.gate(advance.queue_class))
-        ):
+        claimed = committed.continued
+        if claimed is None or not isinstance(advance, NextStep) or not prepared.plan_id:
             return None
-        claimed = await self.store.continue_txn(
-            conn, org_id, fence, committed, lease_owner=self.owner, trace_id=chain.trace_id
-        )
-        if isinstance(claimed, NotEligible):
-            return None
+        if committed.context_json is None:
+            raise InvariantError("a continued commit publishes its checkpoint payload")
         chain.remaining -= 1
         raw = committed.read_verification_json
         known = _Known(

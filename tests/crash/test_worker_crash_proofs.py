@@ -203,6 +203,12 @@ async def test_sigkill_at_named_point_then_restart_finishes_exactly_once(
         assert entered == 1
     else:
         assert entered == 0  # killed after claiming, before the step was entered
+        # The fused claim (ADR 0003): claim and Running committed in one transaction, so
+        # both points find the step Running under the dead worker's lease and attempt —
+        # never Claimed; only lease expiry hands it on.
+        first = await _step_row(engine, seeded, run.flow_run_id, "bump1")
+        assert first["state"] == "Running" and first["lease_token"] is not None
+        assert first["attempt_count"] == 1
 
     done = await _finish(harness, store, seeded, run.flow_run_id)
     await _assert_exactly_once(engine, seeded, done)

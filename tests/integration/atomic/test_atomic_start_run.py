@@ -53,6 +53,8 @@ async def test_start_run_returns_the_terminal_state_committed_in_one_transaction
     run = outcome.view.run
     assert run.state is RunState.SUCCEEDED
     assert runner.outcomes == [Outcome.COMMITTED]
+    # The answer is the root the commit wrote (not read back): exactly the stored row.
+    assert run == await store.get_run(seeded.org, run.flow_run_id, include_deleted=True)
     assert outcome.view.output_variables is not None
     assert set(outcome.view.output_variables) == {"task"}
     task = outcome.view.output_variables["task"]

@@ -28,6 +28,7 @@ from runtime_svc.records import (
     prepare_delete,
     prepare_update,
 )
+from runtime_svc.records.store import lock_record_clocked_txn
 from runtime_svc.schema import (
     audit_records,
     business_events,
@@ -35,7 +36,7 @@ from runtime_svc.schema import (
     records,
     runtime_requests,
 )
-from services.db import transaction
+from services.db import db_now, transaction
 from services.errors import NotFoundError
 from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.records.support import last_sequence, record_view, sequences
@@ -184,3 +185,34 @@ async def test_every_row_of_a_write_carries_the_transactions_one_clock_reading(
         ]
     assert len(set(times)) == 1, times
     assert times[0] == done.value.record.created_at
+
+
+async def test_a_clocked_lock_carries_the_transactions_clock_in_its_one_statement(
+    engine: AsyncEngine, org: str
+) -> None:
+    """``lock_record_clocked_txn`` (a durable step's first lock, ``worker/executor.py``):
+    the record's ``FOR UPDATE`` also returns the database clock, kept as the
+    transaction's ``db_now`` — no clock statement follows; a reading already taken in
+    the transaction wins; an absent row reads no clock (the next ``db_now`` does)."""
+    rec = RecordEngine(engine)
+    created = await rec.mutate(
+        org, VIEW, prepare_create(VIEW, "Note", "", {"Body": "one"}), actor=ACTOR
+    )
+    rid = created.record.record_id
+    with _counting(engine) as counts:
+        async with transaction(engine) as conn:
+            row = await lock_record_clocked_txn(conn, org, "Note", rid)
+            now = await db_now(conn)
+    assert row is not None and row.version == 1 and row.fields["Body"] == "one"
+    assert (counts.transactions, counts.statements) == (1, 1)
+    assert now >= created.record.updated_at
+
+    async with transaction(engine) as conn:
+        first = await db_now(conn)
+        assert await lock_record_clocked_txn(conn, org, "Note", rid) is not None
+        assert await db_now(conn) == first
+    with _counting(engine) as counts:
+        async with transaction(engine) as conn:
+            assert await lock_record_clocked_txn(conn, org, "Note", "no-such-note") is None
+            await db_now(conn)
+    assert counts.statements == 2

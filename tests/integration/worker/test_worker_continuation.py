@@ -85,8 +85,9 @@ async def test_a_run_continues_through_its_steps_with_one_write_transaction_each
         sa.event.remove(engine.sync_engine, "begin", count)
     # bump1 (claimed), then calc, bump2, bump3 continued by the commits before them.
     assert outcomes == [Outcome.COMMITTED] * 4
-    # One claim and one running transaction for the first step; then one commit per step.
-    assert len(writes) == 2 + 4
+    # One fused claim + Running transaction for the first step (ADR 0003); then one
+    # commit per step.
+    assert len(writes) == 1 + 4
     await check_exactly_once(engine, seeded.org, expected_runs=[run.flow_run_id])
     attempts = await rows(engine, flow_step_attempts, org_id=seeded.org)
     # Every step entered with its own attempt and its own lease token.

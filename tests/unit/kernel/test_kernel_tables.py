@@ -237,6 +237,7 @@ def test_public_exports_are_pinned() -> None:
             "CheckpointInput",
             "CommitResult",
             "CompatibilityStatus",
+            "ContinueAs",
             "EnterWait",
             "ExecutionOwner",
             "FailRun",
