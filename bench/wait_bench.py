@@ -5,13 +5,14 @@ set) MariaDB:
   (``SignalService.submit_once`` with a request id, as the servicer calls it: validate,
   commit the signal with its request-ledger row, the producer-side match and the
   root-first resolution, the ledger row's completion) and then the scheduler's claim (of
-  the candidate the resolution's wakeup hint carries, as a worker of the process does)
-  and ``Claimed → Running`` of the woken step, p50/p99 over ``samples`` wakes, with 1,000
-  and with 100,000 other runs waiting, and the p99 ratio (target p99 ≤ 50 ms on
-  loopback, ratio ≤ 1.2). The worker's idle back-off is left out: a hint ends it
+  the candidate the resolution's wakeup hint carries, as a worker of the process does,
+  with ``Claimed → Running`` in the claim's own transaction — the fused claim of
+  ``docs/adr/0003-fused-claim-running.md``) of the woken step, p50/p99 over ``samples``
+  wakes, with 1,000 and with 100,000 other runs waiting, and the p99 ratio (target p99 ≤
+  50 ms on loopback, ratio ≤ 1.2). The worker's idle back-off is left out: a hint ends it
   (``services.background.Wakeup``);
-* **where a wake's time goes**: per phase (up to the signal's, the resolution's, the
-  claim's and the ``Running`` commit), the process CPU and GC pauses per wake, and the
+* **where a wake's time goes**: per phase (up to the signal's, the resolution's and the
+  claim-and-``Running`` commit), the process CPU and GC pauses per wake, and the
   phases of the slowest 2 % of wakes — the tail the p99 comes from;
 * the **cost drivers of one wake**: transactions and SQL statements, split into the
   accept-and-resolve part and the claim part;
@@ -117,10 +118,10 @@ _GC = _GcPauses()
 gc.callbacks.append(_GC)
 
 #: The phases of a wake, each ending where the named transaction was handed to COMMIT.
-_PHASES = ("signal", "resolution", "claim", "running")
+_PHASES = ("signal", "resolution", "claim+running")
 _NAMES = {
     len(_PHASES) + 1: (*_PHASES, "end"),
-    len(_PHASES) + 2: ("signal", "resolution", "ledger", "claim", "running", "end"),
+    len(_PHASES) + 2: ("signal", "resolution", "ledger", "claim+running", "end"),
 }
 
 
@@ -132,7 +133,7 @@ class _Wake:
     accept_sql: int
     claim_tx: int
     claim_sql: int
-    #: ms from the submit to each of the wake's four commits (``_PHASES``) and to the end.
+    #: ms from the submit to each of the wake's three commits (``_PHASES``) and to the end.
     marks: tuple[float, ...] = ()
     #: CPU ms of this process over the wake (``time.process_time``; aiosqlite's thread
     #: included).
@@ -234,10 +235,9 @@ async def _wake(world: World, hints: list[ResolvedRun], key: str) -> _Wake:
             candidate = await world.store.candidate_for_run(world.org, run.flow_run_id)
         if candidate is None:
             raise RuntimeError("the woken run is not claimable")
-        fence = await world.store.claim(world.org, candidate, lease_owner="bench")
+        fence = await world.store.claim(world.org, candidate, lease_owner="bench", running=True)
         if isinstance(fence, NotEligible):
             raise RuntimeError(f"the woken run's claim was refused: {fence.reason}")
-        await world.store.mark_running(world.org, fence)
         t2 = time.perf_counter()
     cpu = (time.process_time() - c0) * 1000
     _GC.active = False
@@ -401,8 +401,8 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
         print(
             f"{label:<8} cost per wake: accept+resolve {w.accept_tx} transactions, "
             f"{w.accept_sql} statements; claim+running {w.claim_tx} transactions, "
-            f"{w.claim_sql} statements (4 of them durable commits: signal, resolution, "
-            f"claim, running); one raw single-row commit here: "
+            f"{w.claim_sql} statements (3 of them durable commits: signal, resolution, "
+            f"claim with Running); one raw single-row commit here: "
             f"{await _commit_ms(engine, 50):.2f} ms"
         )
         async with db.transaction(engine, readonly=True) as conn:
