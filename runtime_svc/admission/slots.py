@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 from sqlalchemy import and_, delete, false, or_, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel.states import TERMINAL_RUN_STATES
 from runtime_svc.schema import flow_run_slots, flow_runs
-from services.db import db_now, transaction
+from services.db import db_now, run_in_transaction, transaction
 
 __all__ = [
     "RunSlots",
@@ -145,18 +145,25 @@ class RunSlots:
     async def _insert(
         self, org_id: str, slot_key: str, slot_no: int, flow_run_id: str
     ) -> bool | None:
-        """True: this run holds a slot of the key. None: the slot was taken meanwhile."""
-        try:
-            async with transaction(self._engine) as conn:
-                await conn.execute(
-                    flow_run_slots.insert().values(
-                        org_id=org_id,
-                        slot_key=slot_key,
-                        slot_no=slot_no,
-                        flow_run_id=flow_run_id,
-                        acquired_at=await db_now(conn),
-                    )
+        """True: this run holds a slot of the key. None: the slot was taken meanwhile.
+
+        The INSERT is its own transaction, retried whole on a deadlock or lock-wait
+        timeout (InnoDB may pick one of two racing inserters of a key, or an inserter
+        racing a reclaim, as the victim; the victim wrote nothing)."""
+
+        async def insert(conn: AsyncConnection) -> None:
+            await conn.execute(
+                flow_run_slots.insert().values(
+                    org_id=org_id,
+                    slot_key=slot_key,
+                    slot_no=slot_no,
+                    flow_run_id=flow_run_id,
+                    acquired_at=await db_now(conn),
                 )
+            )
+
+        try:
+            await run_in_transaction(self._engine, insert)
         except IntegrityError:
             # Either the slot number was taken by another run, or this run took another
             # slot of the key concurrently (the second unique key): tell them apart.
@@ -167,15 +174,19 @@ class RunSlots:
         return True
 
     async def _reclaim(self, org_id: str, slot_key: str, stale: list[SlotHolder]) -> int:
-        """Delete the slots of ``stale`` holders, each fenced by its holder's run id."""
+        """Delete the slots of ``stale`` holders, each fenced by its holder's run id (one
+        transaction, retried whole on a deadlock or lock-wait timeout)."""
         if not stale:
             return 0
         s = flow_run_slots.c
         fences = [and_(s.slot_no == h.slot_no, s.flow_run_id == h.flow_run_id) for h in stale]
-        async with transaction(self._engine) as conn:
+
+        async def reclaim(conn: AsyncConnection) -> int:
             result = await conn.execute(
                 delete(flow_run_slots).where(
                     s.org_id == org_id, s.slot_key == slot_key, or_(false(), *fences)
                 )
             )
-        return int(result.rowcount or 0)
+            return int(result.rowcount or 0)
+
+        return await run_in_transaction(self._engine, reclaim)

@@ -13,7 +13,13 @@ On SQLite and MariaDB.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
+import pymysql
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.admission.controller import AdmissionController, Decision
@@ -112,6 +118,51 @@ async def test_a_terminal_holders_slot_is_reclaimed(
     assert await slots.acquire(org, key, second, 1)
     assert [h.flow_run_id for h in await slots.holders(org, key)] == [second]
     assert not await slots.acquire(org, key, first, 0)
+
+
+@contextmanager
+def _deadlock_once(engine: AsyncEngine, prefix: str) -> Iterator[list[str]]:
+    """The first statement starting with ``prefix`` fails as the backend reports a
+    deadlock victim (MariaDB 1213; SQLite's busy ``database is locked``); the statements
+    seen are listed."""
+    seen: list[str] = []
+
+    def before(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith(prefix):
+            seen.append(statement)
+            if len(seen) == 1:
+                if engine.dialect.name == "sqlite":
+                    raise sqlite3.OperationalError("database is locked")
+                raise pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock")
+
+    sa.event.listen(engine.sync_engine, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine.sync_engine, "before_cursor_execute", before)
+
+
+async def test_a_deadlocked_slot_insert_or_reclaim_is_retried_whole(
+    engine: AsyncEngine, store: FlowRunStateStore
+) -> None:
+    """InnoDB may roll back one of two racing slot INSERTs (or an INSERT racing a
+    reclaim's DELETE) as a deadlock victim: the acquire retries that transaction instead
+    of failing the worker's pass, and the slot is held exactly once."""
+    org = new_org()
+    first, second = (await seed_org(engine, store, org, 2)).run_ids
+    slots = RunSlots(engine)
+    key = flow_slot_key("Deadlock")
+    with _deadlock_once(engine, "INSERT INTO FLOW_RUN_SLOTS") as inserts:
+        assert await slots.acquire(org, key, first, 1)
+    assert len(inserts) == 2  # the victim, then its retry
+    assert [h.flow_run_id for h in await slots.holders(org, key)] == [first]
+    async with db.transaction(engine) as conn:
+        await store.cancel_txn(conn, org, first, delete=False)
+    await Sweeper(engine, store).sweep_org(org)
+    with _deadlock_once(engine, "DELETE FROM FLOW_RUN_SLOTS") as deletes:
+        assert await slots.acquire(org, key, second, 1)  # reclaims the terminal holder
+    assert len(deletes) == 2
+    assert [h.flow_run_id for h in await slots.holders(org, key)] == [second]
 
 
 async def test_workers_with_separate_controllers_never_exceed_the_per_flow_limit(
