@@ -338,7 +338,7 @@ def run(seconds: float) -> None:
     """Print the overhead figures (:func:`seconds_per_mode` of stepping per mode)."""
     per_mode = seconds_per_mode(seconds)
     print(
-        f"Telemetry overhead bench ({per_mode:.0f}s per mode in alternating {_SEGMENT_S:.1f}s"
+        f"Telemetry overhead bench ({per_mode:.0f}s per mode in alternating {_SEGMENT_S:g}s"
         " segments, 1 worker; target overhead <= 5 %)"
     )
     asyncio.run(_main(per_mode))
