@@ -783,17 +783,15 @@ async def db_now(conn: AsyncConnection) -> datetime:
     lifecycle rows', a continuation's lease start) and no sub-operation pays a round trip
     for it.
     """
-    sync = conn.sync_connection
-    txn = None if sync is None else sync.get_transaction()
-    if txn is not None and sync is not None:
-        cached = sync.info.get(_NOW_KEY)
-        if cached is not None and cached[0] is txn:
-            return cached[1]  # type: ignore[no-any-return]
+    cached = _cached_now(conn)
+    if cached is not None:
+        return cached
     strategy = strategy_for(conn.dialect)
     stmt = _NOW_STATEMENTS.get(strategy.now_sql)
     if stmt is None:
         stmt = _NOW_STATEMENTS[strategy.now_sql] = text(strategy.now_sql)
     now = strategy.parse_now((await conn.execute(stmt)).scalar_one())
+    sync = conn.sync_connection
     if sync is not None:
         # The clock statement itself may have begun the (autobegin) transaction.
         sync.info[_NOW_KEY] = (sync.get_transaction(), now)
@@ -809,11 +807,23 @@ def remember_now(conn: AsyncConnection, now: datetime) -> datetime:
     txn = None if sync is None else sync.get_transaction()
     if txn is None or sync is None:
         return now
+    cached = _cached_now(conn)
+    if cached is not None:
+        return cached
+    sync.info[_NOW_KEY] = (txn, now)
+    return now
+
+
+def _cached_now(conn: AsyncConnection) -> datetime | None:
+    """The clock reading this transaction already kept (:func:`db_now`), if any."""
+    sync = conn.sync_connection
+    txn = None if sync is None else sync.get_transaction()
+    if txn is None or sync is None:
+        return None
     cached = sync.info.get(_NOW_KEY)
     if cached is not None and cached[0] is txn:
         return cached[1]  # type: ignore[no-any-return]
-    sync.info[_NOW_KEY] = (txn, now)
-    return now
+    return None
 
 
 def now_column(dialect: Dialect) -> tuple[ColumnElement[Any], Callable[[Any], datetime]]:

@@ -96,8 +96,8 @@ from services.db import (
     UtcDateTime,
     db_now,
     insert_prepared,
+    now_column,
     run_in_transaction,
-    strategy_for,
     transaction,
     work_scope_columns,
 )
@@ -397,19 +397,16 @@ class RequestLedger:
         Raises:
             RequestIdReusedError: the id was used with another body.
         """
-        strategy = strategy_for(conn.dialect)
+        clock, parse_now = now_column(conn.dialect)
         stmt = self._clocked.get(conn.dialect.name)
         if stmt is None:
-            stmt = self._clocked[conn.dialect.name] = self._clocked_lookup(strategy.now_sql)
+            stmt = self._clocked[conn.dialect.name] = self._clocked_lookup(clock)
         row = (await conn.execute(stmt, self._key_params(key))).one()
-        now = strategy.parse_now(row.db_now)
+        now = parse_now(row.db_now)
         return (None if row.request_digest is None else _stored(row, key)), now
 
-    def _clocked_lookup(self, now_sql: str) -> Select[Any]:
+    def _clocked_lookup(self, clock: ColumnElement[Any]) -> Select[Any]:
         t = self.table
-        if not now_sql.startswith("SELECT "):
-            raise ValueError(f"unexpected clock query {now_sql!r}")
-        clock: ColumnElement[Any] = literal_column(now_sql.removeprefix("SELECT ")).label("db_now")
         one = select(literal_column("1").label("one")).subquery("clock_row")
         return select(clock, t.c.request_digest, t.c.response_payload, t.c.completed).select_from(
             one.outerjoin(t, and_(*self._where))
