@@ -11,6 +11,8 @@ Prints, on SQLite and (when ``FLOW_TEST_MYSQL_URL`` is set) MariaDB:
   the engine; SQLite's own ``BEGIN`` statement is not counted) and CPU milliseconds of this
   process (``time.process_time``) — so every change to the hot path shows its cost;
 * the raw single-row commit rate of the same database and the ratio steps/s ÷ commits/s;
+* 1-worker steps/s and CPU per step on the standard library's event loop vs ``uvloop``
+  (``FLOW_EVENT_LOOP``; the rest of the bench runs on the loop it names);
 * claim latency (eligible-work query + claim transaction) with 1,000 and with 100,000
   waiting (non-eligible) runs in the table, and their ratio (should stay near 1).
 
@@ -37,7 +39,7 @@ from bench.databases import on_each_database
 from runtime_svc.kernel import FlowRunStateStore, RetryPolicy, RunState, StepState
 from runtime_svc.schema import flow_runs, flow_step_executions
 from runtime_svc.worker import Outcome
-from services import db, migrate
+from services import db, event_loop, migrate
 from services.db import BEGIN_MODE_OPTION
 from tests.integration.worker.support import make_worker, seed, start_run
 
@@ -201,6 +203,38 @@ async def _claim_latency(engine: AsyncEngine, waiting: int, samples: int) -> flo
     return statistics.median(times)
 
 
+async def _rate_on_own_engine(url: str, seconds: float) -> _StepCost:
+    engine = db.create_engine(url, pool_size=2)
+    counters = _count(engine)
+    try:
+        return await _steps_rate(engine, 1, seconds, counters)
+    finally:
+        await engine.dispose()
+
+
+async def _loop_comparison(label: str, url: str, seconds: float) -> None:
+    """1-worker steps/s and CPU ms per step on the standard library's loop vs uvloop
+    (``FLOW_EVENT_LOOP``), alternating, two rounds each, each on its own loop in a thread
+    (this loop only waits meanwhile, so the process CPU is the measured loop's)."""
+    if event_loop.resolve("auto") != "uvloop":
+        print(f"{label:<8} event loop comparison skipped (uvloop not installed)")
+        return
+    costs: dict[str, list[_StepCost]] = {"asyncio": [], "uvloop": []}
+    for _ in range(2):
+        for loop in costs:
+            cost = await asyncio.to_thread(
+                event_loop.run, _rate_on_own_engine(url, seconds / 2), loop
+            )
+            costs[loop].append(cost)
+    rate = {k: statistics.median(c.steps_per_s for c in v) for k, v in costs.items()}
+    cpu = {k: statistics.median(c.cpu_ms for c in v) for k, v in costs.items()}
+    print(
+        f"{label:<8} 1 worker on asyncio / uvloop: steps/s {rate['asyncio']:6.1f} /"
+        f" {rate['uvloop']:6.1f}   CPU ms/step {cpu['asyncio']:5.2f} / {cpu['uvloop']:5.2f}"
+        f"   uvloop CPU ratio {cpu['uvloop'] / cpu['asyncio']:4.2f}"
+    )
+
+
 async def _bench(label: str, url: str, seconds: float) -> None:
     await migrate.upgrade(url, "runtime_svc")
     engine = db.create_engine(url, pool_size=8)
@@ -219,6 +253,7 @@ async def _bench(label: str, url: str, seconds: float) -> None:
                 f"  txns {cost.txns:5.2f}  statements {cost.statements:5.1f}"
                 f"  CPU ms {cost.cpu_ms:6.2f}"
             )
+        await _loop_comparison(label, url, seconds)
         small = await _claim_latency(engine, 1_000, 20)
         large = await _claim_latency(engine, 100_000, 20)
         print(

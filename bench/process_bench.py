@@ -30,7 +30,8 @@ from bench.databases import on_each_database
 from bench.durable_bench import _POLICY, _raw_rate
 from runtime_svc.kernel import FlowRunStateStore
 from runtime_svc.worker import Outcome
-from services import db, migrate
+from services import db, event_loop, migrate
+from services.config import event_loop_choice
 from tests.integration.worker.support import make_worker, seed, start_run
 
 __all__ = ["run"]
@@ -73,7 +74,8 @@ def _child(
     url: str, org: str, workers: int, seconds: float, out: Any, go: EventType, slot: int
 ) -> None:
     """One worker process: report ready, wait for the start, run, report the figures."""
-    result = asyncio.run(_work(url, org, workers, seconds, out, go, slot))
+    # A spawned child: run on the loop the parent (and the services) run on.
+    result = event_loop.run(_work(url, org, workers, seconds, out, go, slot), event_loop_choice())
     out.put(("done", result))
 
 

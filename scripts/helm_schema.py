@@ -112,6 +112,10 @@ def common(name: str, spec: dict[str, Any]) -> dict[str, Any]:
             "description": "FLOW_ENV; production refuses fault hooks and development keys",
         },
         "logLevel": {"enum": ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]},
+        "eventLoop": {
+            "enum": ["auto", "asyncio", "uvloop"],
+            "description": "FLOW_EVENT_LOOP; auto = uvloop when installed (the image has it)",
+        },
         "requestRetentionHours": {
             **count(1),
             "description": "FLOW_REQUEST_RETENTION_HOURS; the request_id dedupe window",

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from services import event_loop as loops
+
 __all__ = [
     "ENV_VARS",
     "MAX_WORKER_PROCESSES",
@@ -31,6 +33,7 @@ __all__ = [
     "SmtpSettings",
     "TelemetrySettings",
     "WebhookSettings",
+    "event_loop_choice",
     "load_config",
     "load_effect_owner_settings",
     "load_outbox_settings",
@@ -204,6 +207,11 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "(a keyset window; every run is checked across passes)",
     ),
     "FLOW_LOG_LEVEL": ("INFO", "Python log level"),
+    "FLOW_EVENT_LOOP": (
+        "auto",
+        "asyncio event loop of the process: `auto` = uvloop when installed (it is a "
+        "dependency on Linux/macOS), else the standard library's; `uvloop`; `asyncio`",
+    ),
     "FLOW_CRASH_AT": (
         "",
         "fault hook: SIGKILL the process at the named point (tests only; refused in production)",
@@ -562,6 +570,8 @@ class ServiceConfig:
     otel_enabled: bool
     otel_console_export: bool
     log_level: str
+    #: ``FLOW_EVENT_LOOP`` resolved on this host: ``"uvloop"`` or ``"asyncio"``.
+    event_loop: str = field(default="asyncio")
     catalog_target: str = field(default="127.0.0.1:50061")
     client_tls: bool = field(default=False)
     client_tls_ca: Path | None = field(default=None)
@@ -599,6 +609,19 @@ class ServiceConfig:
     @property
     def is_production(self) -> bool:
         return self.env == "production"
+
+
+def event_loop_choice(env: Mapping[str, str] | None = None) -> str:
+    """``FLOW_EVENT_LOOP`` resolved on this host (``"uvloop"`` or ``"asyncio"``), for
+    processes that are not a service (the bench, its worker processes).
+
+    Raises:
+        ConfigError: an unknown value, or ``uvloop`` on a host without it.
+    """
+    try:
+        return loops.resolve(_get(os.environ if env is None else env, "FLOW_EVENT_LOOP"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> ServiceConfig:
@@ -646,6 +669,7 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
 
     otel_enabled = _bool(e, "FLOW_OTEL_ENABLED")
     telemetry = _telemetry(e, otel_enabled)
+    loop = event_loop_choice(e)
 
     port_var = _PORT_VARS[service]
     port = _int(e, port_var)
@@ -673,6 +697,7 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         otel_enabled=otel_enabled,
         otel_console_export=telemetry.exporter == "console",
         log_level=_get(e, "FLOW_LOG_LEVEL").upper(),
+        event_loop=loop,
         catalog_target=_get(e, "FLOW_CATALOG_TARGET")
         or f"127.0.0.1:{_int(e, 'FLOW_CATALOG_PORT')}",
         crash_at=_get(e, "FLOW_CRASH_AT"),

@@ -40,7 +40,7 @@ from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services import db, db_cluster, db_profiles, faults, migrate
+from services import db, db_cluster, db_profiles, event_loop, faults, migrate
 from services.background import LoopGroup
 from services.config import ConfigError, ServiceConfig, ServiceName, load_config
 from services.grpc_server import RunningServer, ServiceRegistration, serve_forever
@@ -187,6 +187,8 @@ async def _serve(
     supervised: bool = False,
 ) -> None:
     configure_tracing(cfg)
+    running = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    log.info("event loop: %s (FLOW_EVENT_LOOP)", running)
     engine = db.create_engine(cfg.db_url, pool_size=cfg.db_pool_size)
     instrument_engine(engine, cfg)
     loops: Background | None = None
@@ -296,8 +298,9 @@ def run_service(
         sources.append(OutboxStateSource(outbox, name, count_cap=cfg.telemetry.count_cap))
     try:
         supervised = bool(getattr(args, "supervised", False))
-        asyncio.run(
-            _serve(cfg, migrations_pkg, factory, background, sources, supervised=supervised)
+        event_loop.run(
+            _serve(cfg, migrations_pkg, factory, background, sources, supervised=supervised),
+            cfg.event_loop,
         )
     except KeyboardInterrupt:
         return 0

@@ -197,3 +197,30 @@ def test_db_verify_reports_drift_and_exits_non_zero(tmp_path: Path) -> None:
     drift = run("db", "verify")
     assert drift.returncode == 1
     assert "rogue_table" in drift.stdout + drift.stderr
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_runtime_serves_on_the_event_loop_flow_event_loop_names(
+    tmp_path: Path, loop: str
+) -> None:
+    with running_service(tmp_path, "runtime", extra={"FLOW_EVENT_LOOP": loop}) as svc:
+        listed = _grpcurl(f"127.0.0.1:{svc.port}", "list")
+        assert listed.returncode == 0, listed.stderr
+        assert "nexus.flow.runtime.v1.FlowRunService" in listed.stdout
+        log = svc.log_path.read_text(encoding="utf-8", errors="replace")
+        assert f"event loop: {loop}" in log
+
+
+def test_an_unknown_event_loop_refuses_to_start_naming_the_variable(tmp_path: Path) -> None:
+    env = service_env(tmp_path, "runtime", free_port(), extra={"FLOW_EVENT_LOOP": "trio"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime_svc", "serve"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "FLOW_EVENT_LOOP" in proc.stderr

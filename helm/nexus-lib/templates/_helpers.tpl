@@ -129,6 +129,7 @@ FLOW_METRICS_COUNT_CAP: {{ .Values.metrics.countCap | int64 | quote }}
 FLOW_METRICS_PROBE_WINDOW: {{ .Values.metrics.probeWindow | int64 | quote }}
 {{- end }}
 FLOW_LOG_LEVEL: {{ .Values.logLevel | quote }}
+FLOW_EVENT_LOOP: {{ .Values.eventLoop | default "auto" | quote }}
 FLOW_REQUEST_RETENTION_HOURS: {{ .Values.requestRetentionHours | int64 | quote }}
 {{- range $name, $value := .Values.extraEnv }}
 {{ $name }}: {{ $value | quote }}
