@@ -14,6 +14,9 @@ set) MariaDB:
 * **where a wake's time goes**: per phase (up to the signal's, the resolution's and the
   claim-and-``Running`` commit), the process CPU and GC pauses per wake, and the
   phases of the slowest 2 % of wakes — the tail the p99 comes from;
+* the **server's own latency at the same moments**: one raw single-row commit after each
+  wake, p50/p99/max — a wake makes three durable commits, so a server whose commit p99 is
+  stalled (fsync, page flushing after the bulk clone) puts that stall into the wake's p99;
 * the **cost drivers of one wake**: transactions and SQL statements, split into the
   accept-and-resolve part and the claim part;
 * the **periodic reconciler's cost per sweep** (one org pass: due probes, owed matches,
@@ -263,17 +266,12 @@ _RAW = sa.Table(
 )
 
 
-async def _commit_ms(engine: AsyncEngine, samples: int) -> float:
-    """Median ms of one single-row commit: the unit a wake's durable commits cost."""
-    async with engine.begin() as conn:
-        await conn.run_sync(_RAW.metadata.create_all)
-    times = []
-    for i in range(samples):
-        t0 = time.perf_counter()
-        async with db.transaction(engine) as conn:
-            await conn.execute(_RAW.insert().values(id=f"r{i}-{uuid.uuid4().hex[:8]}"))
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+async def _raw_commit(engine: AsyncEngine) -> float:
+    """Ms of one single-row commit: the unit a wake's durable commits cost."""
+    t0 = time.perf_counter()
+    async with db.transaction(engine) as conn:
+        await conn.execute(_RAW.insert().values(id=f"r-{uuid.uuid4().hex}"))
+    return (time.perf_counter() - t0) * 1000
 
 
 def _tail(label: str, wakes: list[_Wake]) -> str:
@@ -319,8 +317,20 @@ def _p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def _latency(world: World, hints: list[ResolvedRun], samples: int, tag: str) -> list[_Wake]:
-    return [await _wake(world, hints, f"{tag}-{i}") for i in range(samples)]
+async def _latency(
+    world: World, hints: list[ResolvedRun], samples: int, tag: str
+) -> tuple[list[_Wake], list[float]]:
+    """``samples`` wakes, each followed by one raw single-row commit on the same database:
+    the commits sample the server at the same moments as the wakes, so a tail the server
+    has (an fsync stall, page flushing after the bulk clone) shows in both."""
+    async with world.engine.begin() as conn:
+        await conn.run_sync(_RAW.metadata.create_all)
+    wakes: list[_Wake] = []
+    commits: list[float] = []
+    for i in range(samples):
+        wakes.append(await _wake(world, hints, f"{tag}-{i}"))
+        commits.append(await _raw_commit(world.engine))
+    return wakes, commits
 
 
 async def _all_due(engine: AsyncEngine, org: str) -> None:
@@ -374,10 +384,13 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
         gc.freeze()
         cloned = 0
         results: dict[int, list[_Wake]] = {}
+        raw: dict[int, list[float]] = {}
         for population in populations:
             await _clone(engine, world.org, template, cloned, population - cloned)
             cloned = population
-            results[population] = await _latency(world, hints, samples, f"p{population}")
+            results[population], raw[population] = await _latency(
+                world, hints, samples, f"p{population}"
+            )
             ms, sql, probes = await _sweep_cost(world, 3)
             print(
                 f"{label:<8} reconciler sweep, {population:>7,} waiting: {ms:8.1f} ms, "
@@ -391,6 +404,12 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
                 f"(accept+resolve p50 {statistics.median(w.accept_ms for w in wakes):6.2f} ms)"
             )
             print(_tail(label, wakes))
+            commits = raw[population]
+            print(
+                f"{label:<8}   raw single-row commit between the wakes: p50 "
+                f"{_p(commits, 0.5):6.2f} ms  p99 {_p(commits, 0.99):6.2f} ms  max "
+                f"{max(commits):6.1f} ms (a wake makes 3 durable commits)"
+            )
         small, large = results[populations[0]], results[populations[-1]]
         ratio = _p([w.total_ms for w in large], 0.99) / _p([w.total_ms for w in small], 0.99)
         print(
@@ -402,8 +421,7 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
             f"{label:<8} cost per wake: accept+resolve {w.accept_tx} transactions, "
             f"{w.accept_sql} statements; claim+running {w.claim_tx} transactions, "
             f"{w.claim_sql} statements (3 of them durable commits: signal, resolution, "
-            f"claim with Running); one raw single-row commit here: "
-            f"{await _commit_ms(engine, 50):.2f} ms"
+            f"claim with Running)"
         )
         async with db.transaction(engine, readonly=True) as conn:
             d = flow_dependencies.c
