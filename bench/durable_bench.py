@@ -107,14 +107,20 @@ async def _raw_rate(engine: AsyncEngine, seconds: float) -> float:
 
 
 async def _steps_rate(
-    engine: AsyncEngine, workers: int, seconds: float, counters: _Counters | None = None
+    engine: AsyncEngine,
+    workers: int,
+    seconds: float,
+    counters: _Counters | None = None,
+    *,
+    runs_per_worker: int = 8,
 ) -> _StepCost:
-    """Steps/s of ``workers`` workers for ``seconds`` (or until the work runs out) and,
-    with ``counters`` (:func:`_count` on ``engine``), the per-step cost."""
+    """Steps/s of ``workers`` workers for ``seconds`` (or until the work runs out: the
+    ``runs_per_worker`` times ``workers`` 10-step runs seeded first) and, with ``counters``
+    (:func:`_count` on ``engine``), the per-step cost."""
     counters = counters if counters is not None else _Counters()
     store = FlowRunStateStore(engine, policy=_POLICY)
     seeded = await seed(engine, mutations=10, pure_step=False)
-    for i in range(workers * 8):
+    for i in range(workers * runs_per_worker):
         await start_run(store, seeded, label=f"b{i}")
     pool = [make_worker(engine, store, owner=f"b{i}", batch_size=2) for i in range(workers)]
     committed = 0
@@ -207,7 +213,7 @@ async def _rate_on_own_engine(url: str, seconds: float) -> _StepCost:
     engine = db.create_engine(url, pool_size=2)
     counters = _count(engine)
     try:
-        return await _steps_rate(engine, 1, seconds, counters)
+        return await _steps_rate(engine, 1, seconds, counters, runs_per_worker=32)
     finally:
         await engine.dispose()
 
@@ -243,7 +249,9 @@ async def _bench(label: str, url: str, seconds: float) -> None:
         raw = await _raw_rate(engine, seconds)
         print(f"{label:<8} raw single-row commits/s          {raw:9.0f}")
         for workers in (1, 4):
-            cost = await _steps_rate(engine, workers, seconds, counters)
+            # Enough runs that the window, not the work, ends the figure (8 per worker
+            # ran out after ~1.3 s at 60 steps/s: start-up costs weighed on it).
+            cost = await _steps_rate(engine, workers, seconds, counters, runs_per_worker=32)
             print(
                 f"{label:<8} durable steps/s, {workers} worker(s)      {cost.steps_per_s:9.1f}"
                 f"   ratio steps/commits {cost.steps_per_s / raw:5.3f}"
