@@ -85,7 +85,7 @@ async def _steps_rate(
     """(steps/s, worker CPU ms per committed step) with ``processes`` x ``workers``."""
     store = FlowRunStateStore(engine, policy=_POLICY)
     seeded = await seed(engine, mutations=10, pure_step=False)
-    for i in range(processes * workers * 8):
+    for i in range(processes * workers * 32):  # enough that the window ends the figure
         await start_run(store, seeded, label=f"p{i}")
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
