@@ -30,7 +30,9 @@ without a discovery query). Nothing is asserted; figures depend on the machine.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import statistics
 import tempfile
 import time
@@ -109,6 +111,9 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 
 _IDLE_WINDOW_S = 10.0
+_PROFILER = Path(__file__).resolve().parent / "effect_profile"
+#: Rows of each breakdown printed (the rest summed as "other").
+_TOP = 14
 #: How often :func:`_wait_all` reads the runs' states.
 _POLL_S = 0.025
 
@@ -139,17 +144,38 @@ class _Costs:
     txn: tuple[float, float] = (0.0, 0.0)
     cpu_ms: tuple[float, float] = (0.0, 0.0)
     idle_pct: tuple[float, float] = (0.0, 0.0)
+    #: per child (runtime, owner): the profile's counters per effect
+    phases: tuple[dict[str, Any], ...] = ()
 
 
 class _Meter:
-    """Snapshots of the runtime and owner children's transactions and CPU."""
+    """Snapshots of the runtime and owner children's transactions and CPU, and of their
+    per-phase profiles (``bench/effect_profile``) when ``profile_dir`` is set."""
 
-    def __init__(self, pids: tuple[int, int], ports: tuple[int, int]) -> None:
-        self.pids, self.ports = pids, ports
+    def __init__(
+        self, pids: tuple[int, int], ports: tuple[int, int], profile_dir: Path | None = None
+    ) -> None:
+        self.pids, self.ports, self.profile_dir = pids, ports, profile_dir
 
     async def snap(self) -> tuple[float, ...]:
         txns = [await _transactions(p) for p in self.ports]
         return (*txns, *(_cpu_ms(p) for p in self.pids))
+
+    async def profiles(self) -> list[dict[str, Any]]:
+        """One profile snapshot per child (runtime, owner): SIGUSR1, then its file."""
+        if self.profile_dir is None:
+            return [{}, {}]
+        out = []
+        for pid in self.pids:
+            path = self.profile_dir / f"{pid}.json"
+            seq = json.loads(path.read_text())["seq"] if path.exists() else 0
+            os.kill(pid, signal.SIGUSR1)
+            for _ in range(400):
+                if path.exists() and json.loads(path.read_text())["seq"] > seq:
+                    break
+                await asyncio.sleep(0.025)
+            out.append(json.loads(path.read_text()))
+        return out
 
     async def idle_pct(self) -> tuple[float, float]:
         before = [_cpu_ms(p) for p in self.pids]
@@ -157,6 +183,54 @@ class _Meter:
         after = [_cpu_ms(p) for p in self.pids]
         rt, ow = ((b - a) / (_IDLE_WINDOW_S * 10) for a, b in zip(before, after, strict=True))
         return rt, ow
+
+
+def _delta(a: dict[str, float], b: dict[str, float], n: int) -> dict[str, float]:
+    out = {k: (v - a.get(k, 0.0)) / n for k, v in b.items()}
+    return {k: v for k, v in out.items() if v}
+
+
+def _profile_delta(a: dict[str, Any], b: dict[str, Any], n: int) -> dict[str, Any]:
+    """The profile counters of ``n`` effects: snapshot ``b`` minus ``a``, per effect."""
+    if not b:
+        return {}
+    return {
+        "txns": _delta(a.get("txns", {}), b["txns"], n),
+        "stmts": _delta(a.get("stmts", {}), b["stmts"], n),
+        "cpu_ms": {k: v * 1000 for k, v in _delta(a.get("cpu_s", {}), b["cpu_s"], n).items()},
+        "loop_ms": (b["loop_thread_cpu_s"] - a.get("loop_thread_cpu_s", 0.0)) * 1000 / n,
+        "process_ms": (b["process_cpu_s"] - a.get("process_cpu_s", 0.0)) * 1000 / n,
+    }
+
+
+def _print_phases(label: str, service: str, phases: dict[str, Any]) -> None:
+    """Where one service's transactions, statements and loop CPU went, per effect."""
+    if not phases:
+        return
+    txns, stmts = phases["txns"], phases["stmts"]
+    print(
+        f"{label:<8}   {service} per effect by call site (w/r = write/read-only transaction):"
+        f" transactions, statements"
+    )
+    ranked = sorted(txns.items(), key=lambda kv: -kv[1])
+    for site, count in ranked[:_TOP]:
+        print(f"{label:<8}     {count:5.2f} {stmts.get(site[2:], 0.0):6.1f}  {site}")
+    rest = ranked[_TOP:]
+    if rest:
+        print(f"{label:<8}     {sum(v for _, v in rest):5.2f}         ({len(rest)} other sites)")
+    loose = stmts.get("outside a transaction", 0.0)
+    if loose:
+        print(f"{label:<8}            {loose:6.1f}  statements outside services.db.transaction")
+    cpu = sorted(phases["cpu_ms"].items(), key=lambda kv: -kv[1])
+    print(
+        f"{label:<8}   {service} CPU ms per effect: process {phases['process_ms']:.1f}, "
+        f"event loop {phases['loop_ms']:.1f}, other threads "
+        f"{phases['process_ms'] - phases['loop_ms']:.1f}; loop by component:"
+    )
+    for comp, ms in cpu[:_TOP]:
+        print(f"{label:<8}     {ms:6.2f}  {comp}")
+    if cpu[_TOP:]:
+        print(f"{label:<8}     {sum(v for _, v in cpu[_TOP:]):6.2f}  ({len(cpu) - _TOP} other)")
 
 
 @asynccontextmanager
@@ -352,23 +426,41 @@ async def _stack_run(
                 await catalog.wait_serving()
                 ports = (free_port(), free_port())
                 env = {**_DEFAULTS, "FLOW_RUNTIME_WORKERS": str(workers)}
-                owner_child = stack.spawn_owner(**_DEFAULTS, FLOW_METRICS_PORT=str(ports[1]))
-                runtime_child = stack.spawn_runtime(**env, FLOW_METRICS_PORT=str(ports[0]))
+                profile_dir = tmp / "profile" if samples else None
+                prof: dict[str, str] = {}
+                if profile_dir is not None:
+                    profile_dir.mkdir()
+                    prof = {
+                        "BENCH_PROFILE_DIR": str(profile_dir),
+                        "PYTHONPATH": os.pathsep.join(
+                            [str(_PROFILER), *filter(None, [os.environ.get("PYTHONPATH")])]
+                        ),
+                    }
+                owner_child = stack.spawn_owner(
+                    **_DEFAULTS, **prof, FLOW_METRICS_PORT=str(ports[1])
+                )
+                runtime_child = stack.spawn_runtime(**env, **prof, FLOW_METRICS_PORT=str(ports[0]))
                 await owner_child.wait_serving()
                 await runtime_child.wait_serving()
-                meter = _Meter((runtime_child.proc.pid, owner_child.proc.pid), ports)
+                meter = _Meter((runtime_child.proc.pid, owner_child.proc.pid), ports, profile_dir)
                 demo = await stack.seed()
                 await _wait_all(runtime, [await stack.create_contact("warm@example.com")], 60)
                 trips: list[_Trip] = []
                 if samples:
                     idle = await meter.idle_pct()
                     before = await meter.snap()
+                    p_before = await meter.profiles()
                     for i in range(samples):
                         run_id = await stack.create_contact(f"c{i}@example.com")
                         await _wait_all(runtime, [run_id], 60)
                     after = await meter.snap()
+                    p_after = await meter.profiles()
                     per = [(b - a) / samples for a, b in zip(before, after, strict=True)]
-                    costs = _Costs((per[0], per[1]), (per[2], per[3]), idle)
+                    phases = tuple(
+                        _profile_delta(a, b, samples)
+                        for a, b in zip(p_before, p_after, strict=True)
+                    )
+                    costs = _Costs((per[0], per[1]), (per[2], per[3]), idle, phases)
                     trips = await _trips(runtime, owner, demo.org_id)
                     trips = sorted(trips, key=lambda t: t.at[0])[1:]  # without the warm-up
                 rate, rows = 0.0, ""
@@ -419,6 +511,8 @@ async def _bench(label: str, samples: int, burst: int) -> None:
         f"{label:<8}   idle CPU over {_IDLE_WINDOW_S:.0f}s: runtime {costs.idle_pct[0]:.1f} %, "
         f"owner {costs.idle_pct[1]:.1f} % of one core"
     )
+    for service, phases in zip(("runtime", "owner"), costs.phases, strict=False):
+        _print_phases(label, service, phases)
     print(f"{label:<8} effects/s, {burst} at once, 4 runtime workers   {rate:8.1f}")
     print(f"{label:<8}   rows per effect: {rows}")
 

@@ -512,13 +512,14 @@ class OutboxDispatcher:
 
         async def deliver() -> bool:
             # Pre-claimed and hinted messages first (delivered without a claim, or claimed
-            # without discovery); they named what this process committed, so no immediate
-            # re-poll follows them (the idle backoff from its floor finds the rest).
-            # Otherwise the ordinary pass.
+            # without discovery); they named what this process committed, so no re-poll
+            # follows them: the wake does not restart the idle backoff
+            # (``wake_resets=False``), whose polls find other processes' messages. A wake
+            # that named nothing deliverable, or dropped hints, takes the ordinary pass.
             if wake is not None:
                 done = await self.deliver_handed()
                 done += await self.deliver_hinted(wake.take_hints())
-                if done > 0:
+                if done > 0 and not wake.take_lost():
                     return False
             return await self.deliver_once() > 0
 
@@ -533,6 +534,7 @@ class OutboxDispatcher:
                 body=deliver,
                 wake=wake,
                 min_idle_s=self._idle_s / HINTED_IDLE_FLOOR if wake is not None else 0.0,
+                wake_resets=wake is None,
             ),
             BackgroundLoop(f"{name}-sweep", idle_s=self._sweep_s, body=sweep, interval=True),
         ]
