@@ -17,6 +17,11 @@ and every effect is the ``WelcomeContact`` Flow's ``crm.send_email`` started by 
   committed database transactions (the ``nexus_flow_db_transactions`` counter of each
   process's ``/metrics``, background polling included) and the CPU milliseconds of the
   process; the rows one effect writes in each database;
+* **where it goes**: a separate run of ``BENCH_EFFECT_PROFILE_SAMPLES`` (20) sequential
+  effects whose service children load ``bench/effect_profile`` (a ``sitecustomize``):
+  per effect and service, the transactions and statements of each call site that opened
+  a transaction, and the event-loop CPU of each component (worker, outbox delivery, gRPC
+  handler, sweep); its own stack, so the profiler's CPU stays out of the other figures;
 * **idle cost**: each service's CPU share over an idle window after the warm-up (what the
   polling loops cost when nothing happens).
 
@@ -112,6 +117,9 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 _IDLE_WINDOW_S = 10.0
 _PROFILER = Path(__file__).resolve().parent / "effect_profile"
+#: Sequential effects of the separate, profiled run that prints the per-phase breakdown
+#: (its own stack: the profiler's CPU stays out of the figures above; 0 skips it).
+_PROFILE_SAMPLES = int(os.environ.get("BENCH_EFFECT_PROFILE_SAMPLES", "20"))
 #: Rows of each breakdown printed (the rest summed as "other").
 _TOP = 14
 #: How often :func:`_wait_all` reads the runs' states.
@@ -209,8 +217,8 @@ def _print_phases(label: str, service: str, phases: dict[str, Any]) -> None:
         return
     txns, stmts = phases["txns"], phases["stmts"]
     print(
-        f"{label:<8}   {service} per effect by call site (w/r = write/read-only transaction):"
-        f" transactions, statements"
+        f"{label:<8}   {service} per effect ({_PROFILE_SAMPLES} profiled), by call site"
+        " (w/r = write/read-only): transactions, statements"
     )
     ranked = sorted(txns.items(), key=lambda kv: -kv[1])
     for site, count in ranked[:_TOP]:
@@ -409,7 +417,7 @@ async def _wait_all(runtime: AsyncEngine, run_ids: Sequence[str], timeout_s: flo
 
 
 async def _stack_run(
-    label: str, samples: int, burst: int, workers: int, tmp: Path
+    label: str, samples: int, burst: int, workers: int, tmp: Path, *, profile: bool = False
 ) -> tuple[list[_Trip], float, str, float, _Costs]:
     from tests.crash.effects_support import effect_stack
     from tests.crash.flow_stack import FlowStack
@@ -426,7 +434,7 @@ async def _stack_run(
                 await catalog.wait_serving()
                 ports = (free_port(), free_port())
                 env = {**_DEFAULTS, "FLOW_RUNTIME_WORKERS": str(workers)}
-                profile_dir = tmp / "profile" if samples else None
+                profile_dir = tmp / "profile" if profile else None
                 prof: dict[str, str] = {}
                 if profile_dir is not None:
                     profile_dir.mkdir()
@@ -447,7 +455,7 @@ async def _stack_run(
                 await _wait_all(runtime, [await stack.create_contact("warm@example.com")], 60)
                 trips: list[_Trip] = []
                 if samples:
-                    idle = await meter.idle_pct()
+                    idle = (0.0, 0.0) if profile else await meter.idle_pct()
                     before = await meter.snap()
                     p_before = await meter.profiles()
                     for i in range(samples):
@@ -489,6 +497,11 @@ async def _bench(label: str, samples: int, burst: int) -> None:
         trips, _, _, commit, costs = await _stack_run(label, samples, 0, 1, Path(t1))
     with tempfile.TemporaryDirectory() as t2:
         _, rate, rows, _, _ = await _stack_run(label, 0, burst, 4, Path(t2))
+    phases: tuple[dict[str, Any], ...] = ()
+    if _PROFILE_SAMPLES:
+        with tempfile.TemporaryDirectory() as t3:
+            profiled = await _stack_run(label, _PROFILE_SAMPLES, 0, 1, Path(t3), profile=True)
+        phases = profiled[4].phases
     totals = [t.total_ms for t in trips]
     p50 = _pct(totals, 0.5)
     print(
@@ -511,8 +524,8 @@ async def _bench(label: str, samples: int, burst: int) -> None:
         f"{label:<8}   idle CPU over {_IDLE_WINDOW_S:.0f}s: runtime {costs.idle_pct[0]:.1f} %, "
         f"owner {costs.idle_pct[1]:.1f} % of one core"
     )
-    for service, phases in zip(("runtime", "owner"), costs.phases, strict=False):
-        _print_phases(label, service, phases)
+    for service, counters in zip(("runtime", "owner"), phases, strict=False):
+        _print_phases(label, service, counters)
     print(f"{label:<8} effects/s, {burst} at once, 4 runtime workers   {rate:8.1f}")
     print(f"{label:<8}   rows per effect: {rows}")
 
