@@ -238,11 +238,17 @@ class BackgroundLoop:
         self._grace_s = grace_s
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._running = False
 
     @property
     def stopping(self) -> bool:
         """Whether :meth:`shutdown` was called (iterations check it between units)."""
         return self._stop.is_set()
+
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`run` is iterating and no :meth:`shutdown` was asked for."""
+        return self._running and not self._stop.is_set()
 
     async def run_once(self) -> bool:
         """One iteration; ``True`` when it did work."""
@@ -253,6 +259,13 @@ class BackgroundLoop:
     async def run(self) -> None:
         """Iterate until :meth:`shutdown` (errors of an iteration are logged, then idle)."""
         backoff = IdleBackoff(self._idle_s, min_s=self._min_idle_s)
+        self._running = True
+        try:
+            await self._iterate(backoff)
+        finally:
+            self._running = False
+
+    async def _iterate(self, backoff: IdleBackoff) -> None:
         while not self._stop.is_set():
             try:
                 busy = await self.run_once()

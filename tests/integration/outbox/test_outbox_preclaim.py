@@ -290,3 +290,41 @@ def test_named_wakes_do_not_restart_the_delivery_loops_backoff(engine: AsyncEngi
     plain = _dispatcher(engine, org, Consumer()).loops("p")
     assert [loop._wake_resets for loop in woken] == [False, True]
     assert [loop._wake_resets for loop in plain] == [True, True]
+
+
+async def test_a_message_handed_while_the_delivery_loop_runs_starts_at_once(
+    engine: AsyncEngine,
+) -> None:
+    """Round 6: while the woken delivery loop runs, :meth:`hand` starts the delivery
+    itself (no wake, no pass of the loop in between); once the loops stopped, a handed
+    message is only queued — its lease expires and the sweep repairs it (ADR 0004)."""
+    org = new_org()
+    consumer = Consumer()
+    wake = Wakeup()
+    d = _dispatcher(engine, org, consumer, idle_s=3600.0)
+    group = LoopGroup(d.loops("direct", wake=wake))
+    async with group:
+        for _ in range(1000):  # bounded: the delivery loop is iterating
+            if d._deliver_loop is not None and d._deliver_loop.running:
+                break
+            await asyncio.sleep(0.01)
+
+        async def not_the_loop() -> int:
+            raise AssertionError("the delivery must not wait for the loop's iteration")
+
+        d.deliver_handed = not_the_loop  # type: ignore[method-assign]
+        result = await _enqueue(engine, _message(org), d.preclaim(f"test.{org}"))
+        assert result.leased is not None
+        d.hand(result.leased)
+        for _ in range(1000):  # bounded
+            if (await _state(engine, org)).delivery_state is DeliveryState.DELIVERED:
+                break
+            await asyncio.sleep(0.01)
+        assert consumer.received == ["k1"]
+    await d.settle()
+    assert d._deliver_loop is not None and not d._deliver_loop.running
+    second = await _enqueue(engine, _message(org, key="k2"), d.preclaim(f"test.{org}"))
+    assert second.leased is not None
+    d.hand(second.leased)
+    assert list(d._handed) == [second.leased] and not d._inflight
+    assert consumer.received == ["k1"]
