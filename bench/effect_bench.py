@@ -439,6 +439,9 @@ async def _stack_run(
                 if profile_dir is not None:
                     profile_dir.mkdir()
                     prof = {
+                        # The profiler times asyncio's own handles: the profiled
+                        # children run on asyncio even where uvloop would be chosen.
+                        "FLOW_EVENT_LOOP": "asyncio",
                         "BENCH_PROFILE_DIR": str(profile_dir),
                         "PYTHONPATH": os.pathsep.join(
                             [str(_PROFILER), *filter(None, [os.environ.get("PYTHONPATH")])]
