@@ -63,3 +63,33 @@ async def test_reconcile_reads_dependency_and_evidence_in_one_transaction(
     assert opened == [True]
     missing = await world.rt.matcher.reconcile(world.org, "no-such-dependency")
     assert isinstance(missing, NoChange) and missing.reason == "missing"
+
+
+async def test_a_sweep_pass_reads_its_clock_inside_each_parts_transaction(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 6: each part of a wait-sweep pass (probes, owed matches, deadlines, repair,
+    retention) reads the database clock in its own query's transaction; a pass over an
+    org with a waiting run and nothing due opens one transaction per part (it opened
+    four more, clock-only ones, every pass and org)."""
+    import runtime_svc.waits.reconciler as reconciler
+
+    await world.seed(signal_flow(deadline="PT1H"))
+    run = await world.start("wait_signal", key="idle")
+    await world.drive(run.flow_run_id)
+    opened: list[bool] = []
+    original = reconciler.transaction
+
+    @asynccontextmanager
+    async def counted(engine: AsyncEngine, *, readonly: bool = False) -> AsyncIterator[Any]:
+        opened.append(readonly)
+        async with original(engine, readonly=readonly) as conn:
+            yield conn
+
+    monkeypatch.setattr(reconciler, "transaction", counted)
+    stats = await world.sweep()
+    assert stats.probes == 0 and stats.expired == 0 and stats.resolved == 0
+    # probes, owed, deadlines, repair (read-only); retention; the first pass of a
+    # sweeper also looks for idle watch registrations (read-only)
+    assert opened == [True, True, True, True, False, True]
+    assert (await world.dependency(run.flow_run_id)).state is DependencyState.PENDING
