@@ -54,6 +54,13 @@ async def _enqueue(
     return await run_in_transaction(engine, fn)
 
 
+async def _until_delivered(engine: AsyncEngine, org: str) -> None:
+    for _ in range(1000):  # bounded
+        if (await _state(engine, org)).delivery_state is DeliveryState.DELIVERED:
+            return
+        await asyncio.sleep(0.01)
+
+
 def _woken(engine: AsyncEngine, org: str, consumer: Consumer, **kw: float) -> OutboxDispatcher:
     d = _dispatcher(engine, org, consumer, **kw)
     d.loops("preclaim", wake=Wakeup())  # a woken delivery loop: pre-claims are offered
@@ -113,10 +120,7 @@ async def test_a_handed_message_is_delivered_without_any_claim(engine: AsyncEngi
         result = await _enqueue(engine, _message(org), d.preclaim(f"test.{org}"))
         assert result.leased is not None
         d.hand(result.leased)
-        for _ in range(1000):  # bounded
-            if (await _state(engine, org)).delivery_state is DeliveryState.DELIVERED:
-                break
-            await asyncio.sleep(0.01)
+        await _until_delivered(engine, org)
     msg = await _state(engine, org)
     assert msg.delivery_state is DeliveryState.DELIVERED and msg.delivery_attempts == 1
     assert msg.lease_token is None and consumer.received == ["k1"]
@@ -261,10 +265,7 @@ async def _deliver_handed_with_polls(engine: AsyncEngine, *, drop_hints: bool) -
     assert result.leased is not None
     d.hand(result.leased)
     assert await deliver_loop.run_once() is False
-    for _ in range(1000):  # bounded: the handed delivery runs as a task
-        if (await _state(engine, org)).delivery_state is DeliveryState.DELIVERED:
-            break
-        await asyncio.sleep(0.01)
+    await _until_delivered(engine, org)  # the handed delivery runs as a task
     await d.settle()
     assert consumer.received == ["k1"]
     return polls
@@ -316,10 +317,7 @@ async def test_a_message_handed_while_the_delivery_loop_runs_starts_at_once(
         result = await _enqueue(engine, _message(org), d.preclaim(f"test.{org}"))
         assert result.leased is not None
         d.hand(result.leased)
-        for _ in range(1000):  # bounded
-            if (await _state(engine, org)).delivery_state is DeliveryState.DELIVERED:
-                break
-            await asyncio.sleep(0.01)
+        await _until_delivered(engine, org)
         assert consumer.received == ["k1"]
     await d.settle()
     assert d._deliver_loop is not None and not d._deliver_loop.running

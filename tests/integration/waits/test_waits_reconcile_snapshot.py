@@ -23,10 +23,10 @@ from services import db
 from tests.integration.waits.support import World, approval, signal_flow
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """The transactions ``runtime_svc.waits.resolution`` opens (their ``readonly``)."""
+def _counting(monkeypatch: pytest.MonkeyPatch, module: Any = resolution) -> list[bool]:
+    """The transactions ``module`` opens (their ``readonly``)."""
     opened: list[bool] = []
-    original = resolution.transaction
+    original = module.transaction
 
     @asynccontextmanager
     async def counted(engine: AsyncEngine, *, readonly: bool = False) -> AsyncIterator[Any]:
@@ -34,7 +34,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         async with original(engine, readonly=readonly) as conn:
             yield conn
 
-    monkeypatch.setattr(resolution, "transaction", counted)
+    monkeypatch.setattr(module, "transaction", counted)
     return opened
 
 
@@ -77,16 +77,7 @@ async def test_a_sweep_pass_reads_its_clock_inside_each_parts_transaction(
     await world.seed(signal_flow(deadline="PT1H"))
     run = await world.start("wait_signal", key="idle")
     await world.drive(run.flow_run_id)
-    opened: list[bool] = []
-    original = reconciler.transaction
-
-    @asynccontextmanager
-    async def counted(engine: AsyncEngine, *, readonly: bool = False) -> AsyncIterator[Any]:
-        opened.append(readonly)
-        async with original(engine, readonly=readonly) as conn:
-            yield conn
-
-    monkeypatch.setattr(reconciler, "transaction", counted)
+    opened = _counting(monkeypatch, reconciler)
     stats = await world.sweep()
     assert stats.probes == 0 and stats.expired == 0 and stats.resolved == 0
     # probes, owed, deadlines, repair (read-only); retention; the first pass of a
