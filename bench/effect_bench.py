@@ -17,6 +17,11 @@ and every effect is the ``WelcomeContact`` Flow's ``crm.send_email`` started by 
   committed database transactions (the ``nexus_flow_db_transactions`` counter of each
   process's ``/metrics``, background polling included) and the CPU milliseconds of the
   process; the rows one effect writes in each database;
+* **where it goes**: a separate run of ``BENCH_EFFECT_PROFILE_SAMPLES`` (20) sequential
+  effects whose service children load ``bench/effect_profile`` (a ``sitecustomize``):
+  per effect and service, the transactions and statements of each call site that opened
+  a transaction, and the event-loop CPU of each component (worker, outbox delivery, gRPC
+  handler, sweep); its own stack, so the profiler's CPU stays out of the other figures;
 * **idle cost**: each service's CPU share over an idle window after the warm-up (what the
   polling loops cost when nothing happens).
 
@@ -30,7 +35,9 @@ without a discovery query). Nothing is asserted; figures depend on the machine.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import statistics
 import tempfile
 import time
@@ -109,6 +116,12 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 
 _IDLE_WINDOW_S = 10.0
+_PROFILER = Path(__file__).resolve().parent / "effect_profile"
+#: Sequential effects of the separate, profiled run that prints the per-phase breakdown
+#: (its own stack: the profiler's CPU stays out of the figures above; 0 skips it).
+_PROFILE_SAMPLES = int(os.environ.get("BENCH_EFFECT_PROFILE_SAMPLES", "20"))
+#: Rows of each breakdown printed (the rest summed as "other").
+_TOP = 14
 #: How often :func:`_wait_all` reads the runs' states.
 _POLL_S = 0.025
 
@@ -139,17 +152,38 @@ class _Costs:
     txn: tuple[float, float] = (0.0, 0.0)
     cpu_ms: tuple[float, float] = (0.0, 0.0)
     idle_pct: tuple[float, float] = (0.0, 0.0)
+    #: per child (runtime, owner): the profile's counters per effect
+    phases: tuple[dict[str, Any], ...] = ()
 
 
 class _Meter:
-    """Snapshots of the runtime and owner children's transactions and CPU."""
+    """Snapshots of the runtime and owner children's transactions and CPU, and of their
+    per-phase profiles (``bench/effect_profile``) when ``profile_dir`` is set."""
 
-    def __init__(self, pids: tuple[int, int], ports: tuple[int, int]) -> None:
-        self.pids, self.ports = pids, ports
+    def __init__(
+        self, pids: tuple[int, int], ports: tuple[int, int], profile_dir: Path | None = None
+    ) -> None:
+        self.pids, self.ports, self.profile_dir = pids, ports, profile_dir
 
     async def snap(self) -> tuple[float, ...]:
         txns = [await _transactions(p) for p in self.ports]
         return (*txns, *(_cpu_ms(p) for p in self.pids))
+
+    async def profiles(self) -> list[dict[str, Any]]:
+        """One profile snapshot per child (runtime, owner): SIGUSR1, then its file."""
+        if self.profile_dir is None:
+            return [{}, {}]
+        out = []
+        for pid in self.pids:
+            path = self.profile_dir / f"{pid}.json"
+            seq = json.loads(path.read_text())["seq"] if path.exists() else 0
+            os.kill(pid, signal.SIGUSR1)
+            for _ in range(400):
+                if path.exists() and json.loads(path.read_text())["seq"] > seq:
+                    break
+                await asyncio.sleep(0.025)
+            out.append(json.loads(path.read_text()))
+        return out
 
     async def idle_pct(self) -> tuple[float, float]:
         before = [_cpu_ms(p) for p in self.pids]
@@ -157,6 +191,54 @@ class _Meter:
         after = [_cpu_ms(p) for p in self.pids]
         rt, ow = ((b - a) / (_IDLE_WINDOW_S * 10) for a, b in zip(before, after, strict=True))
         return rt, ow
+
+
+def _delta(a: dict[str, float], b: dict[str, float], n: int) -> dict[str, float]:
+    out = {k: (v - a.get(k, 0.0)) / n for k, v in b.items()}
+    return {k: v for k, v in out.items() if v}
+
+
+def _profile_delta(a: dict[str, Any], b: dict[str, Any], n: int) -> dict[str, Any]:
+    """The profile counters of ``n`` effects: snapshot ``b`` minus ``a``, per effect."""
+    if not b:
+        return {}
+    return {
+        "txns": _delta(a.get("txns", {}), b["txns"], n),
+        "stmts": _delta(a.get("stmts", {}), b["stmts"], n),
+        "cpu_ms": {k: v * 1000 for k, v in _delta(a.get("cpu_s", {}), b["cpu_s"], n).items()},
+        "loop_ms": (b["loop_thread_cpu_s"] - a.get("loop_thread_cpu_s", 0.0)) * 1000 / n,
+        "process_ms": (b["process_cpu_s"] - a.get("process_cpu_s", 0.0)) * 1000 / n,
+    }
+
+
+def _print_phases(label: str, service: str, phases: dict[str, Any]) -> None:
+    """Where one service's transactions, statements and loop CPU went, per effect."""
+    if not phases:
+        return
+    txns, stmts = phases["txns"], phases["stmts"]
+    print(
+        f"{label:<8}   {service} per effect ({_PROFILE_SAMPLES} profiled), by call site"
+        " (w/r = write/read-only): transactions, statements"
+    )
+    ranked = sorted(txns.items(), key=lambda kv: -kv[1])
+    for site, count in ranked[:_TOP]:
+        print(f"{label:<8}     {count:5.2f} {stmts.get(site[2:], 0.0):6.1f}  {site}")
+    rest = ranked[_TOP:]
+    if rest:
+        print(f"{label:<8}     {sum(v for _, v in rest):5.2f}         ({len(rest)} other sites)")
+    loose = stmts.get("outside a transaction", 0.0)
+    if loose:
+        print(f"{label:<8}            {loose:6.1f}  statements outside services.db.transaction")
+    cpu = sorted(phases["cpu_ms"].items(), key=lambda kv: -kv[1])
+    print(
+        f"{label:<8}   {service} CPU ms per effect: process {phases['process_ms']:.1f}, "
+        f"event loop {phases['loop_ms']:.1f}, other threads "
+        f"{phases['process_ms'] - phases['loop_ms']:.1f}; loop by component:"
+    )
+    for comp, ms in cpu[:_TOP]:
+        print(f"{label:<8}     {ms:6.2f}  {comp}")
+    if cpu[_TOP:]:
+        print(f"{label:<8}     {sum(v for _, v in cpu[_TOP:]):6.2f}  ({len(cpu) - _TOP} other)")
 
 
 @asynccontextmanager
@@ -335,7 +417,7 @@ async def _wait_all(runtime: AsyncEngine, run_ids: Sequence[str], timeout_s: flo
 
 
 async def _stack_run(
-    label: str, samples: int, burst: int, workers: int, tmp: Path
+    label: str, samples: int, burst: int, workers: int, tmp: Path, *, profile: bool = False
 ) -> tuple[list[_Trip], float, str, float, _Costs]:
     from tests.crash.effects_support import effect_stack
     from tests.crash.flow_stack import FlowStack
@@ -352,23 +434,44 @@ async def _stack_run(
                 await catalog.wait_serving()
                 ports = (free_port(), free_port())
                 env = {**_DEFAULTS, "FLOW_RUNTIME_WORKERS": str(workers)}
-                owner_child = stack.spawn_owner(**_DEFAULTS, FLOW_METRICS_PORT=str(ports[1]))
-                runtime_child = stack.spawn_runtime(**env, FLOW_METRICS_PORT=str(ports[0]))
+                profile_dir = tmp / "profile" if profile else None
+                prof: dict[str, str] = {}
+                if profile_dir is not None:
+                    profile_dir.mkdir()
+                    prof = {
+                        # The profiler times asyncio's own handles: the profiled
+                        # children run on asyncio even where uvloop would be chosen.
+                        "FLOW_EVENT_LOOP": "asyncio",
+                        "BENCH_PROFILE_DIR": str(profile_dir),
+                        "PYTHONPATH": os.pathsep.join(
+                            [str(_PROFILER), *filter(None, [os.environ.get("PYTHONPATH")])]
+                        ),
+                    }
+                owner_child = stack.spawn_owner(
+                    **_DEFAULTS, **prof, FLOW_METRICS_PORT=str(ports[1])
+                )
+                runtime_child = stack.spawn_runtime(**env, **prof, FLOW_METRICS_PORT=str(ports[0]))
                 await owner_child.wait_serving()
                 await runtime_child.wait_serving()
-                meter = _Meter((runtime_child.proc.pid, owner_child.proc.pid), ports)
+                meter = _Meter((runtime_child.proc.pid, owner_child.proc.pid), ports, profile_dir)
                 demo = await stack.seed()
                 await _wait_all(runtime, [await stack.create_contact("warm@example.com")], 60)
                 trips: list[_Trip] = []
                 if samples:
-                    idle = await meter.idle_pct()
+                    idle = (0.0, 0.0) if profile else await meter.idle_pct()
                     before = await meter.snap()
+                    p_before = await meter.profiles()
                     for i in range(samples):
                         run_id = await stack.create_contact(f"c{i}@example.com")
                         await _wait_all(runtime, [run_id], 60)
                     after = await meter.snap()
+                    p_after = await meter.profiles()
                     per = [(b - a) / samples for a, b in zip(before, after, strict=True)]
-                    costs = _Costs((per[0], per[1]), (per[2], per[3]), idle)
+                    phases = tuple(
+                        _profile_delta(a, b, samples)
+                        for a, b in zip(p_before, p_after, strict=True)
+                    )
+                    costs = _Costs((per[0], per[1]), (per[2], per[3]), idle, phases)
                     trips = await _trips(runtime, owner, demo.org_id)
                     trips = sorted(trips, key=lambda t: t.at[0])[1:]  # without the warm-up
                 rate, rows = 0.0, ""
@@ -397,6 +500,11 @@ async def _bench(label: str, samples: int, burst: int) -> None:
         trips, _, _, commit, costs = await _stack_run(label, samples, 0, 1, Path(t1))
     with tempfile.TemporaryDirectory() as t2:
         _, rate, rows, _, _ = await _stack_run(label, 0, burst, 4, Path(t2))
+    phases: tuple[dict[str, Any], ...] = ()
+    if _PROFILE_SAMPLES:
+        with tempfile.TemporaryDirectory() as t3:
+            profiled = await _stack_run(label, _PROFILE_SAMPLES, 0, 1, Path(t3), profile=True)
+        phases = profiled[4].phases
     totals = [t.total_ms for t in trips]
     p50 = _pct(totals, 0.5)
     print(
@@ -419,6 +527,8 @@ async def _bench(label: str, samples: int, burst: int) -> None:
         f"{label:<8}   idle CPU over {_IDLE_WINDOW_S:.0f}s: runtime {costs.idle_pct[0]:.1f} %, "
         f"owner {costs.idle_pct[1]:.1f} % of one core"
     )
+    for service, counters in zip(("runtime", "owner"), phases, strict=False):
+        _print_phases(label, service, counters)
     print(f"{label:<8} effects/s, {burst} at once, 4 runtime workers   {rate:8.1f}")
     print(f"{label:<8}   rows per effect: {rows}")
 

@@ -105,11 +105,14 @@ class Wakeup:
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self._pending = False
         self._hints: deque[object] = deque(maxlen=max(1, max_hints))
+        self._lost = False
 
     def notify(self, hint: object | None = None) -> None:
         """New work was committed for the loops waiting on this wakeup (``hint``: what,
         for a loop that can claim it directly); wakes one waiting loop."""
         if hint is not None:
+            if len(self._hints) == self._hints.maxlen:
+                self._lost = True  # the oldest is dropped: only a poll finds it now
             self._hints.append(hint)
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -123,6 +126,13 @@ class Wakeup:
         hints = list(self._hints)
         self._hints.clear()
         return hints
+
+    def take_lost(self) -> bool:
+        """Whether a hint was dropped (the bound) since the last call, and forget it: a
+        loop that relies on the hints to name every notified piece of work must then
+        poll (see ``BackgroundLoop(wake_resets=False)``)."""
+        lost, self._lost = self._lost, False
+        return lost
 
     async def wait(self, stop: asyncio.Event, idle_s: float) -> bool:
         """Sleep until :meth:`notify` picks this loop, ``stop`` or ``idle_s`` passed;
@@ -193,6 +203,15 @@ class BackgroundLoop:
             re-polls after each piece of work: a larger floor keeps those polls — and
             their transactions on the event loop the next hop runs on — off the busy
             path, while polling still finds other processes' work within ``idle_s``.
+        wake_resets: whether a wake restarts the idle backoff at its floor (default).
+            ``False`` for a loop whose body serves what the wake *named* (hints, handed
+            messages) without a discovery query and polls itself when a wake named
+            nothing or hints were dropped (:meth:`Wakeup.take_lost`): the wake ends
+            the wait, but the polls for other processes' work keep their backed-off
+            schedule (at most ``idle_s`` apart, as before) instead of restarting at the
+            floor after every named piece of work — one discovery query per effect and
+            loop fewer under a steady trickle of work (issue 12, round 6). Work a poll
+            finds still resets the backoff.
     """
 
     def __init__(
@@ -205,6 +224,7 @@ class BackgroundLoop:
         interval: bool = False,
         wake: Wakeup | None = None,
         min_idle_s: float = _MIN_IDLE_S,
+        wake_resets: bool = True,
     ) -> None:
         if idle_s <= 0:
             raise ValueError("idle_s must be > 0")
@@ -214,14 +234,21 @@ class BackgroundLoop:
         self._body = body
         self.interval = interval
         self._wake = wake
+        self._wake_resets = wake_resets
         self._grace_s = grace_s
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._running = False
 
     @property
     def stopping(self) -> bool:
         """Whether :meth:`shutdown` was called (iterations check it between units)."""
         return self._stop.is_set()
+
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`run` is iterating and no :meth:`shutdown` was asked for."""
+        return self._running and not self._stop.is_set()
 
     async def run_once(self) -> bool:
         """One iteration; ``True`` when it did work."""
@@ -232,6 +259,13 @@ class BackgroundLoop:
     async def run(self) -> None:
         """Iterate until :meth:`shutdown` (errors of an iteration are logged, then idle)."""
         backoff = IdleBackoff(self._idle_s, min_s=self._min_idle_s)
+        self._running = True
+        try:
+            await self._iterate(backoff)
+        finally:
+            self._running = False
+
+    async def _iterate(self, backoff: IdleBackoff) -> None:
         while not self._stop.is_set():
             try:
                 busy = await self.run_once()
@@ -249,7 +283,7 @@ class BackgroundLoop:
             else:
                 delay = backoff.next_delay()
             if self._wake is not None:
-                if await self._wake.wait(self._stop, delay):
+                if await self._wake.wait(self._stop, delay) and self._wake_resets:
                     backoff.reset()
                 continue
             with contextlib.suppress(TimeoutError):

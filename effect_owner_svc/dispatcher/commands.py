@@ -291,11 +291,24 @@ class CommandDispatcher:
         accepted in this process)."""
 
         async def body() -> bool:
-            # Commands accepted in this process first (claimed without discovery).
-            # (No immediate re-poll after them: the backoff from its floor finds the rest.)
-            if wake is not None and await self.run_hinted(wake.take_hints()) > 0:
-                return False
+            # Commands accepted in this process first (claimed without discovery). No
+            # re-poll after them: the wake does not restart the idle backoff
+            # (``wake_resets=False``), whose polls find other processes' commands; a wake
+            # that named nothing dispatchable, or dropped hints, takes the ordinary pass.
+            if wake is not None:
+                done = await self.run_hinted(wake.take_hints())
+                if done > 0 and not wake.take_lost():
+                    return False
             return await self.run_once() > 0
 
         floor = self._idle_s / HINTED_IDLE_FLOOR if wake is not None else 0.0
-        return [BackgroundLoop(name, idle_s=self._idle_s, body=body, wake=wake, min_idle_s=floor)]
+        return [
+            BackgroundLoop(
+                name,
+                idle_s=self._idle_s,
+                body=body,
+                wake=wake,
+                min_idle_s=floor,
+                wake_resets=wake is None,
+            )
+        ]

@@ -255,8 +255,7 @@ class EffectSteps:
             raise StepFault(exc.code, str(exc)) from None
         except EffectContractError as exc:
             raise StepFault("effect_contract_invalid", str(exc)) from None
-        async with transaction(self._engine, readonly=True) as conn:
-            bounds = await self._waits.matcher.plans.bounds_txn(conn, org_id, policy_version)
+        bounds = await self._waits.matcher.plans.bounds(self._engine, org_id, policy_version)
         max_wait = bounds.max_wait_seconds
         wait = PreparedWait(
             scope=_work(scope),

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.compiler.inputs import DEFAULT_WAIT_POLICY, FieldError, WaitPolicy
 from runtime_svc.compiler.plan import ExecutionPlan
 from runtime_svc.definitions import repository as repo
 from runtime_svc.definitions.policy import DEFAULT_POLICY_DOCUMENT
 from runtime_svc.schema import runtime_policies
+from services.db import transaction
 from services.errors import NotFoundError
 
 __all__ = ["PlanSource", "WaitBounds"]
@@ -81,6 +82,22 @@ class PlanSource:
         value = (row, row.plan())
         self._plans.put(key, value)
         return value
+
+    def cached_bounds(self, org_id: str, version: int) -> WaitBounds | None:
+        """The wait bounds of policy generation ``version`` of ``org_id`` when this
+        process already read them (a generation is immutable), else ``None``: a caller
+        with nothing else to read skips the transaction (round 6: one read transaction
+        less per effect submit)."""
+        cached: WaitBounds | None = self._bounds.get((org_id, version))
+        return cached
+
+    async def bounds(self, engine: AsyncEngine, org_id: str, version: int) -> WaitBounds:
+        """:meth:`bounds_txn`, in a read-only transaction only when not cached."""
+        cached = self.cached_bounds(org_id, version)
+        if cached is not None:
+            return cached
+        async with transaction(engine, readonly=True) as conn:
+            return await self.bounds_txn(conn, org_id, version)
 
     async def bounds_txn(self, conn: AsyncConnection, org_id: str, version: int) -> WaitBounds:
         """The wait bounds of policy generation ``version`` of ``org_id`` (the defaults

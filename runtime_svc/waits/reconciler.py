@@ -160,10 +160,6 @@ class WaitSweeper:
 
         self._orgs = OrgRotation(source, batch=org_batch)
 
-    async def _now(self) -> datetime:
-        async with transaction(self._engine, readonly=True) as conn:
-            return await self.matcher._clock(conn)
-
     async def sweep_once(self, *, org_limit: int | None = None) -> SweepStats:
         """One pass over the next batch of orgs with waits (``org_limit`` overrides the
         batch size from now on); a failing org is logged and retried next pass."""
@@ -191,8 +187,8 @@ class WaitSweeper:
     # --- parts ----------------------------------------------------------------------------
 
     async def _probes(self, org_id: str, stats: SweepStats) -> None:
-        now = await self._now()
         async with transaction(self._engine, readonly=True) as conn:
+            now = await self.matcher._clock(conn)  # the clock with the read (one txn)
             due = await queries.due_probes_txn(conn, org_id, now, self._batch)
         misses: list[tuple[DependencyRecord, datetime | None]] = []
         for dep in due:
@@ -229,8 +225,8 @@ class WaitSweeper:
         return now + timedelta(seconds=delay * (0.5 + self._rng.random() / 2))
 
     async def _owed(self, org_id: str, stats: SweepStats) -> None:
-        now = await self._now()
         async with transaction(self._engine, readonly=True) as conn:
+            now = await self.matcher._clock(conn)  # the clock with the read (one txn)
             owed = await queries.owed_signal_matches_txn(conn, org_id, now, self._batch)
         for signal in owed:
             result = await self.matcher.match_signal(signal.scope, signal.wake_signal_id)
@@ -245,8 +241,8 @@ class WaitSweeper:
             return None
 
     async def _deadlines(self, org_id: str, stats: SweepStats) -> None:
-        now = await self._now()
         async with transaction(self._engine, readonly=True) as conn:
+            now = await self.matcher._clock(conn)  # the clock with the read (one txn)
             due = await queries.due_deadlines_txn(conn, org_id, now, self._batch)
         for dep in due:
             spec = self.matcher.registry.spec(dep.producer_kind)
@@ -297,8 +293,8 @@ class WaitSweeper:
                 stats.repaired += 1
 
     async def _retention(self, org_id: str, stats: SweepStats) -> None:
-        now = await self._now()
         async with transaction(self._engine) as conn:
+            now = await self.matcher._clock(conn)
             stats.signals_expired += await queries.expire_signals_txn(
                 conn, org_id, now, self._batch
             )

@@ -236,12 +236,21 @@ class Matcher:
     # --- entry points -------------------------------------------------------------------
 
     async def reconcile(self, org_id: str, dependency_id: str) -> WaitTransition | NoChange:
-        """Dependency side (§14.2 step 4): a fresh-snapshot match of one dependency."""
+        """Dependency side (§14.2 step 4): a fresh-snapshot match of one dependency —
+        the dependency and its producer's evidence read in ONE read-only transaction
+        (round 6: one transaction per wait and effect commit fewer than a read of the
+        dependency followed by :meth:`probe`'s), closed before the root-first
+        resolution transaction opens, which re-validates everything under its locks."""
+        planned: tuple[_Action, WaitBounds | None] | None = None
         async with transaction(self._engine, readonly=True) as conn:
             dep = await read_dependency_txn(conn, org_id, dependency_id)
+            if dep is not None and dep.state is DependencyState.PENDING:
+                planned = await self._evidence(conn, dep)
         if dep is None:
             return NoChange("missing")
-        return await self.match_dependency(dep)
+        if planned is None:
+            return NoChange(f"dependency_{dep.state.code.lower()}")
+        return self._woken(await planned[0].run(self.waits, dep), dep)
 
     async def match_signal(
         self,

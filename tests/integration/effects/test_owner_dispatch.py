@@ -319,3 +319,34 @@ async def test_a_pooled_session_broken_mid_send_is_unknown_and_never_resent(
     await accept(world, run="run-3")
     await world.drive(rounds=3)
     assert len(world.sink.received) == 3 and world.sink.sessions == 2  # a fresh session
+
+
+@pytest.mark.parametrize("drop_hints", [False, True])
+async def test_a_woken_dispatch_iteration_polls_only_when_the_wake_named_nothing_or_lost_hints(
+    engine: AsyncEngine, private_key: Ed25519PrivateKey, tmp_path: Path, drop_hints: bool
+) -> None:
+    """Round 6: the command loop's wake does not restart its idle backoff
+    (``wake_resets=False``): an iteration that dispatched the named command runs no
+    discovery pass — unless the wakeup dropped a hint (a command only a poll finds)."""
+    wake = Wakeup(max_hints=1)
+    async with world_with(engine, private_key, tmp_path, on_accepted=wake.notify) as w:
+        d = w.dispatcher()
+        (loop,) = d.loops(wake=wake)
+        assert loop._wake_resets is False
+        polls = 0
+        discover = d.run_once
+
+        async def counted() -> int:
+            nonlocal polls
+            polls += 1
+            return await discover()
+
+        d.run_once = counted  # type: ignore[method-assign]
+        if drop_hints:
+            wake.notify("elsewhere")  # dropped by the accepted command's hint
+        scope, resp = await accept(w)
+        assert await loop.run_once() is False
+        assert polls == (1 if drop_hints else 0)
+        assert len(w.sink.received) == 1
+        cmd, _ = await w.command(scope, resp.command.command_id)
+        assert cmd.state is CommandState.SUCCEEDED

@@ -54,6 +54,13 @@ async def _enqueue(
     return await run_in_transaction(engine, fn)
 
 
+async def _until_delivered(engine: AsyncEngine, org: str) -> None:
+    for _ in range(1000):  # bounded
+        if (await _state(engine, org)).delivery_state is DeliveryState.DELIVERED:
+            return
+        await asyncio.sleep(0.01)
+
+
 def _woken(engine: AsyncEngine, org: str, consumer: Consumer, **kw: float) -> OutboxDispatcher:
     d = _dispatcher(engine, org, consumer, **kw)
     d.loops("preclaim", wake=Wakeup())  # a woken delivery loop: pre-claims are offered
@@ -113,10 +120,7 @@ async def test_a_handed_message_is_delivered_without_any_claim(engine: AsyncEngi
         result = await _enqueue(engine, _message(org), d.preclaim(f"test.{org}"))
         assert result.leased is not None
         d.hand(result.leased)
-        for _ in range(1000):  # bounded
-            if (await _state(engine, org)).delivery_state is DeliveryState.DELIVERED:
-                break
-            await asyncio.sleep(0.01)
+        await _until_delivered(engine, org)
     msg = await _state(engine, org)
     assert msg.delivery_state is DeliveryState.DELIVERED and msg.delivery_attempts == 1
     assert msg.lease_token is None and consumer.received == ["k1"]
@@ -234,3 +238,91 @@ async def test_a_message_handed_during_a_slow_delivery_is_not_held_behind_it(
     await d.settle()
     assert (await _state(engine, org, "slow")).delivery_state is DeliveryState.DELIVERED
     assert sorted(consumer.received) == ["fast", "slow"]
+
+
+async def _deliver_handed_with_polls(engine: AsyncEngine, *, drop_hints: bool) -> int:
+    """Discovery passes of one woken delivery iteration that starts one handed message,
+    after ``drop_hints`` overflowed the wakeup's hint bound (the iteration is run
+    directly: no timed poll can interleave)."""
+    org = new_org()
+    consumer = Consumer()
+    wake = Wakeup(max_hints=1)
+    d = _dispatcher(engine, org, consumer, idle_s=3600.0)
+    deliver_loop = d.loops("named", wake=wake)[0]
+    polls = 0
+    discover = d.deliver_once
+
+    async def counted() -> int:
+        nonlocal polls
+        polls += 1
+        return await discover()
+
+    d.deliver_once = counted  # type: ignore[method-assign]
+    if drop_hints:  # hints of another table; the second drops the first
+        wake.notify("elsewhere-1")
+        wake.notify("elsewhere-2")
+    result = await _enqueue(engine, _message(org), d.preclaim(f"test.{org}"))
+    assert result.leased is not None
+    d.hand(result.leased)
+    assert await deliver_loop.run_once() is False
+    await _until_delivered(engine, org)  # the handed delivery runs as a task
+    await d.settle()
+    assert consumer.received == ["k1"]
+    return polls
+
+
+async def test_a_wake_that_named_its_message_runs_no_discovery_pass(engine: AsyncEngine) -> None:
+    """Round 6: the handed message was all the wake named, so no discovery query
+    follows it and the idle polls keep their schedule (``wake_resets=False``)."""
+    assert await _deliver_handed_with_polls(engine, drop_hints=False) == 0
+
+
+async def test_a_wake_that_dropped_hints_runs_the_discovery_pass(engine: AsyncEngine) -> None:
+    """A hint lost to the wakeup's bound may name a committed message only a poll finds
+    now: the woken iteration polls after starting the handed delivery."""
+    assert await _deliver_handed_with_polls(engine, drop_hints=True) == 1
+
+
+def test_named_wakes_do_not_restart_the_delivery_loops_backoff(engine: AsyncEngine) -> None:
+    """Only the woken delivery loop serves named work; a loop without a wakeup (and the
+    sweep) keeps the default."""
+    org = new_org()
+    woken = _dispatcher(engine, org, Consumer()).loops("w", wake=Wakeup())
+    plain = _dispatcher(engine, org, Consumer()).loops("p")
+    assert [loop._wake_resets for loop in woken] == [False, True]
+    assert [loop._wake_resets for loop in plain] == [True, True]
+
+
+async def test_a_message_handed_while_the_delivery_loop_runs_starts_at_once(
+    engine: AsyncEngine,
+) -> None:
+    """Round 6: while the woken delivery loop runs, :meth:`hand` starts the delivery
+    itself (no wake, no pass of the loop in between); once the loops stopped, a handed
+    message is only queued — its lease expires and the sweep repairs it (ADR 0004)."""
+    org = new_org()
+    consumer = Consumer()
+    wake = Wakeup()
+    d = _dispatcher(engine, org, consumer, idle_s=3600.0)
+    group = LoopGroup(d.loops("direct", wake=wake))
+    async with group:
+        for _ in range(1000):  # bounded: the delivery loop is iterating
+            if d._deliver_loop is not None and d._deliver_loop.running:
+                break
+            await asyncio.sleep(0.01)
+
+        async def not_the_loop() -> int:
+            raise AssertionError("the delivery must not wait for the loop's iteration")
+
+        d.deliver_handed = not_the_loop  # type: ignore[method-assign]
+        result = await _enqueue(engine, _message(org), d.preclaim(f"test.{org}"))
+        assert result.leased is not None
+        d.hand(result.leased)
+        await _until_delivered(engine, org)
+        assert consumer.received == ["k1"]
+    await d.settle()
+    assert d._deliver_loop is not None and not d._deliver_loop.running
+    second = await _enqueue(engine, _message(org, key="k2"), d.preclaim(f"test.{org}"))
+    assert second.leased is not None
+    d.hand(second.leased)
+    assert list(d._handed) == [second.leased] and not d._inflight
+    assert consumer.received == ["k1"]

@@ -223,6 +223,56 @@ async def test_a_wakeup_keeps_a_bounded_number_of_hints_oldest_dropped() -> None
     assert await wake.wait(asyncio.Event(), 3600.0) is True  # the nudge is remembered
 
 
+def test_a_wakeup_reports_dropped_hints_once() -> None:
+    wake = Wakeup(max_hints=2)
+    wake.notify(1)
+    wake.notify(2)
+    assert wake.take_lost() is False  # at the bound, nothing dropped yet
+    wake.notify(3)
+    assert wake.take_hints() == [2, 3]
+    assert wake.take_lost() is True
+    assert wake.take_lost() is False
+
+
+@pytest.mark.parametrize("wake_resets", [True, False])
+async def test_a_wake_restarts_the_idle_backoff_only_when_the_loop_asks_for_it(
+    monkeypatch: pytest.MonkeyPatch, wake_resets: bool
+) -> None:
+    """``wake_resets=False``: a wake ends the wait and runs the body, but the polls keep
+    their backed-off schedule (the body served what the wake named)."""
+    import services.background as background
+
+    resets: list[int] = []
+
+    class Recording(IdleBackoff):
+        def reset(self) -> None:
+            resets.append(1)
+            super().reset()
+
+    monkeypatch.setattr(background, "IdleBackoff", Recording)
+    calls = 0
+    second = asyncio.Event()
+
+    async def body() -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            second.set()
+        return False
+
+    wake = Wakeup()
+    loop = BackgroundLoop("named", idle_s=3600.0, body=body, wake=wake, wake_resets=wake_resets)
+    task = loop.start()
+    try:
+        await _until(lambda: calls == 1)
+        wake.notify("named work")
+        await asyncio.wait_for(second.wait(), timeout=10)  # not the hour-long idle wait
+    finally:
+        await loop.shutdown()
+    await task
+    assert resets == ([1] if wake_resets else [])
+
+
 def test_an_idle_floor_sets_the_first_delay_after_work_and_stays_under_the_cap() -> None:
     backoff = IdleBackoff(0.5, random.Random(1), min_s=0.125)
     first = backoff.next_delay()
