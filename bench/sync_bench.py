@@ -14,10 +14,11 @@ operation (create one ``Opportunity`` with ``Name``, ``Amount``, ``StageName``):
   plan selection through the request-bound view and an ACTIVE activation, the transform
   and re-validation inside the record transaction; its ratio b/a and the before-save
   overhead over the bare write (``a/b - 1``, target < 15%);
-* (c) Bounded Atomic runs per second of a one-``CreateRecord`` Flow: kernel
-  ``create_run`` (root, step, checkpoint rows) then ``AtomicRunner.run`` (claim, attempt,
-  the record write, checkpoint, terminal advance); one run counts as one record mutation
-  for the ratio c/a.
+* (c) Bounded Atomic runs per second of a one-``CreateRecord`` Flow, as ``StartRun``
+  runs it: ``AtomicRunner.start`` — one transaction creates the root, step and input
+  checkpoint and claims the step Running for the runner (ADR 0005), a second is the
+  business transaction (the record write, checkpoint, terminal advance); one run counts
+  as one record mutation for the ratio c/a.
 
 For each variant the bench also prints its cost drivers per operation: transactions,
 SQL statements (SQLAlchemy ``begin`` and ``before_cursor_execute`` events on the engine;
@@ -294,18 +295,17 @@ class _Variants:
     async def atomic(self, i: int) -> None:
         stored = self._setup.atomic
         first = first_step_of(stored.plan, stored.plan.profile.value)
-        created = await self._store.create_run(
-            stored.scope,
-            StartRunRequest(
-                plan_id=stored.plan_id,
-                first_step=first,
-                input=CheckpointInput(
-                    context={"variables": {"name": f"Deal {i}", "amount": _AMOUNT}},
-                    plan_cursor={"step": first.plan_step_key},
-                ),
+        request = StartRunRequest(
+            plan_id=stored.plan_id,
+            first_step=first,
+            input=CheckpointInput(
+                context={"variables": {"name": f"Deal {i}", "amount": _AMOUNT}},
+                plan_cursor={"step": first.plan_step_key},
             ),
         )
-        run = await self._atomic.run(self._setup.org, created.run.flow_run_id, 10.0)
+        # As StartRun does (ADR 0005): the run is created already claimed and Running
+        # for the runner, which then runs the one business transaction.
+        _, run = await self._atomic.start(stored.scope, request, 10.0)
         if run.state is not RunState.SUCCEEDED:
             raise RuntimeError(f"bench atomic run ended {run.state}")
 
