@@ -8,15 +8,19 @@ that run), a different digest is a conflict.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, cast
 
 from sqlalchemy import select
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.applied import inserted_step
 from runtime_svc.kernel.model import CheckpointInput, LeaseFence, NewStep, RunRecord, StepRecord
 from runtime_svc.kernel.states import ExecutionOwner, RunState, StepState
+from runtime_svc.kernel.store_codec import run_from_row
 from runtime_svc.kernel.store_reads import get_run_txn
 from runtime_svc.kernel.store_rows import (
     insert_checkpoint,
@@ -40,6 +44,7 @@ __all__ = [
     "StartRunRequest",
     "StartRunResult",
     "create_run_txn",
+    "inserted_run",
     "run_by_idempotency_key_txn",
 ]
 
@@ -139,6 +144,16 @@ async def _by_idempotency_key(conn: AsyncConnection, org_id: str, key: str) -> R
     if run_id is None:
         return None
     return await get_run_txn(conn, org_id, run_id, include_deleted=True)
+
+
+def inserted_run(values: Mapping[str, Any]) -> RunRecord:
+    """The root row an INSERT of ``values`` into ``flow_runs`` stored (every column it
+    does not name is NULL or unused by :class:`RunRecord`), decoded exactly as a read-back
+    is — so the creating transaction needs no read-back; pinned equal to the stored row by
+    ``test_kernel_derived_rows``."""
+    row: dict[str, Any] = dict.fromkeys(flow_runs.columns.keys())
+    row.update(values)
+    return run_from_row(cast(RowMapping, row))
 
 
 def _replay(existing: RunRecord, request_digest: str) -> StartRunResult:
@@ -246,7 +261,7 @@ async def create_run_txn(
     )
     await insert_step(conn, org, step, now)
     return StartRunResult(
-        await get_run_txn(conn, org, run_id),
+        inserted_run(values),
         created=True,
         step=inserted_step(org, step, now),
         input_checkpoint=(prepared.context_json, prepared.read_verification_json, meta.sequence),
