@@ -133,8 +133,16 @@ class LookupColumn(Protocol):
     is read in the same transaction, before any write of it (the before-save trigger
     admission's activation read, ``runtime_svc.embedded``)."""
 
+    #: Names the column's statement shape: the lookup statement with it is built once
+    #: per dialect and key (its values are bound parameters, :meth:`params`).
+    key: str
+
     def column(self, dialect: Dialect) -> ColumnElement[Any]:
-        """The scalar column (a labelled scalar subquery) for ``dialect``."""
+        """The scalar column (a labelled scalar subquery with bound parameters)."""
+        ...
+
+    def params(self) -> Mapping[str, Any]:
+        """The column's bound values (names distinct from the ledger's ``k_*``)."""
         ...
 
     def accept(self, value: Any) -> None:
@@ -382,8 +390,9 @@ class RequestLedger:
         self._where = where
         self._lookup = select(t.c.request_digest, t.c.response_payload, t.c.completed).where(*where)
         self._insert = insert(t)
-        #: :meth:`lookup_clocked_txn`'s statement per dialect name (its clock SQL differs).
-        self._clocked: dict[str, Select[Any]] = {}
+        #: :meth:`lookup_clocked_txn`'s statement per dialect name (its clock SQL differs),
+        #: and per (dialect name, ``LookupColumn.key``) with that column added.
+        self._clocked: dict[str | tuple[str, str], Select[Any]] = {}
 
     def _key_where(self, key: RequestKey) -> list[ColumnElement[bool]]:
         t = self.table
@@ -421,9 +430,15 @@ class RequestLedger:
         stmt = self._clocked.get(conn.dialect.name)
         if stmt is None:
             stmt = self._clocked[conn.dialect.name] = self._clocked_lookup(clock)
+        params = self._key_params(key)
         if also is not None:
-            stmt = stmt.add_columns(also.column(conn.dialect))
-        row = (await conn.execute(stmt, self._key_params(key))).one()
+            extended = self._clocked.get((conn.dialect.name, also.key))
+            if extended is None:
+                extended = stmt.add_columns(also.column(conn.dialect))
+                self._clocked[(conn.dialect.name, also.key)] = extended
+            stmt = extended
+            params.update(also.params())
+        row = (await conn.execute(stmt, params)).one()
         if also is not None:
             also.accept(row[-1])
         now = parse_now(row.db_now)

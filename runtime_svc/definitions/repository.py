@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select
 from sqlalchemy.engine import Dialect, RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -47,6 +47,7 @@ __all__ = [
     "active_activation_txn",
     "active_activations_txn",
     "active_plan_ids_column",
+    "active_plan_ids_params",
     "active_plan_ids_txn",
     "end_activation_txn",
     "get_activation_txn",
@@ -599,33 +600,45 @@ async def active_plan_ids_txn(
     return out
 
 
-def active_plan_ids_column(
-    dialect: Dialect,
-    org_id: str,
-    app_installation_id: str,
-    runtime_capability_id: str,
-    flow_api_names: Sequence[str],
-) -> ColumnElement[Any]:
+def active_plan_ids_column(dialect: Dialect) -> ColumnElement[Any]:
     """:func:`active_plan_ids_txn`'s read as one scalar column — a JSON array of
     ``[flow API name, flow version id, plan id]`` — that another statement of the same
     transaction selects alongside its own (the record write's ledger lookup,
-    ``services.request_dedupe.LookupColumn``); decode it with
-    :func:`parse_active_plan_ids`. Same predicate as :func:`active_plan_ids_txn`."""
+    ``services.request_dedupe.LookupColumn``). Same predicate as
+    :func:`active_plan_ids_txn`; the values are bound parameters
+    (:func:`active_plan_ids_params`), so the statement that carries it is built once per
+    dialect and hits SQLAlchemy's compiled cache. Decode with
+    :func:`parse_active_plan_ids`."""
     a = plan_activations.c
     triple = func.json_array(a.flow_api_name, a.flow_version_id, a.plan_id)
     rows = func.json_group_array(triple) if dialect.name == "sqlite" else func.json_arrayagg(triple)
     return (
         select(rows)
         .where(
-            a.org_id == org_id,
-            a.app_installation_id == app_installation_id,
-            a.runtime_capability_id == runtime_capability_id,
-            a.flow_api_name.in_(sorted(set(flow_api_names))),
+            a.org_id == bindparam("ap_org"),
+            a.app_installation_id == bindparam("ap_installation"),
+            a.runtime_capability_id == bindparam("ap_capability"),
+            a.flow_api_name.in_(bindparam("ap_names", expanding=True)),
             a.active_slot == 1,
         )
         .scalar_subquery()
         .label("active_plan_ids")
     )
+
+
+def active_plan_ids_params(
+    org_id: str,
+    app_installation_id: str,
+    runtime_capability_id: str,
+    flow_api_names: Sequence[str],
+) -> dict[str, Any]:
+    """The bound values of :func:`active_plan_ids_column`."""
+    return {
+        "ap_org": org_id,
+        "ap_installation": app_installation_id,
+        "ap_capability": runtime_capability_id,
+        "ap_names": sorted(set(flow_api_names)),
+    }
 
 
 def parse_active_plan_ids(value: Any) -> list[tuple[str, str, str | None]]:

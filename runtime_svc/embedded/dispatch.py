@@ -158,10 +158,17 @@ class ActivationRead:
         self._names = names
         self._rows: list[tuple[str, str, str | None]] | None = None
 
+    #: The lookup column's statement shape (``LookupColumn.key``).
+    key = "before_save_activations"
+
     def column(self, dialect: Dialect) -> ColumnElement[Any]:
         """The activation read as one scalar column of the lookup's statement."""
-        return repo.active_plan_ids_column(
-            dialect, self._org, self._installation, self._capability, self._names
+        return repo.active_plan_ids_column(dialect)
+
+    def params(self) -> dict[str, Any]:
+        """The read's bound values: this write's org, binding and subscribed Flows."""
+        return repo.active_plan_ids_params(
+            self._org, self._installation, self._capability, self._names
         )
 
     def accept(self, value: Any) -> None:

@@ -37,9 +37,16 @@ def test_anything_else_is_refused(bad: str) -> None:
 def test_the_column_aggregates_the_same_predicate_per_dialect(
     dialect: Dialect, aggregate: str
 ) -> None:
-    column = repo.active_plan_ids_column(dialect, "org-1", "inst", "cap", ["B", "A", "B"])
+    column = repo.active_plan_ids_column(dialect)
     sql = str(column.compile(dialect=dialect)).lower()
     assert aggregate in sql and "json_array(" in sql
     for predicate in ("org_id", "app_installation_id", "runtime_capability_id", "active_slot"):
         assert predicate in sql
     assert "flow_api_name in" in sql
+    params = repo.active_plan_ids_params("org-1", "inst", "cap", ["B", "A", "B"])
+    assert params == {
+        "ap_org": "org-1",
+        "ap_installation": "inst",
+        "ap_capability": "cap",
+        "ap_names": ["A", "B"],
+    }
