@@ -11,13 +11,15 @@ operation (create one ``Opportunity`` with ``Name``, ``Amount``, ``StageName``):
 * (b) the same writes with one 5-element Embedded Before-Save Flow subscribed
   (Decision → Assignment → pure ``format_text`` ActionCall → Assignment → End, every
   element executed): ``RecordEngine.mutate(transform=BeforeSaveDispatcher…)``, i.e.
-  plan selection through the request-bound view and an ACTIVE activation, the transform
-  and re-validation inside the record transaction; its ratio b/a and the before-save
+  plan selection through the request-bound view and an ACTIVE activation (read by the
+  write's ledger lookup, as ``RecordService`` does), the transform and re-validation
+  inside the record transaction; its ratio b/a and the before-save
   overhead over the bare write (``a/b - 1``, target < 15%);
-* (c) Bounded Atomic runs per second of a one-``CreateRecord`` Flow: kernel
-  ``create_run`` (root, step, checkpoint rows) then ``AtomicRunner.run`` (claim, attempt,
-  the record write, checkpoint, terminal advance); one run counts as one record mutation
-  for the ratio c/a.
+* (c) Bounded Atomic runs per second of a one-``CreateRecord`` Flow, as ``StartRun``
+  runs it: ``AtomicRunner.start`` — one transaction creates the root, step and input
+  checkpoint and claims the step Running for the runner (ADR 0005), a second is the
+  business transaction (the record write, checkpoint, terminal advance); one run counts
+  as one record mutation for the ratio c/a.
 
 For each variant the bench also prints its cost drivers per operation: transactions,
 SQL statements (SQLAlchemy ``begin`` and ``before_cursor_execute`` events on the engine;
@@ -274,38 +276,43 @@ class _Variants:
 
     async def before_save(self, i: int) -> None:
         s, dispatcher = self._setup, self._dispatcher
+        mutation = self._create(i)
+        # As RecordService does: the activation read rides on the ledger lookup.
+        activations = dispatcher.activation_read(s.org, s.request, mutation)
 
         async def transform(
             conn: AsyncConnection, m: RecordMutation, current: RecordState | None
         ) -> RecordMutation:
-            return await dispatcher.transform_txn(conn, s.org, s.request, s.view, m, current)
+            return await dispatcher.transform_txn(
+                conn, s.org, s.request, s.view, m, current, activations=activations
+            )
 
         done = await self._records.mutate_once(
             s.org,
             s.view,
-            self._create(i),
+            mutation,
             actor=_ACTOR,
             key=self._request(i),
             encode=self._encode,
             transform=transform,
+            also=activations,
         )
         self.last_record = None if done.value is None else done.value.record
 
     async def atomic(self, i: int) -> None:
         stored = self._setup.atomic
         first = first_step_of(stored.plan, stored.plan.profile.value)
-        created = await self._store.create_run(
-            stored.scope,
-            StartRunRequest(
-                plan_id=stored.plan_id,
-                first_step=first,
-                input=CheckpointInput(
-                    context={"variables": {"name": f"Deal {i}", "amount": _AMOUNT}},
-                    plan_cursor={"step": first.plan_step_key},
-                ),
+        request = StartRunRequest(
+            plan_id=stored.plan_id,
+            first_step=first,
+            input=CheckpointInput(
+                context={"variables": {"name": f"Deal {i}", "amount": _AMOUNT}},
+                plan_cursor={"step": first.plan_step_key},
             ),
         )
-        run = await self._atomic.run(self._setup.org, created.run.flow_run_id, 10.0)
+        # As StartRun does (ADR 0005): the run is created already claimed and Running
+        # for the runner, which then runs the one business transaction.
+        _, run = await self._atomic.start(stored.scope, request, 10.0)
         if run.state is not RunState.SUCCEEDED:
             raise RuntimeError(f"bench atomic run ended {run.state}")
 
@@ -452,8 +459,8 @@ def run(seconds: float) -> None:
         " op = create one Opportunity; (a)/(b) carry a request id like every RecordService write)"
     )
     print(
-        "         (c) one run = kernel create_run + AtomicRunner: root, step, attempt and"
-        " checkpoint rows besides the record"
+        "         (c) one run = AtomicRunner.start (create+claim, then the business"
+        " transaction): root, step, attempt and checkpoint rows besides the record"
     )
     asyncio.run(_main(seconds))
 

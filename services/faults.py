@@ -71,6 +71,10 @@ class CrashPoint(StrEnum):
     #: worker (step continuation, docs/adr/0002); its preparation has not begun
     #: (qualifier: the continued step's key). Lease expiry must recover it.
     AFTER_CONTINUATION = "after_continuation"
+    #: A Bounded Atomic run was created already claimed and Running for its caller
+    #: (docs/adr/0005); the business transaction has not begun. Lease expiry must
+    #: recover it like any claimed step.
+    AFTER_CREATE_CLAIMED = "after_create_claimed"
     DURING_RECOVERY = "during_recovery"
     AFTER_OUTBOX_ENQUEUE = "after_outbox_enqueue"
     #: Owner: the inbox acceptance (fence row + command) committed, before the response.

@@ -84,6 +84,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.db import (
@@ -110,6 +111,7 @@ __all__ = [
     "DedupeScope",
     "Deduplicated",
     "DuplicateRequestRace",
+    "LookupColumn",
     "RequestIdReusedError",
     "RequestKey",
     "RequestLedger",
@@ -122,6 +124,31 @@ T = TypeVar("T")
 M = TypeVar("M", bound=Message)
 
 log = logging.getLogger(__name__)
+
+
+class LookupColumn(Protocol):
+    """A scalar read another part of the same transaction needs, selected by the
+    ledger's clocked lookup (:meth:`RequestLedger.execute_at_txn`) instead of by a
+    statement of its own: the lookup is the transaction's first statement, so the value
+    is read in the same transaction, before any write of it (the before-save trigger
+    admission's activation read, ``runtime_svc.embedded``)."""
+
+    #: Names the column's statement shape: the lookup statement with it is built once
+    #: per dialect and key (its values are bound parameters, :meth:`params`).
+    key: str
+
+    def column(self, dialect: Dialect) -> ColumnElement[Any]:
+        """The scalar column (a labelled scalar subquery with bound parameters)."""
+        ...
+
+    def params(self) -> Mapping[str, Any]:
+        """The column's bound values (names distinct from the ledger's ``k_*``)."""
+        ...
+
+    def accept(self, value: Any) -> None:
+        """Take the value the lookup read (called once per transaction attempt)."""
+        ...
+
 
 #: Longest accepted ``request_id`` (the column width).
 MAX_REQUEST_ID_LEN = KEY_LEN
@@ -363,8 +390,9 @@ class RequestLedger:
         self._where = where
         self._lookup = select(t.c.request_digest, t.c.response_payload, t.c.completed).where(*where)
         self._insert = insert(t)
-        #: :meth:`lookup_clocked_txn`'s statement per dialect name (its clock SQL differs).
-        self._clocked: dict[str, Select[Any]] = {}
+        #: :meth:`lookup_clocked_txn`'s statement per dialect name (its clock SQL differs),
+        #: and per (dialect name, ``LookupColumn.key``) with that column added.
+        self._clocked: dict[str | tuple[str, str], Select[Any]] = {}
 
     def _key_where(self, key: RequestKey) -> list[ColumnElement[bool]]:
         t = self.table
@@ -388,11 +416,12 @@ class RequestLedger:
         return None if row is None else _stored(row, key)
 
     async def lookup_clocked_txn(
-        self, conn: AsyncConnection, key: RequestKey
+        self, conn: AsyncConnection, key: RequestKey, also: LookupColumn | None = None
     ) -> tuple[StoredResponse | None, datetime]:
         """:meth:`lookup_txn` and the database clock (:func:`services.db.db_now`) in one
         statement: the clock from a one-row derived table, the ledger row outer-joined to
-        it by its primary key (so a new request still returns the clock).
+        it by its primary key (so a new request still returns the clock). ``also``: one
+        more scalar column of the same statement, handed to ``also.accept``.
 
         Raises:
             RequestIdReusedError: the id was used with another body.
@@ -401,7 +430,17 @@ class RequestLedger:
         stmt = self._clocked.get(conn.dialect.name)
         if stmt is None:
             stmt = self._clocked[conn.dialect.name] = self._clocked_lookup(clock)
-        row = (await conn.execute(stmt, self._key_params(key))).one()
+        params = self._key_params(key)
+        if also is not None:
+            extended = self._clocked.get((conn.dialect.name, also.key))
+            if extended is None:
+                extended = stmt.add_columns(also.column(conn.dialect))
+                self._clocked[(conn.dialect.name, also.key)] = extended
+            stmt = extended
+            params.update(also.params())
+        row = (await conn.execute(stmt, params)).one()
+        if also is not None:
+            also.accept(row[-1])
         now = parse_now(row.db_now)
         return (None if row.request_digest is None else _stored(row, key)), now
 
@@ -499,17 +538,19 @@ class RequestLedger:
         encode: Callable[[T], bytes | None],
         *,
         completed: bool | Callable[[T], bool] = True,
+        also: LookupColumn | None = None,
     ) -> Deduplicated[T]:
         """:meth:`execute_txn` whose lookup reads the database clock in the same statement
         (:meth:`lookup_clocked_txn`): ``work`` gets that time as its transaction's clock
         reading, and a new ledger row takes it as ``created_at`` — one statement where a
         deduplicated write otherwise reads the clock separately (the record engine's
-        writes, whose every row carries the transaction's time).
+        writes, whose every row carries the transaction's time). ``also``: a scalar read
+        ``work`` needs, selected by the same statement (accepted before ``work`` runs).
 
         Raises:
             The errors of :meth:`execute_txn`.
         """
-        prior, now = await self.lookup_clocked_txn(conn, key)
+        prior, now = await self.lookup_clocked_txn(conn, key, also)
 
         async def timed(c: AsyncConnection) -> T:
             return await work(c, now)

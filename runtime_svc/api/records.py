@@ -73,7 +73,12 @@ from runtime_svc.compiler.inputs import (
 )
 from runtime_svc.definitions.admission import RequestBoundView, TriggerSelection
 from runtime_svc.definitions.inputs import pin_subscription_versions
-from runtime_svc.embedded import BeforeSaveDispatcher, BeforeSaveFailedError, record_failure
+from runtime_svc.embedded import (
+    ActivationRead,
+    BeforeSaveDispatcher,
+    BeforeSaveFailedError,
+    record_failure,
+)
 from runtime_svc.kernel import FlowRunStateStore
 from runtime_svc.records import (
     Actor,
@@ -509,18 +514,24 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
         bound = await self._views.bound_view_for(scope)
         return _WriteContext(identity.org_id, scope, bound, Actor("workload", identity.subject))
 
-    def _before_save(self, ctx: _WriteContext, mutation: RecordMutation) -> Transform | None:
-        """The before-save hook of a write the view subscribes a before-save Flow to."""
+    def _before_save(
+        self, ctx: _WriteContext, mutation: RecordMutation
+    ) -> tuple[Transform | None, ActivationRead | None]:
+        """The before-save hook of a write the view subscribes a before-save Flow to, and
+        its activation read (made by the write's ledger lookup, one statement less)."""
         if not ctx.bound.subscribes_before_save(mutation.object_name, mutation.kind.value):
-            return None
+            return None, None
         dispatcher, request_view, view = self._before, ctx.bound.request, ctx.view
+        activations = dispatcher.activation_read(ctx.org, request_view, mutation)
 
         async def transform(
             conn: AsyncConnection, m: RecordMutation, current: RecordState | None
         ) -> RecordMutation:
-            return await dispatcher.transform_txn(conn, ctx.org, request_view, view, m, current)
+            return await dispatcher.transform_txn(
+                conn, ctx.org, request_view, view, m, current, activations=activations
+            )
 
-        return transform
+        return transform, activations
 
     async def _write(
         self,
@@ -557,6 +568,7 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
             data: bytes = respond(result, list(run_ids)).SerializeToString(deterministic=True)
             return data
 
+        transform, activations = self._before_save(ctx, mutation)
         try:
             done = await self._engine.mutate_once(
                 ctx.org,
@@ -566,7 +578,8 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
                 key=key,
                 encode=encode,
                 on_applied=admit,
-                transform=self._before_save(ctx, mutation),
+                transform=transform,
+                also=activations,
             )
         except BeforeSaveFailedError as exc:
             # Rolled back: nothing was written. The evidence is the engine's audit row.

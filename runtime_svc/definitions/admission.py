@@ -45,6 +45,7 @@ __all__ = [
     "select_for_trigger",
     "select_plan_for_trigger",
     "select_plan_for_trigger_txn",
+    "subscribed_flows",
 ]
 
 
@@ -223,8 +224,14 @@ async def select_plan_for_trigger_txn(
     request_binding: RequestBoundView | None,
     *,
     cache: ImmutableRowCache | None = None,
+    active_ids: Sequence[tuple[str, str, str | None]] | None = None,
 ) -> TriggerSelection | AdmissionError:
-    """:func:`select_plan_for_trigger` inside the caller's transaction."""
+    """:func:`select_plan_for_trigger` inside the caller's transaction.
+
+    ``active_ids``: the activation read (:func:`repository.active_plan_ids_txn`'s rows for
+    :func:`subscribed_flows`' names) when this transaction already made it in another
+    statement (``repository.active_plan_ids_column``); ``None`` reads it here (with
+    ``cache``)."""
     if request_binding is None or request_binding.view is None:
         return select_for_trigger(org_id, object_api_name, timing, event, request_binding, ())
     b, view = request_binding.binding, request_binding.view
@@ -241,15 +248,15 @@ async def select_plan_for_trigger_txn(
     # the request binding, the view (by content digest) and the ACTIVE (Flow, version,
     # plan) triples — all immutable rows — so it is memoized on exactly those.
     names_key = (view.digest, object_api_name, timing, event)
-    cached = cache.names.get(names_key)
-    if cached is None:
-        cached = _subscribed(view, object_api_name, timing, event)
-        cache.remember(cache.names, names_key, cached)
-    names = cached
+    names = subscribed_flows(view, object_api_name, timing, event, cache)
     if not names:
         return select_for_trigger(org_id, object_api_name, timing, event, request_binding, ())
-    acts = await repo.active_plan_ids_txn(
-        conn, org_id, b.app_installation_id, b.runtime_capability_id, names
+    acts = (
+        list(active_ids)
+        if active_ids is not None
+        else await repo.active_plan_ids_txn(
+            conn, org_id, b.app_installation_id, b.runtime_capability_id, names
+        )
     )
     key = (org_id, names_key, b, tuple(acts))
     decision = cache.decisions.get(key)
@@ -260,6 +267,24 @@ async def select_plan_for_trigger_txn(
         )
         cache.remember(cache.decisions, key, decision)
     return decision
+
+
+def subscribed_flows(
+    view: MetadataViewInput,
+    object_api_name: str,
+    timing: str,
+    event: str,
+    cache: ImmutableRowCache,
+) -> tuple[str, ...]:
+    """The Flow API names ``view`` subscribes to ``(object, timing, event)``, sorted —
+    the names the per-write activation read asks for (memoized by the view's content
+    digest)."""
+    key = (view.digest, object_api_name, timing, event)
+    names = cache.names.get(key)
+    if names is None:
+        names = _subscribed(view, object_api_name, timing, event)
+        cache.remember(cache.names, key, names)
+    return names
 
 
 def _subscribed(

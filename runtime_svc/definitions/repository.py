@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
-from sqlalchemy.engine import RowMapping
+from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select
+from sqlalchemy.engine import Dialect, RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.compiler import ExecutionPlan
@@ -46,6 +46,8 @@ __all__ = [
     "PlanRow",
     "active_activation_txn",
     "active_activations_txn",
+    "active_plan_ids_column",
+    "active_plan_ids_params",
     "active_plan_ids_txn",
     "end_activation_txn",
     "get_activation_txn",
@@ -64,6 +66,7 @@ __all__ = [
     "latest_flow_versions_txn",
     "latest_policy_txn",
     "list_flow_versions_txn",
+    "parse_active_plan_ids",
     "plan_row_values",
     "to_json",
 ]
@@ -594,6 +597,69 @@ async def active_plan_ids_txn(
     for row in result:
         name, version_id, plan_id = tuple(row)
         out.append((str(name), str(version_id), None if plan_id is None else str(plan_id)))
+    return out
+
+
+def active_plan_ids_column(dialect: Dialect) -> ColumnElement[Any]:
+    """:func:`active_plan_ids_txn`'s read as one scalar column — a JSON array of
+    ``[flow API name, flow version id, plan id]`` — that another statement of the same
+    transaction selects alongside its own (the record write's ledger lookup,
+    ``services.request_dedupe.LookupColumn``). Same predicate as
+    :func:`active_plan_ids_txn`; the values are bound parameters
+    (:func:`active_plan_ids_params`), so the statement that carries it is built once per
+    dialect and hits SQLAlchemy's compiled cache. Decode with
+    :func:`parse_active_plan_ids`."""
+    a = plan_activations.c
+    triple = func.json_array(a.flow_api_name, a.flow_version_id, a.plan_id)
+    rows = func.json_group_array(triple) if dialect.name == "sqlite" else func.json_arrayagg(triple)
+    return (
+        select(rows)
+        .where(
+            a.org_id == bindparam("ap_org"),
+            a.app_installation_id == bindparam("ap_installation"),
+            a.runtime_capability_id == bindparam("ap_capability"),
+            a.flow_api_name.in_(bindparam("ap_names", expanding=True)),
+            a.active_slot == 1,
+        )
+        .scalar_subquery()
+        .label("active_plan_ids")
+    )
+
+
+def active_plan_ids_params(
+    org_id: str,
+    app_installation_id: str,
+    runtime_capability_id: str,
+    flow_api_names: Sequence[str],
+) -> dict[str, Any]:
+    """The bound values of :func:`active_plan_ids_column`."""
+    return {
+        "ap_org": org_id,
+        "ap_installation": app_installation_id,
+        "ap_capability": runtime_capability_id,
+        "ap_names": sorted(set(flow_api_names)),
+    }
+
+
+def parse_active_plan_ids(value: Any) -> list[tuple[str, str, str | None]]:
+    """What :func:`active_plan_ids_column` read, as :func:`active_plan_ids_txn` returns it
+    (by Flow name; no active activation: ``[]`` — MariaDB aggregates no row to NULL).
+
+    Raises:
+        ValueError: the value is not the column's JSON array of triples.
+    """
+    if value is None:
+        return []
+    items = json.loads(value) if isinstance(value, str | bytes) else value
+    if not isinstance(items, list):
+        raise ValueError("active plan ids: not a JSON array")
+    out: list[tuple[str, str, str | None]] = []
+    for item in items:
+        if not isinstance(item, list) or len(item) != 3:
+            raise ValueError("active plan ids: not a [name, version, plan] triple")
+        name, version_id, plan_id = item
+        out.append((str(name), str(version_id), None if plan_id is None else str(plan_id)))
+    out.sort(key=lambda t: t[0])
     return out
 
 

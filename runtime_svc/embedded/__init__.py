@@ -7,6 +7,7 @@ from __future__ import annotations
 from runtime_svc.embedded.dispatch import (
     BEFORE_SAVE,
     BEFORE_SAVE_FAILED_ACTION,
+    ActivationRead,
     BeforeSaveDispatcher,
     BeforeSaveEvidence,
     BeforeSaveFailedError,
@@ -17,6 +18,7 @@ from runtime_svc.embedded.transform import BeforeSaveFault, TransformOutcome, ru
 __all__ = [
     "BEFORE_SAVE",
     "BEFORE_SAVE_FAILED_ACTION",
+    "ActivationRead",
     "BeforeSaveDispatcher",
     "BeforeSaveEvidence",
     "BeforeSaveFailedError",

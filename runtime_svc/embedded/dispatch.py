@@ -8,7 +8,14 @@ one transaction it
 
 1. selects the before-save plans of the request-bound view for the write's object and
    event (:func:`~runtime_svc.definitions.select_plan_for_trigger_txn`: one indexed
-   activation read; plan and Flow-version rows are immutable and cached per process);
+   activation read; plan and Flow-version rows are immutable and cached per process).
+   A deduplicated write (every ``RecordService`` write) makes that activation read in
+   its ledger lookup, the transaction's first statement
+   (:meth:`BeforeSaveDispatcher.activation_read`, ``RecordEngine.mutate_once(also=…)``)
+   instead of in a statement of its own: the same read of the same transaction, made
+   before any write of it — a deactivation committed before the write's transaction
+   began is honored exactly as before (MariaDB runs READ COMMITTED: each statement
+   reads the latest committed activations; SQLite's write transaction is serialized);
 2. runs each plan's transform (:func:`~runtime_svc.embedded.transform.run_before_save`)
    in the **documented order**: ascending trigger-subscription ``dispatch_order``, ties
    by Flow API name — the admission order, stable across processes and restarts. Each
@@ -37,6 +44,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import ColumnElement
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.compiler import ExecutionPlan
@@ -48,6 +57,7 @@ from runtime_svc.definitions.admission import (
     ImmutableRowCache,
     RequestBoundView,
     select_plan_for_trigger_txn,
+    subscribed_flows,
 )
 from runtime_svc.embedded.transform import BeforeSaveFault, run_before_save
 from runtime_svc.records import (
@@ -69,6 +79,7 @@ from services.errors import FailedPreconditionError, NotFoundError
 __all__ = [
     "BEFORE_SAVE",
     "BEFORE_SAVE_FAILED_ACTION",
+    "ActivationRead",
     "BeforeSaveDispatcher",
     "BeforeSaveEvidence",
     "BeforeSaveFailedError",
@@ -133,6 +144,43 @@ class BeforeSaveFailedError(FailedPreconditionError):
         self.evidence = evidence
 
 
+class ActivationRead:
+    """The before-save activation read of one write, made by the write's ledger lookup
+    (a ``services.request_dedupe.LookupColumn``): the column that reads the ACTIVE
+    activations of the Flows the request-bound view subscribes, and what the current
+    transaction attempt read. :meth:`BeforeSaveDispatcher.transform_txn` takes the rows
+    once; a transform without a fresh lookup reads the activations itself."""
+
+    def __init__(
+        self, org_id: str, installation: str, capability: str, names: tuple[str, ...]
+    ) -> None:
+        self._org, self._installation, self._capability = org_id, installation, capability
+        self._names = names
+        self._rows: list[tuple[str, str, str | None]] | None = None
+
+    #: The lookup column's statement shape (``LookupColumn.key``).
+    key = "before_save_activations"
+
+    def column(self, dialect: Dialect) -> ColumnElement[Any]:
+        """The activation read as one scalar column of the lookup's statement."""
+        return repo.active_plan_ids_column(dialect)
+
+    def params(self) -> dict[str, Any]:
+        """The read's bound values: this write's org, binding and subscribed Flows."""
+        return repo.active_plan_ids_params(
+            self._org, self._installation, self._capability, self._names
+        )
+
+    def accept(self, value: Any) -> None:
+        """Keep what this transaction attempt's lookup read."""
+        self._rows = repo.parse_active_plan_ids(value)
+
+    def take(self) -> list[tuple[str, str, str | None]] | None:
+        """The rows the current attempt read (once), or ``None``."""
+        rows, self._rows = self._rows, None
+        return rows
+
+
 class BeforeSaveDispatcher:
     """Runs the before-save Flows of a record mutation inside its transaction.
 
@@ -170,6 +218,24 @@ class BeforeSaveDispatcher:
                 raise NotFoundError("execution_plan", plan_id)
             self._rows.remember(self._rows.plans, key, row)
 
+    def activation_read(
+        self, org_id: str, request_view: RequestBoundView | None, mutation: RecordMutation
+    ) -> ActivationRead | None:
+        """The activation read :meth:`transform_txn` of ``mutation`` needs, for the
+        write's ledger lookup to make (``RecordEngine.mutate_once(also=…)``); ``None``
+        when it needs none (a delete, no view, no subscribed Flow)."""
+        if mutation.kind not in (MutationKind.CREATE, MutationKind.UPDATE):
+            return None
+        if request_view is None or request_view.view is None:
+            return None
+        names = subscribed_flows(
+            request_view.view, mutation.object_name, BEFORE_SAVE, mutation.kind.value, self._rows
+        )
+        if not names:
+            return None
+        b = request_view.binding
+        return ActivationRead(org_id, b.app_installation_id, b.runtime_capability_id, names)
+
     async def transform_txn(
         self,
         conn: AsyncConnection,
@@ -178,8 +244,12 @@ class BeforeSaveDispatcher:
         view: RecordView,
         mutation: RecordMutation,
         current: RecordState | None,
+        *,
+        activations: ActivationRead | None = None,
     ) -> RecordMutation:
         """The mutation to write after every before-save Flow ran (see module docstring).
+        ``activations``: :meth:`activation_read`'s object, whose read this transaction's
+        ledger lookup made (``None``, or not read this attempt: read here).
 
         Raises:
             FailedPreconditionError: admission refused (view/binding/trigger mismatch, a
@@ -198,6 +268,7 @@ class BeforeSaveDispatcher:
             event,
             request_view,
             cache=self._rows,
+            active_ids=None if activations is None else activations.take(),
         )
         if isinstance(selection, AdmissionError):
             raise selection.to_exception()

@@ -40,6 +40,7 @@ from runtime_svc.kernel.states import (
     StepState,
 )
 from runtime_svc.kernel.store import (
+    ClaimedStart,
     CommitResult,
     ContinueAs,
     FirstStep,
@@ -56,6 +57,7 @@ __all__ = [
     "AttemptOutcome",
     "Candidate",
     "CheckpointInput",
+    "ClaimedStart",
     "CommitResult",
     "CompatibilityStatus",
     "ContinueAs",

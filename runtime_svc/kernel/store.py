@@ -82,6 +82,7 @@ from runtime_svc.kernel.policy import (
 )
 from runtime_svc.kernel.states import AttemptOutcome, RunState, StepState
 from runtime_svc.kernel.store_create import (
+    ClaimedStart,
     FirstStep,
     StartRunRequest,
     StartRunResult,
@@ -147,9 +148,11 @@ from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now, run_in_transaction, transaction
 from services.errors import FenceLostError, NotFoundError
 from services.invariants import InvariantError
+from services.telemetry import trace_id_of
 
 __all__ = [
     "EMPTY_LOCK_PLAN_DIGEST",
+    "ClaimedStart",
     "Clock",
     "CommitResult",
     "ContinueAs",
@@ -301,6 +304,56 @@ class FlowRunStateStore:
             max_checkpoint_bytes=self.max_checkpoint_bytes,
             now=await self._clock(conn),
         )
+
+    async def create_run_claimed(
+        self, scope: TrustedRuntimeWorkScope, request: StartRunRequest, *, lease_owner: str
+    ) -> StartRunResult:
+        """:meth:`create_run_claimed_txn` in its own transaction."""
+        prepare_checkpoint(request.input, max_bytes=self.max_checkpoint_bytes)
+        return await self._run(
+            lambda conn: self.create_run_claimed_txn(conn, scope, request, lease_owner=lease_owner)
+        )
+
+    async def create_run_claimed_txn(
+        self,
+        conn: AsyncConnection,
+        scope: TrustedRuntimeWorkScope,
+        request: StartRunRequest,
+        *,
+        lease_owner: str,
+    ) -> StartRunResult:
+        """:meth:`create_run_txn`, and — for a run this call created — the ordinary
+        fused claim (§12.1 decision, new attempt and lease token, ``Claimed -> Running``,
+        ADR 0003) of its first step for ``lease_owner`` in the same transaction, decided
+        on the rows the creation just inserted (``docs/adr/0005``). The result's
+        ``claimed`` carries the Running fence and the step's input; it is ``None`` on an
+        idempotent replay or when the claim decision refuses (the step then waits for
+        an ordinary claim, exactly as after :meth:`create_run`)."""
+        result = await self.create_run_txn(conn, scope, request)
+        if not result.created or result.step is None or result.input_checkpoint is None:
+            return result
+        claimed = await self._claim_txn(
+            conn,
+            scope.org_id,
+            result.run.flow_run_id,
+            result.step.step_execution_id,
+            now=result.step.created_at,
+            token=new_lease_token(),
+            lease_owner=lease_owner,
+            lock_plan_digest=EMPTY_LOCK_PLAN_DIGEST,
+            trace_id=trace_id_of(result.run.trace_context),
+            expected_root_version=None,
+            expected_step_version=None,
+            held=(result.run, result.step),
+            running=True,
+        )
+        if isinstance(claimed, NotEligible):
+            return result
+        context_json, verification_json, sequence = result.input_checkpoint
+        start = ClaimedStart(
+            claimed[0], request.first_step, context_json, verification_json, sequence
+        )
+        return dataclasses.replace(result, claimed=start)
 
     # --- claim, lifecycle, heartbeat -----------------------------------------------------
 

@@ -8,14 +8,19 @@ that run), a different digest is a conflict.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, cast
 
 from sqlalchemy import select
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from runtime_svc.kernel.model import CheckpointInput, NewStep, RunRecord
+from runtime_svc.kernel.applied import inserted_step
+from runtime_svc.kernel.model import CheckpointInput, LeaseFence, NewStep, RunRecord, StepRecord
 from runtime_svc.kernel.states import ExecutionOwner, RunState, StepState
+from runtime_svc.kernel.store_codec import run_from_row
 from runtime_svc.kernel.store_reads import get_run_txn
 from runtime_svc.kernel.store_rows import (
     insert_checkpoint,
@@ -34,10 +39,12 @@ from services.digest import versioned_digest
 from services.errors import ConflictError, NotFoundError
 
 __all__ = [
+    "ClaimedStart",
     "FirstStep",
     "StartRunRequest",
     "StartRunResult",
     "create_run_txn",
+    "inserted_run",
     "run_by_idempotency_key_txn",
 ]
 
@@ -91,11 +98,36 @@ class StartRunRequest:
 
 
 @dataclass(frozen=True)
+class ClaimedStart:
+    """A run created already claimed and ``Running`` for its caller
+    (``docs/adr/0005-bounded-atomic-created-claimed.md``): the Running fence (the only
+    copy of the raw lease token — never serialized) and the step's input as the creating
+    transaction wrote it, so the caller needs no candidate read, claim transaction or
+    preparation read."""
+
+    fence: LeaseFence
+    first_step: FirstStep
+    #: The input checkpoint's canonical context JSON and read-verification set.
+    context_json: str = dataclasses.field(repr=False)
+    read_verification_json: str | None
+    #: The input checkpoint's sequence (the run's latest at the fence's root version).
+    sequence: int
+
+
+@dataclass(frozen=True)
 class StartRunResult:
     """The accepted run, and whether this call created it (False: idempotent replay)."""
 
     run: RunRecord
     created: bool
+    #: The created first step as inserted (``None`` on a replay).
+    step: StepRecord | None = None
+    #: The created input checkpoint's canonical context, verification set and sequence
+    #: (``None`` on a replay) — what a caller that claims the step in the same
+    #: transaction hands to its executor.
+    input_checkpoint: tuple[str, str | None, int] | None = None
+    #: Set by ``FlowRunStateStore.create_run_claimed_txn`` when it claimed the step.
+    claimed: ClaimedStart | None = None
 
 
 async def run_by_idempotency_key_txn(
@@ -112,6 +144,16 @@ async def _by_idempotency_key(conn: AsyncConnection, org_id: str, key: str) -> R
     if run_id is None:
         return None
     return await get_run_txn(conn, org_id, run_id, include_deleted=True)
+
+
+def inserted_run(values: Mapping[str, Any]) -> RunRecord:
+    """The root row an INSERT of ``values`` into ``flow_runs`` stored (every column it
+    does not name is NULL or unused by :class:`RunRecord`), decoded exactly as a read-back
+    is — so the creating transaction needs no read-back; pinned equal to the stored row by
+    ``test_kernel_derived_rows``."""
+    row: dict[str, Any] = dict.fromkeys(flow_runs.columns.keys())
+    row.update(values)
+    return run_from_row(cast(RowMapping, row))
 
 
 def _replay(existing: RunRecord, request_digest: str) -> StartRunResult:
@@ -194,7 +236,9 @@ async def create_run_txn(
         if existing is None:
             raise ConflictError("flow run identity collision", entity="flow_run")
         return _replay(existing, request_digest)
-    await insert_checkpoint(
+    # The run's first checkpoint: this transaction inserted the root (the insert won),
+    # so the run has no checkpoint yet and its last sequence is 0 — no read for it.
+    meta = await insert_checkpoint(
         conn,
         org,
         run_id,
@@ -202,6 +246,7 @@ async def create_run_txn(
         checkpoint_id=checkpoint_id,
         created_by_attempt_id=None,
         now=now,
+        last_sequence=0,
     )
     step = NewStep(
         step_execution_id=step_id,
@@ -215,4 +260,9 @@ async def create_run_txn(
         queue_class=first.queue_class,
     )
     await insert_step(conn, org, step, now)
-    return StartRunResult(await get_run_txn(conn, org, run_id), created=True)
+    return StartRunResult(
+        inserted_run(values),
+        created=True,
+        step=inserted_step(org, step, now),
+        input_checkpoint=(prepared.context_json, prepared.read_verification_json, meta.sequence),
+    )

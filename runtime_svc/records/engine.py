@@ -103,7 +103,13 @@ from services.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
-from services.request_dedupe import Deduplicated, DuplicateRequestRace, RequestKey, RequestLedger
+from services.request_dedupe import (
+    Deduplicated,
+    DuplicateRequestRace,
+    LookupColumn,
+    RequestKey,
+    RequestLedger,
+)
 
 __all__ = [
     "DEFAULT_MAX_REPLANS",
@@ -631,12 +637,15 @@ class RecordEngine:
         encode: Callable[[MutationResult], bytes],
         on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
         transform: Transform | None = None,
+        also: LookupColumn | None = None,
     ) -> Deduplicated[MutationResult]:
         """:meth:`mutate` deduplicated on ``key`` (``services.request_dedupe``): the
         mutation, ``on_applied`` and the ledger row with ``encode(result)`` commit in one
         transaction; a retry replays the original response bytes without touching the
         record (not even ``transform`` or ``on_applied`` run), a reuse of the id with
-        another body is refused.
+        another body is refused. ``also``: a scalar read ``transform`` needs, selected by
+        the ledger lookup's statement (the before-save activation read,
+        :meth:`runtime_svc.embedded.BeforeSaveDispatcher.activation_read`).
 
         Raises:
             RequestIdReusedError: the id was used with another body.
@@ -660,7 +669,7 @@ class RecordEngine:
         async def attempt(conn: AsyncConnection) -> Deduplicated[MutationResult]:
             # The ledger lookup reads the transaction's clock too (one statement); the
             # mutation's rows and the ledger row all carry that time.
-            return await self._ledger.execute_at_txn(conn, key, work, encode)
+            return await self._ledger.execute_at_txn(conn, key, work, encode, also=also)
 
         return await self.transact(attempt, key=f"{mutation.object_name}/{mutation.record_id}")
 

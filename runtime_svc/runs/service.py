@@ -26,6 +26,7 @@ from runtime_svc.effects.support import EffectSupport, effect_support_txn
 from runtime_svc.identity import RunIdentity, record_initiator_txn, run_identities_txn
 from runtime_svc.kernel import (
     CheckpointInput,
+    ClaimedStart,
     FlowRunStateStore,
     RunRecord,
     RunState,
@@ -253,7 +254,9 @@ class RunService:
             if self._legacy is None:
                 raise
             return await self._start_legacy(scope, p)
-        return await self._drive(scope, p.resolved, result.run, not result.created, wait_budget_s)
+        return await self._drive(
+            scope, p.resolved, result.run, not result.created, wait_budget_s, result.claimed
+        )
 
     async def start_run_once(
         self,
@@ -315,7 +318,9 @@ class RunService:
         if done.value is None:  # pragma: no cover - a fresh execution always has a value
             raise FailedPreconditionError("the run was not accepted", reason="internal")
         result = done.value
-        outcome = await self._drive(scope, resolved, result.run, not result.created, wait_budget_s)
+        outcome = await self._drive(
+            scope, resolved, result.run, not result.created, wait_budget_s, result.claimed
+        )
         return await self._ledger.complete(self._engine, key, responder.encode(outcome))
 
     async def _prepare(
@@ -381,9 +386,11 @@ class RunService:
         run: RunRecord,
         existing: bool,
         wait_budget_s: float,
+        claimed: ClaimedStart | None = None,
     ) -> StartOutcome:
         """Execute a Bounded Atomic run synchronously, or wait for the run, within the
-        budget (§18.3); the run's answer either way."""
+        budget (§18.3); the run's answer either way. ``claimed``: the creating
+        transaction already claimed the run's step for the atomic runner (ADR 0005)."""
         completed = run.state in TERMINAL_RUN_STATES
         if (
             not completed
@@ -393,7 +400,10 @@ class RunService:
             # §18.3: the one logical mutation step runs now; the terminal result returns
             # when it completes within the API budget, the run identity otherwise.
             budget = min(max(wait_budget_s, self._atomic_budget_s), self._max_wait_s)
-            run = await self._atomic.run(scope.org_id, run.flow_run_id, budget)
+            if claimed is not None:
+                run = await self._atomic.run_claimed(run, claimed, budget)
+            else:
+                run = await self._atomic.run(scope.org_id, run.flow_run_id, budget)
             completed = run.state in TERMINAL_RUN_STATES
         if not completed and wait_budget_s > 0:
             run = await self._wait(scope.org_id, run, min(wait_budget_s, self._max_wait_s))
@@ -462,7 +472,14 @@ class RunService:
         plan: ExecutionPlan,
     ) -> StartRunResult:
         try:
-            result = await self.store.create_run_txn(conn, scope, request)
+            if self._atomic is not None and plan.profile is ExecutionProfile.BOUNDED_ATOMIC:
+                # ADR 0005: the run is created already claimed and Running for the
+                # synchronous runner, which executes it right after this commit.
+                result = await self.store.create_run_claimed_txn(
+                    conn, scope, request, lease_owner=self._atomic.owner
+                )
+            else:
+                result = await self.store.create_run_txn(conn, scope, request)
         except ConflictError as exc:
             if isinstance(exc, FenceLostError) or request.idempotency_key is None:
                 raise

@@ -61,6 +61,7 @@ from runtime_svc.kernel import (
     AttemptOutcome,
     Candidate,
     CheckpointInput,
+    ClaimedStart,
     CommitResult,
     ContinueAs,
     FailureClass,
@@ -418,6 +419,38 @@ class StepWorker:
         into a step of ``lane``; ``False`` leaves that step to ordinary discovery."""
         chain = _Chain(self._continuation_limit, None, gate=gate)
         return await self._process(org_id, candidate, chain)
+
+    async def process_claimed(self, org_id: str, run: RunRecord, start: ClaimedStart) -> Outcome:
+        """Execute and commit the first step of ``run``, which its creating transaction
+        already claimed and made Running for this worker (``start``, ADR 0005): no
+        candidate read, no claim transaction, and no preparation read — the step's
+        input is what that transaction wrote. One step only; every later move (retry,
+        failure, commit) is the ordinary fenced path of :meth:`process`."""
+        fence, first = start.fence, start.first_step
+        known = _Known(
+            plan_id=run.plan_id,
+            step=_StepRow(first.plan_step_key, first.step_kind, first.invocation_ordinal),
+            payload=start.context_json,
+            verification=(
+                None
+                if start.read_verification_json is None
+                else json.loads(start.read_verification_json)
+            ),
+            sequence=start.sequence,
+        )
+        watch = StepWatch(
+            lane=first.queue_class,
+            profile=run.execution_profile,
+            step_kind=first.step_kind,
+            trace_context=run.trace_context,
+            run_after=None,
+        )
+        with watch.attempt(
+            fence.flow_run_id, fence.step_execution_id, fence.attempt_id, fence.attempt_number
+        ) as finish:
+            outcome = await self._running(org_id, fence, _Chain(0, watch.trace_id), known)
+            finish(outcome.value)
+        return outcome
 
     async def _process(self, org_id: str, candidate: Candidate, chain: _Chain) -> list[Outcome]:
         if self._binary is not None and candidate.plan_id:

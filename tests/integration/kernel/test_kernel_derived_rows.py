@@ -1,18 +1,19 @@
 """The rows step continuation derives in memory instead of reading back (ADR 0002,
 ``runtime_svc.kernel.applied``) are the rows the database holds, on SQLite and MariaDB:
-the root and next step a final commit leaves, and the root, step and attempt a claim
-leaves. A derivation that drifted from the stored row would make the continuation's
-conditional UPDATEs miss and roll whole commits back; these tests pin it field by field.
+the root and next step a final commit leaves, the root, step and attempt a claim leaves,
+and the root and first step a run's creation inserts (ADR 0005). A derivation that
+drifted from the stored row would make the continuation's conditional UPDATEs miss and
+roll whole commits back; these tests pin it field by field.
 """
 
 from __future__ import annotations
 
-from runtime_svc.kernel import CheckpointInput, LeaseFence
+from runtime_svc.kernel import CheckpointInput, LeaseFence, StartRunRequest
 from runtime_svc.kernel.store import _claimed_rows
 from runtime_svc.kernel.store_rows import lock_fenced, lock_run, lock_step
 from services import db
 from tests.integration.kernel.conftest import World
-from tests.integration.kernel.helpers import claim, next_step, start
+from tests.integration.kernel.helpers import FIRST, claim, next_step, start
 
 
 class _Rollback(Exception):
@@ -67,3 +68,18 @@ async def test_a_claim_on_held_rows_derives_the_rows_it_stored(world: World) -> 
             raise _Rollback
     except _Rollback:
         pass
+
+
+async def test_a_created_run_derives_the_root_and_step_it_stored(world: World) -> None:
+    """``create_run`` answers with the root and first step its INSERTs wrote (ADR 0005:
+    no read-back; a created-claimed run's claim decides on exactly these rows)."""
+    request = StartRunRequest(
+        plan_id=world.plan_id, first_step=FIRST, input=CheckpointInput(context={"n": 0})
+    )
+    result = await world.store.create_run(world.scope, request)
+    assert result.created and result.step is not None
+    async with db.transaction(world.engine, readonly=True) as conn:
+        stored_root = await lock_run(conn, world.org, result.run.flow_run_id)
+        stored_step = await lock_step(conn, world.org, result.step.step_execution_id)
+    assert result.run == stored_root
+    assert result.step == stored_step

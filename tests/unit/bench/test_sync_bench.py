@@ -42,3 +42,10 @@ async def test_the_three_variants_do_their_work_and_are_reported(
     # A deduplicated create is one write transaction (pinned in detail, with its
     # statements, by tests/integration/records/test_records_write_cost.py).
     assert per_op[0][:2] == ("1.00", "1.00") and per_op[1][:2] == ("1.00", "1.00"), per_op
+    # The before-save write's activation read rides on the ledger lookup: it costs the
+    # bare write's statements (test_records_before_save_ledger.py pins the count).
+    assert per_op[1][2] == per_op[0][2], per_op
+    # A Bounded Atomic run is created claimed (ADR 0005): create+claim, then the business
+    # transaction — two write transactions and nothing else (pinned in detail by
+    # tests/integration/atomic/test_atomic_created_claimed.py).
+    assert per_op[2][:2] == ("2.00", "2.00"), per_op

@@ -1,0 +1,52 @@
+"""The activation read a before-save write's ledger lookup makes
+(``repository.active_plan_ids_column``) decodes to exactly what the statement of its own
+returned (``active_plan_ids_txn``): ``(name, version id, plan id)`` by Flow name; no
+active activation is ``[]`` (MariaDB aggregates no row to NULL, SQLite to ``[]``); a
+value that is not the column's JSON fails loudly instead of admitting nothing."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.dialects import mysql, sqlite
+from sqlalchemy.engine import Dialect
+
+from runtime_svc.definitions import repository as repo
+
+
+def test_rows_decode_by_flow_name_with_a_missing_plan_as_none() -> None:
+    raw = '[["Zeta", "fv-2", "plan-2"], ["Alpha", "fv-1", null]]'
+    assert repo.parse_active_plan_ids(raw) == [("Alpha", "fv-1", None), ("Zeta", "fv-2", "plan-2")]
+    assert repo.parse_active_plan_ids(raw.encode()) == repo.parse_active_plan_ids(raw)
+
+
+@pytest.mark.parametrize("empty", [None, "[]"])
+def test_no_active_activation_is_no_row(empty: str | None) -> None:
+    assert repo.parse_active_plan_ids(empty) == []
+
+
+@pytest.mark.parametrize("bad", ['{"a": 1}', '[["Alpha", "fv-1"]]', '["Alpha"]'])
+def test_anything_else_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="active plan ids"):
+        repo.parse_active_plan_ids(bad)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "aggregate"),
+    [(sqlite.dialect(), "json_group_array"), (mysql.dialect(), "json_arrayagg")],
+)
+def test_the_column_aggregates_the_same_predicate_per_dialect(
+    dialect: Dialect, aggregate: str
+) -> None:
+    column = repo.active_plan_ids_column(dialect)
+    sql = str(column.compile(dialect=dialect)).lower()
+    assert aggregate in sql and "json_array(" in sql
+    for predicate in ("org_id", "app_installation_id", "runtime_capability_id", "active_slot"):
+        assert predicate in sql
+    assert "flow_api_name in" in sql
+    params = repo.active_plan_ids_params("org-1", "inst", "cap", ["B", "A", "B"])
+    assert params == {
+        "ap_org": "org-1",
+        "ap_installation": "inst",
+        "ap_capability": "cap",
+        "ap_names": ["A", "B"],
+    }
