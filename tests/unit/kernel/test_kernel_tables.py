@@ -235,6 +235,7 @@ def test_public_exports_are_pinned() -> None:
             "AttemptOutcome",
             "Candidate",
             "CheckpointInput",
+            "ClaimedStart",
             "CommitResult",
             "CompatibilityStatus",
             "ContinueAs",
