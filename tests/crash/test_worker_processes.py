@@ -162,9 +162,13 @@ async def test_worker_process_sigkilled_inside_a_step_another_process_finishes_i
     await _pool_started(sup, 2)
     await _all_terminal(sup, store, seeded.org, ids)
     await _assert_each_run_once(engine, seeded.org, ids)
-    # The killed step was entered again once (its transaction never committed); every
-    # other bump2 exactly once.
-    assert harness.entries("bump2") == len(ids) + 1
+    # The killed step was entered again (its transaction never committed): at least one
+    # entry per run plus the killed one. More entries are legitimate under load — two
+    # processes contending on MariaDB can roll a business transaction back (deadlock,
+    # lock-wait timeout) and re-enter the step, or a lease can expire while a starved
+    # process runs it; what must hold is that every run's writes committed once
+    # (_assert_each_run_once above).
+    assert harness.entries("bump2") >= len(ids) + 1
     # The supervisor's one /metrics carries its worker processes' claims (every bump3
     # was claimed by one of them), each family once.
     text = await asyncio.to_thread(_scrape, metrics_port)
