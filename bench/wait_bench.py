@@ -77,9 +77,18 @@ class _Counter:
         self.statements = 0
         self.transactions = 0
         self.commits: list[float] = []
+        #: (start, end, first words) of each statement (``perf_counter``): a slow wake's
+        #: time is then either in a statement (the server) or between them (this process).
+        self.spans: list[tuple[float, float, str]] = []
+        self._started = 0.0
 
-    def _statement(self, *_args: Any) -> None:
+    def _statement(self, *args: Any) -> None:
         self.statements += 1
+        self._started = time.perf_counter()
+
+    def _executed(self, _conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        head = " ".join(statement.split()[:4])[:48]
+        self.spans.append((self._started, time.perf_counter(), head))
 
     def _begin(self, *_args: Any) -> None:
         self.transactions += 1
@@ -87,16 +96,27 @@ class _Counter:
     def _commit(self, *_args: Any) -> None:
         self.commits.append(time.perf_counter())
 
+    def _checkin(self, *_args: Any) -> None:
+        # The connection is back in the pool once its COMMIT (and the pool's reset)
+        # returned: the commit's round trip, as a span of its own.
+        if self.commits and self.commits[-1] > self._started:
+            self.spans.append((self.commits[-1], time.perf_counter(), "COMMIT"))
+            self._started = time.perf_counter()
+
     def __enter__(self) -> _Counter:
         event.listen(self._engine, "before_cursor_execute", self._statement)
+        event.listen(self._engine, "after_cursor_execute", self._executed)
         event.listen(self._engine, "begin", self._begin)
         event.listen(self._engine, "commit", self._commit)
+        event.listen(self._engine.pool, "checkin", self._checkin)
         return self
 
     def __exit__(self, *exc: object) -> None:
         event.remove(self._engine, "before_cursor_execute", self._statement)
+        event.remove(self._engine, "after_cursor_execute", self._executed)
         event.remove(self._engine, "begin", self._begin)
         event.remove(self._engine, "commit", self._commit)
+        event.remove(self._engine.pool, "checkin", self._checkin)
 
 
 class _GcPauses:
@@ -143,6 +163,20 @@ class _Wake:
     cpu_ms: float = 0.0
     #: GC pauses (ms) during the wake.
     gc_ms: float = 0.0
+    #: The wake's longest statement or COMMIT (ms, first words) and its longest stretch
+    #: with neither running (ms; the driver's hand-offs and this process's work).
+    slowest_statement: tuple[float, str] = (0.0, "")
+    longest_gap_ms: float = 0.0
+
+
+def _where(
+    t0: float, t_end: float, spans: list[tuple[float, float, str]]
+) -> tuple[tuple[float, str], float]:
+    """The longest statement and the longest interval between statements of a wake."""
+    slowest = max(((b - a) * 1000, head) for a, b, head in spans) if spans else (0.0, "")
+    edges = [t0, *(x for a, b, _h in sorted(spans) for x in (a, b)), t_end]
+    gaps = [(edges[i + 1] - edges[i]) * 1000 for i in range(0, len(edges) - 1, 2)]
+    return slowest, max(gaps, default=0.0)
 
 
 async def _template(world: World) -> str:
@@ -245,6 +279,7 @@ async def _wake(world: World, hints: list[ResolvedRun], key: str) -> _Wake:
     cpu = (time.process_time() - c0) * 1000
     _GC.active = False
     marks = tuple((t - t0) * 1000 for t in [*accept.commits, *claim.commits, t2])
+    slowest, gap = _where(t0, t2, [*accept.spans, *claim.spans])
     await world.store.request_cancel(world.org, run.flow_run_id)  # out of the population
     return _Wake(
         (t2 - t0) * 1000,
@@ -256,6 +291,8 @@ async def _wake(world: World, hints: list[ResolvedRun], key: str) -> _Wake:
         marks,
         cpu,
         sum(ms for ms, _gen in _GC.pauses),
+        slowest,
+        gap,
     )
 
 
@@ -308,6 +345,9 @@ def _tail(label: str, wakes: list[_Wake]) -> str:
             f"{label:<8}   slow wake {w.total_ms:6.1f} ms "
             f"(CPU {w.cpu_ms:5.1f}, GC {w.gc_ms:4.1f}): "
             + ", ".join(f"{n} {v:.1f}" for n, v in zip(names, spans(w), strict=True))
+            + f"; longest statement {w.slowest_statement[0]:.1f} ms"
+            f" ({w.slowest_statement[1]}), longest gap between statements"
+            f" {w.longest_gap_ms:.1f} ms"
         )
     return "\n".join(lines)
 
