@@ -136,22 +136,26 @@ def test_wake_signal_service_is_served_and_needs_a_complete_work_scope(tmp_path:
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
-def test_production_server_with_a_fault_hook_refuses_to_start(tmp_path: Path) -> None:
-    port = free_port()
-    env = service_env(
-        tmp_path,
-        "catalog",
-        port,
-        extra={"FLOW_ENV": "production", "FLOW_CRASH_AT": "after_step_commit"},
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "catalog_svc", "serve"],
+def _serve_once(
+    data_dir: Path, name: str, extra: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``python -m <service> serve`` with ``extra`` settings, for a start that must be
+    refused (it returns instead of serving)."""
+    env = service_env(data_dir, name, free_port(), extra=extra)
+    return subprocess.run(
+        [sys.executable, "-m", SERVICE_MODULES[name], "serve"],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+    )
+
+
+def test_production_server_with_a_fault_hook_refuses_to_start(tmp_path: Path) -> None:
+    proc = _serve_once(
+        tmp_path, "catalog", {"FLOW_ENV": "production", "FLOW_CRASH_AT": "after_step_commit"}
     )
     assert proc.returncode != 0
     assert "FLOW_CRASH_AT" in proc.stderr
@@ -212,15 +216,6 @@ def test_the_runtime_serves_on_the_event_loop_flow_event_loop_names(
 
 
 def test_an_unknown_event_loop_refuses_to_start_naming_the_variable(tmp_path: Path) -> None:
-    env = service_env(tmp_path, "runtime", free_port(), extra={"FLOW_EVENT_LOOP": "trio"})
-    proc = subprocess.run(
-        [sys.executable, "-m", "runtime_svc", "serve"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = _serve_once(tmp_path, "runtime", {"FLOW_EVENT_LOOP": "trio"})
     assert proc.returncode == 2
     assert "FLOW_EVENT_LOOP" in proc.stderr
