@@ -236,6 +236,19 @@ class HeldRun:
 
     root: RunRecord
     step: StepRecord | None
+    #: The dependency and its candidate signals as the caller's transaction read them
+    #: *without* a lock (its discovery and evidence reads). A resolution decided on them
+    #: does not lock and re-read them: the dependency's and the signal's conditional
+    #: UPDATEs (expected ``state_version`` and from-state) are their fence and take their
+    #: row locks in the same root → step → dependency → signal order; a row that moved
+    #: since the read fails its compare-and-swap (``FenceLostError``: the caller rolls
+    #: back and re-runs the match on the locking path). ``None`` / empty: lock and read.
+    dependency: DependencyRecord | None = None
+    signals: tuple[SignalRecord, ...] = ()
+
+    def seen_signal(self, wake_signal_id: str) -> SignalRecord | None:
+        """The unlocked snapshot of ``wake_signal_id`` the caller read, if any."""
+        return next((s for s in self.signals if s.wake_signal_id == wake_signal_id), None)
 
 
 async def lock_waiting_txn(conn: AsyncConnection, dep: DependencyRecord) -> HeldRun | None:
@@ -533,9 +546,15 @@ class WaitStore:
         self, conn: AsyncConnection, org_id: str, dependency_id: str, held: HeldRun | None = None
     ) -> tuple[RunRecord, StepRecord | None, DependencyRecord] | None:
         """Discover the dependency without a lock, then lock root → step → dependency
-        (``held``: root and step are locked already; only the dependency is)."""
+        (``held``: root and step are locked already; only the dependency is — or, when
+        ``held`` carries the caller's unlocked read of it, not even that: its
+        conditional UPDATE fences it, see :class:`HeldRun`)."""
         if held is not None:
-            dep = await lock_dependency(conn, org_id, dependency_id)
+            seen = held.dependency
+            if seen is not None and seen.dependency_id == dependency_id:
+                dep: DependencyRecord | None = seen
+            else:
+                dep = await lock_dependency(conn, org_id, dependency_id)
             if dep is None or dep.flow_run_id != held.root.flow_run_id:
                 return None
             return held.root, held.step, dep
@@ -608,7 +627,9 @@ class WaitStore:
         """:meth:`resolve` inside the caller's transaction (the producer-side match reads
         its evidence and resolves in one transaction). The caller commits; the locks are
         taken in the same root → step → dependency → signal order — ``held`` when the
-        caller's transaction already took root and step (:func:`lock_waiting_txn`).
+        caller's transaction already took root and step (:func:`lock_waiting_txn`); when
+        ``held`` also carries the caller's unlocked reads of the dependency and signal,
+        those are not read again and their conditional UPDATEs take their locks.
 
         Raises:
             FenceLostError: a conditional UPDATE found its row moved; the caller's
@@ -623,7 +644,9 @@ class WaitStore:
             return NoChange("superseded")
         signal = None
         if signal_id is not None:
-            signal = await lock_signal(conn, dep.scope, signal_id)
+            signal = None if held is None else held.seen_signal(signal_id)
+            if signal is None:
+                signal = await lock_signal(conn, dep.scope, signal_id)
             if signal is None:
                 return NoChange("signal_missing")
         if check is not None and not check(dep, signal):

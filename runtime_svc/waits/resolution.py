@@ -313,13 +313,18 @@ class Matcher:
         lifecycle order at the dependency and signal: the run and the step are read
         once, not read and then locked again (three statements less per wake than an
         unlocked evidence read followed by ``resolve_in``'s own discovery and locks).
+        Nor are the dependency and the signal locked and read again after their
+        discovery and evidence reads: the resolution decides on those reads and their
+        conditional UPDATEs (expected version and from-state) are the fence, taking the
+        dependency's and the signal's row locks in the same order (two statements less).
 
         Only the common shape is fused: at most one pending dependency of the key and an
         evidence read that decides a resolution or nothing. Anything else (several
         waiters of one key — whose resolutions must not hold one run's locks while
         locking another's root — or an expiry) answers ``None`` with nothing written,
-        and the caller runs the two-transaction match. A lost compare-and-swap rolls the
-        whole transaction back and answers ``lost_race`` like :meth:`WaitStore.resolve`.
+        and the caller runs the two-transaction match. So does a lost compare-and-swap
+        (a row moved after this transaction read it): the whole transaction rolls back
+        and the two-transaction match re-reads, locks, and decides again.
         ``finish`` (the producer request's own completion) runs last in the transaction;
         its commit callback runs after the commit.
         """
@@ -347,7 +352,10 @@ class Matcher:
                 action, _bounds = await self._evidence(conn, dep, held)
                 if action.expire is not None:
                     raise _Unfused
-                result = await action.resolve_in(self.waits, conn, dep, held)
+                # The dependency and signals this transaction read are not locked and
+                # read again: their compare-and-swaps fence them (HeldRun).
+                seen = replace(held, dependency=dep, signals=action.seen)
+                result = await action.resolve_in(self.waits, conn, dep, seen)
             if signal.next_match_at is not None and not _consumed(result, signal):
                 await queries.clear_signal_match_txn(conn, signal)
             done = None if finish is None else await finish(conn, result)
@@ -358,12 +366,11 @@ class Matcher:
         except _Unfused:
             return None
         except FenceLostError:
-            # A concurrent transition won (the whole transaction rolled back): re-read
-            # like a lost resolution; the owed match is settled as after one.
-            if signal.next_match_at is not None:
-                async with transaction(self._engine) as conn:
-                    await queries.clear_signal_match_txn(conn, signal)
-            return NoChange("lost_race")
+            # A row moved after this transaction read it (a concurrent transition, or a
+            # signal another dependency consumed): everything rolled back, and the
+            # two-transaction match re-reads and locks before it decides — it settles
+            # the owed match and answers like a lost resolution when nothing is left.
+            return None
         if done is not None:
             done()
         if isinstance(result, WaitTransition) and dep is not None and action is not None:
@@ -466,7 +473,11 @@ class Matcher:
         }
         signal_id = None if signal is None else signal.wake_signal_id
         notified = {} if signal is None else {signal_id: _Notice.of(signal)}
-        return _Action(resolve=[(signal_id, receipt, record.version)], notified=notified)
+        return _Action(
+            resolve=[(signal_id, receipt, record.version)],
+            notified=notified,
+            seen=() if signal is None else (signal,),
+        )
 
     async def _signals(
         self,
@@ -508,7 +519,9 @@ class Matcher:
             notified[signal.wake_signal_id] = _Notice.of(signal)
         if not attempts:
             return _Action(NoChange("condition_false"))
-        return _Action(resolve=attempts, notified=notified, family=family.value)
+        return _Action(
+            resolve=attempts, notified=notified, family=family.value, seen=tuple(candidates)
+        )
 
 
 class _Unfused(Exception):
@@ -568,6 +581,8 @@ class _Action:
     quarantine: bool = False
     notified: dict[str | None, _Notice] = field(default_factory=dict)
     family: str = ""
+    #: The candidate signals as the evidence read saw them (unlocked; see ``HeldRun``).
+    seen: tuple[SignalRecord, ...] = ()
 
     async def run(self, waits: WaitStore, dep: DependencyRecord) -> WaitTransition | NoChange:
         if self.expire is not None:

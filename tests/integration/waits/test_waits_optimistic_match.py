@@ -1,0 +1,136 @@
+"""The producer-side fused match decides on its own unlocked reads of the dependency and
+the signal (``runtime_svc.waits.resolution.Matcher._match_accepted``, ``HeldRun``): their
+conditional UPDATEs are the fence. These tests pin that it reads each of them once, and
+that a row which moved after that read rolls the whole transaction back — root and step
+included — and the locking two-transaction match resolves the wait exactly once.
+Both backends (the ``world`` fixture)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import event, select
+
+from runtime_svc.kernel import RunState
+from runtime_svc.kernel.wait_model import DependencyState, SignalState
+from runtime_svc.schema import flow_dependencies, flow_runs
+from runtime_svc.waits import queries
+from tests.integration.waits.support import (
+    World,
+    approval,
+    events_of,
+    signal_flow,
+    signals,
+    task_subjects,
+)
+
+
+async def _waiting(world: World) -> str:
+    await world.seed(signal_flow())
+    run = await world.start("wait_signal", key="r1")
+    assert (await world.drive(run.flow_run_id)).state is RunState.WAITING
+    return run.flow_run_id
+
+
+async def _versions(world: World, run_id: str) -> tuple[int, int]:
+    async with world.engine.connect() as conn:
+        root = (
+            await conn.execute(
+                select(flow_runs.c.state_version).where(
+                    flow_runs.c.org_id == world.org, flow_runs.c.flow_run_id == run_id
+                )
+            )
+        ).scalar_one()
+        dep = (
+            await conn.execute(
+                select(flow_dependencies.c.state_version).where(
+                    flow_dependencies.c.org_id == world.org,
+                    flow_dependencies.c.flow_run_id == run_id,
+                )
+            )
+        ).scalar_one()
+    return int(root), int(dep)
+
+
+async def test_the_fused_match_reads_the_dependency_and_the_signal_once(world: World) -> None:
+    run_id = await _waiting(world)
+    reads: dict[str, int] = {"flow_dependencies": 0, "flow_wake_signals": 0}
+
+    def on_statement(*args: Any) -> None:
+        statement = " ".join(str(args[2]).split())
+        if statement.startswith("SELECT") and " FROM " in statement:
+            head = statement.split(" FROM ", 1)[1].split(" ", 1)[0]
+            if head in reads:
+                reads[head] += 1
+
+    sync = world.engine.sync_engine
+    event.listen(sync, "before_cursor_execute", on_statement)
+    try:
+        outcome = await world.rt.signals.submit(world.work, approval("r1", "t1"))
+    finally:
+        event.remove(sync, "before_cursor_execute", on_statement)
+    assert outcome.signal.state is SignalState.CONSUMED
+    # Acceptance: the token lookup; match: the key's pending dependencies and the key's
+    # unmatched signals — nothing locked and read again before the UPDATEs.
+    assert reads == {"flow_dependencies": 1, "flow_wake_signals": 2}
+    assert (await world.dependency(run_id)).state is DependencyState.RESOLVED
+    assert (await world.drive(run_id)).state is RunState.SUCCEEDED
+
+
+def _stale_once(
+    original: Callable[..., Awaitable[list[Any]]], calls: list[int]
+) -> Callable[..., Awaitable[list[Any]]]:
+    """``original`` whose first answer carries rows one version behind the database (a
+    row that moved after the read); later calls answer the truth."""
+
+    async def stale(*args: Any, **kwargs: Any) -> list[Any]:
+        rows = await original(*args, **kwargs)
+        calls.append(len(rows))
+        if len(calls) == 1:
+            return [dataclasses.replace(r, state_version=r.state_version - 1) for r in rows]
+        return rows
+
+    return stale
+
+
+@pytest.mark.parametrize("moved", ["dependency", "signal"])
+async def test_a_row_that_moved_after_the_read_rolls_back_and_the_locking_match_resolves_once(
+    world: World, monkeypatch: pytest.MonkeyPatch, moved: str
+) -> None:
+    run_id = await _waiting(world)
+    root_before, dep_before = await _versions(world, run_id)
+    calls: list[int] = []
+    if moved == "dependency":
+        name = "pending_for_key_txn"
+    else:
+        name = "unmatched_for_key_txn"
+    monkeypatch.setattr(queries, name, _stale_once(getattr(queries, name), calls))
+    resolved: list[object] = []
+    waits = world.rt.matcher.waits
+    locking = waits.resolve
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        result = await locking(*args, **kwargs)
+        resolved.append(result)
+        return result
+
+    monkeypatch.setattr(waits, "resolve", counted)
+    outcome = await world.rt.signals.submit(world.work, approval("r1", "t1"))
+    # The fused transaction read a stale row, its compare-and-swap failed and it rolled
+    # back; the two-transaction match re-read, locked and resolved.
+    assert len(calls) >= 2
+    assert len(resolved) == 1
+    assert outcome.signal.state is SignalState.CONSUMED
+    dep = await world.dependency(run_id)
+    assert dep.state is DependencyState.RESOLVED
+    assert dep.wake_signal_id == outcome.signal.wake_signal_id
+    # One resolution's worth of version bumps: the rolled-back UPDATEs left nothing.
+    assert await _versions(world, run_id) == (root_before + 1, dep_before + 1)
+    [signal] = await signals(world.engine, world.org)
+    assert signal.state is SignalState.CONSUMED and signal.next_match_at is None
+    assert (await world.drive(run_id)).state is RunState.SUCCEEDED
+    assert await task_subjects(world.engine, world.org) == ["resumed"]
+    assert await events_of(world.engine, world.org, run_id) == 1
