@@ -70,6 +70,7 @@ from sqlalchemy.sql.elements import ClauseElement, TextClause
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from services.db_cluster import install_session_hooks
+from services.db_sqlite import one_hop_dbapi
 from services.errors import CommitOutcomeUnknownError, ConflictError, FenceLostError
 from services.metrics import metrics
 
@@ -309,10 +310,12 @@ class _SqliteStrategy(DialectStrategy):
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         database = url.database or ""
+        # One hand-off to the driver thread per statement (services/db_sqlite.py).
+        module = {"module": one_hop_dbapi()}
         if database in ("", ":memory:") or database.startswith("file:"):
-            return {}  # StaticPool: one shared connection
+            return module  # StaticPool: one shared connection
         Path(database).parent.mkdir(parents=True, exist_ok=True)
-        return {"pool_size": pool_size, "max_overflow": 0}
+        return {"pool_size": pool_size, "max_overflow": 0, **module}
 
     def install_hooks(self, engine: Engine) -> None:
         @event.listens_for(engine, "connect")

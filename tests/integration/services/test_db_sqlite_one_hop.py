@@ -1,0 +1,110 @@
+"""The embedded SQLite engine runs each statement as one call on the driver thread
+(``services/db_sqlite.py``) with pysqlite's own results: rows, description, row count,
+last row id, ``executemany``, errors and rollback — and streamed results keep
+SQLAlchemy's server-side cursor."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services import db
+from services.db_sqlite import OneHopCursor
+
+_md = sa.MetaData()
+_t = sa.Table(
+    "one_hop",
+    _md,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(40), nullable=False, unique=True),
+    sa.Column("n", sa.Integer, nullable=False),
+)
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
+    eng = db.create_engine(f"sqlite+aiosqlite:///{tmp_path}/one_hop.db", pool_size=2)
+    async with eng.begin() as conn:
+        await conn.run_sync(_md.create_all)
+    try:
+        yield eng
+    finally:
+        await eng.dispose()
+
+
+async def test_rows_description_rowcount_and_lastrowid_are_pysqlites(engine: AsyncEngine) -> None:
+    async with db.transaction(engine) as conn:
+        first = await conn.execute(_t.insert().values(name="a", n=1))
+        second = await conn.execute(_t.insert().values(name="b", n=2))
+        assert first.lastrowid == 1 and second.lastrowid == 2
+        assert first.inserted_primary_key == (1,)
+        many = await conn.execute(_t.insert(), [{"name": f"m{i}", "n": i} for i in range(5)])
+        assert many.rowcount == 5
+        moved = await conn.execute(sa.update(_t).where(_t.c.n >= 3).values(n=_t.c.n + 100))
+        assert moved.rowcount == 2
+    async with db.transaction(engine, readonly=True) as conn:
+        result = await conn.execute(sa.select(_t.c.name, _t.c.n).order_by(_t.c.id))
+        assert list(result.keys()) == ["name", "n"]
+        rows = result.all()
+        assert rows[0] == ("a", 1) and len(rows) == 7
+        assert (await conn.execute(sa.select(_t).where(_t.c.id == -1))).first() is None
+        one = (await conn.execute(sa.select(_t).where(_t.c.name == "b"))).mappings().one()
+        assert dict(one) == {"id": 2, "name": "b", "n": 2}
+        returned = (
+            await conn.execute(
+                sa.select(sa.func.count()).select_from(_t).where(_t.c.n > 100)
+            )
+        ).scalar_one()
+        assert returned == 2
+
+
+async def test_an_error_is_the_dbapi_error_and_the_transaction_rolls_back(
+    engine: AsyncEngine,
+) -> None:
+    async with db.transaction(engine) as conn:
+        await conn.execute(_t.insert().values(name="dup", n=1))
+    with pytest.raises(IntegrityError):
+        async with db.transaction(engine) as conn:
+            await conn.execute(_t.insert().values(name="kept-out", n=2))
+            await conn.execute(_t.insert().values(name="dup", n=3))
+    with pytest.raises(OperationalError):
+        async with db.transaction(engine, readonly=True) as conn:
+            await conn.execute(sa.text("SELECT * FROM no_such_table"))
+    async with db.transaction(engine, readonly=True) as conn:
+        names = (await conn.execute(sa.select(_t.c.name))).scalars().all()
+    assert names == ["dup"]  # the failed transaction left nothing
+
+
+async def test_one_driver_thread_call_per_statement(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    original = aiosqlite.Connection._execute
+
+    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return await original(self, fn, *args, **kwargs)
+
+    async with db.transaction(engine) as conn:
+        raw = await conn.get_raw_connection()
+        assert isinstance(raw.dbapi_connection.cursor(), OneHopCursor)  # type: ignore[union-attr]
+        monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+        await conn.execute(_t.insert().values(name="x", n=1))
+        (await conn.execute(sa.select(_t).where(_t.c.name == "x"))).one()
+        assert calls == ["_statement", "_statement"]
+
+
+async def test_streamed_results_keep_the_server_side_cursor(engine: AsyncEngine) -> None:
+    async with db.transaction(engine) as conn:
+        await conn.execute(_t.insert(), [{"name": f"s{i}", "n": i} for i in range(50)])
+    async with engine.connect() as conn:
+        stream = await conn.stream(sa.select(_t.c.n).order_by(_t.c.n))
+        seen = [n async for n in stream.scalars()]
+    assert seen == list(range(50))
