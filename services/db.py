@@ -70,6 +70,7 @@ from sqlalchemy.sql.elements import ClauseElement, TextClause
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from services.db_cluster import install_session_hooks
+from services.db_mysql import reset_aware_dbapi
 from services.db_sqlite import one_hop_dbapi
 from services.errors import CommitOutcomeUnknownError, ConflictError, FenceLostError
 from services.metrics import metrics
@@ -351,6 +352,8 @@ class _MySqlStrategy(DialectStrategy):
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         return {
+            # No reset ROLLBACK round trip after a transaction that ended (db_mysql.py).
+            "module": reset_aware_dbapi(),
             "pool_pre_ping": True,
             "pool_size": pool_size,
             "max_overflow": 0,  # FLOW_DB_POOL_SIZE is the connection budget, not a hint

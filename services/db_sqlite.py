@@ -33,15 +33,17 @@ from sqlalchemy.util.concurrency import await_
 
 __all__ = ["OneHopCursor", "one_hop_dbapi"]
 
-#: What one statement left on its pysqlite cursor: description, rows, rowcount, lastrowid.
-_Done = tuple[Any, list[Any] | None, int, int | None]
+#: What one statement left on its pysqlite cursor (description, rows, rowcount,
+#: lastrowid) and whether the connection is inside a transaction after it.
+_Done = tuple[Any, list[Any] | None, int, int | None, bool]
 
 
 def _statement(
     connection: aiosqlite.Connection, operation: str, parameters: Any, many: bool
 ) -> _Done:
     """On the driver thread: run one statement to completion on a fresh cursor."""
-    cursor = connection._conn.cursor()  # the thread's sqlite3 connection
+    conn = connection._conn  # the thread's sqlite3 connection
+    cursor = conn.cursor()
     try:
         if many:
             cursor.executemany(operation, parameters)
@@ -51,7 +53,7 @@ def _statement(
             cursor.execute(operation, parameters)
         description = cursor.description
         rows = cursor.fetchall() if description else None
-        return description, rows, cursor.rowcount, cursor.lastrowid
+        return description, rows, cursor.rowcount, cursor.lastrowid, conn.in_transaction
     finally:
         cursor.close()
 
@@ -100,11 +102,16 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
         self._rows.clear()
 
     async def _run(self, operation: Any, parameters: Any, many: bool) -> None:
-        async with self._adapt_connection._execute_mutex:
+        adapted = self._adapt_connection
+        async with adapted._execute_mutex:
+            if isinstance(adapted, _OneHopConnection):
+                adapted.in_transaction = True  # unknown if the statement fails
             done: _Done = await self._connection._execute(
                 _statement, self._connection, operation, parameters, many
             )
-        self._description, rows, self._rowcount, self._lastrowid = done
+        self._description, rows, self._rowcount, self._lastrowid, in_txn = done
+        if isinstance(adapted, _OneHopConnection):
+            adapted.in_transaction = in_txn
         self._rows = collections.deque(rows or ())
 
     def execute(self, operation: Any, parameters: Any = None) -> Any:
@@ -121,8 +128,28 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
 
 
 class _OneHopConnection(AsyncAdapt_aiosqlite_connection):
-    __slots__ = ()
+    """The adapter connection of :class:`OneHopCursor`; it also knows whether the
+    driver connection is inside a transaction (as the driver thread reported it after
+    the last statement, commit or rollback), so the pool's reset-on-return ROLLBACK
+    after a committed transaction costs no hand-off to the driver thread."""
+
+    __slots__ = ("in_transaction",)
     _cursor_cls: type[AsyncAdapt_aiosqlite_cursor] = OneHopCursor
+
+    def __init__(self, dbapi: Any, connection: Any) -> None:
+        super().__init__(dbapi, connection)
+        #: ``True`` until the driver thread says otherwise (and while a call is open).
+        self.in_transaction = True
+
+    def rollback(self) -> None:
+        if not self.in_transaction:
+            return  # nothing open: ROLLBACK would be a no-op on the driver thread
+        super().rollback()
+        self.in_transaction = False
+
+    def commit(self) -> None:
+        super().commit()
+        self.in_transaction = False
 
 
 class _OneHopDbapi(AsyncAdapt_aiosqlite_dbapi):

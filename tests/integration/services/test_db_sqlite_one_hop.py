@@ -108,3 +108,29 @@ async def test_streamed_results_keep_the_server_side_cursor(engine: AsyncEngine)
         stream = await conn.stream(sa.select(_t.c.n).order_by(_t.c.n))
         seen = [n async for n in stream.scalars()]
     assert seen == list(range(50))
+
+
+async def test_the_pool_reset_skips_only_a_no_op_rollback(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    original = aiosqlite.Connection._execute
+
+    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return await original(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    async with db.transaction(engine) as conn:
+        await conn.execute(_t.insert().values(name="committed", n=1))
+    # BEGIN, INSERT, COMMIT — and no ROLLBACK hand-off when the pool takes it back.
+    assert calls == ["_statement", "_statement", "commit"]
+    calls.clear()
+    async with engine.connect() as conn:  # left without a commit: rolled back
+        await conn.execute(_t.insert().values(name="abandoned", n=2))
+    assert calls == ["_statement", "_statement", "rollback"]
+    async with db.transaction(engine) as conn:  # the write lock was released
+        await conn.execute(_t.insert().values(name="after", n=3))
+    async with db.transaction(engine, readonly=True) as conn:
+        names = (await conn.execute(sa.select(_t.c.name).order_by(_t.c.id))).scalars().all()
+    assert names == ["committed", "after"]

@@ -1,0 +1,84 @@
+"""The MariaDB engine's pool sends its reset-on-return ROLLBACK only when the server's
+last reply says a transaction is open (``services/db_mysql.py``): never after a COMMIT,
+always after a transaction that was left open or broke."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiomysql
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services import db
+
+pytestmark = pytest.mark.mariadb
+
+_md = sa.MetaData()
+_t = sa.Table(
+    "reset_aware",
+    _md,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("n", sa.Integer, nullable=False),
+)
+
+
+@pytest.fixture
+async def engine(mariadb_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = db.create_engine(mariadb_url, pool_size=2)
+    async with eng.begin() as conn:
+        await conn.run_sync(_md.create_all)
+    try:
+        yield eng
+    finally:
+        await eng.dispose()
+
+
+@pytest.fixture
+def rollbacks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each ROLLBACK the driver sends to the server."""
+    sent: list[int] = []
+    original = aiomysql.Connection.rollback
+
+    async def counted(self: aiomysql.Connection) -> Any:
+        sent.append(1)
+        return await original(self)
+
+    monkeypatch.setattr(aiomysql.Connection, "rollback", counted)
+    return sent
+
+
+async def test_no_rollback_round_trip_after_a_commit(
+    engine: AsyncEngine, rollbacks: list[int]
+) -> None:
+    for i in range(3):
+        async with db.transaction(engine) as conn:
+            await conn.execute(_t.insert().values(id=i, n=i))
+        async with db.transaction(engine, readonly=True) as conn:
+            await conn.execute(sa.select(_t).where(_t.c.id == i))
+    assert rollbacks == []
+
+
+async def test_an_open_or_failed_transaction_is_still_rolled_back(
+    engine: AsyncEngine, rollbacks: list[int]
+) -> None:
+    async with db.transaction(engine) as conn:
+        await conn.execute(_t.insert().values(id=1, n=1))
+    async with engine.connect() as conn:  # left without a commit
+        await conn.execute(sa.update(_t).where(_t.c.id == 1).values(n=99))
+    assert len(rollbacks) == 1
+    with pytest.raises(IntegrityError):
+        async with db.transaction(engine) as conn:
+            await conn.execute(_t.insert().values(id=2, n=2))
+            await conn.execute(_t.insert().values(id=1, n=3))
+    assert len(rollbacks) >= 2
+    # Nothing of either transaction stayed, and no row lock is held (this update would
+    # wait for a lock still held by a connection back in the pool).
+    async with db.transaction(engine) as conn:
+        moved = await conn.execute(sa.update(_t).where(_t.c.id == 1).values(n=5))
+        assert moved.rowcount == 1
+        rows = (await conn.execute(sa.select(_t.c.id, _t.c.n).order_by(_t.c.id))).all()
+    assert [tuple(r) for r in rows] == [(1, 5)]
