@@ -9,7 +9,11 @@ done — and the driver thread needs the GIL, which the event-loop thread holds 
 runs other coroutines, so under load each hand-off may also wait for it. The cursor
 here runs the whole statement — cursor, execute, fetch, close — as ONE call on the
 driver thread and keeps the rows, description, row count and last row id it returned;
-the SQL, its parameters, the transaction and the rows are exactly pysqlite's.
+the SQL, its parameters, the transaction and the rows are exactly pysqlite's. A
+transaction's ``BEGIN`` (``services.db``'s begin hook) travels with its first statement
+in the same call — nothing runs between them either way — and an empty transaction
+sends neither. The connection also knows from the driver thread whether a transaction
+is open, so the pool's reset-on-return ROLLBACK after a COMMIT costs no hand-off.
 
 Only the buffered (default) cursor changes; server-side cursors (``stream_results``)
 keep SQLAlchemy's own. ``services.db`` passes :func:`one_hop_dbapi` as the engine's
@@ -19,6 +23,7 @@ DBAPI module (``create_async_engine(module=…)``), so nothing outside our engin
 from __future__ import annotations
 
 import collections
+import re
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -33,18 +38,28 @@ from sqlalchemy.util.concurrency import await_
 
 __all__ = ["OneHopCursor", "one_hop_dbapi"]
 
+#: A bare ``BEGIN [DEFERRED|IMMEDIATE|EXCLUSIVE] [TRANSACTION]`` (services.db's begin hook).
+_BEGIN = re.compile(r"\s*BEGIN(\s+(DEFERRED|IMMEDIATE|EXCLUSIVE))?(\s+TRANSACTION)?\s*;?\s*$", re.I)
+
 #: What one statement left on its pysqlite cursor (description, rows, rowcount,
 #: lastrowid) and whether the connection is inside a transaction after it.
 _Done = tuple[Any, list[Any] | None, int, int | None, bool]
 
 
 def _statement(
-    connection: aiosqlite.Connection, operation: str, parameters: Any, many: bool
+    connection: aiosqlite.Connection,
+    begin: str | None,
+    operation: str,
+    parameters: Any,
+    many: bool,
 ) -> _Done:
-    """On the driver thread: run one statement to completion on a fresh cursor."""
+    """On the driver thread: the transaction's deferred ``BEGIN`` (if any), then one
+    statement to completion on a fresh cursor."""
     conn = connection._conn  # the thread's sqlite3 connection
     cursor = conn.cursor()
     try:
+        if begin is not None:
+            cursor.execute(begin)
         if many:
             cursor.executemany(operation, parameters)
         elif parameters is None:
@@ -104,10 +119,12 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
     async def _run(self, operation: Any, parameters: Any, many: bool) -> None:
         adapted = self._adapt_connection
         async with adapted._execute_mutex:
+            begin = None
             if isinstance(adapted, _OneHopConnection):
+                begin, adapted.pending_begin = adapted.pending_begin, None
                 adapted.in_transaction = True  # unknown if the statement fails
             done: _Done = await self._connection._execute(
-                _statement, self._connection, operation, parameters, many
+                _statement, self._connection, begin, operation, parameters, many
             )
         self._description, rows, self._rowcount, self._lastrowid, in_txn = done
         if isinstance(adapted, _OneHopConnection):
@@ -115,6 +132,20 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
         self._rows = collections.deque(rows or ())
 
     def execute(self, operation: Any, parameters: Any = None) -> Any:
+        adapted = self._adapt_connection
+        if (
+            isinstance(adapted, _OneHopConnection)
+            and not parameters
+            and _BEGIN.match(operation)
+            and not adapted.in_transaction
+            and adapted.pending_begin is None
+        ):
+            # Sent with the transaction's first statement, in the same hand-off.
+            adapted.pending_begin = operation
+            adapted.in_transaction = True
+            self._description, self._rowcount, self._lastrowid = None, -1, None
+            self._rows.clear()
+            return
         try:
             await_(self._run(operation, parameters, False))
         except Exception as error:
@@ -133,21 +164,29 @@ class _OneHopConnection(AsyncAdapt_aiosqlite_connection):
     the last statement, commit or rollback), so the pool's reset-on-return ROLLBACK
     after a committed transaction costs no hand-off to the driver thread."""
 
-    __slots__ = ("in_transaction",)
+    __slots__ = ("in_transaction", "pending_begin")
     _cursor_cls: type[AsyncAdapt_aiosqlite_cursor] = OneHopCursor
 
     def __init__(self, dbapi: Any, connection: Any) -> None:
         super().__init__(dbapi, connection)
         #: ``True`` until the driver thread says otherwise (and while a call is open).
         self.in_transaction = True
+        #: A ``BEGIN …`` not sent yet: it goes with the transaction's first statement.
+        self.pending_begin: str | None = None
 
     def rollback(self) -> None:
+        if self.pending_begin is not None:  # nothing was sent: nothing to roll back
+            self.pending_begin, self.in_transaction = None, False
+            return
         if not self.in_transaction:
             return  # nothing open: ROLLBACK would be a no-op on the driver thread
         super().rollback()
         self.in_transaction = False
 
     def commit(self) -> None:
+        if self.pending_begin is not None:  # an empty transaction: nothing to commit
+            self.pending_begin, self.in_transaction = None, False
+            return
         super().commit()
         self.in_transaction = False
 

@@ -534,11 +534,15 @@ async def test_sqlite_busy_writer_is_classified_retryable(sqlite_url: str) -> No
         async with db.transaction(engine) as holder:
             await holder.execute(text("CREATE TABLE t (x INTEGER)"))
         async with engine.connect() as holder, engine.connect() as waiter:
-            await holder.begin()  # BEGIN IMMEDIATE: holds the write lock
+            # BEGIN IMMEDIATE goes with the first statement (services/db_sqlite.py): from
+            # then on the holder has the write lock.
+            await holder.begin()
+            await holder.execute(text("SELECT COUNT(*) FROM t"))
             raw = await waiter.get_raw_connection()
             await raw.driver_connection.execute("PRAGMA busy_timeout = 0")
             with pytest.raises(DBAPIError) as caught:
                 await waiter.begin()
+                await waiter.execute(text("SELECT COUNT(*) FROM t"))
             await holder.rollback()
         assert db.classify_db_error(caught.value) is db.DbErrorClass.RETRYABLE_CONFLICT
     finally:

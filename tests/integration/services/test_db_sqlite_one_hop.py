@@ -5,6 +5,7 @@ SQLAlchemy's server-side cursor."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -58,9 +59,7 @@ async def test_rows_description_rowcount_and_lastrowid_are_pysqlites(engine: Asy
         one = (await conn.execute(sa.select(_t).where(_t.c.name == "b"))).mappings().one()
         assert dict(one) == {"id": 2, "name": "b", "n": 2}
         returned = (
-            await conn.execute(
-                sa.select(sa.func.count()).select_from(_t).where(_t.c.n > 100)
-            )
+            await conn.execute(sa.select(sa.func.count()).select_from(_t).where(_t.c.n > 100))
         ).scalar_one()
         assert returned == 2
 
@@ -123,14 +122,38 @@ async def test_the_pool_reset_skips_only_a_no_op_rollback(
     monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
     async with db.transaction(engine) as conn:
         await conn.execute(_t.insert().values(name="committed", n=1))
-    # BEGIN, INSERT, COMMIT — and no ROLLBACK hand-off when the pool takes it back.
-    assert calls == ["_statement", "_statement", "commit"]
+    # BEGIN with the INSERT, COMMIT — and no ROLLBACK hand-off when the pool takes it
+    # back.
+    assert calls == ["_statement", "commit"]
     calls.clear()
+    async with db.transaction(engine) as conn:
+        pass  # an empty transaction sends nothing
+    assert calls == []
     async with engine.connect() as conn:  # left without a commit: rolled back
         await conn.execute(_t.insert().values(name="abandoned", n=2))
-    assert calls == ["_statement", "_statement", "rollback"]
+    assert calls == ["_statement", "rollback"]
     async with db.transaction(engine) as conn:  # the write lock was released
         await conn.execute(_t.insert().values(name="after", n=3))
     async with db.transaction(engine, readonly=True) as conn:
         names = (await conn.execute(sa.select(_t.c.name).order_by(_t.c.id))).scalars().all()
     assert names == ["committed", "after"]
+
+
+async def test_begin_immediate_with_the_first_statement_still_serialises_writers(
+    engine: AsyncEngine,
+) -> None:
+    """Read-modify-write transactions on separate connections lose no update: each
+    ``BEGIN IMMEDIATE`` takes the write lock before its own first read, in the same
+    hand-off (TOOLING.md: a deferred BEGIN would let both read first)."""
+    async with db.transaction(engine) as conn:
+        await conn.execute(_t.insert().values(name="counter", n=0))
+
+    async def increment(conn: Any) -> None:
+        n = (await conn.execute(sa.select(_t.c.n).where(_t.c.name == "counter"))).scalar_one()
+        await asyncio.sleep(0.01)  # the other writer runs meanwhile
+        await conn.execute(sa.update(_t).where(_t.c.name == "counter").values(n=n + 1))
+
+    await asyncio.gather(*(db.run_in_transaction(engine, increment) for _ in range(8)))
+    async with db.transaction(engine, readonly=True) as conn:
+        final = (await conn.execute(sa.select(_t.c.n).where(_t.c.name == "counter"))).scalar_one()
+    assert final == 8
