@@ -601,12 +601,24 @@ class RequestLedger:
         async def fn(conn: AsyncConnection) -> Deduplicated[T]:
             return await self.execute_txn(conn, key, work, encode, completed=completed)
 
-        for _ in range(_RACE_ATTEMPTS - 1):
-            try:
-                return await run_in_transaction(engine, fn)
-            except DuplicateRequestRace:
-                continue
-        return await run_in_transaction(engine, fn)
+        return await _racing(engine, fn)
+
+    async def execute_at(
+        self,
+        engine: AsyncEngine,
+        key: RequestKey,
+        work: Callable[[AsyncConnection, datetime], Awaitable[T]],
+        encode: Callable[[T], bytes | None],
+        *,
+        completed: bool | Callable[[T], bool] = True,
+    ) -> Deduplicated[T]:
+        """:meth:`execute` whose lookup also reads the database clock
+        (:meth:`execute_at_txn`): ``work`` gets the transaction's clock reading."""
+
+        async def fn(conn: AsyncConnection) -> Deduplicated[T]:
+            return await self.execute_at_txn(conn, key, work, encode, completed=completed)
+
+        return await _racing(engine, fn)
 
     async def replay(self, engine: AsyncEngine, key: RequestKey) -> StoredResponse | None:
         """A read-only :meth:`lookup_txn` (early exit before expensive work).
@@ -692,3 +704,15 @@ class RequestLedger:
                 log.warning("could not release request reservation %s", key.rpc, exc_info=True)
             raise
         return await self.complete(engine, key, response)
+
+
+async def _racing(
+    engine: AsyncEngine, fn: Callable[[AsyncConnection], Awaitable[Deduplicated[T]]]
+) -> Deduplicated[T]:
+    """``fn`` in its own transaction; a lost insert race rolls back and runs again."""
+    for _ in range(_RACE_ATTEMPTS - 1):
+        try:
+            return await run_in_transaction(engine, fn)
+        except DuplicateRequestRace:
+            continue
+    return await run_in_transaction(engine, fn)

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import event, select
 
+from runtime_svc.api.signals import encode_submit_response
 from runtime_svc.kernel import RunState
 from runtime_svc.kernel.wait_model import DependencyState, SignalState
 from runtime_svc.schema import flow_dependencies, flow_runs
 from runtime_svc.waits import queries
+from services import db
+from services.proto import runtime_v1
+from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.waits.support import (
     World,
     approval,
@@ -103,10 +108,7 @@ async def test_a_row_that_moved_after_the_read_rolls_back_and_the_locking_match_
     run_id = await _waiting(world)
     root_before, dep_before = await _versions(world, run_id)
     calls: list[int] = []
-    if moved == "dependency":
-        name = "pending_for_key_txn"
-    else:
-        name = "unmatched_for_key_txn"
+    name = "pending_for_key_txn" if moved == "dependency" else "unmatched_for_key_txn"
     monkeypatch.setattr(queries, name, _stale_once(getattr(queries, name), calls))
     resolved: list[object] = []
     waits = world.rt.matcher.waits
@@ -134,3 +136,43 @@ async def test_a_row_that_moved_after_the_read_rolls_back_and_the_locking_match_
     assert (await world.drive(run_id)).state is RunState.SUCCEEDED
     assert await task_subjects(world.engine, world.org) == ["resumed"]
     assert await events_of(world.engine, world.org, run_id) == 1
+
+
+async def test_a_deduplicated_submission_reads_the_clock_with_its_ledger_lookup(
+    world: World,
+) -> None:
+    """``SubmitWakeSignal``'s acceptance takes its clock from the request-ledger lookup
+    (one statement); only the match transaction reads the clock on its own."""
+    run_id = await _waiting(world)
+    submission = approval("r1", "t1")
+    request = runtime_v1.SubmitWakeSignalRequest(
+        request_id="req-clock",
+        producer_kind=submission.producer_kind,
+        producer_key=submission.producer_key,
+        wake_token=submission.wake_token,
+    )
+    key = RequestKey.of(DedupeScope.of_work_scope(world.work), "SubmitWakeSignal", request)
+    clock_reads: list[str] = []
+
+    def on_statement(*args: Any) -> None:
+        statement = " ".join(str(args[2]).split())
+        if statement in ("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')", "SELECT UTC_TIMESTAMP(6)"):
+            clock_reads.append(statement)
+
+    world.clock.advance(seconds=30)  # a shifted clock keeps its offset on this path
+    sync = world.engine.sync_engine
+    event.listen(sync, "before_cursor_execute", on_statement)
+    try:
+        data = await world.rt.signals.submit_once(
+            world.work, submission, key, encode_submit_response
+        )
+    finally:
+        event.remove(sync, "before_cursor_execute", on_statement)
+    answer = runtime_v1.SubmitWakeSignalResponse.FromString(data)
+    assert answer.signal.resolution_state == int(SignalState.CONSUMED)
+    assert len(clock_reads) == 1  # the match's; the acceptance's came with the lookup
+    [signal] = await signals(world.engine, world.org)
+    async with world.engine.connect() as conn:
+        now = await db.db_now(conn)
+    assert signal.received_at > now + timedelta(seconds=20)  # the shifted clock's time
+    assert (await world.drive(run_id)).state is RunState.SUCCEEDED
