@@ -80,6 +80,7 @@ __all__ = [
     "apply_claim_running",
     "apply_commit_continued",
     "apply_transition",
+    "claimed_run_values",
     "count_fenced_attempts",
     "extend_lease_row",
     "fence_error",
@@ -522,6 +523,44 @@ async def apply_commit_continued(
         raise InvariantError("a commit adds no attempt")
     await insert_step(conn, org_id, new_step, now, claimed=(step, running))
     await insert_attempt(conn, org_id, claim.new_attempt)
+
+
+def claimed_run_values(
+    values: Mapping[str, Any], patch: RunPatch, step_state: StepState | None, now: datetime
+) -> dict[str, Any]:
+    """The ``flow_runs`` INSERT ``values`` of a run being created, with a claim's root
+    ``patch`` (decided on the row those values make) already applied — what
+    :func:`_apply_run` would leave after inserting ``values``: the patch's values, its
+    target state, the compatibility projection with ``step_state``, ``updated_at``, one
+    version step (``docs/adr/0005``, round 7). Every predicate the UPDATE would have
+    carried is checked here against the values instead; they could only compare the
+    row this very INSERT makes.
+
+    Raises:
+        InvariantError: the patch does not start from the row ``values`` make.
+    """
+    holds = (
+        values["state_version"] == patch.expected_version,
+        values["runtime_state"] == patch.from_state.code,
+        values["execution_owner"] == _V2,
+        values["ownership_epoch"] == patch.expect_epoch,
+        patch.expect_current_step is None
+        or values["current_step_execution_id"] == patch.expect_current_step,
+        not patch.require_live
+        or (not values["is_deleted"] and values.get("delete_requested_at") is None),
+        values.get("operator_paused_at") is None,  # a created run is never paused
+    )
+    if not all(holds):
+        raise InvariantError("the claim's root patch does not start from the inserted root")
+    out = dict(values)
+    out.update(_coded(patch_changes(patch)))
+    out.update(
+        runtime_state=patch.to_state.code,
+        interview_status=compatibility_status(patch.to_state, step_state).code,
+        state_version=patch.expected_version + 1,
+        updated_at=now,
+    )
+    return out
 
 
 async def extend_lease_row(
