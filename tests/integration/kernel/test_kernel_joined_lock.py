@@ -206,3 +206,14 @@ async def test_the_joined_read_locks_the_root_before_the_step_on_mariadb(world: 
         assert root_held  # by the holder (second case) or by the waiting joined read
         assert step_held == (table == "flow_step_executions")
         assert not attempt_held
+
+
+async def test_the_narrow_run_reads_decode_the_full_row(world: World) -> None:
+    """``get_run`` and ``list_runs`` select only the decoder's columns; the record is the
+    one decoded from every column of the table."""
+    fence = await _running_fence(world)
+    async with db.transaction(world.engine, readonly=True) as conn:
+        full_root = (await _full_rows(conn, world.org, fence))[0]
+    assert await world.store.get_run(world.org, fence.flow_run_id) == full_root
+    page = await world.store.list_runs(world.org)
+    assert full_root in page.runs
