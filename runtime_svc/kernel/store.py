@@ -71,6 +71,7 @@ from runtime_svc.kernel.model import (
     CheckpointMeta,
     LeaseFence,
     RunRecord,
+    StepPatch,
     StepRecord,
     Transition,
 )
@@ -84,6 +85,7 @@ from runtime_svc.kernel.states import AttemptOutcome, RunState, StepState
 from runtime_svc.kernel.store_create import (
     ClaimedStart,
     FirstStep,
+    InsertClaimed,
     StartRunRequest,
     StartRunResult,
     create_run_txn,
@@ -322,38 +324,48 @@ class FlowRunStateStore:
         *,
         lease_owner: str,
     ) -> StartRunResult:
-        """:meth:`create_run_txn`, and — for a run this call created — the ordinary
+        """:meth:`create_run_txn`, and — for a run this call creates — the ordinary
         fused claim (§12.1 decision, new attempt and lease token, ``Claimed -> Running``,
         ADR 0003) of its first step for ``lease_owner`` in the same transaction, decided
-        on the rows the creation just inserted (``docs/adr/0005``). The result's
-        ``claimed`` carries the Running fence and the step's input; it is ``None`` on an
-        idempotent replay or when the claim decision refuses (the step then waits for
-        an ordinary claim, exactly as after :meth:`create_run`)."""
-        result = await self.create_run_txn(conn, scope, request)
-        if not result.created or result.step is None or result.input_checkpoint is None:
-            return result
-        claimed = await self._claim_txn(
+        on the root and step the creation is about to insert (``docs/adr/0005``, amended
+        in round 7: the root and step are INSERTed already claimed and ``Running`` —
+        no UPDATE of rows this transaction just inserted). The result's ``claimed``
+        carries the Running fence and the step's input; it is ``None`` on an idempotent
+        replay or when the claim decision refuses (the run is then inserted as by
+        :meth:`create_run` and its step waits for an ordinary claim). ``run`` and
+        ``step`` of the result are the rows as created *before* the claim, as before."""
+        token = new_lease_token()
+
+        async def claim(root: RunRecord, step: StepRecord) -> InsertClaimed | None:
+            request = ClaimRequest(
+                attempt_id=new_id("att"),
+                lease_owner=lease_owner,
+                lease_token_digest=lease_token_digest(token),
+                ownership_epoch=self.ownership_epoch,
+                plan_digest=await self._plan_digest(conn, scope.org_id, root.plan_id),
+                lock_plan_digest=EMPTY_LOCK_PLAN_DIGEST,
+                trace_id=trace_id_of(root.trace_context),
+                expected_root_version=None,
+                expected_step_version=None,
+            )
+            now = step.created_at
+            decision = decide_claim(root, step, now, self.policy, request)
+            if not isinstance(decision, Claimed):
+                return None  # a fresh run cannot refuse; if it did: an ordinary claim later
+            fence, running = _claimed_running(
+                scope.org_id, root, step, decision, request, token, now
+            )
+            return InsertClaimed(fence, decision.transition, running)
+
+        return await create_run_txn(
             conn,
-            scope.org_id,
-            result.run.flow_run_id,
-            result.step.step_execution_id,
-            now=result.step.created_at,
-            token=new_lease_token(),
-            lease_owner=lease_owner,
-            lock_plan_digest=EMPTY_LOCK_PLAN_DIGEST,
-            trace_id=trace_id_of(result.run.trace_context),
-            expected_root_version=None,
-            expected_step_version=None,
-            held=(result.run, result.step),
-            running=True,
+            scope,
+            request,
+            ownership_epoch=self.ownership_epoch,
+            max_checkpoint_bytes=self.max_checkpoint_bytes,
+            now=await self._clock(conn),
+            claim=claim,
         )
-        if isinstance(claimed, NotEligible):
-            return result
-        context_json, verification_json, sequence = result.input_checkpoint
-        start = ClaimedStart(
-            claimed[0], request.first_step, context_json, verification_json, sequence
-        )
-        return dataclasses.replace(result, claimed=start)
 
     # --- claim, lifecycle, heartbeat -----------------------------------------------------
 
@@ -460,16 +472,8 @@ class FlowRunStateStore:
             return decision.fence(org_id, root.flow_run_id, step, request, token), (
                 decision.transition
             )
-        fence = decision.fence(org_id, root.flow_run_id, step, request, token)
-        # The rows the claim leaves, derived in memory (kernel.applied): the same
-        # decide_start_running as the running transaction, on the same rows.
-        rows = _claimed_rows(org_id, root, step, decision.transition, now)
-        started = decide_start_running(*rows, fence, now)
-        if isinstance(started, FenceLost):
-            raise fence_error(started)  # unreachable: the claim just wrote these rows
-        if started.transition.step is None:
-            raise InvariantError("decide_start_running patches the step")
-        await apply_claim_running(conn, org_id, decision.transition, started.transition.step, now)
+        fence, running_patch = _claimed_running(org_id, root, step, decision, request, token, now)
+        await apply_claim_running(conn, org_id, decision.transition, running_patch, now)
         # One UPDATE moved the step by one version, Pending -> Running.
         return fence, decision.transition
 
@@ -1033,6 +1037,34 @@ async def _start_running_txn(
     the final commit compares (:meth:`FlowRunStateStore.mark_running`)."""
     rows = await lock_fenced(conn, org_id, fence)
     return await _start_running_rows(conn, org_id, fence, rows, now)
+
+
+def _claimed_running(
+    org_id: str,
+    root: RunRecord,
+    step: StepRecord,
+    decision: Claimed,
+    request: ClaimRequest,
+    token: str,
+    now: datetime,
+) -> tuple[LeaseFence, StepPatch]:
+    """The fused claim's second decision (ADR 0003): ``decide_start_running`` on the
+    rows the claim ``decision`` leaves (derived in memory, ``kernel.applied``) — the
+    same decision as the running transaction, on the same rows. Returns the claim's
+    fence and the ``Running`` step patch to write with the claim's.
+
+    Raises:
+        FenceLostError: unreachable — the claim just decided these rows.
+        InvariantError: ``decide_start_running`` did not patch the step.
+    """
+    fence = decision.fence(org_id, root.flow_run_id, step, request, token)
+    rows = _claimed_rows(org_id, root, step, decision.transition, now)
+    started = decide_start_running(*rows, fence, now)
+    if isinstance(started, FenceLost):
+        raise fence_error(started)
+    if started.transition.step is None:
+        raise InvariantError("decide_start_running patches the step")
+    return fence, started.transition.step
 
 
 def _claimed_rows(

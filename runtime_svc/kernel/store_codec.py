@@ -4,9 +4,8 @@ columns hold the spec's PascalCase codes; see :class:`~runtime_svc.kernel.states
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
-
-from sqlalchemy.engine import RowMapping
 
 from runtime_svc.kernel.model import AttemptRecord, CheckpointMeta, RunRecord, StepRecord
 from runtime_svc.kernel.states import (
@@ -18,14 +17,105 @@ from runtime_svc.kernel.states import (
     StepState,
 )
 
-__all__ = ["attempt_from_row", "checkpoint_meta_from_row", "run_from_row", "step_from_row"]
+__all__ = [
+    "ATTEMPT_COLUMNS",
+    "RUN_COLUMNS",
+    "STEP_COLUMNS",
+    "attempt_from_row",
+    "checkpoint_meta_from_row",
+    "run_from_row",
+    "step_from_row",
+]
+
+#: The ``flow_runs`` columns :func:`run_from_row` reads — a lock read selects exactly
+#: these (the legacy bridge, principal and retention columns are never decoded: 32 of
+#: 39 column descriptors per root read, issue 13 round 7).
+RUN_COLUMNS: tuple[str, ...] = (
+    "org_id",
+    "flow_run_id",
+    "app_installation_id",
+    "runtime_capability_id",
+    "runtime_work_binding_digest",
+    "flow_version_id",
+    "plan_id",
+    "execution_profile",
+    "execution_owner",
+    "runtime_state",
+    "state_version",
+    "ownership_epoch",
+    "current_step_execution_id",
+    "current_checkpoint_id",
+    "run_after",
+    "queue_class",
+    "priority",
+    "terminal_cause_code",
+    "is_deleted",
+    "delete_requested_at",
+    "started_at",
+    "completed_at",
+    "idempotency_key",
+    "request_digest",
+    "interview_status",
+    "current_element",
+    "paused_at",
+    "created_at",
+    "updated_at",
+    "trace_context",
+    "operator_paused_at",
+)
+#: The ``flow_step_executions`` columns :func:`step_from_row` reads (all of them).
+STEP_COLUMNS: tuple[str, ...] = (
+    "org_id",
+    "step_execution_id",
+    "flow_run_id",
+    "plan_step_key",
+    "invocation_ordinal",
+    "step_kind",
+    "state",
+    "input_checkpoint_id",
+    "output_checkpoint_id",
+    "state_version",
+    "attempt_count",
+    "lease_owner",
+    "lease_token",
+    "lease_until",
+    "ownership_epoch",
+    "run_after",
+    "queue_class",
+    "failure_class",
+    "created_at",
+    "updated_at",
+)
+#: The ``flow_step_attempts`` columns :func:`attempt_from_row` reads (all but the
+#: metrics summary, which only the commit writes and support reads decode).
+ATTEMPT_COLUMNS: tuple[str, ...] = (
+    "org_id",
+    "attempt_id",
+    "step_execution_id",
+    "attempt_number",
+    "lease_token_digest",
+    "ownership_epoch",
+    "root_state_version_at_claim",
+    "started_at",
+    "finished_at",
+    "transaction_outcome",
+    "failure_class",
+    "safe_error_code",
+    "retry_decision",
+    "retry_policy_digest",
+    "recovery_backoff_floor_ms",
+    "attempt_state_version",
+    "plan_digest",
+    "lock_plan_digest",
+    "trace_id",
+)
 
 
 def _opt(enum_type: Any, code: str | None) -> Any:
     return None if code is None else enum_type.from_code(code)
 
 
-def run_from_row(r: RowMapping) -> RunRecord:
+def run_from_row(r: Mapping[Any, Any]) -> RunRecord:
     """Decode one ``flow_runs`` row."""
     return RunRecord(
         org_id=r["org_id"],
@@ -63,7 +153,7 @@ def run_from_row(r: RowMapping) -> RunRecord:
     )
 
 
-def step_from_row(r: RowMapping) -> StepRecord:
+def step_from_row(r: Mapping[Any, Any]) -> StepRecord:
     """Decode one ``flow_step_executions`` row."""
     return StepRecord(
         org_id=r["org_id"],
@@ -89,7 +179,7 @@ def step_from_row(r: RowMapping) -> StepRecord:
     )
 
 
-def attempt_from_row(r: RowMapping) -> AttemptRecord:
+def attempt_from_row(r: Mapping[Any, Any]) -> AttemptRecord:
     """Decode one ``flow_step_attempts`` row."""
     return AttemptRecord(
         org_id=r["org_id"],
@@ -114,7 +204,7 @@ def attempt_from_row(r: RowMapping) -> AttemptRecord:
     )
 
 
-def checkpoint_meta_from_row(r: RowMapping) -> CheckpointMeta:
+def checkpoint_meta_from_row(r: Mapping[Any, Any]) -> CheckpointMeta:
     """Decode checkpoint metadata (never the payload)."""
     return CheckpointMeta(
         checkpoint_id=r["checkpoint_id"],

@@ -8,7 +8,7 @@ that run), a different digest is a conflict.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -17,12 +17,22 @@ from sqlalchemy import select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from runtime_svc.kernel.applied import inserted_step
-from runtime_svc.kernel.model import CheckpointInput, LeaseFence, NewStep, RunRecord, StepRecord
+from runtime_svc.kernel.applied import inserted_step, projected_step_state
+from runtime_svc.kernel.model import (
+    CheckpointInput,
+    LeaseFence,
+    NewStep,
+    RunRecord,
+    StepPatch,
+    StepRecord,
+    Transition,
+)
 from runtime_svc.kernel.states import ExecutionOwner, RunState, StepState
 from runtime_svc.kernel.store_codec import run_from_row
 from runtime_svc.kernel.store_reads import get_run_txn
 from runtime_svc.kernel.store_rows import (
+    claimed_run_values,
+    insert_attempt,
     insert_checkpoint,
     insert_step,
     new_id,
@@ -37,10 +47,13 @@ from services.auth import TrustedRuntimeWorkScope
 from services.db import insert_if_absent
 from services.digest import versioned_digest
 from services.errors import ConflictError, NotFoundError
+from services.invariants import InvariantError
 
 __all__ = [
+    "ClaimOnInsert",
     "ClaimedStart",
     "FirstStep",
+    "InsertClaimed",
     "StartRunRequest",
     "StartRunResult",
     "create_run_txn",
@@ -115,6 +128,24 @@ class ClaimedStart:
 
 
 @dataclass(frozen=True)
+class InsertClaimed:
+    """The fused claim of a run's first step, decided on the root and step its creation
+    is about to insert (``docs/adr/0005``, round 7): the Running fence, the claim's
+    transition (root and step patches, new attempt) and the step's ``Running`` patch.
+    The creation inserts the root and step as these patches leave them and the attempt
+    after them, instead of inserting and then UPDATEing its own rows."""
+
+    fence: LeaseFence = dataclasses.field(repr=False)
+    transition: Transition
+    running: StepPatch
+
+
+#: Decides the claim of a run being created on its root and step as they will be
+#: inserted (``None``: insert them unclaimed).
+ClaimOnInsert = Callable[[RunRecord, StepRecord], Awaitable[InsertClaimed | None]]
+
+
+@dataclass(frozen=True)
 class StartRunResult:
     """The accepted run, and whether this call created it (False: idempotent replay)."""
 
@@ -174,8 +205,15 @@ async def create_run_txn(
     ownership_epoch: int,
     max_checkpoint_bytes: int,
     now: datetime,
+    claim: ClaimOnInsert | None = None,
 ) -> StartRunResult:
     """Accept a run inside the caller's transaction.
+
+    ``claim``: decide the fused claim of the first step on the root and step about to be
+    inserted (``FlowRunStateStore.create_run_claimed_txn``); when it returns a claim,
+    the root and step are inserted as its patches leave them (claimed, ``Running``,
+    version 1 each), its attempt is inserted after them, and the result's ``claimed``
+    carries the fence. Nothing of it is written on a replay.
 
     Raises:
         NotFoundError: no such plan in the trusted work scope.
@@ -229,7 +267,28 @@ async def create_run_txn(
         "updated_at": now,
         "trace_context": run_trace_context(run_id, request.plan_id, plan["execution_profile"]),
     }
-    if not await insert_if_absent(conn, flow_runs, values):
+    step = NewStep(
+        step_execution_id=step_id,
+        flow_run_id=run_id,
+        plan_step_key=first.plan_step_key,
+        invocation_ordinal=first.invocation_ordinal,
+        step_kind=first.step_kind,
+        input_checkpoint_id=checkpoint_id,
+        ownership_epoch=ownership_epoch,
+        run_after=now,
+        queue_class=first.queue_class,
+    )
+    created_root, created_step = inserted_run(values), inserted_step(org, step, now)
+    claimed = None if claim is None else await claim(created_root, created_step)
+    inserted = values
+    if claimed is not None:
+        run_patch = claimed.transition.run
+        if run_patch is None:
+            raise InvariantError("a claim patches the root")
+        inserted = claimed_run_values(
+            values, run_patch, projected_step_state(claimed.transition), now
+        )
+    if not await insert_if_absent(conn, flow_runs, inserted):
         # Lost the insert race on the idempotency key: read the winner back.
         key = request.idempotency_key
         existing = None if key is None else await _by_idempotency_key(conn, org, key)
@@ -248,21 +307,24 @@ async def create_run_txn(
         now=now,
         last_sequence=0,
     )
-    step = NewStep(
-        step_execution_id=step_id,
-        flow_run_id=run_id,
-        plan_step_key=first.plan_step_key,
-        invocation_ordinal=first.invocation_ordinal,
-        step_kind=first.step_kind,
-        input_checkpoint_id=checkpoint_id,
-        ownership_epoch=ownership_epoch,
-        run_after=now,
-        queue_class=first.queue_class,
+    input_checkpoint = (prepared.context_json, prepared.read_verification_json, meta.sequence)
+    if claimed is None:
+        await insert_step(conn, org, step, now)
+        return StartRunResult(
+            created_root, created=True, step=created_step, input_checkpoint=input_checkpoint
+        )
+    new_attempt, step_patch = claimed.transition.new_attempt, claimed.transition.step
+    if new_attempt is None or step_patch is None:
+        raise InvariantError("a claim patches the step and adds an attempt")
+    await insert_step(conn, org, step, now, claimed=(step_patch, claimed.running))
+    await insert_attempt(conn, org, new_attempt)
+    start = ClaimedStart(
+        claimed.fence, first, prepared.context_json, prepared.read_verification_json, meta.sequence
     )
-    await insert_step(conn, org, step, now)
     return StartRunResult(
-        inserted_run(values),
+        created_root,
         created=True,
-        step=inserted_step(org, step, now),
-        input_checkpoint=(prepared.context_json, prepared.read_verification_json, meta.sequence),
+        step=created_step,
+        input_checkpoint=input_checkpoint,
+        claimed=start,
     )

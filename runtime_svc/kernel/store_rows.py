@@ -53,6 +53,9 @@ from runtime_svc.kernel.states import (
     StepState,
 )
 from runtime_svc.kernel.store_codec import (
+    ATTEMPT_COLUMNS,
+    RUN_COLUMNS,
+    STEP_COLUMNS,
     attempt_from_row,
     run_from_row,
     step_from_row,
@@ -77,6 +80,7 @@ __all__ = [
     "apply_claim_running",
     "apply_commit_continued",
     "apply_transition",
+    "claimed_run_values",
     "count_fenced_attempts",
     "extend_lease_row",
     "fence_error",
@@ -85,6 +89,7 @@ __all__ = [
     "insert_step",
     "lock_attempt",
     "lock_fenced",
+    "lock_fenced_sequential",
     "lock_latest_attempt",
     "lock_root_and_current",
     "lock_run",
@@ -117,20 +122,72 @@ def fence_error(lost: FenceLost) -> FenceLostError:
 # --- locks (§12 lifecycle sub-order: root, steps, attempts) ------------------------------
 
 
-def _lock_by_key(table: Any, key: str) -> Any:
-    """``SELECT * … WHERE org_id = :org AND <key> = :key FOR UPDATE``, built once at import:
-    executing a pre-built statement with bound parameters skips SQLAlchemy's per-call
-    construction and cache-key generation (issue 13, ``docs/performance.md``)."""
+def _lock_by_key(table: Any, key: str, columns: tuple[str, ...]) -> Any:
+    """``SELECT <columns> … WHERE org_id = :org AND <key> = :key FOR UPDATE``, built once
+    at import: executing a pre-built statement with bound parameters skips SQLAlchemy's
+    per-call construction and cache-key generation (issue 13, ``docs/performance.md``).
+    ``columns`` are exactly those the row's decoder reads (``store_codec``): every
+    column descriptor of a result set costs the driver a packet parse (round 7)."""
     return (
-        select(table)
+        select(*(table.c[name] for name in columns))
         .where(table.c.org_id == bindparam("org"), table.c[key] == bindparam("key"))
         .with_for_update()
     )
 
 
-_LOCK_RUN = _lock_by_key(flow_runs, "flow_run_id")
-_LOCK_STEP = _lock_by_key(flow_step_executions, "step_execution_id")
-_LOCK_ATTEMPT = _lock_by_key(flow_step_attempts, "attempt_id")
+_LOCK_RUN = _lock_by_key(flow_runs, "flow_run_id", RUN_COLUMNS)
+_LOCK_STEP = _lock_by_key(flow_step_executions, "step_execution_id", STEP_COLUMNS)
+_LOCK_ATTEMPT = _lock_by_key(flow_step_attempts, "attempt_id", ATTEMPT_COLUMNS)
+
+
+def _joined_fence_lock() -> Any:
+    """The one locking read of a fence's root, step and attempt (ADR 0006):
+
+    ``SELECT STRAIGHT_JOIN <root>, <step>, <attempt> FROM flow_runs
+    LEFT JOIN flow_step_executions ON <step key> LEFT JOIN flow_step_attempts ON
+    <attempt key> WHERE <root key> FOR UPDATE``
+
+    Every table is looked up by its own primary key — the org (the root's, which the
+    WHERE clause binds to the trusted org) and the fence's id — as the three single-row
+    reads did, never through another row's ids, so the join adds no condition the
+    sequential reads did not have. The root is the outer (left-most)
+    table: a missing root yields no row at all and locks nothing else; a missing step or
+    attempt yields NULL columns — the sequential reads' ``None`` — and the caller raises
+    the same ``FenceLostError``. On MariaDB/MySQL ``STRAIGHT_JOIN`` pins the join order
+    to the FROM order (root, step, attempt), which is the order InnoDB takes the row
+    locks in — §12's lifecycle order; an outer join's inner table is read after its
+    outer table anyway. On SQLite ``FOR UPDATE`` renders as nothing and the
+    ``BEGIN IMMEDIATE`` write lock serialises writers. Columns are labelled ``r_``,
+    ``s_``, ``a_`` and decoded by position with the ordinary row decoders."""
+    r, s, a = flow_runs.c, flow_step_executions.c, flow_step_attempts.c
+    joined = flow_runs.outerjoin(
+        flow_step_executions,
+        (s.org_id == r.org_id) & (s.step_execution_id == bindparam("step")),
+    ).outerjoin(
+        flow_step_attempts,
+        (a.org_id == r.org_id) & (a.attempt_id == bindparam("attempt")),
+    )
+    return (
+        select(
+            *(r[name].label(f"r_{name}") for name in RUN_COLUMNS),
+            *(s[name].label(f"s_{name}") for name in STEP_COLUMNS),
+            *(a[name].label(f"a_{name}") for name in ATTEMPT_COLUMNS),
+        )
+        .select_from(joined)
+        .where(r.org_id == bindparam("org"), r.flow_run_id == bindparam("run"))
+        .with_for_update()
+        .prefix_with("STRAIGHT_JOIN", dialect="mysql")
+        .prefix_with("STRAIGHT_JOIN", dialect="mariadb")
+    )
+
+
+_LOCK_FENCED = _joined_fence_lock()
+_STEP_AT = len(RUN_COLUMNS)
+_ATTEMPT_AT = _STEP_AT + len(STEP_COLUMNS)
+# The primary-key column of the step and of the attempt in the joined row: NULL exactly
+# when the outer join found no such row.
+_STEP_KEY_AT = _STEP_AT + STEP_COLUMNS.index("step_execution_id")
+_ATTEMPT_KEY_AT = _ATTEMPT_AT + ATTEMPT_COLUMNS.index("attempt_id")
 
 
 async def lock_run(conn: AsyncConnection, org_id: str, flow_run_id: str) -> RunRecord | None:
@@ -159,7 +216,7 @@ async def lock_latest_attempt(
         return None
     t = flow_step_attempts.c
     stmt = (
-        select(flow_step_attempts)
+        select(*(flow_step_attempts.c[name] for name in ATTEMPT_COLUMNS))
         .where(
             t.org_id == org_id,
             t.step_execution_id == step.step_execution_id,
@@ -188,10 +245,42 @@ async def count_fenced_attempts(conn: AsyncConnection, org_id: str, step_id: str
 async def lock_fenced(
     conn: AsyncConnection, org_id: str, fence: LeaseFence
 ) -> tuple[RunRecord, StepRecord, AttemptRecord]:
-    """Lock the fence's root, step and attempt, in that order.
+    """Lock the fence's root, step and attempt, in that order, with one statement
+    (``docs/adr/0006-joined-lock-read.md``; before round 7: three ``SELECT … FOR UPDATE``
+    one after another, :func:`lock_fenced_sequential`).
 
     Raises:
-        FenceLostError: one of them does not exist in ``org_id`` (found version None).
+        FenceLostError: one of them does not exist in ``org_id`` (found version None) —
+            checked root, then step, then attempt, as the sequential reads did.
+    """
+    params = {
+        "org": org_id,
+        "run": fence.flow_run_id,
+        "step": fence.step_execution_id,
+        "attempt": fence.attempt_id,
+    }
+    row = (await conn.execute(_LOCK_FENCED, params)).first()
+    if row is None:
+        raise fence_lost(RUNS, fence.flow_run_id, fence.root_state_version, None, "missing")
+    if row[_STEP_KEY_AT] is None:
+        raise fence_lost(STEPS, fence.step_execution_id, fence.step_state_version, None, "missing")
+    if row[_ATTEMPT_KEY_AT] is None:
+        raise fence_lost(ATTEMPTS, fence.attempt_id, fence.attempt_state_version, None, "missing")
+    return (
+        run_from_row(dict(zip(RUN_COLUMNS, row[:_STEP_AT], strict=True))),
+        step_from_row(dict(zip(STEP_COLUMNS, row[_STEP_AT:_ATTEMPT_AT], strict=True))),
+        attempt_from_row(dict(zip(ATTEMPT_COLUMNS, row[_ATTEMPT_AT:], strict=True))),
+    )
+
+
+async def lock_fenced_sequential(
+    conn: AsyncConnection, org_id: str, fence: LeaseFence
+) -> tuple[RunRecord, StepRecord, AttemptRecord]:
+    """:func:`lock_fenced` as three single-row locking reads (root, step, attempt) — the
+    pre-round-7 path, kept as the reference the joined read is tested against.
+
+    Raises:
+        FenceLostError: as :func:`lock_fenced`.
     """
     root = await lock_run(conn, org_id, fence.flow_run_id)
     if root is None:
@@ -434,6 +523,44 @@ async def apply_commit_continued(
         raise InvariantError("a commit adds no attempt")
     await insert_step(conn, org_id, new_step, now, claimed=(step, running))
     await insert_attempt(conn, org_id, claim.new_attempt)
+
+
+def claimed_run_values(
+    values: Mapping[str, Any], patch: RunPatch, step_state: StepState | None, now: datetime
+) -> dict[str, Any]:
+    """The ``flow_runs`` INSERT ``values`` of a run being created, with a claim's root
+    ``patch`` (decided on the row those values make) already applied — what
+    :func:`_apply_run` would leave after inserting ``values``: the patch's values, its
+    target state, the compatibility projection with ``step_state``, ``updated_at``, one
+    version step (``docs/adr/0005``, round 7). Every predicate the UPDATE would have
+    carried is checked here against the values instead; they could only compare the
+    row this very INSERT makes.
+
+    Raises:
+        InvariantError: the patch does not start from the row ``values`` make.
+    """
+    holds = (
+        values["state_version"] == patch.expected_version,
+        values["runtime_state"] == patch.from_state.code,
+        values["execution_owner"] == _V2,
+        values["ownership_epoch"] == patch.expect_epoch,
+        patch.expect_current_step is None
+        or values["current_step_execution_id"] == patch.expect_current_step,
+        not patch.require_live
+        or (not values["is_deleted"] and values.get("delete_requested_at") is None),
+        values.get("operator_paused_at") is None,  # a created run is never paused
+    )
+    if not all(holds):
+        raise InvariantError("the claim's root patch does not start from the inserted root")
+    out = dict(values)
+    out.update(_coded(patch_changes(patch)))
+    out.update(
+        runtime_state=patch.to_state.code,
+        interview_status=compatibility_status(patch.to_state, step_state).code,
+        state_version=patch.expected_version + 1,
+        updated_at=now,
+    )
+    return out
 
 
 async def extend_lease_row(
