@@ -1,14 +1,21 @@
 """The MariaDB/MySQL backend's connection: no ROLLBACK round trip when the pool takes
-back a connection whose transaction already ended.
+back a connection whose transaction this adapter just ended.
 
 SQLAlchemy's pool resets every connection it takes back with a ROLLBACK (reset on
-return), so every committed transaction costs one more round trip to the server. The
-server reports with every reply whether the session is inside a transaction
-(``SERVER_STATUS_IN_TRANS`` of the OK/EOF packet, kept by the driver as
-``server_status``); after a COMMIT or ROLLBACK it is not, and then the reset's ROLLBACK
-is a no-op on the server. This adapter skips exactly that one: whenever the driver's
-last reply says a transaction is open — a statement ran and nothing ended it, an error
-interrupted it, or the session state is unknown — the ROLLBACK is sent as before.
+return), so every committed transaction costs one more round trip to the server. With
+autocommit off, a session is inside a transaction from its first statement until a
+COMMIT or ROLLBACK ends it; after this adapter's own successful ``commit()`` or
+``rollback()``, and with no statement since, nothing is open and the reset's ROLLBACK
+would be a no-op on the server. This adapter skips exactly that one.
+
+It does not trust the driver's ``server_status`` for this: PyMySQL refreshes it from OK
+packets but not from the EOF packet that ends a result set, so after a transaction that
+only read (a ``SELECT … FOR UPDATE``, say) it still shows the state before that
+transaction began — skipping on it would leave the transaction, and its row locks, open
+in the pool. The adapter instead marks the connection "ended" when its ``commit()`` or
+``rollback()`` returns and "open" whenever a cursor is made for a statement (every
+statement is run through a new cursor), so any statement since the last end — or an
+end that raised — means the ROLLBACK is sent as before.
 
 ``services.db`` passes :func:`reset_aware_dbapi` as the engine's DBAPI module
 (``create_async_engine(module=…)``), so nothing outside our engines changes.
@@ -20,6 +27,7 @@ from typing import Any
 
 import aiomysql
 import pymysql
+from sqlalchemy.connectors.asyncio import AsyncAdapt_dbapi_cursor
 from sqlalchemy.dialects.mysql.aiomysql import (
     AsyncAdapt_aiomysql_connection,
     AsyncAdapt_aiomysql_dbapi,
@@ -28,21 +36,32 @@ from sqlalchemy.util.concurrency import await_
 
 __all__ = ["reset_aware_dbapi"]
 
-#: ``SERVER_STATUS_IN_TRANS`` (MySQL protocol): the session has an open transaction.
-_IN_TRANS = 1
-
 
 class _ResetAwareConnection(AsyncAdapt_aiomysql_connection):
-    """``rollback()`` is a no-op when the server's last reply says no transaction is
-    open (see the module docstring)."""
+    """``rollback()`` is a no-op when this adapter's own COMMIT or ROLLBACK ended the
+    transaction and no statement ran since (see the module docstring)."""
 
-    __slots__ = ()
+    __slots__ = ("ended",)
+
+    def __init__(self, dbapi: Any, connection: Any) -> None:
+        super().__init__(dbapi, connection)
+        #: ``True`` only between a successful commit/rollback and the next statement.
+        self.ended = False
+
+    def cursor(self, server_side: bool = False) -> AsyncAdapt_dbapi_cursor:
+        self.ended = False  # a statement follows: a transaction may be open from now on
+        return super().cursor(server_side)
 
     def rollback(self) -> None:
-        status = getattr(self._connection, "server_status", None)
-        if isinstance(status, int) and not status & _IN_TRANS:
-            return  # the server said: no transaction open — ROLLBACK would do nothing
+        if self.ended:
+            return  # our own COMMIT/ROLLBACK ended it and nothing ran since: a no-op
         super().rollback()
+        self.ended = True
+
+    def commit(self) -> None:
+        self.ended = False
+        super().commit()
+        self.ended = True
 
 
 class _ResetAwareDbapi(AsyncAdapt_aiomysql_dbapi):

@@ -82,3 +82,27 @@ async def test_an_open_or_failed_transaction_is_still_rolled_back(
         assert moved.rowcount == 1
         rows = (await conn.execute(sa.select(_t.c.id, _t.c.n).order_by(_t.c.id))).all()
     assert [tuple(r) for r in rows] == [(1, 5)]
+
+
+async def test_a_transaction_that_only_read_and_locked_is_rolled_back(
+    engine: AsyncEngine, rollbacks: list[int]
+) -> None:
+    """The driver's ``server_status`` is not refreshed by a result set, so it cannot tell
+    that a transaction which only ran ``SELECT … FOR UPDATE`` is open: the ROLLBACK must
+    still be sent and the row lock released before the connection is pooled again."""
+    async with db.transaction(engine) as conn:
+        await conn.execute(_t.insert().values(id=1, n=1))
+    with pytest.raises(RuntimeError):
+        async with db.transaction(engine) as conn:
+            await conn.execute(sa.select(_t).where(_t.c.id == 1).with_for_update())
+            raise RuntimeError("the transaction fails after its locking read")
+    assert rollbacks
+    async with db.transaction(engine, readonly=True) as conn:
+        held = (
+            await conn.execute(
+                sa.text(
+                    "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_rows_locked > 0"
+                )
+            )
+        ).scalar_one()
+    assert held == 0
