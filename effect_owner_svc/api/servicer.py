@@ -17,6 +17,7 @@ response bytes. The durable dedupe of the inbox itself is the handoff key.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -112,8 +113,9 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
         if key_scope_mismatch(handoff.attributes):
             await refuse_foreign_key(self._engine, handoff.attributes)
 
-        async def work(conn: AsyncConnection) -> Accepted | Refusal:
-            return await accept_handoff_txn(conn, handoff)
+        async def work(conn: AsyncConnection, now: datetime) -> Accepted | Refusal:
+            # The clock came with the ledger lookup (one statement).
+            return await accept_handoff_txn(conn, handoff, now)
 
         def encode(value: Accepted | Refusal) -> bytes | None:
             if isinstance(value, Refusal):
@@ -125,7 +127,7 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
         with accept_span(
             request.envelope.trace_context, handoff.attributes.runtime_outbox_message_id
         ):
-            done = await self._ledger.execute(self._engine, key, work, encode)
+            done = await self._ledger.execute_at(self._engine, key, work, encode)
         handoff_decided(done.value)
         if done.replayed or done.value is None:
             return done.message(effect_v1.AcceptHandoffResponse)

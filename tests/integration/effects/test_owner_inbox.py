@@ -334,3 +334,40 @@ async def test_reads_are_scoped_and_answer_like_missing_across_scopes(
             effect_v1.GetReceiptRequest(scope=scope.proto(), command_id=cid), metadata=md
         )
     assert info.value.code() == grpc.StatusCode.NOT_FOUND  # no outcome yet
+
+
+async def test_acceptance_reads_the_clock_with_its_request_ledger_lookup(
+    owner: OwnerClient, engine: AsyncEngine
+) -> None:
+    """``AcceptHandoff`` is one transaction whose first statement (the request-ledger
+    lookup) also reads the database clock: no statement of its own for the clock, and
+    the fence row, the command and the ledger row carry that one time."""
+    from sqlalchemy import event
+
+    clock_reads: list[str] = []
+
+    def on_statement(*args: object) -> None:
+        statement = " ".join(str(args[2]).split())
+        if statement in ("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')", "SELECT UTC_TIMESTAMP(6)"):
+            clock_reads.append(statement)
+
+    scope = Scope(new_org())
+    sync = engine.sync_engine
+    event.listen(sync, "before_cursor_execute", on_statement)
+    try:
+        accepted = await owner.accept(scope, envelope(scope))
+    finally:
+        event.remove(sync, "before_cursor_execute", on_statement)
+    assert accepted.fence.state == ACCEPTED and not accepted.duplicate
+    assert clock_reads == []
+    row = await _fence_row(engine, scope.org_id, accepted.fence.effect_handoff_key)
+    assert row is not None
+    async with transaction(engine, readonly=True) as conn:
+        created = (
+            await conn.execute(
+                select(external_commands.c.created_at).where(
+                    external_commands.c.org_id == scope.org_id
+                )
+            )
+        ).scalar_one()
+    assert created == row["decided_at"]
