@@ -8,9 +8,10 @@ and every effect is the ``WelcomeContact`` Flow's ``crm.send_email`` started by 
   ``created_at``) → *owner accepted* (the command's ``created_at``) → *provider called*
   (the remote attempt's ``started_at``) → *provider answered* (its ``finished_at``) →
   *receipt committed* (``completion_receipts.created_at``) → *signal committed* (the
-  runtime's wake signal ``received_at``) → *Flow resumed* (the ``EffectCompletion`` step's
-  attempt ``started_at``), p50/p99 over ``samples`` sequential effects (target p50 ≤ 30 ms;
-  every timestamp is a database clock of the same host);
+  runtime's wake signal ``received_at``) → *wait resolved* (the completion dependency's
+  ``resolved_at``: the match transaction) → *Flow resumed* (the ``EffectCompletion``
+  step's attempt ``started_at``: its claim), p50/p99 over ``samples`` sequential
+  effects (target p50 ≤ 30 ms; every timestamp is a database clock of the same host);
 * **throughput**: ``burst`` Contacts created at once against a runtime with 4 worker
   tasks; effects per second from the first submit commit to the last resumed Flow;
 * **cost drivers**: the p50 of each hop; per effect and service (runtime, owner) the
@@ -92,6 +93,7 @@ HOPS = (
     "provider answered",
     "receipt committed",
     "signal committed",
+    "wait resolved",
     "flow resumed",
 )
 
@@ -292,6 +294,15 @@ async def _trips(runtime: AsyncEngine, owner: AsyncEngine, org: str) -> list[_Tr
                 select(w.producer_key, w.received_at).where(w.org_id == org)
             )
         }
+        d = flow_dependencies.c
+        resolved = {
+            str(k): t
+            for k, t in await conn.execute(
+                select(d.producer_key, d.resolved_at).where(
+                    d.org_id == org, d.resolved_at.is_not(None)
+                )
+            )
+        }
         resumed = {
             str(run): t
             for run, t in await conn.execute(
@@ -331,7 +342,12 @@ async def _trips(runtime: AsyncEngine, owner: AsyncEngine, org: str) -> list[_Tr
         }
     trips = []
     for key, (run_id, t_submit) in submitted.items():
-        if key not in commands or run_id not in resumed or key not in signals:
+        if (
+            key not in commands
+            or run_id not in resumed
+            or key not in signals
+            or key not in resolved
+        ):
             continue
         cid, t_accept = commands[key]
         t_call, t_answer = attempts[cid]
@@ -344,6 +360,7 @@ async def _trips(runtime: AsyncEngine, owner: AsyncEngine, org: str) -> list[_Tr
                     t_answer,
                     receipts[cid],
                     signals[key],
+                    resolved[key],
                     resumed[run_id],
                 )
             )
