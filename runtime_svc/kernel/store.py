@@ -557,8 +557,9 @@ class FlowRunStateStore:
         self._check_fence(org_id, fence)
 
         async def fn(conn: AsyncConnection) -> LeaseFence:
-            now = await self._clock(conn)
+            # The lock read carries the clock (no statement of its own for it).
             root, step, attempt = await lock_fenced(conn, org_id, fence)
+            now = await self._clock(conn)
             decision = decide_heartbeat(root, step, attempt, fence, now, self.policy)
             if isinstance(decision, FenceLost):
                 raise fence_error(decision)
@@ -643,8 +644,9 @@ class FlowRunStateStore:
     ) -> CommitResult:
         if isinstance(advance, NextStep) and not advance.step_execution_id:
             advance = dataclasses.replace(advance, step_execution_id=new_id("step"))
-        now = await self._clock(conn)
+        # The lock read carries the clock (no statement of its own for it).
         root, step, attempt = await lock_fenced(conn, org_id, fence)
+        now = await self._clock(conn)
         checkpoint_id = new_id("ckpt")
         decision = decide_commit(root, step, attempt, fence, now, advance, checkpoint_id, evidence)
         if isinstance(decision, FenceLost):
@@ -750,8 +752,9 @@ class FlowRunStateStore:
         self._check_fence(org_id, fence)
 
         async def fn(conn: AsyncConnection) -> RetryScheduled | RetryExhausted | CancelWon:
-            now = await self._clock(conn)
+            # The lock read carries the clock (no statement of its own for it).
             root, step, attempt = await lock_fenced(conn, org_id, fence)
+            now = await self._clock(conn)
             decision = decide_rollback_retry(root, step, attempt, fence, now, self.policy, failure)
             if isinstance(decision, FenceLost):
                 raise fence_error(decision)
@@ -772,8 +775,9 @@ class FlowRunStateStore:
         self._check_fence(org_id, fence)
 
         async def fn(conn: AsyncConnection) -> Quarantined | AlreadyCommitted | CancelWon:
-            now = await self._clock(conn)
+            # The lock read carries the clock (no statement of its own for it).
             root, step, attempt = await lock_fenced(conn, org_id, fence)
+            now = await self._clock(conn)
             decision = decide_commit_unknown(root, step, attempt, fence, now, outcome)
             if isinstance(decision, FenceLost):
                 raise fence_error(decision)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -69,7 +69,7 @@ from runtime_svc.schema import (
     flow_step_attempts,
     flow_step_executions,
 )
-from services.db import SwitchOnNull, fenced_update, insert_if_absent
+from services.db import SwitchOnNull, fenced_update, insert_if_absent, now_column, remember_now
 from services.digest import versioned_digest
 from services.errors import ConflictError, FenceLostError, InvalidArgumentError, NotFoundError
 from services.invariants import InvariantError
@@ -188,6 +188,18 @@ _ATTEMPT_AT = _STEP_AT + len(STEP_COLUMNS)
 # when the outer join found no such row.
 _STEP_KEY_AT = _STEP_AT + STEP_COLUMNS.index("step_execution_id")
 _ATTEMPT_KEY_AT = _ATTEMPT_AT + ATTEMPT_COLUMNS.index("attempt_id")
+#: The database clock, the joined read's last column (:func:`lock_fenced`).
+_CLOCK_AT = _ATTEMPT_AT + len(ATTEMPT_COLUMNS)
+#: :data:`_LOCK_FENCED` with the clock column, per dialect name (its clock SQL differs).
+_LOCK_FENCED_CLOCKED: dict[str, tuple[Any, Callable[[Any], datetime]]] = {}
+
+
+def _lock_fenced_clocked(conn: AsyncConnection) -> tuple[Any, Callable[[Any], datetime]]:
+    built = _LOCK_FENCED_CLOCKED.get(conn.dialect.name)
+    if built is None:
+        clock, parse = now_column(conn.dialect)
+        built = _LOCK_FENCED_CLOCKED[conn.dialect.name] = (_LOCK_FENCED.add_columns(clock), parse)
+    return built
 
 
 async def lock_run(conn: AsyncConnection, org_id: str, flow_run_id: str) -> RunRecord | None:
@@ -249,6 +261,11 @@ async def lock_fenced(
     (``docs/adr/0006-joined-lock-read.md``; before round 7: three ``SELECT … FOR UPDATE``
     one after another, :func:`lock_fenced_sequential`).
 
+    The statement also carries the database clock and keeps it as the transaction's
+    ``db_now`` (``services.db.remember_now``; the first reading of a transaction wins): a
+    transition that locks first and then asks its clock needs no clock statement. The
+    clock is the statement's, as a clock statement right before it would have read.
+
     Raises:
         FenceLostError: one of them does not exist in ``org_id`` (found version None) —
             checked root, then step, then attempt, as the sequential reads did.
@@ -259,7 +276,10 @@ async def lock_fenced(
         "step": fence.step_execution_id,
         "attempt": fence.attempt_id,
     }
-    row = (await conn.execute(_LOCK_FENCED, params)).first()
+    stmt, parse_now = _lock_fenced_clocked(conn)
+    row = (await conn.execute(stmt, params)).first()
+    if row is not None:
+        remember_now(conn, parse_now(row[_CLOCK_AT]))
     if row is None:
         raise fence_lost(RUNS, fence.flow_run_id, fence.root_state_version, None, "missing")
     if row[_STEP_KEY_AT] is None:
@@ -269,7 +289,7 @@ async def lock_fenced(
     return (
         run_from_row(dict(zip(RUN_COLUMNS, row[:_STEP_AT], strict=True))),
         step_from_row(dict(zip(STEP_COLUMNS, row[_STEP_AT:_ATTEMPT_AT], strict=True))),
-        attempt_from_row(dict(zip(ATTEMPT_COLUMNS, row[_ATTEMPT_AT:], strict=True))),
+        attempt_from_row(dict(zip(ATTEMPT_COLUMNS, row[_ATTEMPT_AT:_CLOCK_AT], strict=True))),
     )
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel import CheckpointInput, LeaseFence
@@ -217,3 +218,39 @@ async def test_the_narrow_run_reads_decode_the_full_row(world: World) -> None:
     assert await world.store.get_run(world.org, fence.flow_run_id) == full_root
     page = await world.store.list_runs(world.org)
     assert full_root in page.runs
+
+
+async def test_the_lock_read_carries_the_transitions_clock(world: World) -> None:
+    """A heartbeat and a step commit lock first and then ask their clock: the joined
+    read's clock column answers it (no clock statement of their own), and what they
+    write carries that time, the test's clock offset included."""
+    clock_reads: list[str] = []
+
+    def on_statement(*args: object) -> None:
+        statement = " ".join(str(args[2]).split())
+        if statement in ("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')", "SELECT UTC_TIMESTAMP(6)"):
+            clock_reads.append(statement)
+
+    fence = await _running_fence(world)
+    world.clock.advance(minutes=1)  # shifted: the offset still applies
+    sync = world.engine.sync_engine
+    event.listen(sync, "before_cursor_execute", on_statement)
+    try:
+        beat = await world.store.extend_lease(world.org, fence)
+        await world.store.commit_step(
+            world.org, beat, output=CheckpointInput(context={"done": True}), advance=next_step()
+        )
+    finally:
+        event.remove(sync, "before_cursor_execute", on_statement)
+    assert clock_reads == []
+    async with world.engine.connect() as conn:
+        db_time = await db.db_now(conn)
+        finished = (
+            await conn.execute(
+                select(flow_step_attempts.c.finished_at).where(
+                    flow_step_attempts.c.org_id == world.org,
+                    flow_step_attempts.c.attempt_id == fence.attempt_id,
+                )
+            )
+        ).scalar_one()
+    assert finished is not None and finished > db_time + timedelta(seconds=30)
