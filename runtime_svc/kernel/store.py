@@ -122,6 +122,7 @@ from runtime_svc.kernel.store_rows import (
     lock_latest_attempt,
     lock_root_and_current,
     lock_run,
+    lock_run_and_step,
     lock_step,
     new_id,
     prepare_checkpoint,
@@ -402,7 +403,7 @@ class FlowRunStateStore:
                 org_id,
                 candidate.flow_run_id,
                 candidate.step_execution_id,
-                now=await self._clock(conn),
+                now=None,  # read with the locks (lock_run_and_step)
                 token=token,
                 lease_owner=lease_owner,
                 lock_plan_digest=lock_plan_digest,
@@ -425,7 +426,7 @@ class FlowRunStateStore:
         flow_run_id: str,
         step_execution_id: str,
         *,
-        now: datetime,
+        now: datetime | None,
         token: str,
         lease_owner: str,
         lock_plan_digest: str,
@@ -442,15 +443,19 @@ class FlowRunStateStore:
         ``decide_start_running`` on the rows the claim leaves (derived in memory) and
         write both in the claim's UPDATEs (ADR 0003); the fence then carries the
         Running version. Returns the fence and, for a claim that won, the transition
-        it applied."""
+        it applied. ``now=None``: the clock is read after the locks, by the same
+        statement (:func:`lock_run_and_step`)."""
         if held is not None:
             root, step = held
         else:
-            locked_root = await lock_run(conn, org_id, flow_run_id)
-            locked_step = await lock_step(conn, org_id, step_execution_id)
+            locked_root, locked_step = await lock_run_and_step(
+                conn, org_id, flow_run_id, step_execution_id
+            )
             if locked_root is None or locked_step is None:
                 return NotEligible("missing")
             root, step = locked_root, locked_step
+        if now is None:
+            now = await self._clock(conn)
         request = ClaimRequest(
             attempt_id=new_id("att"),
             lease_owner=lease_owner,

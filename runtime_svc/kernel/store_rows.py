@@ -293,6 +293,60 @@ async def lock_fenced(
     )
 
 
+#: The claim's locking read of root and step (root first) with the database clock, per
+#: dialect name: ``SELECT STRAIGHT_JOIN <root>, <step>, <clock> FROM flow_runs LEFT JOIN
+#: flow_step_executions ON <step key> WHERE <root key> FOR UPDATE``.
+_LOCK_CLAIMED: dict[str, tuple[Any, Callable[[Any], datetime]]] = {}
+
+
+def _lock_claimed(conn: AsyncConnection) -> tuple[Any, Callable[[Any], datetime]]:
+    built = _LOCK_CLAIMED.get(conn.dialect.name)
+    if built is None:
+        r, s = flow_runs.c, flow_step_executions.c
+        clock, parse = now_column(conn.dialect)
+        joined = flow_runs.outerjoin(
+            flow_step_executions,
+            (s.org_id == r.org_id) & (s.step_execution_id == bindparam("step")),
+        )
+        stmt = (
+            select(
+                *(r[name].label(f"r_{name}") for name in RUN_COLUMNS),
+                *(s[name].label(f"s_{name}") for name in STEP_COLUMNS),
+                clock,
+            )
+            .select_from(joined)
+            .where(r.org_id == bindparam("org"), r.flow_run_id == bindparam("run"))
+            .with_for_update()
+            .prefix_with("STRAIGHT_JOIN", dialect="mysql")
+            .prefix_with("STRAIGHT_JOIN", dialect="mariadb")
+        )
+        built = _LOCK_CLAIMED[conn.dialect.name] = (stmt, parse)
+    return built
+
+
+async def lock_run_and_step(
+    conn: AsyncConnection, org_id: str, flow_run_id: str, step_execution_id: str
+) -> tuple[RunRecord | None, StepRecord | None]:
+    """:func:`lock_run` then :func:`lock_step` as one statement, root first (the joined
+    read of ADR 0006 without the attempt), which also carries the database clock and
+    keeps it as the transaction's ``db_now`` (``remember_now``): the claim's clock,
+    root and step in one round trip. ``(None, None)`` when the root is missing (nothing
+    locked), ``(root, None)`` when the step is."""
+    stmt, parse_now = _lock_claimed(conn)
+    params = {"org": org_id, "run": flow_run_id, "step": step_execution_id}
+    row = (await conn.execute(stmt, params)).first()
+    if row is None:
+        return None, None
+    remember_now(conn, parse_now(row[_STEP_AT + len(STEP_COLUMNS)]))
+    root = run_from_row(dict(zip(RUN_COLUMNS, row[:_STEP_AT], strict=True)))
+    if row[_STEP_KEY_AT] is None:
+        return root, None
+    step = step_from_row(
+        dict(zip(STEP_COLUMNS, row[_STEP_AT : _STEP_AT + len(STEP_COLUMNS)], strict=True))
+    )
+    return root, step
+
+
 async def lock_fenced_sequential(
     conn: AsyncConnection, org_id: str, fence: LeaseFence
 ) -> tuple[RunRecord, StepRecord, AttemptRecord]:

@@ -17,7 +17,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel import CheckpointInput, LeaseFence
 from runtime_svc.kernel.store_codec import attempt_from_row, run_from_row, step_from_row
-from runtime_svc.kernel.store_rows import lock_fenced, lock_fenced_sequential
+from runtime_svc.kernel.store_rows import (
+    lock_fenced,
+    lock_fenced_sequential,
+    lock_run,
+    lock_run_and_step,
+    lock_step,
+)
 from runtime_svc.schema import flow_runs, flow_step_attempts, flow_step_executions
 from services import db
 from services.errors import FenceLostError
@@ -254,3 +260,39 @@ async def test_the_lock_read_carries_the_transitions_clock(world: World) -> None
             )
         ).scalar_one()
     assert finished is not None and finished > db_time + timedelta(seconds=30)
+
+
+async def test_the_claim_locks_root_and_step_with_its_clock_in_one_statement(
+    world: World,
+) -> None:
+    run_id = await start(world)
+    candidate = await world.store.candidate_for_run(world.org, run_id)
+    assert candidate is not None
+    async with db.transaction(world.engine) as conn:
+        joined = await lock_run_and_step(conn, world.org, run_id, candidate.step_execution_id)
+        assert joined == (
+            await lock_run(conn, world.org, run_id),
+            await lock_step(conn, world.org, candidate.step_execution_id),
+        )
+        assert await lock_run_and_step(conn, world.org, run_id, "step_missing") == (
+            joined[0],
+            None,
+        )
+        assert await lock_run_and_step(conn, world.org, "run_missing", "x") == (None, None)
+    selects: list[str] = []
+
+    def on_statement(*args: object) -> None:
+        statement = " ".join(str(args[2]).split())
+        if statement.startswith("SELECT") and "execution_plans" not in statement:
+            selects.append(statement[:40])  # (the plan digest read is cached per store)
+
+    sync = world.engine.sync_engine
+    event.listen(sync, "before_cursor_execute", on_statement)
+    try:
+        fence = await world.store.claim(world.org, candidate, lease_owner="w", running=True)
+    finally:
+        event.remove(sync, "before_cursor_execute", on_statement)
+    assert isinstance(fence, LeaseFence)
+    assert len(selects) == 1  # clock, root and step: one statement
+    if world.engine.dialect.name != "sqlite":
+        assert selects[0].startswith("SELECT STRAIGHT_JOIN")
