@@ -87,7 +87,9 @@ async def _hold_root(engine: AsyncEngine, org: str, run_id: str) -> Any:
 
 async def _queued_on_the_root(engine: AsyncEngine, expected: int) -> None:
     """Wait (bounded) until ``expected`` sessions of this database are inside a root
-    ``SELECT … FOR UPDATE`` (blocked: the blocker holds the row)."""
+    ``SELECT … FOR UPDATE`` (blocked: the blocker holds the row) — a root lock read, or
+    a joined lock read whose first table is the root (ADR 0006: ``SELECT STRAIGHT_JOIN
+    flow_runs.…``)."""
     database = engine.url.database
     seen: list[Any] = []
     for _ in range(400):  # bounded: 20 s
@@ -97,7 +99,7 @@ async def _queued_on_the_root(engine: AsyncEngine, expected: int) -> None:
                 for row in (await conn.execute(text("SHOW FULL PROCESSLIST"))).all()
                 if row[3] == database
                 and row[4] == "Query"
-                and str(row[7]).startswith("SELECT flow_runs.")
+                and str(row[7]).startswith(("SELECT flow_runs.", "SELECT STRAIGHT_JOIN flow_runs."))
                 and str(row[7]).rstrip().endswith("FOR UPDATE")
             ]
         if len(seen) >= expected:
