@@ -26,6 +26,7 @@ from tests.integration.effects.harness import (
     running_owner,
 )
 from tests.support.dbs import new_org
+from tests.support.statements import clock_reads, watched_statements
 
 ACCEPTED = effect_v1.InboxFenceState.INBOX_FENCE_STATE_ACCEPTED
 REJECTED = effect_v1.InboxFenceState.INBOX_FENCE_STATE_REJECTED
@@ -342,24 +343,11 @@ async def test_acceptance_reads_the_clock_with_its_request_ledger_lookup(
     """``AcceptHandoff`` is one transaction whose first statement (the request-ledger
     lookup) also reads the database clock: no statement of its own for the clock, and
     the fence row, the command and the ledger row carry that one time."""
-    from sqlalchemy import event
-
-    clock_reads: list[str] = []
-
-    def on_statement(*args: object) -> None:
-        statement = " ".join(str(args[2]).split())
-        if statement in ("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')", "SELECT UTC_TIMESTAMP(6)"):
-            clock_reads.append(statement)
-
     scope = Scope(new_org())
-    sync = engine.sync_engine
-    event.listen(sync, "before_cursor_execute", on_statement)
-    try:
+    with watched_statements(engine) as seen:
         accepted = await owner.accept(scope, envelope(scope))
-    finally:
-        event.remove(sync, "before_cursor_execute", on_statement)
     assert accepted.fence.state == ACCEPTED and not accepted.duplicate
-    assert clock_reads == []
+    assert clock_reads(engine, seen) == []
     row = await _fence_row(engine, scope.org_id, accepted.fence.effect_handoff_key)
     assert row is not None
     async with transaction(engine, readonly=True) as conn:

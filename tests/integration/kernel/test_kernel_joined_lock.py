@@ -12,7 +12,7 @@ import dataclasses
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import event, select, text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel import CheckpointInput, LeaseFence
@@ -29,6 +29,7 @@ from services import db
 from services.errors import FenceLostError
 from tests.integration.kernel.conftest import World
 from tests.integration.kernel.helpers import claim, next_step, start
+from tests.support.statements import clock_reads, watched_statements
 
 
 async def _running_fence(world: World) -> LeaseFence:
@@ -230,25 +231,14 @@ async def test_the_lock_read_carries_the_transitions_clock(world: World) -> None
     """A heartbeat and a step commit lock first and then ask their clock: the joined
     read's clock column answers it (no clock statement of their own), and what they
     write carries that time, the test's clock offset included."""
-    clock_reads: list[str] = []
-
-    def on_statement(*args: object) -> None:
-        statement = " ".join(str(args[2]).split())
-        if statement in ("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')", "SELECT UTC_TIMESTAMP(6)"):
-            clock_reads.append(statement)
-
     fence = await _running_fence(world)
     world.clock.advance(minutes=1)  # shifted: the offset still applies
-    sync = world.engine.sync_engine
-    event.listen(sync, "before_cursor_execute", on_statement)
-    try:
+    with watched_statements(world.engine) as seen:
         beat = await world.store.extend_lease(world.org, fence)
         await world.store.commit_step(
             world.org, beat, output=CheckpointInput(context={"done": True}), advance=next_step()
         )
-    finally:
-        event.remove(sync, "before_cursor_execute", on_statement)
-    assert clock_reads == []
+    assert clock_reads(world.engine, seen) == []
     async with world.engine.connect() as conn:
         db_time = await db.db_now(conn)
         finished = (
@@ -279,19 +269,10 @@ async def test_the_claim_locks_root_and_step_with_its_clock_in_one_statement(
             None,
         )
         assert await lock_run_and_step(conn, world.org, "run_missing", "x") == (None, None)
-    selects: list[str] = []
-
-    def on_statement(*args: object) -> None:
-        statement = " ".join(str(args[2]).split())
-        if statement.startswith("SELECT") and "execution_plans" not in statement:
-            selects.append(statement[:40])  # (the plan digest read is cached per store)
-
-    sync = world.engine.sync_engine
-    event.listen(sync, "before_cursor_execute", on_statement)
-    try:
+    with watched_statements(world.engine) as seen:
         fence = await world.store.claim(world.org, candidate, lease_owner="w", running=True)
-    finally:
-        event.remove(sync, "before_cursor_execute", on_statement)
+    # (the plan digest read is cached per store)
+    selects = [s for s in seen if s.startswith("SELECT") and "execution_plans" not in s]
     assert isinstance(fence, LeaseFence)
     assert len(selects) == 1  # clock, root and step: one statement
     if world.engine.dialect.name != "sqlite":

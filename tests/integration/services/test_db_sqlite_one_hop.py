@@ -29,6 +29,19 @@ _t = sa.Table(
 )
 
 
+def _count_driver_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now on, the name of every function handed to a connection's driver thread."""
+    calls: list[str] = []
+    original = aiosqlite.Connection._execute
+
+    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return await original(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    return calls
+
+
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
     eng = db.create_engine(f"sqlite+aiosqlite:///{tmp_path}/one_hop.db", pool_size=2)
@@ -84,17 +97,10 @@ async def test_an_error_is_the_dbapi_error_and_the_transaction_rolls_back(
 async def test_one_driver_thread_call_per_statement(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[str] = []
-    original = aiosqlite.Connection._execute
-
-    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(getattr(fn, "__name__", repr(fn)))
-        return await original(self, fn, *args, **kwargs)
-
     async with db.transaction(engine) as conn:
         raw = await conn.get_raw_connection()
         assert isinstance(raw.dbapi_connection.cursor(), OneHopCursor)  # type: ignore[union-attr]
-        monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+        calls = _count_driver_calls(monkeypatch)
         await conn.execute(_t.insert().values(name="x", n=1))
         (await conn.execute(sa.select(_t).where(_t.c.name == "x"))).one()
         assert calls == ["_statement", "_statement"]
@@ -112,14 +118,7 @@ async def test_streamed_results_keep_the_server_side_cursor(engine: AsyncEngine)
 async def test_the_pool_reset_skips_only_a_no_op_rollback(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[str] = []
-    original = aiosqlite.Connection._execute
-
-    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(getattr(fn, "__name__", repr(fn)))
-        return await original(self, fn, *args, **kwargs)
-
-    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    calls = _count_driver_calls(monkeypatch)
     async with db.transaction(engine) as conn:
         await conn.execute(_t.insert().values(name="committed", n=1))
     # BEGIN with the INSERT, COMMIT — and no ROLLBACK hand-off when the pool takes it

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 
 from runtime_svc.api.signals import encode_submit_response
 from runtime_svc.kernel import RunState
@@ -31,6 +31,7 @@ from tests.integration.waits.support import (
     signals,
     task_subjects,
 )
+from tests.support.statements import clock_reads, watched_statements
 
 
 async def _waiting(world: World) -> str:
@@ -62,21 +63,14 @@ async def _versions(world: World, run_id: str) -> tuple[int, int]:
 
 async def test_the_fused_match_reads_the_dependency_and_the_signal_once(world: World) -> None:
     run_id = await _waiting(world)
+    with watched_statements(world.engine) as seen:
+        outcome = await world.rt.signals.submit(world.work, approval("r1", "t1"))
     reads: dict[str, int] = {"flow_dependencies": 0, "flow_wake_signals": 0}
-
-    def on_statement(*args: Any) -> None:
-        statement = " ".join(str(args[2]).split())
+    for statement in seen:
         if statement.startswith("SELECT") and " FROM " in statement:
             head = statement.split(" FROM ", 1)[1].split(" ", 1)[0]
             if head in reads:
                 reads[head] += 1
-
-    sync = world.engine.sync_engine
-    event.listen(sync, "before_cursor_execute", on_statement)
-    try:
-        outcome = await world.rt.signals.submit(world.work, approval("r1", "t1"))
-    finally:
-        event.remove(sync, "before_cursor_execute", on_statement)
     assert outcome.signal.state is SignalState.CONSUMED
     # Acceptance: the token lookup; match: the key's pending dependencies and the key's
     # unmatched signals — nothing locked and read again before the UPDATEs.
@@ -152,25 +146,15 @@ async def test_a_deduplicated_submission_reads_the_clock_with_its_ledger_lookup(
         wake_token=submission.wake_token,
     )
     key = RequestKey.of(DedupeScope.of_work_scope(world.work), "SubmitWakeSignal", request)
-    clock_reads: list[str] = []
-
-    def on_statement(*args: Any) -> None:
-        statement = " ".join(str(args[2]).split())
-        if statement in ("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')", "SELECT UTC_TIMESTAMP(6)"):
-            clock_reads.append(statement)
-
     world.clock.advance(seconds=30)  # a shifted clock keeps its offset on this path
-    sync = world.engine.sync_engine
-    event.listen(sync, "before_cursor_execute", on_statement)
-    try:
+    with watched_statements(world.engine) as seen:
         data = await world.rt.signals.submit_once(
             world.work, submission, key, encode_submit_response
         )
-    finally:
-        event.remove(sync, "before_cursor_execute", on_statement)
     answer = runtime_v1.SubmitWakeSignalResponse.FromString(data)
     assert answer.signal.resolution_state == int(SignalState.CONSUMED)
-    assert len(clock_reads) == 1  # the match's; the acceptance's came with the lookup
+    # The match's own clock read; the acceptance's came with the ledger lookup.
+    assert len(clock_reads(world.engine, seen)) == 1
     [signal] = await signals(world.engine, world.org)
     async with world.engine.connect() as conn:
         now = await db.db_now(conn)
