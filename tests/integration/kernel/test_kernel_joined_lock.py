@@ -176,7 +176,7 @@ async def _locked_nowait(conn: AsyncConnection, table: str, key: str, value: str
     return False
 
 
-async def test_the_joined_read_locks_the_root_before_the_step_on_mariadb(world: World) -> None:
+async def test_the_joined_read_takes_the_root_row_lock_before_the_step(world: World) -> None:
     """Blocked on a held step row, the joined read already holds the root (root first);
     blocked on a held root, it holds neither step nor attempt (nothing before the root)."""
     if world.engine.dialect.name == "sqlite":
