@@ -140,39 +140,41 @@ _LOCK_STEP = _lock_by_key(flow_step_executions, "step_execution_id", STEP_COLUMN
 _LOCK_ATTEMPT = _lock_by_key(flow_step_attempts, "attempt_id", ATTEMPT_COLUMNS)
 
 
-def _joined_fence_lock() -> Any:
-    """The one locking read of a fence's root, step and attempt (ADR 0006):
+def _joined_lock(*, attempt: bool) -> Any:
+    """The one locking read of a fence's root, step and (``attempt``) attempt (ADR 0006):
 
-    ``SELECT STRAIGHT_JOIN <root>, <step>, <attempt> FROM flow_runs
-    LEFT JOIN flow_step_executions ON <step key> LEFT JOIN flow_step_attempts ON
-    <attempt key> WHERE <root key> FOR UPDATE``
+    ``SELECT STRAIGHT_JOIN <root>, <step>[, <attempt>] FROM flow_runs
+    LEFT JOIN flow_step_executions ON <step key> [LEFT JOIN flow_step_attempts ON
+    <attempt key>] WHERE <root key> FOR UPDATE``
 
     Every table is looked up by its own primary key — the org (the root's, which the
-    WHERE clause binds to the trusted org) and the fence's id — as the three single-row
-    reads did, never through another row's ids, so the join adds no condition the
-    sequential reads did not have. The root is the outer (left-most)
-    table: a missing root yields no row at all and locks nothing else; a missing step or
-    attempt yields NULL columns — the sequential reads' ``None`` — and the caller raises
-    the same ``FenceLostError``. On MariaDB/MySQL ``STRAIGHT_JOIN`` pins the join order
-    to the FROM order (root, step, attempt), which is the order InnoDB takes the row
-    locks in — §12's lifecycle order; an outer join's inner table is read after its
-    outer table anyway. On SQLite ``FOR UPDATE`` renders as nothing and the
-    ``BEGIN IMMEDIATE`` write lock serialises writers. Columns are labelled ``r_``,
-    ``s_``, ``a_`` and decoded by position with the ordinary row decoders."""
+    WHERE clause binds to the trusted org) and the fence's id — as the single-row reads
+    did, never through another row's ids, so the join adds no condition the sequential
+    reads did not have. The root is the outer (left-most) table: a missing root yields
+    no row at all and locks nothing else; a missing step or attempt yields NULL columns
+    — the sequential reads' ``None``. On MariaDB/MySQL ``STRAIGHT_JOIN`` pins the join
+    order to the FROM order (root, step, attempt), which is the order InnoDB takes the
+    row locks in — §12's lifecycle order; an outer join's inner table is read after its
+    outer table anyway. On SQLite ``FOR UPDATE`` renders as nothing and the ``BEGIN
+    IMMEDIATE`` write lock serialises writers. Columns are labelled ``r_``, ``s_``,
+    ``a_`` and decoded by position with the ordinary row decoders."""
     r, s, a = flow_runs.c, flow_step_executions.c, flow_step_attempts.c
     joined = flow_runs.outerjoin(
         flow_step_executions,
         (s.org_id == r.org_id) & (s.step_execution_id == bindparam("step")),
-    ).outerjoin(
-        flow_step_attempts,
-        (a.org_id == r.org_id) & (a.attempt_id == bindparam("attempt")),
     )
-    return (
-        select(
-            *(r[name].label(f"r_{name}") for name in RUN_COLUMNS),
-            *(s[name].label(f"s_{name}") for name in STEP_COLUMNS),
-            *(a[name].label(f"a_{name}") for name in ATTEMPT_COLUMNS),
+    columns = [
+        *(r[name].label(f"r_{name}") for name in RUN_COLUMNS),
+        *(s[name].label(f"s_{name}") for name in STEP_COLUMNS),
+    ]
+    if attempt:
+        joined = joined.outerjoin(
+            flow_step_attempts,
+            (a.org_id == r.org_id) & (a.attempt_id == bindparam("attempt")),
         )
+        columns.extend(a[name].label(f"a_{name}") for name in ATTEMPT_COLUMNS)
+    return (
+        select(*columns)
         .select_from(joined)
         .where(r.org_id == bindparam("org"), r.flow_run_id == bindparam("run"))
         .with_for_update()
@@ -181,25 +183,44 @@ def _joined_fence_lock() -> Any:
     )
 
 
-_LOCK_FENCED = _joined_fence_lock()
+#: The joined reads without the clock column: root + step (the claim), + attempt (a fence).
+_JOINED = {False: _joined_lock(attempt=False), True: _joined_lock(attempt=True)}
 _STEP_AT = len(RUN_COLUMNS)
 _ATTEMPT_AT = _STEP_AT + len(STEP_COLUMNS)
 # The primary-key column of the step and of the attempt in the joined row: NULL exactly
 # when the outer join found no such row.
 _STEP_KEY_AT = _STEP_AT + STEP_COLUMNS.index("step_execution_id")
 _ATTEMPT_KEY_AT = _ATTEMPT_AT + ATTEMPT_COLUMNS.index("attempt_id")
-#: The database clock, the joined read's last column (:func:`lock_fenced`).
 _CLOCK_AT = _ATTEMPT_AT + len(ATTEMPT_COLUMNS)
-#: :data:`_LOCK_FENCED` with the clock column, per dialect name (its clock SQL differs).
-_LOCK_FENCED_CLOCKED: dict[str, tuple[Any, Callable[[Any], datetime]]] = {}
+#: The joined reads with the database clock as their last column, per dialect name (its
+#: clock SQL differs) and whether the attempt is joined.
+_CLOCKED: dict[tuple[str, bool], tuple[Any, Callable[[Any], datetime]]] = {}
 
 
-def _lock_fenced_clocked(conn: AsyncConnection) -> tuple[Any, Callable[[Any], datetime]]:
-    built = _LOCK_FENCED_CLOCKED.get(conn.dialect.name)
+async def _joined_row(
+    conn: AsyncConnection, params: Mapping[str, str], *, attempt: bool
+) -> Any | None:
+    """Run the clocked joined read; the clock (its last column) becomes the
+    transaction's ``db_now`` (``services.db.remember_now``; the first reading of a
+    transaction wins). ``None``: no such root (nothing locked, no clock kept)."""
+    key = (conn.dialect.name, attempt)
+    built = _CLOCKED.get(key)
     if built is None:
         clock, parse = now_column(conn.dialect)
-        built = _LOCK_FENCED_CLOCKED[conn.dialect.name] = (_LOCK_FENCED.add_columns(clock), parse)
-    return built
+        built = _CLOCKED[key] = (_JOINED[attempt].add_columns(clock), parse)
+    stmt, parse_now = built
+    row = (await conn.execute(stmt, params)).first()
+    if row is not None:
+        remember_now(conn, parse_now(row[-1]))
+    return row
+
+
+def _root_of(row: Any) -> RunRecord:
+    return run_from_row(dict(zip(RUN_COLUMNS, row[:_STEP_AT], strict=True)))
+
+
+def _step_of(row: Any) -> StepRecord:
+    return step_from_row(dict(zip(STEP_COLUMNS, row[_STEP_AT:_ATTEMPT_AT], strict=True)))
 
 
 async def lock_run(conn: AsyncConnection, org_id: str, flow_run_id: str) -> RunRecord | None:
@@ -276,10 +297,7 @@ async def lock_fenced(
         "step": fence.step_execution_id,
         "attempt": fence.attempt_id,
     }
-    stmt, parse_now = _lock_fenced_clocked(conn)
-    row = (await conn.execute(stmt, params)).first()
-    if row is not None:
-        remember_now(conn, parse_now(row[_CLOCK_AT]))
+    row = await _joined_row(conn, params, attempt=True)
     if row is None:
         raise fence_lost(RUNS, fence.flow_run_id, fence.root_state_version, None, "missing")
     if row[_STEP_KEY_AT] is None:
@@ -287,41 +305,10 @@ async def lock_fenced(
     if row[_ATTEMPT_KEY_AT] is None:
         raise fence_lost(ATTEMPTS, fence.attempt_id, fence.attempt_state_version, None, "missing")
     return (
-        run_from_row(dict(zip(RUN_COLUMNS, row[:_STEP_AT], strict=True))),
-        step_from_row(dict(zip(STEP_COLUMNS, row[_STEP_AT:_ATTEMPT_AT], strict=True))),
+        _root_of(row),
+        _step_of(row),
         attempt_from_row(dict(zip(ATTEMPT_COLUMNS, row[_ATTEMPT_AT:_CLOCK_AT], strict=True))),
     )
-
-
-#: The claim's locking read of root and step (root first) with the database clock, per
-#: dialect name: ``SELECT STRAIGHT_JOIN <root>, <step>, <clock> FROM flow_runs LEFT JOIN
-#: flow_step_executions ON <step key> WHERE <root key> FOR UPDATE``.
-_LOCK_CLAIMED: dict[str, tuple[Any, Callable[[Any], datetime]]] = {}
-
-
-def _lock_claimed(conn: AsyncConnection) -> tuple[Any, Callable[[Any], datetime]]:
-    built = _LOCK_CLAIMED.get(conn.dialect.name)
-    if built is None:
-        r, s = flow_runs.c, flow_step_executions.c
-        clock, parse = now_column(conn.dialect)
-        joined = flow_runs.outerjoin(
-            flow_step_executions,
-            (s.org_id == r.org_id) & (s.step_execution_id == bindparam("step")),
-        )
-        stmt = (
-            select(
-                *(r[name].label(f"r_{name}") for name in RUN_COLUMNS),
-                *(s[name].label(f"s_{name}") for name in STEP_COLUMNS),
-                clock,
-            )
-            .select_from(joined)
-            .where(r.org_id == bindparam("org"), r.flow_run_id == bindparam("run"))
-            .with_for_update()
-            .prefix_with("STRAIGHT_JOIN", dialect="mysql")
-            .prefix_with("STRAIGHT_JOIN", dialect="mariadb")
-        )
-        built = _LOCK_CLAIMED[conn.dialect.name] = (stmt, parse)
-    return built
 
 
 async def lock_run_and_step(
@@ -332,19 +319,11 @@ async def lock_run_and_step(
     keeps it as the transaction's ``db_now`` (``remember_now``): the claim's clock,
     root and step in one round trip. ``(None, None)`` when the root is missing (nothing
     locked), ``(root, None)`` when the step is."""
-    stmt, parse_now = _lock_claimed(conn)
     params = {"org": org_id, "run": flow_run_id, "step": step_execution_id}
-    row = (await conn.execute(stmt, params)).first()
+    row = await _joined_row(conn, params, attempt=False)
     if row is None:
         return None, None
-    remember_now(conn, parse_now(row[_STEP_AT + len(STEP_COLUMNS)]))
-    root = run_from_row(dict(zip(RUN_COLUMNS, row[:_STEP_AT], strict=True)))
-    if row[_STEP_KEY_AT] is None:
-        return root, None
-    step = step_from_row(
-        dict(zip(STEP_COLUMNS, row[_STEP_AT : _STEP_AT + len(STEP_COLUMNS)], strict=True))
-    )
-    return root, step
+    return _root_of(row), None if row[_STEP_KEY_AT] is None else _step_of(row)
 
 
 async def lock_fenced_sequential(
