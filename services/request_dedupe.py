@@ -98,6 +98,7 @@ from services.db import (
     db_now,
     insert_prepared,
     now_column,
+    remember_now,
     run_in_transaction,
     transaction,
     work_scope_columns,
@@ -420,7 +421,8 @@ class RequestLedger:
     ) -> tuple[StoredResponse | None, datetime]:
         """:meth:`lookup_txn` and the database clock (:func:`services.db.db_now`) in one
         statement: the clock from a one-row derived table, the ledger row outer-joined to
-        it by its primary key (so a new request still returns the clock). ``also``: one
+        it by its primary key (so a new request still returns the clock); the reading is
+        kept as the transaction's ``db_now`` (:func:`services.db.remember_now`). ``also``: one
         more scalar column of the same statement, handed to ``also.accept``.
 
         Raises:
@@ -441,7 +443,9 @@ class RequestLedger:
         row = (await conn.execute(stmt, params)).one()
         if also is not None:
             also.accept(row[-1])
-        now = parse_now(row.db_now)
+        # Kept as the transaction's ``db_now``: a later clock read of this transaction
+        # (``db_now`` itself, or a clock built on it) is answered without a statement.
+        now = remember_now(conn, parse_now(row.db_now))
         return (None if row.request_digest is None else _stored(row, key)), now
 
     def _clocked_lookup(self, clock: ColumnElement[Any]) -> Select[Any]:

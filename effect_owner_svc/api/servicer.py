@@ -113,9 +113,10 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
         if key_scope_mismatch(handoff.attributes):
             await refuse_foreign_key(self._engine, handoff.attributes)
 
-        async def work(conn: AsyncConnection, now: datetime) -> Accepted | Refusal:
-            # The clock came with the ledger lookup (one statement).
-            return await accept_handoff_txn(conn, handoff, now)
+        async def work(conn: AsyncConnection, _now: datetime) -> Accepted | Refusal:
+            # The ledger lookup read the clock (one statement) and kept it as this
+            # transaction's db_now, which the acceptance's clock read then answers from.
+            return await accept_handoff_txn(conn, handoff)
 
         def encode(value: Accepted | Refusal) -> bytes | None:
             if isinstance(value, Refusal):

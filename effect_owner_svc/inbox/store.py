@@ -214,21 +214,16 @@ def _as_row(table: Table, values: Mapping[str, Any]) -> Any:
     return {**{c.name: None for c in table.columns}, **values}
 
 
-async def accept_handoff_txn(
-    conn: AsyncConnection, request: HandoffRequest, now: datetime | None = None
-) -> Accepted | Refusal:
+async def accept_handoff_txn(conn: AsyncConnection, request: HandoffRequest) -> Accepted | Refusal:
     """Accept the handoff and its one command, or find the existing acceptance (caller's
-    transaction; the key's scope grammar was checked by the caller). ``now``: the
-    database clock as this transaction already read it (``AcceptHandoff`` reads it with
-    its request-ledger lookup); ``None`` reads it here.
+    transaction; the key's scope grammar was checked by the caller).
 
     Returns:
         :class:`Accepted`, or a :class:`Refusal` — a REJECTED tombstone, or a mismatch
         whose quarantine marker this transaction wrote (commit it, then refuse).
     """
     attrs = request.attributes
-    if now is None:
-        now = await db_now(conn)
+    now = await db_now(conn)
     command_id = new_command_id()
     fence_values = _fence_row(
         attrs, FenceState.ACCEPTED, command_id, request.payload_schema_version, now

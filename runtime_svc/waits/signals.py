@@ -39,7 +39,7 @@ from runtime_svc.waits.evidence import SignalSubmission, validate_submission
 from runtime_svc.waits.record_producer import MATCH_GRACE, SIGNAL_RETENTION
 from runtime_svc.waits.registry import ProducerRegistry
 from runtime_svc.waits.resolution import Matcher, MatchFinish
-from services.db import db_now, run_in_transaction, transaction
+from services.db import run_in_transaction, transaction
 from services.errors import FailedPreconditionError, NotFoundError
 from services.faults import CrashPoint, crash_point
 from services.invariants import InvariantError
@@ -177,25 +177,15 @@ class SignalService:
             InvalidArgumentError, FailedPreconditionError: see :meth:`submit`.
         """
         new = validate_submission(submission, self._registry)
-        offset = _db_clock_offset(self._clock)
-        if offset is not None:
-            # The ledger lookup reads the database clock in the same statement.
-            shift = offset
-            done = await self._ledger.execute_at(
-                self._engine,
-                key,
-                lambda conn, now: self._accept_txn(conn, scope, new, now + shift),
-                lambda accepted: encode(accepted[0]),
-                completed=lambda accepted: not accepted[1],
-            )
-        else:
-            done = await self._ledger.execute(
-                self._engine,
-                key,
-                lambda conn: self._accept_txn(conn, scope, new),
-                lambda accepted: encode(accepted[0]),
-                completed=lambda accepted: not accepted[1],
-            )
+        # The ledger lookup reads the database clock in the same statement and keeps it
+        # as the transaction's ``db_now``: the acceptance's clock read is answered from it.
+        done = await self._ledger.execute_at(
+            self._engine,
+            key,
+            lambda conn, _now: self._accept_txn(conn, scope, new),
+            lambda accepted: encode(accepted[0]),
+            completed=lambda accepted: not accepted[1],
+        )
         if done.response is None:  # pragma: no cover - encode always answers
             raise InvariantError("a signal submission without a recorded response")
         if not done.replayed and done.value is not None:
@@ -222,16 +212,10 @@ class SignalService:
         return await self._ledger.complete(self._engine, key, encode(final))
 
     async def _accept_txn(
-        self,
-        conn: AsyncConnection,
-        scope: WorkScopeKey,
-        new: NewSignal,
-        now: datetime | None = None,
+        self, conn: AsyncConnection, scope: WorkScopeKey, new: NewSignal
     ) -> tuple[SubmitOutcome, bool]:
-        """Step 2 of the module docstring: ``(outcome, freshly inserted)``; ``now``: the
-        clock as this transaction already read it (else it is read here)."""
-        if now is None:
-            now = await self._clock(conn)
+        """Step 2 of the module docstring: ``(outcome, freshly inserted)``."""
+        now = await self._clock(conn)
         existing = await queries.signal_by_token_txn(
             conn, scope, new.producer_kind, new.producer_key, new.wake_token
         )
@@ -317,14 +301,3 @@ class SignalService:
         if found is None:
             raise NotFoundError("wake_signal", shown)
         return found
-
-
-def _db_clock_offset(clock: Clock) -> timedelta | None:
-    """How far ``clock`` reads from the database clock when it is that clock plus a fixed
-    offset — :func:`services.db.db_now` itself (zero) or a clock exposing its ``offset``
-    (the tests' shifted clock) — so the reading can come with another statement of the
-    transaction; ``None``: any other clock, read on its own."""
-    if clock is db_now:
-        return timedelta(0)
-    offset = getattr(clock, "offset", None)
-    return offset if isinstance(offset, timedelta) else None
