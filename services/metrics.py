@@ -257,6 +257,7 @@ class FlowMetrics:
             ["outcome"],
             registry=r,
         )
+        self._transactions_by_outcome: dict[str, Counter] = {}
         self.db_deadlocks = Counter(
             "nexus_flow_db_deadlocks",
             "Transactions rolled back by a deadlock or write conflict (retried whole).",
@@ -431,7 +432,10 @@ class FlowMetrics:
 
     def transaction_finished(self, outcome: str, error_class: str | None = None) -> None:
         """One database transaction ended (``services.db.transaction``)."""
-        self.db_transactions.labels(outcome).inc()
+        child = self._transactions_by_outcome.get(outcome)
+        if child is None:  # a handful of outcomes: the labelled child is looked up once each
+            child = self._transactions_by_outcome[outcome] = self.db_transactions.labels(outcome)
+        child.inc()
         if error_class == "retryable_conflict":
             self.db_deadlocks.inc()
         elif error_class == "lock_wait_timeout":

@@ -391,6 +391,11 @@ class RequestLedger:
         self._where = where
         self._lookup = select(t.c.request_digest, t.c.response_payload, t.c.completed).where(*where)
         self._insert = insert(t)
+        self._complete = (
+            update(t)
+            .where(*where, t.c.completed == false())
+            .values(response_payload=bindparam("v_payload"), completed=bindparam("v_completed"))
+        )
         #: :meth:`lookup_clocked_txn`'s statement per dialect name (its clock SQL differs),
         #: and per (dialect name, ``LookupColumn.key``) with that column added.
         self._clocked: dict[str | tuple[str, str], Select[Any]] = {}
@@ -494,12 +499,9 @@ class RequestLedger:
         """Complete a reserved or provisional row with ``response`` (``final=False``:
         store it as the provisional response); returns the response to answer with:
         ``response``, or the one a concurrent completion stored first."""
-        t = self.table
-        result = await conn.execute(
-            update(t)
-            .where(*self._key_where(key), t.c.completed == false())
-            .values(response_payload=_encode(response), completed=final)
-        )
+        params = self._key_params(key)
+        params.update(v_payload=_encode(response), v_completed=final)
+        result = await conn.execute(self._complete, params)
         if result.rowcount == 1:
             return response
         stored = await self.lookup_txn(conn, key)

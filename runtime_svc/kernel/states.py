@@ -12,7 +12,7 @@ Pure: no proto or SQLAlchemy import (CONTRIBUTING "Code").
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import TypeVar
+from typing import TypeVar, cast
 
 __all__ = [
     "ACTIVE_RUN_STATES",
@@ -31,6 +31,12 @@ __all__ = [
 
 _E = TypeVar("_E", bound="CodedEnum")
 
+#: Each member's code by (enum class, value) — an ``IntEnum`` member hashes as its int, so
+#: members of two enums with one value must not share a key — and each class's members
+#: by code; filled on first use (the codes are read and decoded on every stored row).
+_CODES: dict[tuple[type[CodedEnum], int], str] = {}
+_BY_CODE: dict[type[CodedEnum], dict[str, CodedEnum]] = {}
+
 
 class CodedEnum(IntEnum):
     """An ``IntEnum`` with the storage code (spec PascalCase name) of each member."""
@@ -38,7 +44,11 @@ class CodedEnum(IntEnum):
     @property
     def code(self) -> str:
         """The stored code: ``TERMINAL_FAILED`` → ``TerminalFailed``."""
-        return "".join(part.capitalize() for part in self.name.split("_"))
+        key = (type(self), int(self))
+        code = _CODES.get(key)
+        if code is None:
+            code = _CODES[key] = "".join(part.capitalize() for part in self.name.split("_"))
+        return code
 
     @classmethod
     def from_code(cls: type[_E], code: str) -> _E:
@@ -47,10 +57,13 @@ class CodedEnum(IntEnum):
         Raises:
             ValueError: no member has that code (a row written by something else).
         """
-        for member in cls:
-            if member.code == code:
-                return member
-        raise ValueError(f"{code!r} is not a {cls.__name__} code")
+        members = _BY_CODE.get(cls)
+        if members is None:
+            members = _BY_CODE[cls] = {member.code: member for member in cls}
+        member = members.get(code)
+        if member is None:
+            raise ValueError(f"{code!r} is not a {cls.__name__} code")
+        return cast(_E, member)
 
 
 class RunState(CodedEnum):

@@ -29,7 +29,7 @@ from runtime_svc.compiler.kinds import EFFECT_COMPLETION_PRODUCER
 from runtime_svc.kernel.decisions import NoChange
 from runtime_svc.kernel.model import RunRecord, StepRecord
 from runtime_svc.kernel.store_reads import Candidate
-from runtime_svc.kernel.store_rows import apply_transition, lock_run, lock_step
+from runtime_svc.kernel.store_rows import apply_transition, lock_run_and_step
 from runtime_svc.kernel.transitions_waits import (
     CAUSE_WAIT_EXPIRED,
     WaitTransition,
@@ -53,7 +53,7 @@ from runtime_svc.kernel.wait_model import (
 )
 from runtime_svc.observability.hooks import signal_trace_context
 from runtime_svc.schema import flow_dependencies, flow_step_executions, flow_wake_signals
-from services.db import cas_update, insert_if_absent, run_in_transaction
+from services.db import fenced_update, insert_if_absent, run_in_transaction
 from services.errors import ConflictError, FenceLostError
 
 __all__ = [
@@ -253,11 +253,13 @@ class HeldRun:
 
 async def lock_waiting_txn(conn: AsyncConnection, dep: DependencyRecord) -> HeldRun | None:
     """Lock ``dep``'s root, then its waiting step (the first two locks of every wait
-    transition); ``None`` when the root is gone."""
-    root = await lock_run(conn, dep.org_id, dep.flow_run_id)
+    transition) with one statement that also reads the database clock and keeps it as
+    the transaction's ``db_now`` (:func:`lock_run_and_step`, ADR 0006): the resolution's
+    clock needs no statement of its own. ``None`` when the root is gone."""
+    root, step = await lock_run_and_step(conn, dep.org_id, dep.flow_run_id, dep.step_execution_id)
     if root is None:
         return None
-    return HeldRun(root, await lock_step(conn, dep.org_id, dep.step_execution_id))
+    return HeldRun(root, step)
 
 
 async def lock_signal(
@@ -362,26 +364,24 @@ async def insert_signal_txn(
 
 
 async def _apply_dependency(conn: AsyncConnection, org_id: str, patch: DependencyPatch) -> None:
-    d = flow_dependencies.c
     values = dict(patch.values)
     values["state"] = patch.to_state.code
-    await cas_update(
+    await fenced_update(
         conn,
         flow_dependencies,
         org_id=org_id,
         key={"dependency_id": patch.dependency_id},
         expected_version=patch.expected_version,
         values=values,
-        extra_predicates=[d.state == patch.from_state.code],
+        equal={"state": patch.from_state.code},
     )
 
 
 async def _apply_signal(conn: AsyncConnection, patch: SignalPatch) -> None:
-    w = flow_wake_signals.c
     values = dict(patch.values)
     values["resolution_state"] = patch.to_state.code
     s = patch.scope
-    await cas_update(
+    await fenced_update(
         conn,
         flow_wake_signals,
         org_id=s.org_id,
@@ -393,7 +393,7 @@ async def _apply_signal(conn: AsyncConnection, patch: SignalPatch) -> None:
         },
         expected_version=patch.expected_version,
         values=values,
-        extra_predicates=[w.resolution_state == patch.from_state.code],
+        equal={"resolution_state": patch.from_state.code},
     )
 
 
@@ -561,10 +561,11 @@ class WaitStore:
         found = await read_dependency_txn(conn, org_id, dependency_id)
         if found is None:
             return None
-        root = await lock_run(conn, org_id, found.flow_run_id)
+        root, step = await lock_run_and_step(
+            conn, org_id, found.flow_run_id, found.step_execution_id
+        )
         if root is None:
             return None
-        step = await lock_step(conn, org_id, found.step_execution_id)
         dep = await lock_dependency(conn, org_id, dependency_id)
         if dep is None:
             return None
