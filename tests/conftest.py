@@ -18,8 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support.databases import mariadb_database
+
+# Property tests decide on their examples, never on how fast this machine generates them:
+# Hypothesis' wall-clock checks (a 200 ms deadline per example, "input generation is
+# slow") fail a correct test on a loaded two-core runner. A test's own ``@settings`` still
+# sets its example count.
+settings.register_profile("nexus", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("nexus")
 
 MYSQL_URL_ENV = "FLOW_TEST_MYSQL_URL"
 

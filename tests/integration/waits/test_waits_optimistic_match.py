@@ -26,6 +26,7 @@ from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.waits.support import (
     World,
     approval,
+    dependencies,
     events_of,
     signal_flow,
     signals,
@@ -136,7 +137,8 @@ async def test_a_deduplicated_submission_reads_the_clock_with_its_ledger_lookup(
     world: World,
 ) -> None:
     """``SubmitWakeSignal``'s acceptance takes its clock from the request-ledger lookup
-    (one statement); only the match transaction reads the clock on its own."""
+    and the match from its root+step lock (``lock_run_and_step``): neither reads the
+    clock with a statement of its own."""
     run_id = await _waiting(world)
     submission = approval("r1", "t1")
     request = runtime_v1.SubmitWakeSignalRequest(
@@ -153,10 +155,12 @@ async def test_a_deduplicated_submission_reads_the_clock_with_its_ledger_lookup(
         )
     answer = runtime_v1.SubmitWakeSignalResponse.FromString(data)
     assert answer.signal.resolution_state == int(SignalState.CONSUMED)
-    # The match's own clock read; the acceptance's came with the ledger lookup.
-    assert len(clock_reads(world.engine, seen)) == 1
+    # The acceptance's clock came with the ledger lookup, the match's with its lock read.
+    assert clock_reads(world.engine, seen) == []
     [signal] = await signals(world.engine, world.org)
     async with world.engine.connect() as conn:
         now = await db.db_now(conn)
     assert signal.received_at > now + timedelta(seconds=20)  # the shifted clock's time
+    [dep] = await dependencies(world.engine, world.org, run_id)
+    assert dep.resolved_at is not None and dep.resolved_at > now + timedelta(seconds=20)
     assert (await world.drive(run_id)).state is RunState.SUCCEEDED
