@@ -34,9 +34,10 @@ from runtime_svc.kernel.wait_model import (
     SignalState,
     WorkScopeKey,
 )
-from runtime_svc.schema import flow_dependencies, flow_runs, flow_wake_signals
+from runtime_svc.schema import flow_checkpoints, flow_dependencies, flow_runs, flow_wake_signals
 
 __all__ = [
+    "checkpoint_context_txn",
     "clear_signal_match_txn",
     "dependencies_of_run_txn",
     "dependency_of_step_txn",
@@ -248,6 +249,25 @@ async def pending_for_key_txn(
     return [
         dependency_from_row(r) for r in (await conn.execute(_PENDING_FOR_KEY, params)).mappings()
     ]
+
+
+_C = flow_checkpoints.c
+_CHECKPOINT_CONTEXT = select(_C.context_payload).where(
+    _C.org_id == bindparam("org"),
+    _C.checkpoint_id == bindparam("checkpoint"),
+    _C.flow_run_id == bindparam("run"),
+)
+
+
+async def checkpoint_context_txn(
+    conn: AsyncConnection, org_id: str, flow_run_id: str, checkpoint_id: str
+) -> str | None:
+    """The context payload (JSON) of one checkpoint of one run — what a wait condition
+    reads — without the rest of the row; ``None`` when missing, in another org, or of
+    another run."""
+    params = {"org": org_id, "checkpoint": checkpoint_id, "run": flow_run_id}
+    payload = (await conn.execute(_CHECKPOINT_CONTEXT, params)).scalar_one_or_none()
+    return None if payload is None else str(payload)
 
 
 async def dependency_of_step_txn(

@@ -43,7 +43,7 @@ from runtime_svc.compiler.plan import DependencyDecl, ExecutionPlan
 from runtime_svc.kernel.decisions import NoChange
 from runtime_svc.kernel.model import RunRecord
 from runtime_svc.kernel.states import RunState
-from runtime_svc.kernel.store_reads import Candidate, get_checkpoint_txn, get_run_txn
+from runtime_svc.kernel.store_reads import Candidate, get_run_txn
 from runtime_svc.kernel.store_waits import (
     FaultStep,
     HeldRun,
@@ -227,10 +227,12 @@ class Matcher:
         """The run's variables at its resume point (conditions may read them)."""
         if root.current_checkpoint_id is None:
             return {}
-        checkpoint = await get_checkpoint_txn(
+        payload = await queries.checkpoint_context_txn(
             conn, root.org_id, root.flow_run_id, root.current_checkpoint_id
         )
-        context = json.loads(checkpoint.context_json) or {}
+        if payload is None:
+            raise NotFoundError("flow_checkpoint", root.current_checkpoint_id)
+        context = json.loads(payload) or {}
         return env_of(context) if isinstance(context, dict) else {}
 
     # --- entry points -------------------------------------------------------------------

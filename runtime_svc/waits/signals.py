@@ -216,15 +216,21 @@ class SignalService:
     ) -> tuple[SubmitOutcome, bool]:
         """Step 2 of the module docstring: ``(outcome, freshly inserted)``."""
         now = await self._clock(conn)
-        existing = await queries.signal_by_token_txn(
-            conn, scope, new.producer_kind, new.producer_key, new.wake_token
-        )
-        if existing is None and new.wake_version is not None:
-            newest = await queries.latest_signal_txn(
-                conn, scope, new.producer_kind, new.producer_key
+        existing = None
+        if new.wake_version is not None:
+            # A versioned notification: a duplicate answers its own receipt, and one at
+            # or below the key's newest version is stale — both decided before inserting.
+            existing = await queries.signal_by_token_txn(
+                conn, scope, new.producer_kind, new.producer_key, new.wake_token
             )
-            if newest is not None and (newest.wake_version or 0) >= new.wake_version:
-                return SubmitOutcome(newest, stale=True), False
+            if existing is None:
+                newest = await queries.latest_signal_txn(
+                    conn, scope, new.producer_kind, new.producer_key
+                )
+                if newest is not None and (newest.wake_version or 0) >= new.wake_version:
+                    return SubmitOutcome(newest, stale=True), False
+        # Unversioned (the common case): the insert itself is the duplicate check — the
+        # token's unique key refuses a second row, which is then read back.
         if existing is None:
             inserted = await insert_signal_txn(
                 conn,
@@ -236,7 +242,7 @@ class SignalService:
             )
             if inserted:
                 return SubmitOutcome(_inserted(scope, new, now, now + self._retention)), True
-            # A concurrent submit of the same token won the insert: read it back.
+            # The token was accepted before (a retry) or by a concurrent submit: read it.
             existing = await queries.signal_by_token_txn(
                 conn, scope, new.producer_kind, new.producer_key, new.wake_token
             )

@@ -73,9 +73,10 @@ async def test_the_fused_match_reads_the_dependency_and_the_signal_once(world: W
             if head in reads:
                 reads[head] += 1
     assert outcome.signal.state is SignalState.CONSUMED
-    # Acceptance: the token lookup; match: the key's pending dependencies and the key's
-    # unmatched signals — nothing locked and read again before the UPDATEs.
-    assert reads == {"flow_dependencies": 1, "flow_wake_signals": 2}
+    # Acceptance: no token lookup (the insert is the duplicate check); match: the key's
+    # pending dependencies and the key's unmatched signals — nothing locked and read
+    # again before the UPDATEs.
+    assert reads == {"flow_dependencies": 1, "flow_wake_signals": 1}
     assert (await world.dependency(run_id)).state is DependencyState.RESOLVED
     assert (await world.drive(run_id)).state is RunState.SUCCEEDED
 
