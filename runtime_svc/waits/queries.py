@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import Integer, and_, bindparam, delete, false, select, update
+from sqlalchemy import Integer, and_, bindparam, case, delete, false, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.states import RunState
@@ -44,13 +44,13 @@ __all__ = [
     "due_deadlines_txn",
     "due_probes_txn",
     "expire_signals_txn",
-    "latest_signal_txn",
     "owed_signal_matches_txn",
     "pending_for_key_txn",
     "purge_expired_signals_txn",
     "reschedule_probe_txn",
     "signal_by_id_txn",
     "signal_by_token_txn",
+    "token_or_latest_txn",
     "unmatched_for_key_txn",
     "waiting_roots_txn",
 ]
@@ -86,10 +86,18 @@ _SIGNAL_KEY = (
 _SIGNAL_BY_TOKEN = select(flow_wake_signals).where(
     *_SIGNAL_KEY, _W.wake_token == bindparam("token")
 )
-_LATEST_SIGNAL = (
+#: The acceptance read of a versioned notification: the row with its token if there is
+#: one (sorted first), otherwise the key's newest versioned row.
+_TOKEN_OR_LATEST = (
     select(flow_wake_signals)
-    .where(*_SIGNAL_KEY, _W.wake_version.is_not(None))
-    .order_by(_W.wake_version.desc())
+    .where(
+        *_SIGNAL_KEY,
+        or_(_W.wake_token == bindparam("token"), _W.wake_version.is_not(None)),
+    )
+    .order_by(
+        case((_W.wake_token == bindparam("token"), 0), else_=1),
+        _W.wake_version.desc(),
+    )
     .limit(1)
 )
 _UNMATCHED_FOR_KEY = (
@@ -124,11 +132,14 @@ async def signal_by_token_txn(
     return None if row is None else signal_from_row(row)
 
 
-async def latest_signal_txn(
-    conn: AsyncConnection, scope: WorkScopeKey, kind: str, key: str
+async def token_or_latest_txn(
+    conn: AsyncConnection, scope: WorkScopeKey, kind: str, key: str, token: str
 ) -> SignalRecord | None:
-    """The accepted signal of ``(scope, kind, key)`` with the highest wake version."""
-    row = (await conn.execute(_LATEST_SIGNAL, _key_params(scope, kind, key))).mappings().first()
+    """The signal with natural key ``(scope, kind, key, token)`` or, when there is none,
+    the accepted signal of ``(scope, kind, key)`` with the highest wake version — one
+    statement: the caller tells them apart by the returned row's ``wake_token``."""
+    params = _key_params(scope, kind, key, token=token)
+    row = (await conn.execute(_TOKEN_OR_LATEST, params)).mappings().first()
     return None if row is None else signal_from_row(row)
 
 

@@ -220,15 +220,14 @@ class SignalService:
         if new.wake_version is not None:
             # A versioned notification: a duplicate answers its own receipt, and one at
             # or below the key's newest version is stale — both decided before inserting.
-            existing = await queries.signal_by_token_txn(
+            # One read: the token's row, else the key's newest versioned row.
+            found = await queries.token_or_latest_txn(
                 conn, scope, new.producer_kind, new.producer_key, new.wake_token
             )
-            if existing is None:
-                newest = await queries.latest_signal_txn(
-                    conn, scope, new.producer_kind, new.producer_key
-                )
-                if newest is not None and (newest.wake_version or 0) >= new.wake_version:
-                    return SubmitOutcome(newest, stale=True), False
+            if found is not None and found.wake_token == new.wake_token:
+                existing = found
+            elif found is not None and (found.wake_version or 0) >= new.wake_version:
+                return SubmitOutcome(found, stale=True), False
         # Unversioned (the common case): the insert itself is the duplicate check — the
         # token's unique key refuses a second row, which is then read back.
         if existing is None:

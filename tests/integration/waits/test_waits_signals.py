@@ -114,6 +114,19 @@ async def test_stale_wake_version_after_a_newer_one_is_a_no_op(world: World) -> 
     assert not (await world.rt.signals.submit(world.work, approval("r2", "v3", version=3))).stale
 
 
+async def test_a_retried_versioned_signal_is_a_duplicate_even_after_a_newer_one(
+    world: World,
+) -> None:
+    """The acceptance's one read (token row first, else the newest version) answers a
+    retry of an older token with its own receipt — a duplicate, not stale."""
+    first = await world.rt.signals.submit(world.work, approval("r3", "a", version=1))
+    await world.rt.signals.submit(world.work, approval("r3", "b", version=2))
+    again = await world.rt.signals.submit(world.work, approval("r3", "a", version=1))
+    assert again.duplicate and not again.stale
+    assert again.signal.wake_signal_id == first.signal.wake_signal_id
+    assert sorted(s.wake_token for s in await signals(world.engine, world.org)) == ["a", "b"]
+
+
 async def test_a_signal_whose_condition_does_not_hold_leaves_the_run_waiting(
     world: World,
 ) -> None:
