@@ -35,7 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench.databases import on_each_database
+from bench.databases import on_each_database, settle
 from runtime_svc.kernel import FlowRunStateStore, RetryPolicy, RunState, StepState
 from runtime_svc.schema import flow_runs, flow_step_executions
 from runtime_svc.worker import Outcome
@@ -195,6 +195,9 @@ async def _claim_latency(engine: AsyncEngine, waiting: int, samples: int) -> flo
     seeded = await seed(engine, mutations=1, pure_step=False)
     template = await start_run(store, seeded)
     await _clone_waiting(engine, seeded.org, template.flow_run_id, waiting)
+    # Timed as the population stands, not while the server writes the load back.
+    settled = await settle(engine, (flow_runs, flow_step_executions))
+    print(f"    {waiting:,} waiting loaded and settled: {settled}")
     await store.request_cancel(seeded.org, template.flow_run_id)
     times: list[float] = []
     for i in range(samples):

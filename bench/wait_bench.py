@@ -32,10 +32,8 @@ asserted; figures depend on the machine.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import os
-import sqlite3
 import statistics
 import time
 import uuid
@@ -47,7 +45,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench.databases import on_each_database
+from bench.databases import on_each_database, settle
 from runtime_svc.api.signals import encode_submit_response
 from runtime_svc.kernel import NotEligible
 from runtime_svc.kernel.wait_model import DependencyState
@@ -387,43 +385,6 @@ async def _all_due(engine: AsyncEngine, org: str) -> None:
         )
 
 
-#: How long :func:`_settle` waits at most for the server to write back a bulk load.
-_SETTLE_S = 45.0
-#: Dirty InnoDB pages below which the bulk load counts as written back.
-_SETTLED_DIRTY_PAGES = 256
-
-
-async def _settle(engine: AsyncEngine) -> str:
-    """Let the database finish what the population's bulk load started before any wake
-    is timed — a population of waiting runs is measured as it stands, not while the
-    server is still writing it back: SQLite checkpoints its write-ahead log (else an
-    automatic checkpoint of the whole load lands inside a wake's COMMIT); MariaDB
-    refreshes the statistics of the loaded tables (else their background recalculation
-    can change plans mid-run) and flushes the load's dirty pages (else the page
-    cleaner's writes compete with every COMMIT's log write), waiting at most
-    ``_SETTLE_S``. Returns what it did, for the report."""
-    if engine.dialect.name == "sqlite":
-        # Outside any transaction (the engine's connections begin one with their first
-        # statement), on a connection of its own.
-        with contextlib.closing(sqlite3.connect(str(engine.url.database))) as raw:
-            busy, log_pages, _moved = raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        return f"WAL checkpointed ({log_pages} pages{', busy' if busy else ''})"
-    async with engine.connect() as conn:
-        tables = (flow_runs, flow_step_executions, flow_checkpoints, flow_dependencies)
-        (await conn.exec_driver_sql("ANALYZE TABLE " + ", ".join(t.name for t in tables))).all()
-        start = time.monotonic()
-        dirty = _SETTLED_DIRTY_PAGES + 1
-        while dirty > _SETTLED_DIRTY_PAGES and time.monotonic() - start < _SETTLE_S:
-            status = await conn.exec_driver_sql(
-                "SHOW GLOBAL STATUS LIKE 'Innodb_buffer_pool_pages_dirty'"
-            )
-            dirty = int(status.one()._mapping["Value"])
-            await conn.rollback()  # a fresh snapshot per poll
-            if dirty > _SETTLED_DIRTY_PAGES:
-                await asyncio.sleep(0.5)
-        return f"tables analyzed, {dirty} dirty pages left after {time.monotonic() - start:.0f} s"
-
-
 async def _sweep_cost(world: World, passes: int) -> tuple[float, float, int]:
     """Median ms and statements of one org sweep pass with every probe due, and the
     probes one pass made."""
@@ -467,7 +428,9 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
         for population in populations:
             await _clone(engine, world.org, template, cloned, population - cloned)
             cloned = population
-            settled = await _settle(engine)
+            settled = await settle(
+                engine, (flow_runs, flow_step_executions, flow_checkpoints, flow_dependencies)
+            )
             print(f"{label:<8} {population:>7,} waiting loaded and settled: {settled}")
             results[population], raw[population] = await _latency(
                 world, hints, samples, f"p{population}"
