@@ -142,8 +142,8 @@ def _value_rule(text: str) -> str | None:
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _child_path(path: str, key: str) -> str:
-    if _value_rule(key) is not None:
+def _child_path(path: str, key: str, *, redact: bool) -> str:
+    if redact:  # the key itself matched a value rule: never echo it
         return f"{path}[<redacted key>]"
     if _IDENT_RE.match(key):
         return f"{path}.{key}"
@@ -167,8 +167,8 @@ def _walk(value: Any, path: str, depth: int) -> Iterator[CheckpointViolation]:
     elif isinstance(value, Mapping):
         for key, child in value.items():
             key_text = str(key)
-            child_path = _child_path(path, key_text)
             key_rule = _value_rule(key_text)
+            child_path = _child_path(path, key_text, redact=key_rule is not None)
             if key_rule is not None:
                 yield CheckpointViolation(child_path, key_rule)
                 continue

@@ -236,14 +236,21 @@ _META = frozenset(
 )
 
 
+#: The value fields (not :data:`_META`) of each patch class, in declaration order.
+_VALUE_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def patch_changes(patch: RunPatch | StepPatch | AttemptPatch) -> dict[str, Any]:
     """The changed fields of ``patch`` (field name → value), :data:`KEEP` ones left out."""
+    names = _VALUE_FIELDS.get(type(patch))
+    if names is None:
+        names = tuple(f.name for f in fields(patch) if f.name not in _META)
+        _VALUE_FIELDS[type(patch)] = names
     out: dict[str, Any] = {}
-    for f in fields(patch):
-        value = getattr(patch, f.name)
-        if f.name in _META or value is KEEP:
-            continue
-        out[f.name] = value
+    for name in names:
+        value = getattr(patch, name)
+        if value is not KEEP:
+            out[name] = value
     return out
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -168,10 +168,19 @@ async def run_by_idempotency_key_txn(
     return await _by_idempotency_key(conn, org_id, key)
 
 
+#: The creation path's reads, built once at import with bound parameters (issue 13:
+#: executing a pre-built statement skips per-call construction and cache-key generation).
+_RUN_BY_KEY = select(flow_runs.c.flow_run_id).where(
+    flow_runs.c.org_id == bindparam("org"), flow_runs.c.idempotency_key == bindparam("key")
+)
+_PLAN = select(execution_plans).where(
+    execution_plans.c.org_id == bindparam("org"), execution_plans.c.plan_id == bindparam("plan")
+)
+
+
 async def _by_idempotency_key(conn: AsyncConnection, org_id: str, key: str) -> RunRecord | None:
-    t = flow_runs.c
-    stmt = select(t.flow_run_id).where(t.org_id == org_id, t.idempotency_key == key)
-    run_id = (await conn.execute(stmt)).scalar_one_or_none()
+    params = {"org": org_id, "key": key}
+    run_id = (await conn.execute(_RUN_BY_KEY, params)).scalar_one_or_none()
     if run_id is None:
         return None
     return await get_run_txn(conn, org_id, run_id, include_deleted=True)
@@ -232,9 +241,8 @@ async def create_run_txn(
         if existing is not None:
             return _replay(existing, request_digest)
     await require_v2_admission_txn(conn)
-    p = execution_plans.c
-    stmt = select(execution_plans).where(p.org_id == org, p.plan_id == request.plan_id)
-    plan = (await conn.execute(stmt)).mappings().first()
+    params = {"org": org, "plan": request.plan_id}
+    plan = (await conn.execute(_PLAN, params)).mappings().first()
     # A plan of another installation/capability/binding answers like a missing one.
     if plan is None or any(plan[k] != v for k, v in dataclasses.asdict(scope).items()):
         raise NotFoundError("execution_plan", request.plan_id)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, false, or_, select
+from sqlalchemy import Integer, and_, bindparam, false, or_, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -179,6 +179,20 @@ class SupportView:
         return self.run.terminal_cause_code
 
 
+def _get_run(*, include_deleted: bool) -> Any:
+    t = flow_runs.c
+    # Only the columns run_from_row reads (round 7: fewer column descriptors to parse).
+    stmt = select(*_RUN_PROJECTION).where(
+        t.org_id == bindparam("org"), t.flow_run_id == bindparam("run")
+    )
+    return stmt if include_deleted else stmt.where(t.is_deleted == false())
+
+
+#: The point read of a run, built once per visibility (issue 13: executing a pre-built
+#: statement with bound parameters skips per-call construction and cache-key generation).
+_GET_RUN = {deleted: _get_run(include_deleted=deleted) for deleted in (False, True)}
+
+
 async def get_run_txn(
     conn: AsyncConnection, org_id: str, flow_run_id: str, *, include_deleted: bool = False
 ) -> RunRecord:
@@ -187,12 +201,8 @@ async def get_run_txn(
     Raises:
         NotFoundError: missing, in another org, or soft-deleted (unless included).
     """
-    t = flow_runs.c
-    # Only the columns run_from_row reads (round 7: fewer column descriptors to parse).
-    stmt = select(*_RUN_PROJECTION).where(t.org_id == org_id, t.flow_run_id == flow_run_id)
-    if not include_deleted:
-        stmt = stmt.where(t.is_deleted == false())
-    row = (await conn.execute(stmt)).mappings().first()
+    params = {"org": org_id, "run": flow_run_id}
+    row = (await conn.execute(_GET_RUN[include_deleted], params)).mappings().first()
     if row is None:
         raise NotFoundError("flow_run", flow_run_id)
     return run_from_row(row)
@@ -291,16 +301,19 @@ async def list_runs_page_txn(
     return RunPage(tuple(runs), token)
 
 
+_PLAN_DIGEST = select(execution_plans.c.plan_digest).where(
+    execution_plans.c.org_id == bindparam("org"), execution_plans.c.plan_id == bindparam("plan")
+)
+
+
 async def plan_digest_txn(conn: AsyncConnection, org_id: str, plan_id: str) -> str:
     """The immutable ``PlanDigest`` of ``plan_id`` in ``org_id``.
 
     Raises:
         NotFoundError: no such plan in the org.
     """
-    t = execution_plans.c
-    digest = (
-        await conn.execute(select(t.plan_digest).where(t.org_id == org_id, t.plan_id == plan_id))
-    ).scalar_one_or_none()
+    params = {"org": org_id, "plan": plan_id}
+    digest = (await conn.execute(_PLAN_DIGEST, params)).scalar_one_or_none()
     if digest is None:
         raise NotFoundError("execution_plan", plan_id)
     return str(digest)
@@ -384,6 +397,13 @@ async def support_view_txn(
     )
 
 
+_GET_CHECKPOINT = select(flow_checkpoints).where(
+    flow_checkpoints.c.org_id == bindparam("org"),
+    flow_checkpoints.c.checkpoint_id == bindparam("checkpoint"),
+    flow_checkpoints.c.flow_run_id == bindparam("run"),
+)
+
+
 async def get_checkpoint_txn(
     conn: AsyncConnection, org_id: str, flow_run_id: str, checkpoint_id: str
 ) -> Checkpoint:
@@ -392,20 +412,8 @@ async def get_checkpoint_txn(
     Raises:
         NotFoundError: missing, in another org, or of another run.
     """
-    c = flow_checkpoints.c
-    row = (
-        (
-            await conn.execute(
-                select(flow_checkpoints).where(
-                    c.org_id == org_id,
-                    c.checkpoint_id == checkpoint_id,
-                    c.flow_run_id == flow_run_id,
-                )
-            )
-        )
-        .mappings()
-        .first()
-    )
+    params = {"org": org_id, "checkpoint": checkpoint_id, "run": flow_run_id}
+    row = (await conn.execute(_GET_CHECKPOINT, params)).mappings().first()
     if row is None:
         raise NotFoundError("flow_checkpoint", checkpoint_id)
     return Checkpoint(checkpoint_meta_from_row(row), row["context_payload"], row["plan_cursor"])
@@ -414,21 +422,67 @@ async def get_checkpoint_txn(
 _CLAIMABLE_CODES: Sequence[str] = (StepState.PENDING.code, StepState.RETRY_SCHEDULED.code)
 
 
-def _candidate_columns() -> tuple[Any, ...]:
-    """The columns a claim candidate is built from (step joined to its root)."""
-    s, r = flow_step_executions.c, flow_runs.c
-    return (
-        s.flow_run_id,
-        s.step_execution_id,
-        s.state_version,
-        s.run_after,
-        s.queue_class,
-        s.step_kind,
-        r.state_version.label("root_state_version"),
-        r.plan_id,
-        r.trace_context,
-        r.execution_profile,
+_S, _R = flow_step_executions.c, flow_runs.c
+#: The columns a claim candidate is built from (step joined to its root).
+_CANDIDATE_COLUMNS = (
+    _S.flow_run_id,
+    _S.step_execution_id,
+    _S.state_version,
+    _S.run_after,
+    _S.queue_class,
+    _S.step_kind,
+    _R.state_version.label("root_state_version"),
+    _R.plan_id,
+    _R.trace_context,
+    _R.execution_profile,
+)
+#: The root conditions of a claim candidate besides its key: runnable, live, not
+#: paused, owned by V2 at the worker's epoch.
+_CANDIDATE_ROOT = (
+    _R.runtime_state == RunState.RUNNABLE.code,
+    _R.is_deleted == false(),
+    _R.delete_requested_at.is_(None),
+    _R.operator_paused_at.is_(None),
+    _R.execution_owner == _V2,
+    _R.ownership_epoch == bindparam("epoch"),
+)
+#: :func:`eligible_work_txn`'s range query for one claimable ``:state``, built once
+#: (issue 13): the step claim index range, joined to the root by primary key.
+_ELIGIBLE_WORK = (
+    select(*_CANDIDATE_COLUMNS)
+    .select_from(
+        flow_step_executions.join(
+            flow_runs, and_(_R.org_id == _S.org_id, _R.flow_run_id == _S.flow_run_id)
+        )
     )
+    .where(
+        _S.org_id == bindparam("org"),
+        _S.state == bindparam("state"),
+        _S.queue_class == bindparam("queue_class"),
+        _S.run_after <= bindparam("now"),
+        _R.current_step_execution_id == _S.step_execution_id,
+        *_CANDIDATE_ROOT,
+    )
+    .order_by(_S.run_after, _S.step_execution_id)
+    .limit(bindparam("limit", type_=Integer))
+)
+#: :func:`candidate_for_run_txn`'s read: the run's current step by primary key.
+_CANDIDATE_FOR_RUN = (
+    select(*_CANDIDATE_COLUMNS)
+    .select_from(
+        flow_runs.join(
+            flow_step_executions,
+            and_(_S.org_id == _R.org_id, _S.step_execution_id == _R.current_step_execution_id),
+        )
+    )
+    .where(
+        _R.org_id == bindparam("org"),
+        _R.flow_run_id == bindparam("run"),
+        _S.state.in_(_CLAIMABLE_CODES),
+        _S.run_after <= bindparam("now"),
+        *_CANDIDATE_ROOT,
+    )
+)
 
 
 def _candidate(org_id: str, row: RowMapping) -> Candidate:
@@ -462,33 +516,18 @@ async def eligible_work_txn(
     ``Waiting`` and leased steps are outside every range scanned, so the waiting
     population is never read. Results merge in ``(run_after, step id)`` order.
     """
-    s, r = flow_step_executions.c, flow_runs.c
+    params: dict[str, Any] = {
+        "org": org_id,
+        "queue_class": queue_class,
+        "now": now,
+        "epoch": ownership_epoch,
+        "limit": limit,
+    }
     found: list[Candidate] = []
     for state in _CLAIMABLE_CODES:
-        stmt = (
-            select(*_candidate_columns())
-            .select_from(
-                flow_step_executions.join(
-                    flow_runs, and_(r.org_id == s.org_id, r.flow_run_id == s.flow_run_id)
-                )
-            )
-            .where(
-                s.org_id == org_id,
-                s.state == state,
-                s.queue_class == queue_class,
-                s.run_after <= now,
-                r.runtime_state == RunState.RUNNABLE.code,
-                r.current_step_execution_id == s.step_execution_id,
-                r.is_deleted == false(),
-                r.delete_requested_at.is_(None),
-                r.operator_paused_at.is_(None),
-                r.execution_owner == _V2,
-                r.ownership_epoch == ownership_epoch,
-            )
-            .order_by(s.run_after, s.step_execution_id)
-            .limit(limit)
-        )
-        found.extend(_candidate(org_id, row) for row in (await conn.execute(stmt)).mappings())
+        params["state"] = state
+        rows = (await conn.execute(_ELIGIBLE_WORK, params)).mappings()
+        found.extend(_candidate(org_id, row) for row in rows)
     found.sort(key=lambda c: (c.run_after, c.step_execution_id))
     return found[:limit]
 
@@ -498,33 +537,21 @@ async def candidate_for_run_txn(
 ) -> Candidate | None:
     """The run's current step as a claim candidate when it is due now (the conditions of
     :func:`eligible_work_txn`, by primary key), else ``None``."""
-    s, r = flow_step_executions.c, flow_runs.c
-    stmt = (
-        select(*_candidate_columns())
-        .select_from(
-            flow_runs.join(
-                flow_step_executions,
-                and_(
-                    s.org_id == r.org_id,
-                    s.step_execution_id == r.current_step_execution_id,
-                ),
-            )
-        )
-        .where(
-            r.org_id == org_id,
-            r.flow_run_id == flow_run_id,
-            s.state.in_(_CLAIMABLE_CODES),
-            s.run_after <= now,
-            r.runtime_state == RunState.RUNNABLE.code,
-            r.is_deleted == false(),
-            r.delete_requested_at.is_(None),
-            r.operator_paused_at.is_(None),
-            r.execution_owner == _V2,
-            r.ownership_epoch == ownership_epoch,
-        )
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    params = {"org": org_id, "run": flow_run_id, "now": now, "epoch": ownership_epoch}
+    row = (await conn.execute(_CANDIDATE_FOR_RUN, params)).mappings().first()
     return None if row is None else _candidate(org_id, row)
+
+
+_EXPIRED_LEASES = (
+    select(_S.flow_run_id, _S.step_execution_id, _S.lease_until)
+    .where(
+        _S.org_id == bindparam("org"),
+        _S.lease_until < bindparam("now"),
+        _S.state.in_([StepState.CLAIMED.code, StepState.RUNNING.code]),
+    )
+    .order_by(_S.lease_until, _S.step_execution_id)
+    .limit(bindparam("limit", type_=Integer))
+)
 
 
 async def expired_leases_txn(
@@ -532,31 +559,23 @@ async def expired_leases_txn(
 ) -> list[ExpiredLease]:
     """Leased steps past their deadline, oldest first, over the ``(org, lease_until)``
     index (every non-leased state has ``lease_until`` NULL, outside the range)."""
-    s = flow_step_executions.c
-    stmt = (
-        select(s.flow_run_id, s.step_execution_id, s.lease_until)
-        .where(
-            s.org_id == org_id,
-            s.lease_until < now,
-            s.state.in_([StepState.CLAIMED.code, StepState.RUNNING.code]),
-        )
-        .order_by(s.lease_until, s.step_execution_id)
-        .limit(limit)
-    )
+    params = {"org": org_id, "now": now, "limit": limit}
     return [
         ExpiredLease(r["flow_run_id"], r["step_execution_id"], r["lease_until"])
-        for r in (await conn.execute(stmt)).mappings()
+        for r in (await conn.execute(_EXPIRED_LEASES, params)).mappings()
     ]
+
+
+_CANCEL_REQUESTED = (
+    select(_R.flow_run_id)
+    .where(_R.org_id == bindparam("org"), _R.runtime_state == RunState.CANCEL_REQUESTED.code)
+    .order_by(_R.flow_run_id)
+    .limit(bindparam("limit", type_=Integer))
+)
 
 
 async def cancel_requested_runs_txn(conn: AsyncConnection, org_id: str, limit: int) -> list[str]:
     """Runs waiting for cancellation cleanup (``CancelRequested``), in stable id order,
     over the ``(org, runtime_state, …)`` claim index of ``flow_runs``."""
-    t = flow_runs.c
-    stmt = (
-        select(t.flow_run_id)
-        .where(t.org_id == org_id, t.runtime_state == RunState.CANCEL_REQUESTED.code)
-        .order_by(t.flow_run_id)
-        .limit(limit)
-    )
-    return [str(r) for r in (await conn.execute(stmt)).scalars()]
+    params = {"org": org_id, "limit": limit}
+    return [str(r) for r in (await conn.execute(_CANCEL_REQUESTED, params)).scalars()]

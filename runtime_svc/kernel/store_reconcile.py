@@ -47,7 +47,7 @@ from runtime_svc.schema import (
     flow_step_attempts,
     flow_step_executions,
 )
-from services.db import cas_update, db_now, run_in_transaction, transaction
+from services.db import db_now, fenced_update, run_in_transaction, transaction
 from services.errors import (
     FailedPreconditionError,
     FenceLostError,
@@ -198,8 +198,7 @@ async def _apply(
     check_operator_transition("step", step.state, decision.step_state)
     now = await db_now(conn)
     retry = decision.resolution is Resolution.RETRY
-    r, s = flow_runs.c, flow_step_executions.c
-    await cas_update(
+    await fenced_update(
         conn,
         flow_runs,
         org_id=org_id,
@@ -216,13 +215,13 @@ async def _apply(
             "terminal_cause_code": None if retry else CAUSE_QUARANTINE_FAILED,
             "updated_at": now,
         },
-        extra_predicates=[
-            r.runtime_state == RunState.QUARANTINED.code,
-            r.current_step_execution_id == step.step_execution_id,
-            r.ownership_epoch == root.ownership_epoch,
-        ],
+        equal={
+            "runtime_state": RunState.QUARANTINED.code,
+            "current_step_execution_id": step.step_execution_id,
+            "ownership_epoch": root.ownership_epoch,
+        },
     )
-    await cas_update(
+    await fenced_update(
         conn,
         flow_step_executions,
         org_id=org_id,
@@ -233,7 +232,7 @@ async def _apply(
             "run_after": now if retry else None,
             "updated_at": now,
         },
-        extra_predicates=[s.state == step.state.code, s.ownership_epoch == step.ownership_epoch],
+        equal={"state": step.state.code, "ownership_epoch": step.ownership_epoch},
     )
 
 

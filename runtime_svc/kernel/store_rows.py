@@ -241,35 +241,39 @@ async def lock_attempt(conn: AsyncConnection, org_id: str, attempt_id: str) -> A
     return None if row is None else attempt_from_row(row)
 
 
+_LOCK_LATEST_ATTEMPT = (
+    select(*(flow_step_attempts.c[name] for name in ATTEMPT_COLUMNS))
+    .where(
+        flow_step_attempts.c.org_id == bindparam("org"),
+        flow_step_attempts.c.step_execution_id == bindparam("step"),
+        flow_step_attempts.c.attempt_number == bindparam("number"),
+    )
+    .with_for_update()
+)
+
+
 async def lock_latest_attempt(
     conn: AsyncConnection, org_id: str, step: StepRecord
 ) -> AttemptRecord | None:
     """Lock and read the step's latest attempt (number ``attempt_count``), if any."""
     if step.attempt_count < 1:
         return None
-    t = flow_step_attempts.c
-    stmt = (
-        select(*(flow_step_attempts.c[name] for name in ATTEMPT_COLUMNS))
-        .where(
-            t.org_id == org_id,
-            t.step_execution_id == step.step_execution_id,
-            t.attempt_number == step.attempt_count,
-        )
-        .with_for_update()
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    params = {"org": org_id, "step": step.step_execution_id, "number": step.attempt_count}
+    row = (await conn.execute(_LOCK_LATEST_ATTEMPT, params)).mappings().first()
     return None if row is None else attempt_from_row(row)
+
+
+_COUNT_FENCED = select(func.count()).where(
+    flow_step_attempts.c.org_id == bindparam("org"),
+    flow_step_attempts.c.step_execution_id == bindparam("step"),
+    flow_step_attempts.c.transaction_outcome == AttemptOutcome.FENCED.code,
+)
 
 
 async def count_fenced_attempts(conn: AsyncConnection, org_id: str, step_id: str) -> int:
     """How many of the step's attempts ended ``Fenced`` (its prior lease expiries)."""
-    t = flow_step_attempts.c
-    stmt = select(func.count()).where(
-        t.org_id == org_id,
-        t.step_execution_id == step_id,
-        t.transaction_outcome == AttemptOutcome.FENCED.code,
-    )
-    return int((await conn.execute(stmt)).scalar_one())
+    params = {"org": org_id, "step": step_id}
+    return int((await conn.execute(_COUNT_FENCED, params)).scalar_one())
 
 
 # --- composite locks ---------------------------------------------------------------------
@@ -616,25 +620,37 @@ def claimed_run_values(
     return out
 
 
+#: The heartbeat's UPDATE under the full fence, built once (no version bump); its bind
+#: names are not column names (SQLAlchemy reserves those in an UPDATE).
+_EXTEND_LEASE = (
+    update(flow_step_executions)
+    .where(
+        flow_step_executions.c.org_id == bindparam("b_org"),
+        flow_step_executions.c.step_execution_id == bindparam("b_step"),
+        flow_step_executions.c.state_version == bindparam("b_version"),
+        flow_step_executions.c.state == bindparam("b_state"),
+        flow_step_executions.c.ownership_epoch == bindparam("b_epoch"),
+        flow_step_executions.c.lease_token == bindparam("b_token"),
+    )
+    .values(lease_until=bindparam("b_until"))
+)
+
+
 async def extend_lease_row(
     conn: AsyncConnection, org_id: str, step: StepRecord, token_digest: str, until: datetime
 ) -> None:
     """Heartbeat: move ``lease_until`` under the full fence *without* a version bump, so
     a concurrent final commit keeps its fence (§12.3). Row count must be 1."""
-    t = flow_step_executions.c
-    stmt = (
-        update(flow_step_executions)
-        .where(
-            t.org_id == org_id,
-            t.step_execution_id == step.step_execution_id,
-            t.state_version == step.state_version,
-            t.state == step.state.code,
-            t.ownership_epoch == step.ownership_epoch,
-            t.lease_token == token_digest,
-        )
-        .values(lease_until=until)
-    )
-    if (await conn.execute(stmt)).rowcount != 1:
+    params = {
+        "b_org": org_id,
+        "b_step": step.step_execution_id,
+        "b_version": step.state_version,
+        "b_state": step.state.code,
+        "b_epoch": step.ownership_epoch,
+        "b_token": token_digest,
+        "b_until": until,
+    }
+    if (await conn.execute(_EXTEND_LEASE, params)).rowcount != 1:
         raise fence_lost(STEPS, step.step_execution_id, step.state_version, None, "heartbeat")
 
 

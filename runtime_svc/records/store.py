@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, bindparam, false, insert, select, update
+from sqlalchemy import Integer, Row, bindparam, false, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records.model import ParentRef, RecordState
@@ -160,6 +160,21 @@ async def read_record_txn(
     return None if row is None else _state(row)
 
 
+#: :func:`query_children_txn`'s bounded range read of the parent index, built once.
+_CHILDREN = (
+    select(records)
+    .where(
+        _R.org_id == bindparam("k_org"),
+        _R.parent_object_name == bindparam("k_parent_object"),
+        _R.parent_record_id == bindparam("k_parent_record"),
+        _R.object_name == bindparam("k_object"),
+        _R.is_deleted == false(),
+    )
+    .order_by(_R.record_id)
+    .limit(bindparam("k_limit", type_=Integer))
+)
+
+
 async def query_children_txn(
     conn: AsyncConnection,
     org_id: str,
@@ -175,21 +190,15 @@ async def query_children_txn(
     relationship is the one the indexed parent columns hold (see
     :func:`runtime_svc.records.view.RecordView.indexed_relationship`); the field value is
     re-checked per row."""
-    c = records.c
-    stmt = (
-        select(records)
-        .where(
-            c.org_id == org_id,
-            c.parent_object_name == parent_object,
-            c.parent_record_id == parent_record_id,
-            c.object_name == object_name,
-            c.is_deleted == false(),
-        )
-        .order_by(c.record_id)
-        .limit(limit)
-    )
+    params = {
+        "k_org": org_id,
+        "k_parent_object": parent_object,
+        "k_parent_record": parent_record_id,
+        "k_object": object_name,
+        "k_limit": limit,
+    }
     out = []
-    for row in await conn.execute(stmt):
+    for row in await conn.execute(_CHILDREN, params):
         state = _state(row)
         if state.fields.get(lookup_field) == parent_record_id:
             out.append(state)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.atomic import AtomicRunner
@@ -87,6 +87,11 @@ T = TypeVar("T")
 
 #: ``ListRuns`` page sizes: the default and the clamp.
 DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE = 50, 500
+#: The plan digests of a page of runs (one IN list of the page's plan ids), built once.
+_PLAN_DIGESTS = select(execution_plans.c.plan_id, execution_plans.c.plan_digest).where(
+    execution_plans.c.org_id == bindparam("org"),
+    execution_plans.c.plan_id.in_(bindparam("plans", expanding=True)),
+)
 # DELETE_ROLE: a credential needs it for the public delete (§10.1 step 1); CANCEL_ROLE: to
 # cancel a run. Defined with the trusted-key constraints (services.auth.trust), which name
 # the roles a key may sign.
@@ -530,13 +535,9 @@ class RunService:
             return []
         org = runs[0].org_id
         versions = await repo.get_flow_versions_txn(conn, org, [r.flow_version_id for r in runs])
-        p = execution_plans.c
-        plan_ids = sorted({r.plan_id for r in runs})
+        params = {"org": org, "plans": sorted({r.plan_id for r in runs})}
         digests = {
-            row.plan_id: row.plan_digest
-            for row in await conn.execute(
-                select(p.plan_id, p.plan_digest).where(p.org_id == org, p.plan_id.in_(plan_ids))
-            )
+            row.plan_id: row.plan_digest for row in await conn.execute(_PLAN_DIGESTS, params)
         }
         identities = await run_identities_txn(conn, org, [r.flow_run_id for r in runs])
         out = []

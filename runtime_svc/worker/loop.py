@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import Integer, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.admission.controller import AdmissionController
@@ -193,6 +193,17 @@ class Outcome(StrEnum):
     ALREADY_COMMITTED = "already_committed"
 
 
+#: :func:`orgs_with_work`'s read, built once per shape (from the start / after an org).
+_ORGS = (
+    select(flow_runs.c.org_id)
+    .where(flow_runs.c.runtime_state.in_(_ACTIVE_CODES))
+    .group_by(flow_runs.c.org_id)
+    .order_by(flow_runs.c.org_id)
+    .limit(bindparam("limit", type_=Integer))
+)
+_ORGS_AFTER = _ORGS.where(flow_runs.c.org_id > bindparam("after"))
+
+
 async def orgs_with_work(
     engine: AsyncEngine, *, after: str | None = None, limit: int = 100
 ) -> list[str]:
@@ -202,18 +213,10 @@ async def orgs_with_work(
     The one cross-org read of the runtime: an index-only ``DISTINCT org_id`` over the
     claim index, limited; every later query is org-scoped.
     """
-    t = flow_runs.c
-    stmt = (
-        select(t.org_id)
-        .where(t.runtime_state.in_(_ACTIVE_CODES))
-        .group_by(t.org_id)
-        .order_by(t.org_id)
-        .limit(limit)
-    )
-    if after is not None:
-        stmt = stmt.where(t.org_id > after)
+    stmt = _ORGS_AFTER if after is not None else _ORGS
+    params = {"after": after, "limit": limit} if after is not None else {"limit": limit}
     async with transaction(engine, readonly=True) as conn:
-        return [str(o) for o in (await conn.execute(stmt)).scalars()]
+        return [str(o) for o in (await conn.execute(stmt, params)).scalars()]
 
 
 @dataclass(frozen=True)
@@ -1011,12 +1014,22 @@ class _Prepared:
     input_sequence: int | None = None
 
 
+_S, _C = flow_step_executions.c, flow_checkpoints.c
+#: The worker's per-step reads, built once at import with bound parameters (issue 13:
+#: executing a pre-built statement skips per-call construction and cache-key generation).
+_STEP_ROW = select(_S.plan_step_key, _S.step_kind, _S.invocation_ordinal).where(
+    _S.org_id == bindparam("org"), _S.step_execution_id == bindparam("step")
+)
+_CHECKPOINT = select(_C.context_payload, _C.read_verification_set).where(
+    _C.org_id == bindparam("org"),
+    _C.flow_run_id == bindparam("run"),
+    _C.checkpoint_id == bindparam("checkpoint"),
+)
+
+
 async def _step_row_txn(conn: AsyncConnection, org_id: str, step_execution_id: str) -> _StepRow:
-    s = flow_step_executions.c
-    stmt = select(s.plan_step_key, s.step_kind, s.invocation_ordinal).where(
-        s.org_id == org_id, s.step_execution_id == step_execution_id
-    )
-    row = (await conn.execute(stmt)).first()
+    params = {"org": org_id, "step": step_execution_id}
+    row = (await conn.execute(_STEP_ROW, params)).first()
     if row is None:
         raise NotFoundError("flow_step_execution", step_execution_id)
     return _StepRow(str(row[0]), str(row[1]), int(row[2]))
@@ -1026,11 +1039,8 @@ async def _checkpoint_txn(
     conn: AsyncConnection, org_id: str, flow_run_id: str, checkpoint_id: str
 ) -> tuple[str, Any]:
     """The input checkpoint's context payload and its ReadVerificationSet (decoded)."""
-    c = flow_checkpoints.c
-    stmt = select(c.context_payload, c.read_verification_set).where(
-        c.org_id == org_id, c.flow_run_id == flow_run_id, c.checkpoint_id == checkpoint_id
-    )
-    row = (await conn.execute(stmt)).first()
+    params = {"org": org_id, "run": flow_run_id, "checkpoint": checkpoint_id}
+    row = (await conn.execute(_CHECKPOINT, params)).first()
     if row is None:
         raise NotFoundError("flow_checkpoint", checkpoint_id)
     raw = row[1]

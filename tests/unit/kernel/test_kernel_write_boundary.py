@@ -20,9 +20,9 @@ or embedded executors, and none of those imports the legacy package.
 This test parses every module under ``runtime_svc/`` (migrations excluded: DDL and data
 migrations are versioned schema history) and fails on any DML against those tables:
 ``<table>.insert()/.update()/.delete()``, ``insert(<table>)`` / ``update(...)`` /
-``delete(...)`` in any spelling, the kernel's ``cas_update`` / ``insert_if_absent``
-helpers aimed at them, ad-hoc ``table("flow_runs")`` handles, and raw SQL text that
-writes them. The scanner is itself tested on planted violations.
+``delete(...)`` in any spelling, the kernel's ``cas_update`` / ``fenced_update`` /
+``insert_if_absent`` helpers aimed at them, ad-hoc ``table("flow_runs")`` handles, and
+raw SQL text that writes them. The scanner is itself tested on planted violations.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ WRITERS: dict[str, frozenset[str]] = {
 #: The only functions of legacy/store.py that may write flow_runs.
 LEGACY_WRITE_HELPERS = frozenset({"_insert_legacy_row", "_legacy_cas"})
 _DML_METHODS = frozenset({"insert", "update", "delete"})
-_HELPERS = frozenset({"cas_update", "insert_if_absent"})
+_HELPERS = frozenset({"cas_update", "fenced_update", "insert_if_absent"})
 _RAW_SQL = re.compile(
     r"\b(?:INSERT\s+(?:IGNORE\s+)?INTO|REPLACE\s+INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)"
     r"\s+[`\"]?(" + "|".join(sorted(PROTECTED)) + r")\b",
@@ -279,7 +279,7 @@ def test_the_state_store_is_where_the_writes_are() -> None:
     )
     found = violations(store_sources)
     assert any("insert_if_absent(flow_runs)" in v for v in found)
-    assert any("cas_update(flow_runs)" in v for v in found)
+    assert any("fenced_update(flow_runs)" in v for v in found)
     assert any("update(flow_step_executions)" in v for v in found)
 
 
@@ -293,6 +293,7 @@ def test_the_state_store_is_where_the_writes_are() -> None:
         "update(schema.flow_step_executions)",
         "delete(flow_step_attempts)",
         "cas_update(conn, flow_runs, org_id='o', key={}, expected_version=1, values={})",
+        "fenced_update(conn, flow_runs, org_id='o', key={}, expected_version=1, values={})",
         "insert_if_absent(conn, table=flow_checkpoints, values={})",
         "text('UPDATE flow_runs SET runtime_state = 1')",
         "conn.exec_driver_sql('delete from `flow_step_attempts` where 1')",
