@@ -194,12 +194,25 @@ async def read_dependency_txn(
     conn: AsyncConnection, org_id: str, dependency_id: str
 ) -> DependencyRecord | None:
     """The dependency ``(org_id, dependency_id)``, without a lock (discovery)."""
-    d = flow_dependencies.c
-    stmt = select(flow_dependencies).where(d.org_id == org_id, d.dependency_id == dependency_id)
-    row = (await conn.execute(stmt)).mappings().first()
+    params = {"org": org_id, "key": dependency_id}
+    row = (await conn.execute(_READ_DEPENDENCY, params)).mappings().first()
     return None if row is None else dependency_from_row(row)
 
 
+# Built once at import and executed with bound parameters (no per-call construction).
+_READ_DEPENDENCY = select(flow_dependencies).where(
+    flow_dependencies.c.org_id == bindparam("org"),
+    flow_dependencies.c.dependency_id == bindparam("key"),
+)
+_LOCK_STEP_DEPENDENCIES = (
+    select(flow_dependencies)
+    .where(
+        flow_dependencies.c.org_id == bindparam("org"),
+        flow_dependencies.c.step_execution_id == bindparam("step"),
+    )
+    .order_by(flow_dependencies.c.dependency_id)
+    .with_for_update()
+)
 _LOCK_DEPENDENCY = (
     select(flow_dependencies)
     .where(
@@ -415,14 +428,9 @@ async def apply_wait_transition(
 async def _lock_step_dependencies(
     conn: AsyncConnection, org_id: str, step: StepRecord
 ) -> list[DependencyRecord]:
-    d = flow_dependencies.c
-    stmt = (
-        select(flow_dependencies)
-        .where(d.org_id == org_id, d.step_execution_id == step.step_execution_id)
-        .order_by(d.dependency_id)
-        .with_for_update()
-    )
-    return [dependency_from_row(r) for r in (await conn.execute(stmt)).mappings().all()]
+    params = {"org": org_id, "step": step.step_execution_id}
+    rows = (await conn.execute(_LOCK_STEP_DEPENDENCIES, params)).mappings().all()
+    return [dependency_from_row(r) for r in rows]
 
 
 async def cancel_step_dependencies_txn(

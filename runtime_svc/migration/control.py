@@ -150,18 +150,19 @@ def _missing() -> FailedPreconditionError:
     )
 
 
+#: The control record's plain read, built once (it runs in every step's transaction).
+_READ_CONTROL = select(flow_deployment_control).where(
+    flow_deployment_control.c.control_key == CONTROL_KEY
+)
+
+
 async def read_control_txn(conn: AsyncConnection) -> DeploymentControl:
     """The control record (a plain read inside the caller's transaction).
 
     Raises:
         FailedPreconditionError: the record is missing (fail closed).
     """
-    t = flow_deployment_control.c
-    row = (
-        (await conn.execute(select(flow_deployment_control).where(t.control_key == CONTROL_KEY)))
-        .mappings()
-        .first()
-    )
+    row = (await conn.execute(_READ_CONTROL)).mappings().first()
     if row is None:
         raise _missing()
     return DeploymentControl.from_row(row)

@@ -281,18 +281,20 @@ async def checkpoint_context_txn(
     return None if payload is None else str(payload)
 
 
+_DEPENDENCY_OF_STEP = (
+    select(flow_dependencies)
+    .where(_D.org_id == bindparam("org"), _D.step_execution_id == bindparam("step"))
+    .order_by(_D.created_at.desc(), _D.dependency_id.desc())
+    .limit(1)
+)
+
+
 async def dependency_of_step_txn(
     conn: AsyncConnection, org_id: str, step_execution_id: str
 ) -> DependencyRecord | None:
     """The newest dependency of a step execution (over ``(org, step)``)."""
-    d = flow_dependencies.c
-    stmt = (
-        select(flow_dependencies)
-        .where(d.org_id == org_id, d.step_execution_id == step_execution_id)
-        .order_by(d.created_at.desc(), d.dependency_id.desc())
-        .limit(1)
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    params = {"org": org_id, "step": step_execution_id}
+    row = (await conn.execute(_DEPENDENCY_OF_STEP, params)).mappings().first()
     return None if row is None else dependency_from_row(row)
 
 

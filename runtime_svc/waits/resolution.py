@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.compiler import ExpressionEvalError, evaluate, parse_expression
@@ -97,6 +98,12 @@ log = logging.getLogger(__name__)
 
 #: Candidates one match attempt considers (dependencies of a key, signals of a key).
 _CANDIDATES = 20
+
+#: A waiting step's plan key (the context read of a dependency whose step is not locked).
+_PLAN_STEP_KEY = select(flow_step_executions.c.plan_step_key).where(
+    flow_step_executions.c.org_id == bindparam("org"),
+    flow_step_executions.c.step_execution_id == bindparam("step"),
+)
 
 
 @functools.lru_cache(maxsize=2048)
@@ -205,14 +212,8 @@ class Matcher:
             key = None if held.step is None else held.step.plan_step_key
         else:
             root = await get_run_txn(conn, dep.org_id, dep.flow_run_id, include_deleted=True)
-            s = flow_step_executions.c
-            key = (
-                await conn.execute(
-                    flow_step_executions.select()
-                    .with_only_columns(s.plan_step_key)
-                    .where(s.org_id == dep.org_id, s.step_execution_id == dep.step_execution_id)
-                )
-            ).scalar_one_or_none()
+            params = {"org": dep.org_id, "step": dep.step_execution_id}
+            key = (await conn.execute(_PLAN_STEP_KEY, params)).scalar_one_or_none()
         if key is None:
             raise NotFoundError("flow_step_execution", dep.step_execution_id)
         row, plan = await self.plans.plan_txn(conn, dep.org_id, root.plan_id)
