@@ -13,13 +13,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, bindparam, select
+from sqlalchemy import Select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from effect_owner_svc.commands.records import CommandRecord, ReceiptRecord, receipt_from_row
 from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
 from effect_owner_svc.schema import completion_receipts
 from services.auth import TrustedRuntimeWorkScope
+from services.db import WORK_SCOPE, scoped_select
 from services.digest import canonical_json, versioned_digest
 from services.effect_contract import (
     EFFECT_COMPLETION_FAMILY,
@@ -37,21 +38,10 @@ _INSERT_RECEIPT = completion_receipts.insert()
 def _receipt_select(*, by_version: bool) -> Select[Any]:
     """The latest receipt of a command in exactly a scope (``by_version``: of one
     outcome version), with bound parameters named like the columns."""
-    t = completion_receipts.c
-    names = (
-        "org_id",
-        "app_installation_id",
-        "runtime_capability_id",
-        "runtime_work_binding_digest",
-        "external_command_id",
-        *(("outcome_version",) if by_version else ()),
-    )
-    return (
-        select(completion_receipts)
-        .where(*(t[n] == bindparam(n, type_=t[n].type) for n in names))
-        .order_by(t.outcome_version.desc())
-        .limit(1)
-    )
+    version = ("outcome_version",) if by_version else ()
+    key = (*WORK_SCOPE[1:], "external_command_id", *version)
+    stmt = scoped_select(completion_receipts, key)
+    return stmt.order_by(completion_receipts.c.outcome_version.desc()).limit(1)
 
 
 _LATEST_RECEIPT = _receipt_select(by_version=False)
