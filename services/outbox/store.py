@@ -115,9 +115,10 @@ class OutboxTable:
     dedupe_scope_columns: tuple[str, ...] = ("org_id",)
     deadline_column: str | None = None
 
-    @property
+    @functools.cached_property
     def immutable_columns(self) -> tuple[str, ...]:
-        """Columns written once at enqueue (compared on a duplicate enqueue)."""
+        """Columns written once at enqueue (compared on a duplicate enqueue); computed
+        once per table (every decoded row reads them)."""
         fixed = {*WORK_SCOPE, self.id_column, self.key_column, "message_family"}
         return tuple(
             c.name
