@@ -876,8 +876,14 @@ def _cached_now(conn: AsyncConnection) -> datetime | None:
 def now_column(dialect: Dialect) -> tuple[ColumnElement[Any], Callable[[Any], datetime]]:
     """The database clock of :func:`db_now` as a select-list column (labelled
     ``db_now``) and the parser of its value, so a statement can carry the clock with
-    its rows (:func:`remember_now`)."""
-    strategy = strategy_for(dialect)
+    its rows (:func:`remember_now`). Built once per backend."""
+    return _now_column(strategy_for(dialect))
+
+
+@functools.cache
+def _now_column(
+    strategy: DialectStrategy,
+) -> tuple[ColumnElement[Any], Callable[[Any], datetime]]:
     if not strategy.now_sql.startswith("SELECT "):
         raise ValueError(f"unexpected clock query {strategy.now_sql!r}")
     column: ColumnElement[Any] = literal_column(strategy.now_sql.removeprefix("SELECT ")).label(
