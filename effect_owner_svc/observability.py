@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from effect_owner_svc.commands.model import CommandState
@@ -135,6 +135,14 @@ class CommandStateSource:
     def __init__(self, *, count_cap: int = 10000) -> None:
         self._cap = count_cap
         self._states = [s.value for s in CommandState]
+        # One org's probe, built once (the org is bound per probe).
+        c = external_commands.c
+        org = c.org_id == bindparam("org_id", type_=c.org_id.type)
+        columns = [
+            capped_count(external_commands, org, c.state == s, cap=self._cap) for s in self._states
+        ]
+        columns += [oldest(c.next_attempt_at, org, c.state == s) for s in _DUE]
+        self._probe = select(*columns)
 
     @property
     def families(self) -> Sequence[StateFamily]:
@@ -160,13 +168,7 @@ class CommandStateSource:
         return await distinct_orgs(conn, external_commands, after, limit)
 
     async def probe(self, conn: AsyncConnection, org_id: str, now: datetime) -> list[Sample]:
-        c = external_commands.c
-        columns = [
-            capped_count(external_commands, c.org_id == org_id, c.state == s, cap=self._cap)
-            for s in self._states
-        ]
-        columns += [oldest(c.next_attempt_at, c.org_id == org_id, c.state == s) for s in _DUE]
-        row = list((await conn.execute(select(*columns))).one())
+        row = list((await conn.execute(self._probe, {"org_id": org_id})).one())
         samples = [
             Sample("nexus_flow_effect_commands", (s,), float(row.pop(0) or 0)) for s in self._states
         ]

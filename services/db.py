@@ -13,6 +13,7 @@ ARCHITECTURE §2 are written once:
 * :func:`cas_update` — the fence: one conditional ``UPDATE`` whose row count must be 1,
   else :class:`~services.errors.FenceLostError`.
 * :func:`insert_if_absent` — ``INSERT`` on a unique key, duplicate key → ``False``.
+* :func:`scoped_select` — a scoped lookup by key, built once per shape.
 * :func:`db_now` — the database clock, in UTC.
 * Schema building blocks shared by the three ``schema.py`` modules: :func:`new_metadata`
   (naming convention), :data:`TABLE_OPTIONS`, :class:`UtcDateTime`, :class:`JsonText` and
@@ -28,6 +29,7 @@ import abc
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import random
 import sqlite3
@@ -36,6 +38,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -48,6 +51,7 @@ from sqlalchemy import (
     Executable,
     Integer,
     MetaData,
+    Select,
     String,
     Table,
     Text,
@@ -108,6 +112,7 @@ __all__ = [
     "outbox_delivery_columns",
     "remember_now",
     "run_in_transaction",
+    "scoped_select",
     "strategy_for",
     "transaction",
     "work_scope_columns",
@@ -609,6 +614,26 @@ async def cas_update(
     raise await _fence_lost(conn, table, org_id, key, expected_version, version_column)
 
 
+@functools.cache
+def scoped_select(
+    table: Table,
+    key: tuple[str, ...],
+    *,
+    columns: tuple[str, ...] = (),
+    for_update: bool = False,
+) -> Select[Any]:
+    """``SELECT <columns, default every column> FROM table WHERE org_id = :org_id AND
+    <each key column> = :<column> [FOR UPDATE]``, built once per shape and reused (bind
+    ``{"org_id": …, column: value, …}``): a scoped lookup by a key that pays neither
+    statement construction nor cache-key generation per call. The key columns are
+    compared with ``=``, so a key value must not be None (``= NULL`` matches nothing).
+    """
+    c = table.c
+    where = [c[name] == bindparam(name, type_=c[name].type) for name in ("org_id", *key)]
+    stmt = select(*(c[name] for name in columns) if columns else (table,)).where(*where)
+    return stmt.with_for_update() if for_update else stmt
+
+
 async def _fence_lost(
     conn: AsyncConnection,
     table: Table,
@@ -619,8 +644,8 @@ async def _fence_lost(
 ) -> FenceLostError:
     """The error of a fenced UPDATE that matched no row, with the version a scoped
     re-read found (diagnostic only: the decision was the row count)."""
-    scope = [table.c.org_id == org_id, *(table.c[name] == value for name, value in key.items())]
-    found = (await conn.execute(select(table.c[version_column]).where(*scope))).scalar_one_or_none()
+    stmt = scoped_select(table, tuple(key), columns=(version_column,))
+    found = (await conn.execute(stmt, {"org_id": org_id, **key})).scalar_one_or_none()
     return FenceLostError(
         table.name,
         ",".join(f"{name}={value}" for name, value in key.items()),
@@ -649,6 +674,8 @@ class SwitchOnNull:
 
 #: :func:`fenced_update` statements by shape, built once (bounded by the code's shapes).
 _FENCED: dict[tuple[Any, ...], Any] = {}
+#: The default of :func:`fenced_update`'s optional comparison mappings.
+_NOTHING: Mapping[str, Any] = MappingProxyType({})
 
 
 def _fenced_statement(
@@ -657,6 +684,8 @@ def _fenced_statement(
     version_column: str,
     values: tuple[tuple[str, str | None], ...],
     equal: tuple[tuple[str, bool], ...],
+    at_most: tuple[str, ...] = (),
+    less_than: tuple[str, ...] = (),
 ) -> Any:
     identity = frozenset({"org_id", *key})
     if identity not in set(_unique_keys(table)):
@@ -673,6 +702,8 @@ def _fenced_statement(
         where.append(
             c[name].is_(None) if is_null else c[name] == bindparam(f"p_{name}", type_=c[name].type)
         )
+    where += [c[name] <= bindparam(f"le_{name}", type_=c[name].type) for name in at_most]
+    where += [c[name] < bindparam(f"lt_{name}", type_=c[name].type) for name in less_than]
     sets: dict[Any, Any] = {version_column: version + 1}
     for name, switch in values:
         plain = bindparam(f"v_{name}", type_=c[name].type)
@@ -693,10 +724,14 @@ async def fenced_update(
     expected_version: int,
     values: Mapping[str, Any],
     equal: Mapping[str, Any],
+    at_most: Mapping[str, Any] = _NOTHING,
+    less_than: Mapping[str, Any] = _NOTHING,
     version_column: str = "state_version",
 ) -> int:
     """:func:`cas_update` with its fence conditions given as data: ``equal`` maps a
-    column to the value it must hold (``None``: IS NULL), a value may be a
+    column to the value it must hold (``None``: IS NULL), ``at_most`` to a bound it may
+    not exceed (``column <= value``, e.g. a due time), ``less_than`` to one it must stay
+    below (``column < value``, e.g. an expired lease); a value may be a
     :class:`SwitchOnNull`. The statement is built once per *shape* (table, key, set
     columns, compared columns, which comparisons are IS NULL) with bound parameters and
     reused, so a hot path pays neither construction nor cache-key generation per call;
@@ -716,6 +751,8 @@ async def fenced_update(
         version_column,
         tuple((n, v.column if isinstance(v, SwitchOnNull) else None) for n, v in values.items()),
         tuple((n, v is None) for n, v in equal.items()),
+        tuple(at_most),
+        tuple(less_than),
     )
     stmt = _FENCED.get(shape)
     if stmt is None:
@@ -732,6 +769,10 @@ async def fenced_update(
     for name, value in equal.items():
         if value is not None:
             params[f"p_{name}"] = value
+    for name, value in at_most.items():
+        params[f"le_{name}"] = value
+    for name, value in less_than.items():
+        params[f"lt_{name}"] = value
     result = await conn.execute(stmt, params)
     if result.rowcount == 1:
         return expected_version + 1
@@ -835,8 +876,14 @@ def _cached_now(conn: AsyncConnection) -> datetime | None:
 def now_column(dialect: Dialect) -> tuple[ColumnElement[Any], Callable[[Any], datetime]]:
     """The database clock of :func:`db_now` as a select-list column (labelled
     ``db_now``) and the parser of its value, so a statement can carry the clock with
-    its rows (:func:`remember_now`)."""
-    strategy = strategy_for(dialect)
+    its rows (:func:`remember_now`). Built once per backend."""
+    return _now_column(strategy_for(dialect))
+
+
+@functools.cache
+def _now_column(
+    strategy: DialectStrategy,
+) -> tuple[ColumnElement[Any], Callable[[Any], datetime]]:
     if not strategy.now_sql.startswith("SELECT "):
         raise ValueError(f"unexpected clock query {strategy.now_sql!r}")
     column: ColumnElement[Any] = literal_column(strategy.now_sql.removeprefix("SELECT ")).label(

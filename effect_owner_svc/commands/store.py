@@ -15,17 +15,22 @@ them, never inside (§15.1: the network call runs after acceptance committed)::
 
 A stale dispatcher (its lease expired and the command was re-claimed) loses the final
 fence and writes nothing. Reads are scoped by the complete work scope.
+
+The dispatcher's statements (discovery, claim, attempt insert and finish, the fenced
+command updates and re-read) are built once per shape with bound parameters, so a
+dispatch pays neither statement construction nor cache-key generation.
 """
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy import ColumnElement, Integer, Select, and_, bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from effect_owner_svc.commands.model import (
@@ -50,7 +55,7 @@ from effect_owner_svc.providers.base import ProviderOutcome
 from effect_owner_svc.receipts.store import write_receipt_txn
 from effect_owner_svc.schema import external_commands, remote_attempts
 from services.auth import TrustedRuntimeWorkScope
-from services.db import cas_update
+from services.db import fenced_update, scoped_select
 from services.effect_contract import CompletionEvidence
 from services.errors import FenceLostError
 from services.outbox import PreClaim
@@ -90,68 +95,73 @@ class Reconciling:
 # --- discovery (no locks) -------------------------------------------------------------
 
 
-def _due(kinds: Iterable[str], now: datetime) -> list[ColumnElement[bool]]:
+_LIMIT = bindparam("limit", type_=Integer())
+
+
+def _due(kinds: tuple[str, ...]) -> list[ColumnElement[bool]]:
     return [
         _C.state.in_(sorted(s.value for s in DUE_COMMAND_STATES)),
-        _C.next_attempt_at <= now,
-        _C.effect_owner_kind.in_(sorted(kinds)),
+        _C.next_attempt_at <= bindparam("now", type_=_C.next_attempt_at.type),
+        _C.effect_owner_kind.in_(kinds),
     ]
+
+
+@functools.cache
+def _orgs_with_due_stmt(kinds: tuple[str, ...]) -> Select[Any]:
+    return select(_C.org_id).where(*_due(kinds)).distinct().limit(_LIMIT)
+
+
+@functools.cache
+def _due_commands_stmt(kinds: tuple[str, ...]) -> Select[Any]:
+    return (
+        select(external_commands)
+        .where(_C.org_id == bindparam("org_id", type_=_C.org_id.type), *_due(kinds))
+        .order_by(_C.next_attempt_at, _C.external_command_id)
+        .limit(_LIMIT)
+    )
 
 
 async def orgs_with_due_commands_txn(
     conn: AsyncConnection, kinds: Iterable[str], now: datetime, limit: int
 ) -> list[str]:
     """Orgs with a due command of a served owner kind (bounded)."""
-    stmt = select(_C.org_id).where(*_due(kinds, now)).distinct().limit(limit)
-    return [str(v) for v in (await conn.execute(stmt)).scalars()]
+    stmt = _orgs_with_due_stmt(tuple(sorted(kinds)))
+    return [str(v) for v in (await conn.execute(stmt, {"now": now, "limit": limit})).scalars()]
 
 
 async def due_commands_txn(
     conn: AsyncConnection, org_id: str, kinds: Iterable[str], now: datetime, limit: int
 ) -> list[CommandRecord]:
     """Due commands of one org, oldest ``next_attempt_at`` first."""
-    stmt = (
-        select(external_commands)
-        .where(_C.org_id == org_id, *_due(kinds, now))
-        .order_by(_C.next_attempt_at, _C.external_command_id)
-        .limit(limit)
-    )
-    return [command_from_row(r) for r in (await conn.execute(stmt)).mappings()]
+    stmt = _due_commands_stmt(tuple(sorted(kinds)))
+    params = {"org_id": org_id, "now": now, "limit": limit}
+    return [command_from_row(r) for r in (await conn.execute(stmt, params)).mappings()]
 
 
 # --- fenced steps -----------------------------------------------------------------------
 
 
+_COMMAND_BY_ID = scoped_select(external_commands, ("external_command_id",))
+#: The attempts of a command, newest first (the first row is the latest).
+_ATTEMPTS_NEWEST_FIRST = (
+    scoped_select(remote_attempts, ("external_command_id",))
+    .order_by(_A.attempt_number.desc())
+    .limit(1)
+)
+_INSERT_ATTEMPT = remote_attempts.insert()
+
+
 async def _reread(conn: AsyncConnection, org_id: str, command_id: str) -> CommandRecord:
-    row = (
-        (
-            await conn.execute(
-                select(external_commands).where(
-                    _C.org_id == org_id, _C.external_command_id == command_id
-                )
-            )
-        )
-        .mappings()
-        .one()
-    )
+    params = {"org_id": org_id, "external_command_id": command_id}
+    row = (await conn.execute(_COMMAND_BY_ID, params)).mappings().one()
     return command_from_row(row)
 
 
 async def _latest_attempt(
     conn: AsyncConnection, org_id: str, command_id: str
 ) -> AttemptRecord | None:
-    row = (
-        (
-            await conn.execute(
-                select(remote_attempts)
-                .where(_A.org_id == org_id, _A.external_command_id == command_id)
-                .order_by(_A.attempt_number.desc())
-                .limit(1)
-            )
-        )
-        .mappings()
-        .first()
-    )
+    params = {"org_id": org_id, "external_command_id": command_id}
+    row = (await conn.execute(_ATTEMPTS_NEWEST_FIRST, params)).mappings().first()
     return None if row is None else attempt_from_row(row)
 
 
@@ -160,19 +170,20 @@ async def _insert_attempt(
 ) -> AttemptRecord:
     attempt_id = f"att_{uuid.uuid4().hex}"
     await conn.execute(
-        remote_attempts.insert().values(
-            org_id=command.org_id,
-            remote_attempt_id=attempt_id,
-            external_command_id=command.command_id,
-            attempt_number=number,
-            provider_idempotency_key=command.provider_idempotency_key,
-            outcome=AttemptOutcome.IN_FLIGHT.value,
-            safe_error_code=None,
-            response_digest=None,
-            state_version=1,
-            started_at=now,
-            finished_at=None,
-        )
+        _INSERT_ATTEMPT,
+        {
+            "org_id": command.org_id,
+            "remote_attempt_id": attempt_id,
+            "external_command_id": command.command_id,
+            "attempt_number": number,
+            "provider_idempotency_key": command.provider_idempotency_key,
+            "outcome": AttemptOutcome.IN_FLIGHT.value,
+            "safe_error_code": None,
+            "response_digest": None,
+            "state_version": 1,
+            "started_at": now,
+            "finished_at": None,
+        },
     )
     return AttemptRecord(
         org_id=command.org_id,
@@ -189,6 +200,31 @@ async def _insert_attempt(
     )
 
 
+def _param(name: str) -> Any:
+    """A bound parameter typed like the attempt column ``name`` (``p_`` prefixed: a SET
+    clause reserves the column's own name)."""
+    return bindparam(f"p_{name}", type_=_A[name].type)
+
+
+#: An IN_FLIGHT attempt's outcome, fenced on its version (its own row-count check).
+_FINISH_ATTEMPT = (
+    update(remote_attempts)
+    .where(
+        _A.org_id == _param("org_id"),
+        _A.remote_attempt_id == _param("remote_attempt_id"),
+        _A.state_version == _param("state_version"),
+        _A.outcome == AttemptOutcome.IN_FLIGHT.value,
+    )
+    .values(
+        outcome=_param("outcome"),
+        safe_error_code=_param("safe_error_code"),
+        response_digest=_param("response_digest"),
+        state_version=_A.state_version + 1,
+        finished_at=_param("finished_at"),
+    )
+)
+
+
 async def _finish_attempt(
     conn: AsyncConnection,
     attempt: AttemptRecord,
@@ -198,20 +234,16 @@ async def _finish_attempt(
     now: datetime,
 ) -> None:
     result = await conn.execute(
-        update(remote_attempts)
-        .where(
-            _A.org_id == attempt.org_id,
-            _A.remote_attempt_id == attempt.remote_attempt_id,
-            _A.state_version == attempt.state_version,
-            _A.outcome == AttemptOutcome.IN_FLIGHT.value,
-        )
-        .values(
-            outcome=outcome.value,
-            safe_error_code=code or None,
-            response_digest=response_digest or None,
-            state_version=_A.state_version + 1,
-            finished_at=now,
-        )
+        _FINISH_ATTEMPT,
+        {
+            "p_org_id": attempt.org_id,
+            "p_remote_attempt_id": attempt.remote_attempt_id,
+            "p_state_version": attempt.state_version,
+            "p_outcome": outcome.value,
+            "p_safe_error_code": code or None,
+            "p_response_digest": response_digest or None,
+            "p_finished_at": now,
+        },
     )
     if result.rowcount != 1:
         raise FenceLostError(
@@ -254,14 +286,15 @@ async def claim_txn(
     else:
         values["state"] = CommandState.DISPATCHING.value
         values["attempt_count"] = command.attempt_count + 1
-    await cas_update(
+    await fenced_update(
         conn,
         external_commands,
         org_id=command.org_id,
         key={"external_command_id": command.command_id},
         expected_version=command.state_version,
         values=values,
-        extra_predicates=[_C.state == command.state.value, _C.next_attempt_at <= now],
+        equal={"state": command.state.value},
+        at_most={"next_attempt_at": now},
     )
     # The fence matched exactly ``command``'s version: the row now is it plus ``values``.
     leased = replace(
@@ -285,14 +318,14 @@ async def claim_txn(
 async def _fence_leased(
     conn: AsyncConnection, leased: CommandRecord, values: dict[str, Any], now: datetime
 ) -> CommandRecord:
-    await cas_update(
+    await fenced_update(
         conn,
         external_commands,
         org_id=leased.org_id,
         key={"external_command_id": leased.command_id},
         expected_version=leased.state_version,
         values={**values, "updated_at": now},
-        extra_predicates=[_C.lease_token == leased.lease_token],
+        equal={"lease_token": leased.lease_token},
     )
     return await _reread(conn, leased.org_id, leased.command_id)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, select, update
+from sqlalchemy import Table, bindparam, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from effect_owner_svc.commands.model import CommandState
@@ -46,7 +46,7 @@ from effect_owner_svc.inbox.fence import (
     mismatch,
 )
 from effect_owner_svc.schema import external_commands, owner_inbox
-from services.db import db_now, insert_if_absent, run_in_transaction
+from services.db import db_now, insert_if_absent, run_in_transaction, scoped_select
 from services.effect_contract import provider_idempotency_key
 from services.faults import CrashPoint, crash_point
 from services.telemetry import current_carrier
@@ -107,11 +107,29 @@ class Refusal:
         return HandoffRejectedError() if self.reason is None else HandoffMismatchError()
 
 
-def _scope_predicates(attrs: HandoffAttributes) -> list[ColumnElement[bool]]:
-    return [
-        owner_inbox.c.org_id == attrs.org_id,
-        owner_inbox.c.effect_handoff_key == attrs.effect_handoff_key,
-    ]
+# The acceptance path's statements, built once with bound parameters.
+_FENCE = scoped_select(owner_inbox, ("effect_handoff_key",))
+_FENCE_FOR_UPDATE = scoped_select(owner_inbox, ("effect_handoff_key",), for_update=True)
+_COMMAND_BY_KEY = scoped_select(external_commands, ("effect_handoff_key",))
+_INSERT_COMMAND = external_commands.insert()
+_QUARANTINE = (
+    update(owner_inbox)
+    .where(
+        owner_inbox.c.org_id == bindparam("k_org_id", type_=owner_inbox.c.org_id.type),
+        owner_inbox.c.effect_handoff_key
+        == bindparam("k_effect_handoff_key", type_=owner_inbox.c.effect_handoff_key.type),
+    )
+    .values(
+        quarantine_count=owner_inbox.c.quarantine_count + 1,
+        quarantine_reason=bindparam("v_reason", type_=owner_inbox.c.quarantine_reason.type),
+        quarantined_at=bindparam("v_at", type_=owner_inbox.c.quarantined_at.type),
+    )
+)
+
+
+def _key(attrs: HandoffAttributes) -> dict[str, str]:
+    """The parameters of a statement by ``(org_id, effect_handoff_key)``."""
+    return {"org_id": attrs.org_id, "effect_handoff_key": attrs.effect_handoff_key}
 
 
 async def get_fence_txn(
@@ -122,10 +140,8 @@ async def get_fence_txn(
     The caller compares the remaining scope attributes; a read never proves absence of
     acceptance in another sense than "no row in this org".
     """
-    stmt = select(owner_inbox).where(*_scope_predicates(attrs))
-    if for_update:
-        stmt = stmt.with_for_update()
-    row = (await conn.execute(stmt)).mappings().first()
+    stmt = _FENCE_FOR_UPDATE if for_update else _FENCE
+    row = (await conn.execute(stmt, _key(attrs))).mappings().first()
     return None if row is None else fence_from_row(row)
 
 
@@ -157,15 +173,8 @@ async def _quarantine_txn(
     conn: AsyncConnection, attrs: HandoffAttributes, reason: MismatchReason, now: datetime
 ) -> None:
     # A marker, not a state change: the decision and the attributes stay as they are.
-    await conn.execute(
-        update(owner_inbox)
-        .where(*_scope_predicates(attrs))
-        .values(
-            quarantine_count=owner_inbox.c.quarantine_count + 1,
-            quarantine_reason=reason.value,
-            quarantined_at=now,
-        )
-    )
+    params = {"k_org_id": attrs.org_id, "k_effect_handoff_key": attrs.effect_handoff_key}
+    await conn.execute(_QUARANTINE, {**params, "v_reason": reason.value, "v_at": now})
 
 
 async def refuse_foreign_key(engine: AsyncEngine, attrs: HandoffAttributes) -> None:
@@ -192,19 +201,8 @@ async def _existing_fence_txn(conn: AsyncConnection, attrs: HandoffAttributes) -
     return fence
 
 
-async def _command_txn(conn: AsyncConnection, org_id: str, key: str) -> CommandRecord:
-    row = (
-        (
-            await conn.execute(
-                select(external_commands).where(
-                    external_commands.c.org_id == org_id,
-                    external_commands.c.effect_handoff_key == key,
-                )
-            )
-        )
-        .mappings()
-        .one()
-    )
+async def _command_txn(conn: AsyncConnection, attrs: HandoffAttributes) -> CommandRecord:
+    row = (await conn.execute(_COMMAND_BY_KEY, _key(attrs))).mappings().one()
     return command_from_row(row)
 
 
@@ -261,7 +259,7 @@ async def accept_handoff_txn(conn: AsyncConnection, request: HandoffRequest) -> 
             # The acceptance span's trace: the provider call and receipt continue it.
             trace_context=current_carrier(),
         )
-        await conn.execute(external_commands.insert().values(command_values))
+        await conn.execute(_INSERT_COMMAND, command_values)
         # Both rows as this transaction inserted them (their other columns NULL or at
         # their defaults): no read-back statement on the acceptance path.
         fence = fence_from_row(_as_row(owner_inbox, fence_values))
@@ -270,7 +268,7 @@ async def accept_handoff_txn(conn: AsyncConnection, request: HandoffRequest) -> 
     fence = await _existing_fence_txn(conn, attrs)
     reason = mismatch(fence.attributes, attrs)
     if reason is None and fence.state is FenceState.ACCEPTED:
-        command = await _command_txn(conn, attrs.org_id, attrs.effect_handoff_key)
+        command = await _command_txn(conn, attrs)
         if command.effect_owner_kind == request.effect_owner_kind:
             return Accepted(fence, command, True)
         reason = MismatchReason.OWNER_KIND

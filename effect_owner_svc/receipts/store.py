@@ -13,13 +13,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from effect_owner_svc.commands.records import CommandRecord, ReceiptRecord, receipt_from_row
 from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
 from effect_owner_svc.schema import completion_receipts
 from services.auth import TrustedRuntimeWorkScope
+from services.db import WORK_SCOPE, scoped_select
 from services.digest import canonical_json, versioned_digest
 from services.effect_contract import (
     EFFECT_COMPLETION_FAMILY,
@@ -29,6 +30,22 @@ from services.effect_contract import (
 from services.outbox import NewOutboxMessage, OutboxHint, PreClaim, enqueue_txn
 
 __all__ = ["get_receipt_txn", "receipt_hint", "wake_request_doc", "write_receipt_txn"]
+
+
+_INSERT_RECEIPT = completion_receipts.insert()
+
+
+def _receipt_select(*, by_version: bool) -> Select[Any]:
+    """The latest receipt of a command in exactly a scope (``by_version``: of one
+    outcome version), with bound parameters named like the columns."""
+    version = ("outcome_version",) if by_version else ()
+    key = (*WORK_SCOPE[1:], "external_command_id", *version)
+    stmt = scoped_select(completion_receipts, key)
+    return stmt.order_by(completion_receipts.c.outcome_version.desc()).limit(1)
+
+
+_LATEST_RECEIPT = _receipt_select(by_version=False)
+_RECEIPT_OF_VERSION = _receipt_select(by_version=True)
 
 
 def wake_request_doc(evidence: CompletionEvidence) -> dict[str, Any]:
@@ -67,19 +84,20 @@ async def write_receipt_txn(
     the command row must already be fenced by the caller); with ``preclaim`` the message
     is enqueued leased to this process's outbox dispatcher (``ReceiptRecord.delivery``)."""
     await conn.execute(
-        completion_receipts.insert().values(
-            org_id=command.org_id,
-            app_installation_id=command.app_installation_id,
-            runtime_capability_id=command.runtime_capability_id,
-            runtime_work_binding_digest=command.runtime_work_binding_digest,
-            external_command_id=command.command_id,
-            outcome_version=evidence.outcome_version,
-            effect_handoff_key=command.effect_handoff_key,
-            outcome=evidence.outcome.value,
-            outcome_payload=evidence.to_json(),
-            outcome_digest=evidence.digest(),
-            created_at=now,
-        )
+        _INSERT_RECEIPT,
+        {
+            "org_id": command.org_id,
+            "app_installation_id": command.app_installation_id,
+            "runtime_capability_id": command.runtime_capability_id,
+            "runtime_work_binding_digest": command.runtime_work_binding_digest,
+            "external_command_id": command.command_id,
+            "outcome_version": evidence.outcome_version,
+            "effect_handoff_key": command.effect_handoff_key,
+            "outcome": evidence.outcome.value,
+            "outcome_payload": evidence.to_json(),
+            "outcome_digest": evidence.digest(),
+            "created_at": now,
+        },
     )
     body = canonical_json(wake_request_doc(evidence)).decode("utf-8")
     enqueued = await enqueue_txn(
@@ -122,16 +140,15 @@ async def get_receipt_txn(
     outcome_version: int = 0,
 ) -> ReceiptRecord | None:
     """The receipt of ``command_id`` in exactly ``scope`` (latest when version is 0)."""
-    t = completion_receipts.c
-    stmt = select(completion_receipts).where(
-        t.org_id == scope.org_id,
-        t.app_installation_id == scope.app_installation_id,
-        t.runtime_capability_id == scope.runtime_capability_id,
-        t.runtime_work_binding_digest == scope.runtime_work_binding_digest,
-        t.external_command_id == command_id,
-    )
+    params: dict[str, Any] = {
+        "org_id": scope.org_id,
+        "app_installation_id": scope.app_installation_id,
+        "runtime_capability_id": scope.runtime_capability_id,
+        "runtime_work_binding_digest": scope.runtime_work_binding_digest,
+        "external_command_id": command_id,
+    }
+    stmt = _LATEST_RECEIPT
     if outcome_version:
-        stmt = stmt.where(t.outcome_version == outcome_version)
-    stmt = stmt.order_by(t.outcome_version.desc()).limit(1)
-    row = (await conn.execute(stmt)).mappings().first()
+        stmt, params["outcome_version"] = _RECEIPT_OF_VERSION, outcome_version
+    row = (await conn.execute(stmt, params)).mappings().first()
     return None if row is None else receipt_from_row(row)

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from runtime_svc.effects.model import LinkRecord
 from runtime_svc.kernel.wait_model import WorkScopeKey
 from runtime_svc.schema import flow_effect_links
-from services.db import insert_if_absent
+from services.db import WORK_SCOPE, insert_if_absent, scoped_select
 from services.errors import ConflictError
 
 __all__ = ["insert_link_txn", "link_by_key_txn", "links_of_run_txn"]
@@ -31,6 +31,10 @@ _IMMUTABLE = (
     "runtime_outbox_message_id",
     "submission_attempt_id",
 )
+
+
+#: The link of a handoff key in exactly a work scope (bound per call).
+_LINK_BY_KEY = scoped_select(flow_effect_links, (*WORK_SCOPE[1:], "effect_handoff_key"))
 
 
 def _link(row: RowMapping) -> LinkRecord:
@@ -70,22 +74,14 @@ async def link_by_key_txn(
     conn: AsyncConnection, scope: WorkScopeKey, handoff_key: str
 ) -> LinkRecord | None:
     """The link of ``handoff_key`` in exactly ``scope`` (no lock)."""
-    c = flow_effect_links.c
-    row = (
-        (
-            await conn.execute(
-                select(flow_effect_links).where(
-                    c.org_id == scope.org_id,
-                    c.app_installation_id == scope.app_installation_id,
-                    c.runtime_capability_id == scope.runtime_capability_id,
-                    c.runtime_work_binding_digest == scope.runtime_work_binding_digest,
-                    c.effect_handoff_key == handoff_key,
-                )
-            )
-        )
-        .mappings()
-        .first()
-    )
+    params = {
+        "org_id": scope.org_id,
+        "app_installation_id": scope.app_installation_id,
+        "runtime_capability_id": scope.runtime_capability_id,
+        "runtime_work_binding_digest": scope.runtime_work_binding_digest,
+        "effect_handoff_key": handoff_key,
+    }
+    row = (await conn.execute(_LINK_BY_KEY, params)).mappings().first()
     return None if row is None else _link(row)
 
 

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, fields
+from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import Integer, Select, and_, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.compiler.kinds import EFFECT_COMPLETION_PRODUCER
@@ -108,30 +109,35 @@ class EffectSweepStats:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
+def _orgs_page(org_id: Any, *where: Any) -> Select[Any]:
+    """One keyset page of orgs (``org_id > :after``, ``LIMIT :limit``), built once."""
+    after = bindparam("after", type_=org_id.type)
+    limit = bindparam("limit", type_=Integer())
+    page = select(org_id).where(*where, org_id > after).group_by(org_id).order_by(org_id)
+    return page.limit(limit)
+
+
+#: Orgs with a cancelling run, and orgs with a terminal non-delivery handoff message
+#: (the sweep's discovery on every pass: built once, bound per pass).
+_ORGS_WITH_EFFECT_WORK = (
+    _orgs_page(flow_runs.c.org_id, flow_runs.c.runtime_state == RunState.CANCEL_REQUESTED.code),
+    _orgs_page(
+        runtime_outbox.c.org_id,
+        runtime_outbox.c.delivery_state.in_(sorted(s.value for s in _NON_DELIVERY)),
+    ),
+)
+
+
 async def orgs_with_effect_work(
     engine: AsyncEngine, *, after: str = "", limit: int = 100
 ) -> list[str]:
     """Orgs with a cancelling run or a terminal non-delivery handoff message, after
     ``after`` in id order (bounded keyset pages)."""
-    r, o = flow_runs.c, runtime_outbox.c
-    cancelling = (
-        select(r.org_id)
-        .where(r.runtime_state == RunState.CANCEL_REQUESTED.code, r.org_id > after)
-        .group_by(r.org_id)
-        .order_by(r.org_id)
-        .limit(limit)
-    )
-    dead = (
-        select(o.org_id)
-        .where(o.delivery_state.in_(sorted(s.value for s in _NON_DELIVERY)), o.org_id > after)
-        .group_by(o.org_id)
-        .order_by(o.org_id)
-        .limit(limit)
-    )
+    params = {"after": after, "limit": limit}
     async with transaction(engine, readonly=True) as conn:
         found: set[str] = set()
-        for query in (cancelling, dead):
-            found |= {str(x) for x in (await conn.execute(query)).scalars()}
+        for query in _ORGS_WITH_EFFECT_WORK:
+            found |= {str(x) for x in (await conn.execute(query, params)).scalars()}
     return sorted(found)[:limit]
 
 

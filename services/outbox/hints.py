@@ -17,16 +17,16 @@ failed) claims nothing. Polling stays the guarantee.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import select
+from sqlalchemy import Select, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.outbox.model import DUE_STATES
-from services.outbox.store import OutboxMessage, OutboxTable, _families, _message, claim_txn
+from services.outbox.store import OutboxMessage, OutboxTable, _due, _message, _org, claim_txn
 
 __all__ = ["OutboxHint", "claim_hinted_txn", "hint_of"]
 
@@ -59,6 +59,15 @@ def hint_of(spec: OutboxTable, message: _Keyed) -> OutboxHint:
     return OutboxHint(spec.table.name, message.org_id, tuple(sorted(key.items())))
 
 
+@functools.cache
+def _hinted_stmt(spec: OutboxTable, key: tuple[str, ...], families: tuple[str, ...]) -> Select[Any]:
+    """The hinted row by its primary key, when due for ``families`` (built once per
+    table, key columns and family set)."""
+    t = spec.table
+    named = [t.c[k] == bindparam(f"k_{k}", type_=t.c[k].type) for k in key]
+    return select(t).where(_org(spec), *named, *_due(spec, families))
+
+
 async def claim_hinted_txn(
     conn: AsyncConnection,
     spec: OutboxTable,
@@ -80,15 +89,9 @@ async def claim_hinted_txn(
     """
     if hint.table != spec.table.name:
         return None
-    t = spec.table
-    stmt = select(t).where(
-        t.c.org_id == hint.org_id,
-        *(t.c[k] == v for k, v in hint.key),
-        t.c.delivery_state.in_(sorted(s.value for s in DUE_STATES)),
-        t.c.next_attempt_at <= now,
-        _families(spec, leases),
-    )
-    row = (await conn.execute(stmt)).mappings().first()
+    stmt = _hinted_stmt(spec, tuple(k for k, _ in hint.key), tuple(sorted(leases)))
+    params = {"org_id": hint.org_id, "now": now, **{f"k_{k}": v for k, v in hint.key}}
+    row = (await conn.execute(stmt, params)).mappings().first()
     if row is None:
         return None
     message = _message(spec, row)

@@ -13,9 +13,13 @@ Writes are ``_txn`` helpers that run inside the caller's transaction:
   calls back into a root mutator.
 * :func:`claim_txn`, :func:`apply_txn`, :func:`expire_lease_txn`, :func:`finalize_txn`,
   :func:`request_reconciliation_txn` —
-  each one fenced ``UPDATE`` (``services.db.cas_update``) on ``state_version``, plus the
-  lease token where a lease is held, so a stale dispatcher can never overwrite a newer
+  each one fenced ``UPDATE`` (``services.db.fenced_update``) on ``state_version``, plus
+  the lease token where a lease is held, so a stale dispatcher can never overwrite a newer
   decision (fencing token).
+
+The delivery path's and the polls' statements are built once per table and family set
+(``functools.cache``) with bound parameters, so a pass pays neither statement
+construction nor cache-key generation.
 
 Reads are org-scoped (``org_id`` leads every predicate; §10.0): discovery
 (:func:`orgs_with_due`, :func:`due_messages`, :func:`expired_deliveries`,
@@ -26,17 +30,18 @@ the operator read path (:func:`get_message`, :func:`list_messages`,
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, and_, func, or_, select
+from sqlalchemy import ColumnElement, Integer, Select, Table, and_, bindparam, func, or_, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.db import WORK_SCOPE, cas_update, db_now, insert_if_absent
+from services.db import WORK_SCOPE, db_now, fenced_update, insert_if_absent, scoped_select
 from services.errors import ConflictError
 from services.outbox.model import (
     DUE_STATES,
@@ -110,9 +115,10 @@ class OutboxTable:
     dedupe_scope_columns: tuple[str, ...] = ("org_id",)
     deadline_column: str | None = None
 
-    @property
+    @functools.cached_property
     def immutable_columns(self) -> tuple[str, ...]:
-        """Columns written once at enqueue (compared on a duplicate enqueue)."""
+        """Columns written once at enqueue (compared on a duplicate enqueue); computed
+        once per table (every decoded row reads them)."""
         fixed = {*WORK_SCOPE, self.id_column, self.key_column, "message_family"}
         return tuple(
             c.name
@@ -121,7 +127,7 @@ class OutboxTable:
         )
 
     def pk_key(self, message: OutboxMessage) -> dict[str, Any]:
-        """The primary key without ``org_id`` (``cas_update``'s ``key``)."""
+        """The primary key without ``org_id`` (``fenced_update``'s ``key``)."""
         key = {c: getattr(message, c) for c in self.pk_scope_columns if c != "org_id"}
         key[self.id_column] = message.message_id
         return key
@@ -314,20 +320,10 @@ async def enqueue_txn(
         # The row as inserted (every other column NULL): no read-back statement.
         born: Any = {**{c.name: None for c in t.columns}, **values}
         return EnqueueResult(message.message_id, True, _message(spec, born))
-    dedupe = [t.c[c] == values[c] for c in spec.dedupe_scope_columns]
-    row = (
-        (
-            await conn.execute(
-                select(t).where(
-                    *dedupe,
-                    t.c.message_family == message.family,
-                    t.c[spec.key_column] == message.key,
-                )
-            )
-        )
-        .mappings()
-        .first()
-    )
+    dedupe = (*(c for c in spec.dedupe_scope_columns if c != "org_id"), "message_family")
+    by_key = scoped_select(t, (*dedupe, spec.key_column))
+    params = {c: values[c] for c in ("org_id", *dedupe, spec.key_column)}
+    row = (await conn.execute(by_key, params)).mappings().first()
     if row is None:
         raise ConflictError(
             "outbox message id already names another message", entity=t.name, key=message.message_id
@@ -349,22 +345,97 @@ def _families(spec: OutboxTable, families: Iterable[str]) -> ColumnElement[bool]
     return spec.table.c.message_family.in_(sorted(families))
 
 
+def _now(spec: OutboxTable) -> Any:
+    """The ``:now`` parameter of a cached statement (typed: UtcDateTime binds)."""
+    return bindparam("now", type_=spec.table.c.next_attempt_at.type)
+
+
+def _org(spec: OutboxTable) -> ColumnElement[bool]:
+    """``org_id = :org_id``, the leading predicate of a cached one-org statement."""
+    return spec.table.c.org_id == bindparam("org_id", type_=spec.table.c.org_id.type)
+
+
+_LIMIT = bindparam("limit", type_=Integer())
+
+
+def _due(spec: OutboxTable, families: tuple[str, ...]) -> list[ColumnElement[bool]]:
+    t = spec.table
+    return [
+        t.c.delivery_state.in_(sorted(s.value for s in DUE_STATES)),
+        t.c.next_attempt_at <= _now(spec),
+        _families(spec, families),
+    ]
+
+
+@functools.cache
+def _orgs_with_due_stmt(spec: OutboxTable, families: tuple[str, ...]) -> Select[Any]:
+    return select(spec.table.c.org_id).where(*_due(spec, families)).distinct().limit(_LIMIT)
+
+
+@functools.cache
+def _due_messages_stmt(spec: OutboxTable, families: tuple[str, ...]) -> Select[Any]:
+    t = spec.table
+    return (
+        select(t)
+        .where(_org(spec), *_due(spec, families))
+        .order_by(t.c.next_attempt_at, t.c[spec.id_column])
+        .limit(_LIMIT)
+    )
+
+
+def _repair(spec: OutboxTable) -> ColumnElement[bool]:
+    """A ``Delivering`` row whose lease expired before ``:now``."""
+    t = spec.table
+    return and_(t.c.delivery_state == DeliveryState.DELIVERING.value, t.c.lease_until < _now(spec))
+
+
+def _pre_final(spec: OutboxTable) -> ColumnElement[bool]:
+    return spec.table.c.delivery_state.in_(sorted(s.value for s in PRE_FINAL_STATES))
+
+
+@functools.cache
+def _orgs_with_repair_work_stmt(spec: OutboxTable, families: tuple[str, ...]) -> Select[Any]:
+    return (
+        select(spec.table.c.org_id)
+        .where(_families(spec, families), or_(_repair(spec), _pre_final(spec)))
+        .distinct()
+        .limit(_LIMIT)
+    )
+
+
+@functools.cache
+def _expired_deliveries_stmt(spec: OutboxTable, families: tuple[str, ...]) -> Select[Any]:
+    t = spec.table
+    return (
+        select(t)
+        .where(_org(spec), _repair(spec), _families(spec, families))
+        .order_by(t.c.lease_until, t.c[spec.id_column])
+        .limit(_LIMIT)
+    )
+
+
+@functools.cache
+def _pre_final_messages_stmt(spec: OutboxTable, families: tuple[str, ...]) -> Select[Any]:
+    t = spec.table
+    return (
+        select(t)
+        .where(_org(spec), _pre_final(spec), _families(spec, families))
+        .order_by(t.c.updated_at, t.c[spec.id_column])
+        .limit(_LIMIT)
+    )
+
+
+def _shape(families: Iterable[str]) -> tuple[str, ...]:
+    """A family set as a statement cache key."""
+    return tuple(sorted(families))
+
+
 async def orgs_with_due(
     conn: AsyncConnection, spec: OutboxTable, families: Iterable[str], now: datetime, limit: int
 ) -> list[str]:
     """Orgs with at least one due message of ``families`` (bounded)."""
-    t = spec.table
-    stmt = (
-        select(t.c.org_id)
-        .where(
-            t.c.delivery_state.in_(sorted(s.value for s in DUE_STATES)),
-            t.c.next_attempt_at <= now,
-            _families(spec, families),
-        )
-        .distinct()
-        .limit(limit)
-    )
-    return [str(r) for r in (await conn.execute(stmt)).scalars()]
+    stmt = _orgs_with_due_stmt(spec, _shape(families))
+    return [str(r) for r in (await conn.execute(stmt, {"now": now, "limit": limit})).scalars()]
 
 
 async def due_messages(
@@ -376,42 +447,17 @@ async def due_messages(
     limit: int,
 ) -> list[OutboxMessage]:
     """Due messages of one org, oldest ``next_attempt_at`` first."""
-    t = spec.table
-    stmt = (
-        select(t)
-        .where(
-            t.c.org_id == org_id,
-            t.c.delivery_state.in_(sorted(s.value for s in DUE_STATES)),
-            t.c.next_attempt_at <= now,
-            _families(spec, families),
-        )
-        .order_by(t.c.next_attempt_at, t.c[spec.id_column])
-        .limit(limit)
-    )
-    return [_message(spec, r) for r in (await conn.execute(stmt)).mappings()]
+    stmt = _due_messages_stmt(spec, _shape(families))
+    params = {"org_id": org_id, "now": now, "limit": limit}
+    return [_message(spec, r) for r in (await conn.execute(stmt, params)).mappings()]
 
 
 async def orgs_with_repair_work(
     conn: AsyncConnection, spec: OutboxTable, families: Iterable[str], now: datetime, limit: int
 ) -> list[str]:
     """Orgs with an expired delivery lease or a pre-finalization message (bounded)."""
-    t = spec.table
-    stmt = (
-        select(t.c.org_id)
-        .where(
-            _families(spec, families),
-            or_(
-                and_(
-                    t.c.delivery_state == DeliveryState.DELIVERING.value,
-                    t.c.lease_until < now,
-                ),
-                t.c.delivery_state.in_(sorted(s.value for s in PRE_FINAL_STATES)),
-            ),
-        )
-        .distinct()
-        .limit(limit)
-    )
-    return [str(r) for r in (await conn.execute(stmt)).scalars()]
+    stmt = _orgs_with_repair_work_stmt(spec, _shape(families))
+    return [str(r) for r in (await conn.execute(stmt, {"now": now, "limit": limit})).scalars()]
 
 
 async def expired_deliveries(
@@ -423,37 +469,18 @@ async def expired_deliveries(
     limit: int,
 ) -> list[OutboxMessage]:
     """``Delivering`` rows whose lease expired (their dispatcher died or stalled)."""
-    t = spec.table
-    stmt = (
-        select(t)
-        .where(
-            t.c.org_id == org_id,
-            t.c.delivery_state == DeliveryState.DELIVERING.value,
-            t.c.lease_until < now,
-            _families(spec, families),
-        )
-        .order_by(t.c.lease_until, t.c[spec.id_column])
-        .limit(limit)
-    )
-    return [_message(spec, r) for r in (await conn.execute(stmt)).mappings()]
+    stmt = _expired_deliveries_stmt(spec, _shape(families))
+    params = {"org_id": org_id, "now": now, "limit": limit}
+    return [_message(spec, r) for r in (await conn.execute(stmt, params)).mappings()]
 
 
 async def pre_final_messages(
     conn: AsyncConnection, spec: OutboxTable, org_id: str, families: Iterable[str], limit: int
 ) -> list[OutboxMessage]:
     """Pre-finalization candidates of one org (owner receipt persisted, not finalized)."""
-    t = spec.table
-    stmt = (
-        select(t)
-        .where(
-            t.c.org_id == org_id,
-            t.c.delivery_state.in_(sorted(s.value for s in PRE_FINAL_STATES)),
-            _families(spec, families),
-        )
-        .order_by(t.c.updated_at, t.c[spec.id_column])
-        .limit(limit)
-    )
-    return [_message(spec, r) for r in (await conn.execute(stmt)).mappings()]
+    stmt = _pre_final_messages_stmt(spec, _shape(families))
+    params = {"org_id": org_id, "limit": limit}
+    return [_message(spec, r) for r in (await conn.execute(stmt, params)).mappings()]
 
 
 # --- fenced transitions ---------------------------------------------------------------
@@ -462,19 +489,9 @@ async def pre_final_messages(
 async def _reread(
     conn: AsyncConnection, spec: OutboxTable, message: OutboxMessage
 ) -> OutboxMessage:
-    t = spec.table
     key = spec.pk_key(message)
-    row = (
-        (
-            await conn.execute(
-                select(t).where(
-                    t.c.org_id == message.org_id, *(t.c[k] == v for k, v in key.items())
-                )
-            )
-        )
-        .mappings()
-        .one()
-    )
+    stmt = scoped_select(spec.table, tuple(key))
+    row = (await conn.execute(stmt, {"org_id": message.org_id, **key})).mappings().one()
     return _message(spec, row)
 
 
@@ -495,7 +512,6 @@ async def claim_txn(
     Raises:
         FenceLostError: another dispatcher claimed (or changed) the row first.
     """
-    t = spec.table
     state = message.delivery_state
     target = (
         DeliveryState.RECONCILING
@@ -510,20 +526,21 @@ async def claim_txn(
         "next_attempt_at": lease_until,
         "updated_at": now,
     }
-    await cas_update(
+    await fenced_update(
         conn,
-        t,
+        spec.table,
         org_id=message.org_id,
         key=spec.pk_key(message),
         expected_version=message.state_version,
         values=values,
-        extra_predicates=[t.c.delivery_state == state.value, t.c.next_attempt_at <= now],
+        equal={"delivery_state": state.value},
+        at_most={"next_attempt_at": now},
     )
     return _moved(message, {**values, "delivery_state": target})
 
 
 def _moved(message: OutboxMessage, values: Mapping[str, Any]) -> OutboxMessage:
-    """``message`` after a successful :func:`~services.db.cas_update` of ``values``.
+    """``message`` after a successful :func:`~services.db.fenced_update` of ``values``.
 
     Every change of an outbox row is such a compare-and-swap on ``state_version``, so the
     row the fence matched is exactly ``message`` and the row now is ``message`` with
@@ -562,18 +579,17 @@ async def apply_txn(
     Raises:
         FenceLostError: the lease was lost (expired and repaired, or re-claimed).
     """
-    t = spec.table
     if leased.lease_token is None:
         raise ValueError("apply_txn needs a leased message")
     values = _transition_values(transition, now)
-    await cas_update(
+    await fenced_update(
         conn,
-        t,
+        spec.table,
         org_id=leased.org_id,
         key=spec.pk_key(leased),
         expected_version=leased.state_version,
         values=values,
-        extra_predicates=[t.c.lease_token == leased.lease_token],
+        equal={"lease_token": leased.lease_token},
     )
     return _moved(leased, {**values, "delivery_state": transition.state})
 
@@ -592,18 +608,15 @@ async def expire_lease_txn(
     Raises:
         FenceLostError: the row moved on (its dispatcher finished after all).
     """
-    t = spec.table
-    await cas_update(
+    await fenced_update(
         conn,
-        t,
+        spec.table,
         org_id=message.org_id,
         key=spec.pk_key(message),
         expected_version=message.state_version,
         values=_transition_values(transition, now),
-        extra_predicates=[
-            t.c.delivery_state == DeliveryState.DELIVERING.value,
-            t.c.lease_until < now,
-        ],
+        equal={"delivery_state": DeliveryState.DELIVERING.value},
+        less_than={"lease_until": now},
     )
     return await _reread(conn, spec, message)
 
@@ -624,13 +637,12 @@ async def request_reconciliation_txn(
         FenceLostError: the row moved on (claimed, delivered, …); re-read later.
         ValueError: the message is not ``Pending``/``Retrying``.
     """
-    t = spec.table
     state = message.delivery_state
     if state not in (DeliveryState.PENDING, DeliveryState.RETRYING):
         raise ValueError(f"{state} cannot be asked to reconcile")
-    await cas_update(
+    await fenced_update(
         conn,
-        t,
+        spec.table,
         org_id=message.org_id,
         key=spec.pk_key(message),
         expected_version=message.state_version,
@@ -639,7 +651,7 @@ async def request_reconciliation_txn(
             "next_attempt_at": now,
             "updated_at": now,
         },
-        extra_predicates=[t.c.delivery_state == state.value],
+        equal={"delivery_state": state.value},
     )
     return await _reread(conn, spec, message)
 
@@ -656,16 +668,15 @@ async def finalize_txn(
         FenceLostError: the message changed since the finalizer read it.
         ValueError: the message is not in a pre-finalization state.
     """
-    t = spec.table
     terminal = terminal_state_for(message.delivery_state)
-    await cas_update(
+    await fenced_update(
         conn,
-        t,
+        spec.table,
         org_id=message.org_id,
         key=spec.pk_key(message),
         expected_version=message.state_version,
         values={"delivery_state": terminal.value, "updated_at": now},
-        extra_predicates=[t.c.delivery_state == message.delivery_state.value],
+        equal={"delivery_state": message.delivery_state.value},
     )
     return await _reread(conn, spec, message)
 

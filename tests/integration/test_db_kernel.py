@@ -25,6 +25,7 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.dialects import mysql
 from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -248,6 +249,54 @@ async def test_fenced_update_switch_on_null_is_decided_by_the_row(engine: AsyncE
             )
     assert (await _get(engine, "a")).note == '"held"'
     assert (await _get(engine, "b")).note == '"free"'
+
+
+async def test_fenced_update_bounds_are_part_of_the_fence(engine: AsyncEngine) -> None:
+    due = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)
+    await _insert(engine, _row("a", seen_at=due), _row("b", seen_at=due))
+
+    async def update(item: str, version: int, **bounds: Any) -> int:
+        async with db.transaction(engine) as conn:
+            return await db.fenced_update(
+                conn,
+                items,
+                org_id=ORG,
+                key={"item_id": item},
+                expected_version=version,
+                values={"counter": 1},
+                equal={},
+                **bounds,
+            )
+
+    early = due - timedelta(microseconds=1)
+    for bound in ({"at_most": {"seen_at": early}}, {"less_than": {"seen_at": due}}):
+        with pytest.raises(FenceLostError) as caught:
+            await update("a", 0, **bound)  # not due yet / not yet expired
+        assert caught.value.found_version == 0
+    assert (await _get(engine, "a")).counter == 0
+
+    assert await update("a", 0, at_most={"seen_at": due}) == 1  # <= includes the bound
+    later = due + timedelta(microseconds=1)
+    assert await update("b", 0, less_than={"seen_at": later}) == 1
+    with pytest.raises(FenceLostError):
+        await update("b", 1, at_most={"seen_at": None})  # <= NULL matches nothing
+    assert [(await _get(engine, i)).state_version for i in ("a", "b")] == [1, 1]
+
+
+async def test_scoped_select_is_built_once_and_reads_only_its_org(engine: AsyncEngine) -> None:
+    await _insert(engine, _row("a"), _row("a", org_id=OTHER_ORG, counter=7))
+    stmt = db.scoped_select(items, ("item_id",))
+    assert db.scoped_select(items, ("item_id",)) is stmt
+    versions = db.scoped_select(items, ("item_id",), columns=("state_version", "counter"))
+    async with db.transaction(engine, readonly=True) as conn:
+        row = (await conn.execute(stmt, {"org_id": OTHER_ORG, "item_id": "a"})).one()
+        assert (row.org_id, row.counter) == (OTHER_ORG, 7)
+        assert (await conn.execute(versions, {"org_id": ORG, "item_id": "a"})).all() == [(0, 0)]
+        missing = await conn.execute(stmt, {"org_id": "org-3", "item_id": "a"})
+        assert missing.first() is None
+    locking = db.scoped_select(items, ("item_id",), for_update=True)
+    assert locking is not stmt
+    assert "FOR UPDATE" in str(locking.compile(dialect=mysql.dialect()))
 
 
 async def test_fenced_update_in_the_wrong_org_matches_nothing_and_refuses_misuse(
