@@ -195,22 +195,30 @@ async def test_cas_update_extra_predicates_are_part_of_the_fence(engine: AsyncEn
     assert (await _get(engine, "a")).counter == 1
 
 
+async def _fenced(
+    engine: AsyncEngine, item: str, version: int, values: dict[str, Any], **fence: Any
+) -> int:
+    """One :func:`db.fenced_update` of ``item`` in its own transaction."""
+    async with db.transaction(engine) as conn:
+        return await db.fenced_update(
+            conn,
+            items,
+            org_id=ORG,
+            key={"item_id": item},
+            expected_version=version,
+            values=values,
+            **fence,
+        )
+
+
 async def test_fenced_update_checks_its_equalities_null_tests_and_version(
     engine: AsyncEngine,
 ) -> None:
     await _insert(engine, _row("a", lease_token="t-new"), _row("b"))
 
     async def update(item: str, version: int, **equal: Any) -> int:
-        async with db.transaction(engine) as conn:
-            return await db.fenced_update(
-                conn,
-                items,
-                org_id=ORG,
-                key={"item_id": item},
-                expected_version=version,
-                values={"counter": 1, "seen_at": datetime(2026, 1, 2, tzinfo=UTC)},
-                equal=equal,
-            )
+        values = {"counter": 1, "seen_at": datetime(2026, 1, 2, tzinfo=UTC)}
+        return await _fenced(engine, item, version, values, equal=equal)
 
     for stale in ({"lease_token": "t-old"}, {"lease_token": None}):
         with pytest.raises(FenceLostError) as caught:
@@ -256,17 +264,7 @@ async def test_fenced_update_bounds_are_part_of_the_fence(engine: AsyncEngine) -
     await _insert(engine, _row("a", seen_at=due), _row("b", seen_at=due))
 
     async def update(item: str, version: int, **bounds: Any) -> int:
-        async with db.transaction(engine) as conn:
-            return await db.fenced_update(
-                conn,
-                items,
-                org_id=ORG,
-                key={"item_id": item},
-                expected_version=version,
-                values={"counter": 1},
-                equal={},
-                **bounds,
-            )
+        return await _fenced(engine, item, version, {"counter": 1}, equal={}, **bounds)
 
     early = due - timedelta(microseconds=1)
     for bound in ({"at_most": {"seen_at": early}}, {"less_than": {"seen_at": due}}):
