@@ -509,16 +509,23 @@ async def test_a_worker_loop_idle_for_minutes_runs_a_resolved_run_from_its_hint(
     from runtime_svc.worker.loop import StepWorker
 
     polls = 0
+    finished_polls = 0
     real_run_once = StepWorker.run_once
 
     async def counted(self: StepWorker) -> Any:
-        nonlocal polls
+        nonlocal polls, finished_polls
         polls += 1
-        return await real_run_once(self)
+        try:
+            return await real_run_once(self)
+        finally:
+            finished_polls += 1
 
     StepWorker.run_once = counted  # type: ignore[method-assign]
     try:
-        await _woken_by_hint(world, "r3", 1, lambda: polls >= 1)
+        # The signal is submitted once the start-up pass has *finished* (a pass still
+        # running could find the resumed step itself — a race of the test's, not the
+        # loop's: on a loaded runner the cold first pass is slow).
+        await _woken_by_hint(world, "r3", 1, lambda: finished_polls >= 1)
     finally:
         StepWorker.run_once = real_run_once  # type: ignore[method-assign]
     assert polls <= 3  # start-up; at most the woken fallback pass and its busy re-poll
@@ -538,16 +545,23 @@ async def test_a_resolution_wakes_one_of_the_idle_workers_the_others_keep_sleepi
     startup: list[int] = []
     real_run_once, real_found = StepWorker.run_once, StepWorker.process_found
 
+    finished: set[StepWorker] = set()
+
     async def counted(self: StepWorker) -> Any:
         polls.append(self)
-        return await real_run_once(self)
+        try:
+            return await real_run_once(self)
+        finally:
+            finished.add(self)
 
     async def found(self: StepWorker, *args: Any, **kw: Any) -> Any:
         hinted.append(self)
         return await real_found(self, *args, **kw)
 
     def ready() -> bool:
-        if len(set(polls)) < 3:
+        # Every loop's start-up pass has finished (one still running could find the
+        # resumed step itself: the test's race, not the loops').
+        if len(finished) < 3:
             return False
         startup.append(len(polls))
         return True
