@@ -231,10 +231,6 @@ class DedupeScope:
         """The four scope columns of a row."""
         return {name: getattr(self, name) for name in WORK_SCOPE}
 
-    def where(self, table: Table) -> list[ColumnElement[bool]]:
-        """The four scope predicates on ``table``."""
-        return [table.c[name] == getattr(self, name) for name in WORK_SCOPE]
-
 
 def request_digest(rpc: str, request: Message, *, id_field: str = "request_id") -> str:
     """Digest of ``request`` without its ``request_id``: two requests are "the same" when
@@ -396,13 +392,12 @@ class RequestLedger:
             .where(*where, t.c.completed == false())
             .values(response_payload=bindparam("v_payload"), completed=bindparam("v_completed"))
         )
+        self._release = delete(t).where(
+            *where, t.c.request_digest == bindparam("k_digest"), t.c.response_payload.is_(None)
+        )
         #: :meth:`lookup_clocked_txn`'s statement per dialect name (its clock SQL differs),
         #: and per (dialect name, ``LookupColumn.key``) with that column added.
         self._clocked: dict[str | tuple[str, str], Select[Any]] = {}
-
-    def _key_where(self, key: RequestKey) -> list[ColumnElement[bool]]:
-        t = self.table
-        return [*key.scope.where(t), t.c.rpc_name == key.rpc, t.c.request_id == key.request_id]
 
     @staticmethod
     def _key_params(key: RequestKey) -> dict[str, Any]:
@@ -670,16 +665,10 @@ class RequestLedger:
         """Drop the reservation of an operation that failed: a refused request leaves no
         row behind, and its retry decides again. A row that already holds a response
         (completed, or provisional) is kept."""
-        t = self.table
+        params = {**self._key_params(key), "k_digest": key.request_digest}
 
         async def fn(conn: AsyncConnection) -> None:
-            await conn.execute(
-                delete(t).where(
-                    *self._key_where(key),
-                    t.c.request_digest == key.request_digest,
-                    t.c.response_payload.is_(None),
-                )
-            )
+            await conn.execute(self._release, params)
 
         await run_in_transaction(engine, fn)
 

@@ -44,7 +44,7 @@ from runtime_svc.migration.protocol import require_v2_admission_txn
 from runtime_svc.observability.hooks import run_trace_context
 from runtime_svc.schema import execution_plans, flow_runs
 from services.auth import TrustedRuntimeWorkScope
-from services.db import insert_if_absent
+from services.db import insert_if_absent, scoped_select
 from services.digest import versioned_digest
 from services.errors import ConflictError, NotFoundError
 from services.invariants import InvariantError
@@ -173,9 +173,7 @@ async def run_by_idempotency_key_txn(
 _RUN_BY_KEY = select(flow_runs.c.flow_run_id).where(
     flow_runs.c.org_id == bindparam("org"), flow_runs.c.idempotency_key == bindparam("key")
 )
-_PLAN = select(execution_plans).where(
-    execution_plans.c.org_id == bindparam("org"), execution_plans.c.plan_id == bindparam("plan")
-)
+_PLAN = scoped_select(execution_plans, ("plan_id",))
 
 
 async def _by_idempotency_key(conn: AsyncConnection, org_id: str, key: str) -> RunRecord | None:
@@ -241,7 +239,7 @@ async def create_run_txn(
         if existing is not None:
             return _replay(existing, request_digest)
     await require_v2_admission_txn(conn)
-    params = {"org": org, "plan": request.plan_id}
+    params = {"org_id": org, "plan_id": request.plan_id}
     plan = (await conn.execute(_PLAN, params)).mappings().first()
     # A plan of another installation/capability/binding answers like a missing one.
     if plan is None or any(plan[k] != v for k, v in dataclasses.asdict(scope).items()):

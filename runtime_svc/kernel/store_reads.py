@@ -39,6 +39,7 @@ from runtime_svc.schema import (
     flow_step_executions,
     flow_versions,
 )
+from services.db import scoped_select
 from services.digest import versioned_digest
 from services.errors import InvalidArgumentError, NotFoundError
 
@@ -301,9 +302,7 @@ async def list_runs_page_txn(
     return RunPage(tuple(runs), token)
 
 
-_PLAN_DIGEST = select(execution_plans.c.plan_digest).where(
-    execution_plans.c.org_id == bindparam("org"), execution_plans.c.plan_id == bindparam("plan")
-)
+_PLAN_DIGEST = scoped_select(execution_plans, ("plan_id",), columns=("plan_digest",))
 
 
 async def plan_digest_txn(conn: AsyncConnection, org_id: str, plan_id: str) -> str:
@@ -312,7 +311,7 @@ async def plan_digest_txn(conn: AsyncConnection, org_id: str, plan_id: str) -> s
     Raises:
         NotFoundError: no such plan in the org.
     """
-    params = {"org": org_id, "plan": plan_id}
+    params = {"org_id": org_id, "plan_id": plan_id}
     digest = (await conn.execute(_PLAN_DIGEST, params)).scalar_one_or_none()
     if digest is None:
         raise NotFoundError("execution_plan", plan_id)
@@ -397,11 +396,7 @@ async def support_view_txn(
     )
 
 
-_GET_CHECKPOINT = select(flow_checkpoints).where(
-    flow_checkpoints.c.org_id == bindparam("org"),
-    flow_checkpoints.c.checkpoint_id == bindparam("checkpoint"),
-    flow_checkpoints.c.flow_run_id == bindparam("run"),
-)
+_GET_CHECKPOINT = scoped_select(flow_checkpoints, ("flow_run_id", "checkpoint_id"))
 
 
 async def get_checkpoint_txn(
@@ -412,7 +407,7 @@ async def get_checkpoint_txn(
     Raises:
         NotFoundError: missing, in another org, or of another run.
     """
-    params = {"org": org_id, "checkpoint": checkpoint_id, "run": flow_run_id}
+    params = {"org_id": org_id, "flow_run_id": flow_run_id, "checkpoint_id": checkpoint_id}
     row = (await conn.execute(_GET_CHECKPOINT, params)).mappings().first()
     if row is None:
         raise NotFoundError("flow_checkpoint", checkpoint_id)

@@ -53,7 +53,7 @@ from runtime_svc.kernel.wait_model import (
 )
 from runtime_svc.observability.hooks import signal_trace_context
 from runtime_svc.schema import flow_dependencies, flow_step_executions, flow_wake_signals
-from services.db import fenced_update, insert_if_absent, run_in_transaction
+from services.db import fenced_update, insert_if_absent, run_in_transaction, scoped_select
 from services.errors import ConflictError, FenceLostError
 
 __all__ = [
@@ -194,16 +194,13 @@ async def read_dependency_txn(
     conn: AsyncConnection, org_id: str, dependency_id: str
 ) -> DependencyRecord | None:
     """The dependency ``(org_id, dependency_id)``, without a lock (discovery)."""
-    params = {"org": org_id, "key": dependency_id}
+    params = {"org_id": org_id, "dependency_id": dependency_id}
     row = (await conn.execute(_READ_DEPENDENCY, params)).mappings().first()
     return None if row is None else dependency_from_row(row)
 
 
 # Built once at import and executed with bound parameters (no per-call construction).
-_READ_DEPENDENCY = select(flow_dependencies).where(
-    flow_dependencies.c.org_id == bindparam("org"),
-    flow_dependencies.c.dependency_id == bindparam("key"),
-)
+_READ_DEPENDENCY = scoped_select(flow_dependencies, ("dependency_id",))
 _LOCK_STEP_DEPENDENCIES = (
     select(flow_dependencies)
     .where(
@@ -213,14 +210,7 @@ _LOCK_STEP_DEPENDENCIES = (
     .order_by(flow_dependencies.c.dependency_id)
     .with_for_update()
 )
-_LOCK_DEPENDENCY = (
-    select(flow_dependencies)
-    .where(
-        flow_dependencies.c.org_id == bindparam("org"),
-        flow_dependencies.c.dependency_id == bindparam("key"),
-    )
-    .with_for_update()
-)
+_LOCK_DEPENDENCY = scoped_select(flow_dependencies, ("dependency_id",), for_update=True)
 _LOCK_SIGNAL = (
     select(flow_wake_signals)
     .where(
@@ -235,7 +225,7 @@ async def lock_dependency(
     conn: AsyncConnection, org_id: str, dependency_id: str
 ) -> DependencyRecord | None:
     """Lock and read one dependency (after its root and step)."""
-    params = {"org": org_id, "key": dependency_id}
+    params = {"org_id": org_id, "dependency_id": dependency_id}
     row = (await conn.execute(_LOCK_DEPENDENCY, params)).mappings().first()
     return None if row is None else dependency_from_row(row)
 

@@ -35,6 +35,7 @@ from runtime_svc.kernel.wait_model import (
     WorkScopeKey,
 )
 from runtime_svc.schema import flow_checkpoints, flow_dependencies, flow_runs, flow_wake_signals
+from services.db import scoped_select
 
 __all__ = [
     "checkpoint_context_txn",
@@ -262,11 +263,8 @@ async def pending_for_key_txn(
     ]
 
 
-_C = flow_checkpoints.c
-_CHECKPOINT_CONTEXT = select(_C.context_payload).where(
-    _C.org_id == bindparam("org"),
-    _C.checkpoint_id == bindparam("checkpoint"),
-    _C.flow_run_id == bindparam("run"),
+_CHECKPOINT_CONTEXT = scoped_select(
+    flow_checkpoints, ("flow_run_id", "checkpoint_id"), columns=("context_payload",)
 )
 
 
@@ -276,7 +274,7 @@ async def checkpoint_context_txn(
     """The context payload (JSON) of one checkpoint of one run — what a wait condition
     reads — without the rest of the row; ``None`` when missing, in another org, or of
     another run."""
-    params = {"org": org_id, "checkpoint": checkpoint_id, "run": flow_run_id}
+    params = {"org_id": org_id, "flow_run_id": flow_run_id, "checkpoint_id": checkpoint_id}
     payload = (await conn.execute(_CHECKPOINT_CONTEXT, params)).scalar_one_or_none()
     return None if payload is None else str(payload)
 

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.compiler import ExpressionEvalError, evaluate, parse_expression
@@ -70,7 +69,7 @@ from runtime_svc.waits import queries
 from runtime_svc.waits.plans import PlanSource, WaitBounds
 from runtime_svc.waits.registry import ProducerFamily, ProducerRegistry
 from runtime_svc.worker.executor import env_of
-from services.db import run_in_transaction, transaction
+from services.db import run_in_transaction, scoped_select, transaction
 from services.errors import FenceLostError, NotFoundError
 from services.faults import CrashPoint, crash_point
 from services.metrics import metrics
@@ -100,9 +99,8 @@ log = logging.getLogger(__name__)
 _CANDIDATES = 20
 
 #: A waiting step's plan key (the context read of a dependency whose step is not locked).
-_PLAN_STEP_KEY = select(flow_step_executions.c.plan_step_key).where(
-    flow_step_executions.c.org_id == bindparam("org"),
-    flow_step_executions.c.step_execution_id == bindparam("step"),
+_PLAN_STEP_KEY = scoped_select(
+    flow_step_executions, ("step_execution_id",), columns=("plan_step_key",)
 )
 
 
@@ -212,7 +210,7 @@ class Matcher:
             key = None if held.step is None else held.step.plan_step_key
         else:
             root = await get_run_txn(conn, dep.org_id, dep.flow_run_id, include_deleted=True)
-            params = {"org": dep.org_id, "step": dep.step_execution_id}
+            params = {"org_id": dep.org_id, "step_execution_id": dep.step_execution_id}
             key = (await conn.execute(_PLAN_STEP_KEY, params)).scalar_one_or_none()
         if key is None:
             raise NotFoundError("flow_step_execution", dep.step_execution_id)

@@ -114,7 +114,7 @@ from runtime_svc.worker.snapshots import (
 from runtime_svc.worker.views import RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
 from services.background import OrgRotation
-from services.db import DbErrorClass, classify_db_error, transaction
+from services.db import DbErrorClass, classify_db_error, scoped_select, transaction
 from services.errors import (
     CommitOutcomeUnknownError,
     ConflictError,
@@ -1014,21 +1014,22 @@ class _Prepared:
     input_sequence: int | None = None
 
 
-_S, _C = flow_step_executions.c, flow_checkpoints.c
 #: The worker's per-step reads, built once at import with bound parameters (issue 13:
 #: executing a pre-built statement skips per-call construction and cache-key generation).
-_STEP_ROW = select(_S.plan_step_key, _S.step_kind, _S.invocation_ordinal).where(
-    _S.org_id == bindparam("org"), _S.step_execution_id == bindparam("step")
+_STEP_ROW = scoped_select(
+    flow_step_executions,
+    ("step_execution_id",),
+    columns=("plan_step_key", "step_kind", "invocation_ordinal"),
 )
-_CHECKPOINT = select(_C.context_payload, _C.read_verification_set).where(
-    _C.org_id == bindparam("org"),
-    _C.flow_run_id == bindparam("run"),
-    _C.checkpoint_id == bindparam("checkpoint"),
+_CHECKPOINT = scoped_select(
+    flow_checkpoints,
+    ("flow_run_id", "checkpoint_id"),
+    columns=("context_payload", "read_verification_set"),
 )
 
 
 async def _step_row_txn(conn: AsyncConnection, org_id: str, step_execution_id: str) -> _StepRow:
-    params = {"org": org_id, "step": step_execution_id}
+    params = {"org_id": org_id, "step_execution_id": step_execution_id}
     row = (await conn.execute(_STEP_ROW, params)).first()
     if row is None:
         raise NotFoundError("flow_step_execution", step_execution_id)
@@ -1039,7 +1040,7 @@ async def _checkpoint_txn(
     conn: AsyncConnection, org_id: str, flow_run_id: str, checkpoint_id: str
 ) -> tuple[str, Any]:
     """The input checkpoint's context payload and its ReadVerificationSet (decoded)."""
-    params = {"org": org_id, "run": flow_run_id, "checkpoint": checkpoint_id}
+    params = {"org_id": org_id, "flow_run_id": flow_run_id, "checkpoint_id": checkpoint_id}
     row = (await conn.execute(_CHECKPOINT, params)).first()
     if row is None:
         raise NotFoundError("flow_checkpoint", checkpoint_id)
