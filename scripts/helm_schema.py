@@ -279,6 +279,7 @@ def runtime_only() -> dict[str, Any]:
                 "minItems": 1,
             },
             "legacyScheduler": BOOL,
+            "preclaimWake": BOOL,
         }
     )
     return {

@@ -240,6 +240,11 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     ),
     "FLOW_RUNTIME_IDLE_MS": ("500", "runtime: longest idle backoff of a worker with no work"),
     "FLOW_RUNTIME_SWEEP_MS": ("1000", "runtime: sweep interval"),
+    "FLOW_RUNTIME_PRECLAIM_WAKE": (
+        "true",
+        "runtime: a wait resolution claims the resumed step (Running) for a local worker "
+        "with room in its own transaction (docs/adr/0007); false = publish a wakeup hint",
+    ),
     "FLOW_RUNTIME_REAUTH_CACHE_MS": (
         "5000",
         "runtime: how long a worker reuses a principal-directory state when a durable step "
@@ -596,6 +601,8 @@ class ServiceConfig:
     runtime_idle_ms: int = 500
     runtime_sweep_ms: int = 1_000
     runtime_reauth_cache_ms: int = 5_000
+    #: ``FLOW_RUNTIME_PRECLAIM_WAKE``: the pre-claimed wake (docs/adr/0007).
+    runtime_preclaim_wake: bool = True
     runtime_retention_days: int = 30
     runtime_view_file: str | None = None
     runtime_wait_sweep_ms: int = 1_000
@@ -723,6 +730,7 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
         runtime_idle_ms=_int(e, "FLOW_RUNTIME_IDLE_MS", minimum=1),
         runtime_sweep_ms=_int(e, "FLOW_RUNTIME_SWEEP_MS", minimum=1),
         runtime_reauth_cache_ms=_int(e, "FLOW_RUNTIME_REAUTH_CACHE_MS"),
+        runtime_preclaim_wake=_bool(e, "FLOW_RUNTIME_PRECLAIM_WAKE"),
         runtime_retention_days=_int(e, "FLOW_RUNTIME_RETENTION_DAYS", minimum=1),
         runtime_view_file=_get(e, "FLOW_RUNTIME_VIEW_FILE") or None,
         runtime_wait_sweep_ms=_int(e, "FLOW_RUNTIME_WAIT_SWEEP_MS", minimum=1),

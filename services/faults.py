@@ -71,6 +71,11 @@ class CrashPoint(StrEnum):
     #: worker (step continuation, docs/adr/0002); its preparation has not begun
     #: (qualifier: the continued step's key). Lease expiry must recover it.
     AFTER_CONTINUATION = "after_continuation"
+    #: A wait's resolution also claimed the resumed step and made it Running for a
+    #: worker of its process (the pre-claimed wake, docs/adr/0007) and committed; the
+    #: worker has not begun its preparation (qualifier: the step's key). Lease expiry
+    #: must recover it.
+    AFTER_PRECLAIMED_WAKE = "after_preclaimed_wake"
     #: A Bounded Atomic run was created already claimed and Running for its caller
     #: (docs/adr/0005); the business transaction has not begun. Lease expiry must
     #: recover it like any claimed step.

@@ -321,6 +321,49 @@ class AdmissionController:
         metrics().admission_decided(lane, Decision.ADMITTED)
         return Ticket(org_id, lane, counted, candidate.flow_run_id)
 
+    def admit_now(
+        self, org_id: str, candidate: Candidate, plan: ExecutionPlan | None = None
+    ) -> Ticket | None:
+        """:meth:`admit` decided in memory only, for a claim made inside another
+        transaction (the pre-claimed wake, ``docs/adr/0007-pre-claimed-wake.md``): the
+        same rules on the org's cached policy, and ``None`` — nothing counted, no
+        deferral recorded (the candidate takes the ordinary path, whose :meth:`admit`
+        decides it) — wherever :meth:`admit` would defer *or* would need I/O: no fresh
+        cached policy, a flow concurrency limit or record limits to acquire a slot for."""
+        cached = self._policies.get(org_id)
+        if cached is None or cached[0] <= self._clock():
+            return None
+        policy, lane = cached[1], candidate.queue_class
+        if self._inflight[_ENV] >= self.budget or policy.records:
+            return None
+        if lane in MUTATION_LANES and not self._mutation_room(policy):
+            return None
+        if self.scheduler.credit(org_id) <= 0:
+            return None
+        facts = self._facts(org_id, candidate, plan)
+        if facts.flow_api_name and policy.concurrent_runs_limit(facts.flow_api_name) is not None:
+            return None
+        subject = AdmissionSubject(
+            org_id,
+            lane,
+            facts.profile or candidate.execution_profile,
+            facts.flow_api_name,
+            facts.flow_version,
+            facts.object_classes,
+        )
+        scopes = policy.scopes(subject)
+        keys = [f"{org_id}/{key}" for key, _ in scopes]
+        for (_, budget), key in zip(scopes, keys, strict=True):
+            if budget.max_inflight is not None and self._inflight[key] >= budget.max_inflight:
+                return None
+        counted = (_ENV, f"lane:{lane}", *keys)
+        for key in counted:
+            self._inflight[key] += 1
+        self.scheduler.charge(org_id)
+        self.decisions[Decision.ADMITTED] += 1
+        metrics().admission_decided(lane, Decision.ADMITTED)
+        return Ticket(org_id, lane, counted, candidate.flow_run_id)
+
     def may_continue(self, ticket: Ticket, lane: str) -> bool:
         """May the admitted chain of ``ticket`` go on into its run's next step of ``lane``
         (step continuation, ADR 0002)? Synchronous and in memory: it is asked inside the

@@ -546,6 +546,61 @@ class FlowRunStateStore:
             return claimed
         return claimed[0]
 
+    async def claim_woken_txn(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        root: RunRecord,
+        step: StepRecord,
+        now: datetime,
+        *,
+        lease_owner: str,
+        trace_id: str | None = None,
+    ) -> LeaseFence | NotEligible:
+        """The pre-claimed wake (``docs/adr/0007-pre-claimed-wake.md``): inside the
+        resolution transaction that locked ``root`` and ``step`` (root → step) and has
+        just written them ``Runnable`` / ``Pending`` — ``root`` and ``step`` are those
+        rows as it left them (derived in memory, ``kernel.applied``) — claim the woken
+        step for ``lease_owner`` through the one claim decision and make it ``Running``
+        in the claim's own writes (ADR 0003): ``decide_claim`` then
+        ``decide_start_running``, new attempt row, new unpredictable lease token (its
+        digest stored), lease deadline from ``now`` (the transaction's database clock),
+        every version incremented. Only rows this transaction already holds are updated
+        (the attempt is inserted).
+
+        Returns the Running fence, or :class:`NotEligible` when the claim decision
+        refuses (paused, deleted, not due, epoch, attempt budget spent …): nothing is
+        written then, and the step stays ``Pending`` for an ordinary claim.
+
+        Raises:
+            FenceLostError: a conditional UPDATE found its row moved (unreachable while
+                the caller holds the root and step locks, or a derivation that drifted);
+                the caller's transaction must roll back.
+        """
+        if root.org_id != org_id or step.flow_run_id != root.flow_run_id:
+            raise TransitionInputError("the woken step is not the run's", field="org_id")
+        token = new_lease_token()
+        request = ClaimRequest(
+            attempt_id=new_id("att"),
+            lease_owner=lease_owner,
+            lease_token_digest=lease_token_digest(token),
+            ownership_epoch=self.ownership_epoch,
+            plan_digest=await self._plan_digest(conn, org_id, root.plan_id),
+            lock_plan_digest=EMPTY_LOCK_PLAN_DIGEST,
+            trace_id=trace_id,
+            expected_root_version=root.state_version,
+            expected_step_version=step.state_version,
+        )
+        decision = decide_claim(root, step, now, self.policy, request)
+        if isinstance(decision, NotEligible):
+            return decision
+        if not isinstance(decision, Claimed):
+            # RetryExhausted: left to the ordinary claim, which records it.
+            return NotEligible("attempt_budget_spent")
+        fence, running_patch = _claimed_running(org_id, root, step, decision, request, token, now)
+        await apply_claim_running(conn, org_id, decision.transition, running_patch, now)
+        return fence
+
     async def mark_running(self, org_id: str, fence: LeaseFence) -> LeaseFence:
         """§12.2 step 3: step ``Claimed -> Running``; returns the fence with the new step
         version, which the final commit compares."""

@@ -19,15 +19,17 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import ColumnElement, Table, bindparam, func, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.compiler.kinds import EFFECT_COMPLETION_PRODUCER
+from runtime_svc.kernel.applied import applied_run, applied_step, projected_step_state
 from runtime_svc.kernel.decisions import NoChange
-from runtime_svc.kernel.model import RunRecord, StepRecord
+from runtime_svc.kernel.model import LeaseFence, RunRecord, StepRecord
+from runtime_svc.kernel.states import RunState, StepState
 from runtime_svc.kernel.store_reads import Candidate
 from runtime_svc.kernel.store_rows import apply_transition, lock_run_and_step
 from runtime_svc.kernel.transitions_waits import (
@@ -60,6 +62,7 @@ __all__ = [
     "FaultStep",
     "HeldRun",
     "WaitStore",
+    "WokenClaim",
     "apply_wait_transition",
     "bound_scope_predicates",
     "cancel_step_dependencies_txn",
@@ -525,6 +528,47 @@ def resumed_candidate(root: RunRecord, step: StepRecord, now: datetime) -> Candi
     )
 
 
+class WokenClaim(Protocol):
+    """The pre-claimed wake's hook (``docs/adr/0007-pre-claimed-wake.md``), asked by a
+    resolution inside its transaction after its own writes, still holding the root and
+    step locks."""
+
+    async def claim_txn(
+        self, conn: AsyncConnection, root: RunRecord, step: StepRecord, now: datetime
+    ) -> LeaseFence | None:
+        """Claim the woken ``step`` of ``root`` (both as the resolution left them) for a
+        local worker and make it ``Running`` in ``conn``; ``None`` writes nothing (no
+        local worker with room, admission or the claim decision refused)."""
+        ...
+
+    def rolled_back(self) -> None:
+        """The transaction attempt that asked is being retried (or did not commit):
+        whatever it reserved is given back."""
+        ...
+
+
+def _woken_rows(
+    root: RunRecord, step: StepRecord, wt: WaitTransition, now: datetime
+) -> tuple[RunRecord, StepRecord] | None:
+    """Root and step as a resolution ``wt`` left them (derived in memory, like the
+    continuation's, ADR 0002) when it resumed ``step`` (root ``Runnable`` on it, step
+    ``Pending``); ``None`` for any other shape (a fault path's new step, an end)."""
+    t = wt.transition
+    if (
+        t.run is None
+        or t.step is None
+        or t.new_step is not None
+        or t.run.to_state is not RunState.RUNNABLE
+        or t.step.to_state is not StepState.PENDING
+        or t.step.step_execution_id != step.step_execution_id
+    ):
+        return None
+    return (
+        applied_run(root, t.run, projected_step_state(t), now),
+        applied_step(step, t.step, now),
+    )
+
+
 class WaitStore:
     """Root-first wait transitions, one short transaction each.
 
@@ -587,16 +631,21 @@ class WaitStore:
         wake_version: int | None = None,
         expected_version: int | None = None,
         check: Callable[[DependencyRecord, SignalRecord | None], bool] | None = None,
+        claim: WokenClaim | None = None,
     ) -> WaitTransition | NoChange:
         """§14.2 step 6 in one transaction: lock root, waiting step, dependency, signal;
         consume the signal once, step ``Pending``, root ``Runnable``, every version +1.
 
         ``check`` re-validates the satisfaction rule on the locked rows (``False``:
         ``NoChange("condition_false")``); ``expected_version`` is the dependency version
-        the caller's discovery saw.
+        the caller's discovery saw. ``claim``: the pre-claimed wake (see
+        :meth:`resolve_in`); told :meth:`WokenClaim.rolled_back` before a retried
+        attempt.
         """
 
         async def fn(conn: AsyncConnection) -> WaitTransition | NoChange:
+            if claim is not None:
+                claim.rolled_back()  # a previous attempt of this transaction, if any
             return await self.resolve_in(
                 conn,
                 org_id,
@@ -606,6 +655,7 @@ class WaitStore:
                 wake_version=wake_version,
                 expected_version=expected_version,
                 check=check,
+                claim=claim,
             )
 
         return await self._guarded(fn)
@@ -622,6 +672,7 @@ class WaitStore:
         expected_version: int | None = None,
         check: Callable[[DependencyRecord, SignalRecord | None], bool] | None = None,
         held: HeldRun | None = None,
+        claim: WokenClaim | None = None,
     ) -> WaitTransition | NoChange:
         """:meth:`resolve` inside the caller's transaction (the producer-side match reads
         its evidence and resolves in one transaction). The caller commits; the locks are
@@ -629,6 +680,12 @@ class WaitStore:
         caller's transaction already took root and step (:func:`lock_waiting_txn`); when
         ``held`` also carries the caller's unlocked reads of the dependency and signal,
         those are not read again and their conditional UPDATEs take their locks.
+
+        ``claim`` (the pre-claimed wake, ``docs/adr/0007-pre-claimed-wake.md``): after
+        the resolution's own writes, still holding root and step, the resumed step is
+        offered to ``claim`` with root and step as the resolution left them; a claim it
+        writes (root ``Running``, step ``Running``, new attempt — rows this transaction
+        holds or inserts) comes back as :attr:`WaitTransition.preclaimed`.
 
         Raises:
             FenceLostError: a conditional UPDATE found its row moved; the caller's
@@ -656,7 +713,13 @@ class WaitStore:
         if isinstance(decision, WaitTransition):
             await apply_wait_transition(conn, org_id, decision, now)
             if step is not None:
-                decision = replace(decision, resumed=resumed_candidate(root, step, now))
+                fence = None
+                woken = None if claim is None else _woken_rows(root, step, decision, now)
+                if claim is not None and woken is not None:
+                    fence = await claim.claim_txn(conn, *woken, now)
+                decision = replace(
+                    decision, resumed=resumed_candidate(root, step, now), preclaimed=fence
+                )
         return decision
 
     async def _fault(

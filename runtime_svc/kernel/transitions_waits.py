@@ -31,7 +31,7 @@ from typing import Any
 
 from runtime_svc.kernel.decisions import NoChange, WaitExpired, WaitResolved
 from runtime_svc.kernel.errors import IllegalTransitionError
-from runtime_svc.kernel.model import NewStep, RunRecord, StepRecord, Transition
+from runtime_svc.kernel.model import LeaseFence, NewStep, RunRecord, StepRecord, Transition
 from runtime_svc.kernel.patches import patch_root, patch_step
 from runtime_svc.kernel.states import FailureClass, RunState, StepState
 from runtime_svc.kernel.store_reads import Candidate
@@ -95,6 +95,11 @@ class WaitTransition:
     #: process claims it without a discovery read. Never compared by anything but the
     #: claim's own fence (a stale candidate loses the claim).
     resumed: Candidate | None = None
+    #: Set by the store when the resolution's own transaction also claimed the resumed
+    #: step and made it ``Running`` for a local worker (the pre-claimed wake,
+    #: ``docs/adr/0007-pre-claimed-wake.md``): that worker's fence, valid once the
+    #: transaction committed. The root is then ``Running``, not ``Runnable``.
+    preclaimed: LeaseFence | None = None
 
 
 def scope_of(root: RunRecord) -> WorkScopeKey:

@@ -67,6 +67,7 @@ from runtime_svc.records.store import read_record_txn
 from runtime_svc.schema import flow_step_executions
 from runtime_svc.waits import queries
 from runtime_svc.waits.plans import PlanSource, WaitBounds
+from runtime_svc.waits.preclaim import PreClaimer, PreClaims
 from runtime_svc.waits.registry import ProducerFamily, ProducerRegistry
 from runtime_svc.worker.executor import env_of
 from services.db import run_in_transaction, scoped_select, transaction
@@ -173,6 +174,14 @@ class Matcher:
         clock: the durable clock (the run store's).
         on_resolved: called after a transition made a waiting run runnable again, with
             the run (wakes this process's workers; the hint lets one claim it directly).
+
+    Attributes:
+        preclaim: the pre-claimed wake (``docs/adr/0007-pre-claimed-wake.md``), set by a
+            process whose workers take woken steps (``runtime_svc.worker.background``):
+            a resolution then claims the resumed step for a local worker with room in
+            its own transaction, and hands it over after ``COMMIT`` instead of
+            publishing the hint. ``None`` (an API-only process, tests of the hinted
+            path): never.
     """
 
     def __init__(
@@ -186,6 +195,7 @@ class Matcher:
         on_resolved: Callable[[ResolvedRun], None] | None = None,
     ) -> None:
         self._on_resolved = on_resolved
+        self.preclaim: PreClaimer | None = None
         self._engine = engine
         self.waits = waits
         self.registry = registry
@@ -251,7 +261,7 @@ class Matcher:
             return NoChange("missing")
         if planned is None:
             return NoChange(f"dependency_{dep.state.code.lower()}")
-        return self._woken(await planned[0].run(self.waits, dep), dep)
+        return await self._run_action(planned[0], dep)
 
     async def match_signal(
         self,
@@ -289,7 +299,7 @@ class Matcher:
             planned = [(dep, await self._evidence(conn, dep)) for dep in deps]
         result: WaitTransition | NoChange = NoChange("no_dependency")
         for dep, (action, _bounds) in planned:
-            result = self._woken(await action.run(self.waits, dep), dep)
+            result = await self._run_action(action, dep)
             if isinstance(result, WaitTransition) and (
                 result.signal is None or result.signal.wake_signal_id == signal.wake_signal_id
             ):
@@ -328,7 +338,12 @@ class Matcher:
         and the two-transaction match re-reads, locks, and decides again.
         ``finish`` (the producer request's own completion) runs last in the transaction;
         its commit callback runs after the commit.
+
+        With :attr:`preclaim`, the resolution also claims the resumed step for a local
+        worker with room (ADR 0007); a rolled-back or retried attempt gives its
+        reservation back, a committed one is handed over after the commit.
         """
+        claims = None if self.preclaim is None else self.preclaim.begin()
 
         async def fn(
             conn: AsyncConnection,
@@ -338,6 +353,8 @@ class Matcher:
             _Action | None,
             Callable[[], None] | None,
         ]:
+            if claims is not None:
+                claims.rolled_back()  # a previous attempt of this transaction, if any
             deps = await queries.pending_for_key_txn(
                 conn, signal.scope, signal.producer_kind, signal.producer_key, 2
             )
@@ -356,7 +373,7 @@ class Matcher:
                 # The dependency and signals this transaction read are not locked and
                 # read again: their compare-and-swaps fence them (HeldRun).
                 seen = replace(held, dependency=dep, signals=action.seen)
-                result = await action.resolve_in(self.waits, conn, dep, seen)
+                result = await action.resolve_in(self.waits, conn, dep, seen, claims)
             if signal.next_match_at is not None and not _consumed(result, signal):
                 await queries.clear_signal_match_txn(conn, signal)
             done = None if finish is None else await finish(conn, result)
@@ -364,19 +381,26 @@ class Matcher:
 
         try:
             result, dep, action, done = await run_in_transaction(self._engine, fn)
-        except _Unfused:
+        except (_Unfused, FenceLostError):
+            # _Unfused: nothing was written. FenceLostError: a row moved after this
+            # transaction read it (a concurrent transition, or a signal another
+            # dependency consumed): everything rolled back, and the two-transaction
+            # match re-reads and locks before it decides — it settles the owed match
+            # and answers like a lost resolution when nothing is left.
+            if claims is not None:
+                claims.rolled_back()
             return None
-        except FenceLostError:
-            # A row moved after this transaction read it (a concurrent transition, or a
-            # signal another dependency consumed): everything rolled back, and the
-            # two-transaction match re-reads and locks before it decides — it settles
-            # the owed match and answers like a lost resolution when nothing is left.
-            return None
+        except BaseException:
+            if claims is not None:
+                claims.rolled_back()
+            raise
         if done is not None:
             done()
         if isinstance(result, WaitTransition) and dep is not None and action is not None:
             action.committed(dep, result)
-            result = self._woken(result, dep)
+            result = self._woken(result, dep, claims)
+        elif claims is not None:
+            claims.rolled_back()
         return result
 
     async def match_dependency(self, dep: DependencyRecord) -> WaitTransition | NoChange:
@@ -397,14 +421,37 @@ class Matcher:
             return NoChange(f"dependency_{dep.state.code.lower()}"), None
         async with transaction(self._engine, readonly=True) as conn:
             action, bounds = await self._evidence(conn, dep)
-        return self._woken(await action.run(self.waits, dep), dep), bounds
+        return await self._run_action(action, dep), bounds
+
+    async def _run_action(
+        self, action: _Action, dep: DependencyRecord
+    ) -> WaitTransition | NoChange:
+        """``action`` in its own root-first transaction(s), pre-claiming the resumed
+        step when this process takes woken steps (:attr:`preclaim`), then
+        :meth:`_woken`."""
+        claims = None if self.preclaim is None else self.preclaim.begin()
+        try:
+            result = await action.run(self.waits, dep, claims)
+        except BaseException:
+            if claims is not None:
+                claims.rolled_back()
+            raise
+        return self._woken(result, dep, claims)
 
     def _woken(
-        self, result: WaitTransition | NoChange, dep: DependencyRecord
+        self,
+        result: WaitTransition | NoChange,
+        dep: DependencyRecord,
+        claims: PreClaims | None = None,
     ) -> WaitTransition | NoChange:
+        # The resolution claimed the resumed step for a local worker (ADR 0007): hand
+        # the committed claim over — no hint, nothing left for anyone to claim.
+        preclaimed = result.preclaimed if isinstance(result, WaitTransition) else None
+        if claims is not None and claims.deliver(preclaimed):
+            return result
         # A run became runnable (resumed or on its fault path): wake the local workers,
         # naming the run so a worker claims its step without a discovery pass.
-        if (
+        if preclaimed is None and (
             self._on_resolved is not None
             and isinstance(result, WaitTransition)
             and result.transition.run is not None
@@ -585,7 +632,9 @@ class _Action:
     #: The candidate signals as the evidence read saw them (unlocked; see ``HeldRun``).
     seen: tuple[SignalRecord, ...] = ()
 
-    async def run(self, waits: WaitStore, dep: DependencyRecord) -> WaitTransition | NoChange:
+    async def run(
+        self, waits: WaitStore, dep: DependencyRecord, claim: PreClaims | None = None
+    ) -> WaitTransition | NoChange:
         if self.expire is not None:
             fault = self.fault
 
@@ -599,7 +648,7 @@ class _Action:
                 fault_lookup=lookup,
                 quarantine=self.quarantine,
             )
-        result = await self._each(dep, waits.resolve)
+        result = await self._each(dep, functools.partial(waits.resolve, claim=claim))
         if isinstance(result, WaitTransition):
             self.committed(dep, result)
         return result
@@ -610,12 +659,15 @@ class _Action:
         conn: AsyncConnection,
         dep: DependencyRecord,
         held: HeldRun | None = None,
+        claim: PreClaims | None = None,
     ) -> WaitTransition | NoChange:
         """The resolutions of :meth:`run` inside the caller's transaction (no expiry;
         the caller calls :meth:`committed` after its commit). The candidates are one
         dependency's signals: the locks stay root → step → dependency → signal(s)
-        (``held``: root and step are locked already)."""
-        return await self._each(dep, functools.partial(waits.resolve_in, conn, held=held))
+        (``held``: root and step are locked already; ``claim``: the pre-claimed wake)."""
+        return await self._each(
+            dep, functools.partial(waits.resolve_in, conn, held=held, claim=claim)
+        )
 
     async def _each(
         self, dep: DependencyRecord, resolve: Callable[..., Awaitable[WaitTransition | NoChange]]

@@ -12,6 +12,11 @@ sweep (``runtime_requests``), all in one :class:`~services.background.LoopGroup`
 delays and hold no connection while sleeping; a :class:`~services.background.Wakeup`
 (a wait resolved in this process) ends a worker's idle wait at once. Other loops
 (reconcilers, dispatchers) join the same group with ``add``/``spawn``.
+
+With workers (and ``FLOW_RUNTIME_PRECLAIM_WAKE``, default on), the process's wait
+resolutions pre-claim the resumed step for these workers (:class:`LocalWakeSeats`,
+``docs/adr/0007-pre-claimed-wake.md``): a worker executes the handed-over Running step
+before it looks at hints or polls.
 """
 
 from __future__ import annotations
@@ -20,13 +25,18 @@ import logging
 import os
 import socket
 import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from runtime_svc.admission.controller import for_process
+from runtime_svc.admission.controller import AdmissionController, for_process
+from runtime_svc.admission.events import Ticket
 from runtime_svc.kernel import FlowRunStateStore
+from runtime_svc.kernel.store_reads import Candidate
 from runtime_svc.kernel.store_retention import RetentionSweep
 from runtime_svc.records import RecordView
 from runtime_svc.schema import runtime_requests
@@ -43,9 +53,10 @@ from services.request_dedupe import RequestLedger
 from services.request_retention import RequestRetention
 
 if TYPE_CHECKING:
+    from runtime_svc.waits.preclaim import PreClaimedWake
     from runtime_svc.waits.runtime import WaitRuntime
 
-__all__ = ["Background", "IdleBackoff", "start_background"]
+__all__ = ["Background", "IdleBackoff", "LocalWakeSeats", "start_background"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +72,114 @@ class _NoViews:
         raise FailedPreconditionError(
             "no record view source configured for the worker", reason="metadata_view_missing"
         )
+
+
+class LocalWakeSeats:
+    """This process's step workers as takers of pre-claimed wakes (the waits'
+    ``WakeSeats``, ``docs/adr/0007-pre-claimed-wake.md``).
+
+    A reservation is granted, in memory, when the group is not stopping, a worker serves
+    the step's lane, fewer handed-over steps wait (reserved or delivered, not yet taken)
+    than there are workers (room), a worker has the run's plan cached and this binary's
+    verdict on it is clear (§8.4), and admission (when configured) admits it now
+    (:meth:`AdmissionController.admit_now` — the ticket then covers the step until its
+    chain ends). A delivered step is taken by the next worker loop that runs
+    (:meth:`take`; the delivery wakes one). A step never taken (the process stops or
+    dies first) stays Running under a lease nobody renews: lease expiry recovers it.
+
+    Args:
+        workers: the process's step workers.
+        admission: their shared admission controller (``None``: none, as in tests).
+        wake: wakes the worker loops.
+        stopping: whether the worker loops are stopping (no reservation then).
+        owner: the lease owner pre-claims are written for (any of the workers may run
+            the step: the fence, not the name, is what every later write compares).
+    """
+
+    def __init__(
+        self,
+        workers: Sequence[StepWorker],
+        *,
+        admission: AdmissionController | None = None,
+        wake: Wakeup | None = None,
+        stopping: Callable[[], bool] = lambda: False,
+        owner: str | None = None,
+    ) -> None:
+        self._workers = tuple(workers)
+        self.admission = admission
+        self._wake = wake
+        self._stopping = stopping
+        host = f"{socket.gethostname()}:{os.getpid()}"
+        self.owner = owner or f"{host}/wake/{uuid.uuid4().hex[:8]}"
+        self._reserved = 0
+        self._delivered: deque[tuple[PreClaimedWake, Ticket | None]] = deque()
+
+    def outstanding(self) -> int:
+        """Handed-over steps no worker has taken yet (reserved or delivered)."""
+        return self._reserved + len(self._delivered)
+
+    def reserve(self, org_id: str, candidate: Candidate) -> _Seat | None:
+        """See the class docstring; ``None`` leaves the wake to today's path."""
+        if self._stopping() or self.outstanding() >= len(self._workers):
+            return None
+        serving = [w for w in self._workers if w.serves(candidate.queue_class)]
+        plan = next((p for w in serving if (p := w.preclaim_plan(org_id, candidate.plan_id))), None)
+        if plan is None:
+            return None
+        ticket = None
+        if self.admission is not None:
+            ticket = self.admission.admit_now(org_id, candidate, plan)
+            if ticket is None:
+                return None
+        self._reserved += 1
+        return _Seat(self, ticket)
+
+    def take(self) -> tuple[PreClaimedWake, Ticket | None] | None:
+        """The oldest delivered step, for the calling worker to execute."""
+        return self._delivered.popleft() if self._delivered else None
+
+    def _settle(self, seat: _Seat, wake: PreClaimedWake | None) -> None:
+        self._reserved -= 1
+        if wake is not None:
+            self._delivered.append((wake, seat.ticket))
+            if self._wake is not None:
+                self._wake.notify()
+        elif seat.ticket is not None and self.admission is not None:
+            self.admission.release(seat.ticket, "not_eligible")
+
+
+@dataclass
+class _Seat:
+    """One reservation of :class:`LocalWakeSeats` (settled once)."""
+
+    seats: LocalWakeSeats
+    ticket: Ticket | None
+    settled: bool = False
+
+    @property
+    def lease_owner(self) -> str:
+        return self.seats.owner
+
+    def deliver(self, wake: PreClaimedWake) -> None:
+        if not self.settled:
+            self.settled = True
+            self.seats._settle(self, wake)
+
+    def cancel(self) -> None:
+        if not self.settled:
+            self.settled = True
+            self.seats._settle(self, None)
+
+
+async def run_preclaimed(worker: StepWorker, seats: LocalWakeSeats) -> bool:
+    """Execute the pre-claimed wakes delivered to this process (one at a time, until
+    none is left); whether there was one."""
+    did = False
+    while (item := seats.take()) is not None:
+        wake, ticket = item
+        await worker.process_preclaimed(wake, admission=seats.admission, ticket=ticket)
+        did = True
+    return did
 
 
 async def _run_resolved(worker: StepWorker, hints: list[object]) -> bool:
@@ -149,6 +268,15 @@ async def start_background(
     # §16: one admission controller for every worker of this process (its budget is the
     # process's connection pool); each worker asks it before it claims.
     admission = for_process(engine, workers=s.workers, quantum=s.batch_size)
+    workers: list[StepWorker] = []
+    seats = None
+    if s.workers > 0 and s.preclaim_wake:
+        seats = LocalWakeSeats(
+            workers, admission=admission, wake=work_wake, stopping=lambda: group.stopping
+        )
+        from runtime_svc.waits.preclaim import PreClaimer
+
+        waits.matcher.preclaim = PreClaimer(store, seats)
     for i in range(s.workers):
         worker = StepWorker(
             engine,
@@ -164,12 +292,18 @@ async def start_background(
             identity=identity,
             admission=admission,
         )
+        workers.append(worker)
 
         async def work(w: StepWorker = worker) -> bool:
-            # Runs a resolution in this process just made runnable first (claimed from
-            # the hint). They were named, so no immediate re-poll follows them: the
-            # backoff from its floor finds other work, and a new hint ends that wait.
+            # Runs the steps resolutions of this process pre-claimed for its workers
+            # (already Running: ADR 0007), then the runs a resolution just made runnable
+            # (claimed from the hint). They were named, so no immediate re-poll follows
+            # them: the backoff from its floor finds other work, and a new hint or
+            # delivery ends that wait.
+            did = seats is not None and await run_preclaimed(w, seats)
             if work_wake is not None and await _run_resolved(w, work_wake.take_hints()):
+                did = True
+            if did:
                 return False
             return any(o is not Outcome.NOT_ELIGIBLE for o in await w.run_once())
 

@@ -88,6 +88,11 @@ class BinaryCheck:
         self._max = max_cached
         self._verdicts: dict[str, tuple[Mismatch, ...]] = {}
 
+    def cleared(self, plan: ExecutionPlan) -> bool:
+        """Whether this binary's cached verdict on ``plan`` is clear (in memory; no
+        verdict yet: ``False``)."""
+        return self._verdicts.get(plan.plan_digest) == ()
+
     async def refusals(
         self, scope: TrustedRuntimeWorkScope, plan: ExecutionPlan
     ) -> tuple[Mismatch, ...]:

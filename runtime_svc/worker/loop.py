@@ -54,7 +54,7 @@ from sqlalchemy import Integer, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.admission.controller import AdmissionController
-from runtime_svc.admission.events import admitted
+from runtime_svc.admission.events import Ticket, admitted
 from runtime_svc.compiler import ExecutionPlan, PlanStep, StepKind
 from runtime_svc.definitions.repository import get_plan_txn
 from runtime_svc.kernel import (
@@ -135,6 +135,7 @@ if TYPE_CHECKING:  # the waits and effects packages import the executor of this 
     from runtime_svc.effects.steps import EffectSteps, PreparedSubmit
     from runtime_svc.identity.reauth import Reauthorizer
     from runtime_svc.records.engine import ChangeSink
+    from runtime_svc.waits.preclaim import PreClaimedWake
     from runtime_svc.waits.steps import PreparedWait, WaitSteps
 
 __all__ = [
@@ -481,7 +482,78 @@ class StepWorker:
         ) as finish:
             outcome = await self._claimed(org_id, claimed, chain)
             finish(outcome.value)
-        done = [outcome]
+        return await self._continued(org_id, candidate, chain, [outcome])
+
+    async def process_preclaimed(
+        self,
+        wake: PreClaimedWake,
+        *,
+        admission: AdmissionController | None = None,
+        ticket: Ticket | None = None,
+    ) -> list[Outcome]:
+        """Execute a woken step its resolution's transaction already claimed and made
+        Running for this process (the pre-claimed wake, ``docs/adr/0007``): no
+        candidate, no claim transaction — the ordinary path from the preparation read on
+        (which reads the input checkpoint), then the run's continuation chain as after
+        any claim. ``ticket``: the admission the resolution reserved for it (released
+        when the chain ends, like :meth:`process_found`'s)."""
+        crash_point(CrashPoint.AFTER_PRECLAIMED_WAKE, wake.plan_step_key)
+        candidate, fence = wake.candidate, wake.fence
+        if admission is None or ticket is None:
+            return await self._preclaimed(wake.org_id, candidate, fence, None)
+        outcomes = [Outcome.NOT_ELIGIBLE]
+        try:
+            with admitted(ticket):
+                held = ticket
+                outcomes = await self._preclaimed(
+                    wake.org_id,
+                    candidate,
+                    fence,
+                    lambda lane: admission.may_continue(held, lane),
+                )
+        finally:
+            for earlier in outcomes[:-1]:
+                admission.observe(earlier.value)
+            admission.release(ticket, outcomes[-1].value)
+        return outcomes
+
+    async def _preclaimed(
+        self,
+        org_id: str,
+        candidate: Candidate,
+        fence: LeaseFence,
+        gate: Callable[[str], bool] | None,
+    ) -> list[Outcome]:
+        watch = _watch(candidate)
+        chain = _Chain(self._continuation_limit, watch.trace_id, gate=gate)
+        with watch.attempt(
+            fence.flow_run_id, fence.step_execution_id, fence.attempt_id, fence.attempt_number
+        ) as finish:
+            outcome = await self._running(org_id, fence, chain)
+            finish(outcome.value)
+        return await self._continued(org_id, candidate, chain, [outcome])
+
+    def serves(self, queue_class: str) -> bool:
+        """Whether this worker claims steps of ``queue_class``."""
+        return queue_class in self._queues
+
+    def preclaim_plan(self, org_id: str, plan_id: str) -> ExecutionPlan | None:
+        """The plan of a step this worker may take pre-claimed (ADR 0007), decided in
+        memory inside a resolution's transaction: the plan is cached here and, with a
+        binary check, this binary's cached verdict on it is clear (§8.4); ``None``
+        otherwise (the ordinary claim path then checks before it claims)."""
+        cached = self._plans.get((org_id, plan_id))
+        if cached is None:
+            return None
+        plan = cached[1]
+        if self._binary is not None and not self._binary.cleared(plan):
+            return None
+        return plan
+
+    async def _continued(
+        self, org_id: str, candidate: Candidate, chain: _Chain, done: list[Outcome]
+    ) -> list[Outcome]:
+        """Run the steps the chain's commits continued (ADR 0002) after ``done``."""
         while chain.next is not None:
             # The commit that returned also claimed the run's next step for this worker
             # and made it Running (the continuation); it is ours until it commits, rolls

@@ -40,6 +40,9 @@ class WorkerSettings:
             stale-claim recovery; ``FLOW_RUNTIME_LEGACY_SCHEDULER``).
         reauth_cache_ms: principal-directory cache of step reauthorization (§17.2;
             ``FLOW_RUNTIME_REAUTH_CACHE_MS``).
+        preclaim_wake: a wait resolution in this process claims the resumed step for
+            these workers in its own transaction (``docs/adr/0007``;
+            ``FLOW_RUNTIME_PRECLAIM_WAKE``).
     """
 
     workers: int = 1
@@ -60,6 +63,7 @@ class WorkerSettings:
     signal_kinds: tuple[str, ...] = ("external.signal",)
     legacy_scheduler: bool = True
     reauth_cache_ms: int = 5_000
+    preclaim_wake: bool = True
 
     @classmethod
     def from_config(cls, cfg: ServiceConfig) -> WorkerSettings:
@@ -81,6 +85,7 @@ class WorkerSettings:
             signal_kinds=cfg.runtime_signal_kinds,
             legacy_scheduler=cfg.runtime_legacy_scheduler,
             reauth_cache_ms=cfg.runtime_reauth_cache_ms,
+            preclaim_wake=cfg.runtime_preclaim_wake,
         )
 
     def retry_policy(self) -> RetryPolicy:

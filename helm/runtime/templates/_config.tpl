@@ -16,6 +16,7 @@ FLOW_RUNTIME_WAIT_SWEEP_MS: {{ .Values.runtime.waitSweepMs | int64 | quote }}
 FLOW_RUNTIME_WAIT_BATCH: {{ .Values.runtime.waitBatch | int64 | quote }}
 FLOW_RUNTIME_SIGNAL_KINDS: {{ join "," .Values.runtime.signalKinds | quote }}
 FLOW_RUNTIME_LEGACY_SCHEDULER: {{ .Values.runtime.legacyScheduler | quote }}
+FLOW_RUNTIME_PRECLAIM_WAKE: {{ .Values.runtime.preclaimWake | quote }}
 {{- /* Effect owners by kind; default: every kind to the umbrella chart's effect owner. */}}
 FLOW_EFFECT_OWNER_TARGETS: {{ default (printf "*=%s-effect-owner:50063" .Release.Name) .Values.effectOwnerTargets | quote }}
 FLOW_OUTBOX_DISPATCHERS: {{ .Values.outbox.dispatchers | int64 | quote }}

@@ -1,0 +1,259 @@
+"""The pre-claimed wake (``docs/adr/0007-pre-claimed-wake.md``) on SQLite and MariaDB: a
+resolution in a process whose worker has room claims the resumed step Running for it
+in the resolution's own transaction; the worker executes it once and the run finishes.
+A process with no such worker, no room, or a refusing admission takes the hinted path
+(step Pending, root Runnable, no attempt); cancellation and delete racing a pre-claimed
+step fence its commit; a handover nobody executes is recovered by lease expiry once;
+duplicate and stale signals stay no-ops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from runtime_svc.admission.budgets import AdmissionPolicy
+from runtime_svc.admission.controller import AdmissionController
+from runtime_svc.kernel import RunState
+from runtime_svc.kernel.wait_model import DependencyState, SignalState
+from runtime_svc.schema import flow_step_attempts, flow_step_executions
+from runtime_svc.waits.preclaim import PreClaimedWake, PreClaimer
+from runtime_svc.waits.resolution import ResolvedRun
+from runtime_svc.worker import FixedViews, Outcome, StepWorker
+from runtime_svc.worker.background import LocalWakeSeats
+from services import db
+from tests.integration.waits.support import (
+    World,
+    approval,
+    dependencies,
+    events_of,
+    signal_flow,
+    signals,
+    task_subjects,
+)
+from tests.integration.worker.support import record_view
+
+
+def _preclaiming(world: World, seats: LocalWakeSeats) -> None:
+    """Wire ``world`` as a runtime process with a local worker does."""
+    world.rt.matcher.preclaim = PreClaimer(world.store, seats)
+
+
+async def _waiting(world: World, key: str) -> str:
+    if "wait_signal" not in world.plans:
+        await world.seed(signal_flow())
+    run = await world.start("wait_signal", key=key)
+    parked = await world.drive(run.flow_run_id)  # also caches the plan in the worker
+    assert parked.state is RunState.WAITING
+    return run.flow_run_id
+
+
+async def _resumed_step(engine: AsyncEngine, org: str, run_id: str) -> dict[str, Any]:
+    s = flow_step_executions.c
+    async with db.transaction(engine, readonly=True) as conn:
+        rows = (
+            await conn.execute(
+                select(flow_step_executions).where(
+                    s.org_id == org, s.flow_run_id == run_id, s.plan_step_key == "pause"
+                )
+            )
+        ).mappings()
+        return dict(next(iter(rows)))
+
+
+async def _attempts(engine: AsyncEngine, org: str, step_id: str) -> list[str]:
+    a = flow_step_attempts.c
+    async with db.transaction(engine, readonly=True) as conn:
+        rows = await conn.execute(
+            select(a.transaction_outcome)
+            .where(a.org_id == org, a.step_execution_id == step_id)
+            .order_by(a.attempt_number)
+        )
+        return [str(r) for r in rows.scalars()]
+
+
+def _taken(seats: LocalWakeSeats) -> PreClaimedWake:
+    item = seats.take()
+    assert item is not None, "nothing was handed over"
+    assert seats.take() is None
+    return item[0]
+
+
+async def test_a_preclaimed_wake_runs_the_step_once_and_the_run_finishes(world: World) -> None:
+    run_id = await _waiting(world, "pc1")
+    before = await _resumed_step(world.engine, world.org, run_id)
+    hints: list[object] = []
+    seats = LocalWakeSeats([world.worker])
+    _preclaiming(world, seats)
+    world.rt.matcher._on_resolved = hints.append  # the hinted path would publish here
+    await world.rt.signals.submit(world.work, approval("pc1", "t1"))
+    # The resolution committed with the claim: the step is Running (a new attempt, the
+    # seat's lease owner), the root Running on it — nothing left for anyone to claim.
+    assert (await world.run(run_id)).state is RunState.RUNNING
+    step = await _resumed_step(world.engine, world.org, run_id)
+    assert step["state"] == "Running" and step["lease_owner"] == seats.owner
+    assert step["attempt_count"] == before["attempt_count"] + 1
+    assert hints == []  # handed over, not hinted
+    assert (await world.worker.run_batch(world.org)) == []  # no claimable candidate
+    wake = _taken(seats)
+    assert wake.fence.step_execution_id == step["step_execution_id"]
+    assert seats.outstanding() == 0
+    # The resumed wait step, then its successor by continuation (ADR 0002).
+    assert await world.worker.process_preclaimed(wake) == [Outcome.COMMITTED] * 2
+    assert (await world.run(run_id)).state is RunState.SUCCEEDED
+    assert await task_subjects(world.engine, world.org) == ["resumed"]
+    assert await events_of(world.engine, world.org, run_id) == 1
+    [dep] = await dependencies(world.engine, world.org, run_id)
+    assert dep.state is DependencyState.RESOLVED
+    [signal] = await signals(world.engine, world.org)
+    assert signal.state is SignalState.CONSUMED
+    # A duplicate of the consumed signal is a no-op: nothing is claimed or handed over.
+    await world.rt.signals.submit(world.work, approval("pc1", "t1"))
+    assert seats.take() is None and seats.outstanding() == 0
+    assert await events_of(world.engine, world.org, run_id) == 1
+
+
+async def test_no_local_worker_for_the_lane_takes_todays_path(world: World) -> None:
+    run_id = await _waiting(world, "nolane")
+    other = StepWorker(
+        world.engine,
+        world.store,
+        FixedViews(record_view()),
+        owner="mutations-only",
+        queue_classes=("durable_mutation",),
+        heartbeat=False,
+    )
+    seats = LocalWakeSeats([other])
+    _preclaiming(world, seats)
+    hints: list[ResolvedRun] = []
+    world.rt.matcher._on_resolved = hints.append
+    before = await _resumed_step(world.engine, world.org, run_id)
+    await world.rt.signals.submit(world.work, approval("nolane", "t1"))
+    assert (await world.run(run_id)).state is RunState.RUNNABLE
+    step = await _resumed_step(world.engine, world.org, run_id)
+    assert step["state"] == "Pending" and step["attempt_count"] == before["attempt_count"]
+    assert [h.flow_run_id for h in hints] == [run_id] and seats.outstanding() == 0
+
+
+async def test_no_room_takes_todays_path(world: World) -> None:
+    first = await _waiting(world, "room1")
+    second = await _waiting(world, "room2")
+    seats = LocalWakeSeats([world.worker])  # one worker: room for one handover
+    _preclaiming(world, seats)
+    hints: list[ResolvedRun] = []
+    world.rt.matcher._on_resolved = hints.append
+    await world.rt.signals.submit(world.work, approval("room1", "t1"))
+    assert (await world.run(first)).state is RunState.RUNNING
+    before = await _resumed_step(world.engine, world.org, second)
+    await world.rt.signals.submit(world.work, approval("room2", "t1"))
+    # The first handover is not taken yet: no room for the second wake.
+    assert (await world.run(second)).state is RunState.RUNNABLE
+    step = await _resumed_step(world.engine, world.org, second)
+    assert step["state"] == "Pending" and step["attempt_count"] == before["attempt_count"]
+    assert [h.flow_run_id for h in hints] == [second]
+    assert await world.worker.process_preclaimed(_taken(seats)) == [Outcome.COMMITTED] * 2
+    assert (await world.drive(second)).state is RunState.SUCCEEDED
+    assert (await world.run(first)).state is RunState.SUCCEEDED
+    assert await events_of(world.engine, world.org, first) == 1
+    assert await events_of(world.engine, world.org, second) == 1
+
+
+async def test_a_refusing_admission_takes_todays_path(world: World) -> None:
+    run_id = await _waiting(world, "adm")
+
+    async def policies(org_id: str) -> AdmissionPolicy:
+        return AdmissionPolicy()
+
+    admission = AdmissionController(world.engine, budget=4, policies=policies)
+    # No admission decision was cached for the org (its policy unread, no credit):
+    # deciding would need I/O inside the resolution, so the pre-claim is refused.
+    seats = LocalWakeSeats([world.worker], admission=admission)
+    _preclaiming(world, seats)
+    hints: list[ResolvedRun] = []
+    world.rt.matcher._on_resolved = hints.append
+    before = await _resumed_step(world.engine, world.org, run_id)
+    await world.rt.signals.submit(world.work, approval("adm", "t1"))
+    assert (await world.run(run_id)).state is RunState.RUNNABLE
+    step = await _resumed_step(world.engine, world.org, run_id)
+    assert step["state"] == "Pending" and step["attempt_count"] == before["attempt_count"]
+    assert [h.flow_run_id for h in hints] == [run_id]
+    assert admission.inflight() == 0 and seats.outstanding() == 0
+
+
+async def test_an_admitting_admission_preclaims_and_releases_its_ticket(world: World) -> None:
+    run_id = await _waiting(world, "adm2")
+
+    async def policies(org_id: str) -> AdmissionPolicy:
+        return AdmissionPolicy()
+
+    admission = AdmissionController(world.engine, budget=4, policies=policies)
+    await admission.lanes(world.org, ("dependency_wakeup",), 4)  # a visit: policy + credit
+    seats = LocalWakeSeats([world.worker], admission=admission)
+    _preclaiming(world, seats)
+    await world.rt.signals.submit(world.work, approval("adm2", "t1"))
+    assert (await world.run(run_id)).state is RunState.RUNNING
+    assert admission.inflight() == 1  # the reservation's ticket covers the step
+    item = seats.take()
+    assert item is not None and item[1] is not None
+    outcomes = await world.worker.process_preclaimed(item[0], admission=admission, ticket=item[1])
+    assert outcomes == [Outcome.COMMITTED] * 2
+    assert admission.inflight() == 0
+    assert (await world.run(run_id)).state is RunState.SUCCEEDED
+
+
+async def _race(world: World, key: str, action: str) -> tuple[str, list[Outcome]]:
+    run_id = await _waiting(world, key)
+    seats = LocalWakeSeats([world.worker])
+    _preclaiming(world, seats)
+    await world.rt.signals.submit(world.work, approval(key, "t1"))
+    assert (await world.run(run_id)).state is RunState.RUNNING
+    wake = _taken(seats)
+    if action == "cancel":
+        await world.store.request_cancel(world.org, run_id)
+    else:
+        await world.store.delete_run(world.org, run_id)
+    return run_id, await world.worker.process_preclaimed(wake)
+
+
+async def test_cancellation_racing_a_preclaimed_step_fences_its_commit(world: World) -> None:
+    run_id, outcomes = await _race(world, "pcc", "cancel")
+    assert outcomes == [Outcome.FENCE_LOST]
+    assert await task_subjects(world.engine, world.org) == []
+    assert await events_of(world.engine, world.org, run_id) == 0
+    await world.lease_sweeper.sweep_org(world.org)
+    assert (await world.run(run_id)).state is RunState.CANCELLED
+
+
+async def test_delete_racing_a_preclaimed_step_fences_its_commit(world: World) -> None:
+    run_id, outcomes = await _race(world, "pcd", "delete")
+    assert outcomes == [Outcome.FENCE_LOST]
+    assert await events_of(world.engine, world.org, run_id) == 0
+    await world.lease_sweeper.sweep_org(world.org)
+    final = await world.run(run_id)
+    assert final.state is RunState.CANCELLED and final.is_deleted
+
+
+async def test_a_preclaimed_step_never_executed_is_recovered_by_lease_expiry_once(
+    world: World,
+) -> None:
+    run_id = await _waiting(world, "lost")
+    seats = LocalWakeSeats([world.worker])
+    _preclaiming(world, seats)
+    await world.rt.signals.submit(world.work, approval("lost", "t1"))
+    step = await _resumed_step(world.engine, world.org, run_id)
+    assert step["state"] == "Running"
+    # The worker dies with the handover undelivered (the process is gone): nothing
+    # renews the lease, nobody else may claim the Running step meanwhile.
+    assert seats.take() is not None
+    world.rt.matcher.preclaim = None
+    assert (await world.worker.run_batch(world.org)) == []
+    assert (await world.lease_sweeper.sweep_org(world.org))[0] == 0  # the lease is live
+    world.clock.advance(seconds=world.store.policy.lease_duration_ms / 1000 + 1)
+    assert (await world.lease_sweeper.sweep_org(world.org))[0] == 1  # expiry fences it
+    world.clock.advance(hours=2)  # past the recovery backoff floor
+    assert (await world.drive(run_id)).state is RunState.SUCCEEDED
+    assert await task_subjects(world.engine, world.org) == ["resumed"]
+    assert await events_of(world.engine, world.org, run_id) == 1
+    attempts = await _attempts(world.engine, world.org, step["step_execution_id"])
+    assert attempts.count("Committed") == 2 and attempts.count("Fenced") == 1, attempts
