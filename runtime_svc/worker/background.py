@@ -105,7 +105,7 @@ class LocalWakeSeats:
         stopping: Callable[[], bool] = lambda: False,
         owner: str | None = None,
     ) -> None:
-        self._workers = tuple(workers)
+        self._workers = workers  # the caller's list (the process adds its workers later)
         self.admission = admission
         self._wake = wake
         self._stopping = stopping

@@ -2,7 +2,8 @@
 MariaDB: a time wait survives process and deployment restart; a producer that commits
 its signal and is SIGKILLed before matching; a wait whose dependency commits and whose
 process is SIGKILLed before the fresh reconciliation; a resolver SIGKILLed after
-recording the resolution but before the scheduler claimed the step.
+recording the resolution but before the scheduler claimed the step (on the hinted
+path); a pre-claimed wake (ADR 0007) SIGKILLed before its worker ran the step.
 
 Each child kills itself at one named fault point (``FLOW_CRASH_AT``); the test asserts
 it died there (returncode -9 and the marker file), restarts a child without the hook and
@@ -12,6 +13,7 @@ exactly once and the dependency and signal rows tell the story.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 
@@ -208,7 +210,10 @@ async def test_resolver_dies_after_recording_resolution_before_the_claim(
     run = await world.start("wait_timer")
 
     point = "after_resolution_commit:runtime.timer"
-    await _expect_sigkill(harness, _spawn(harness, point), point)
+    # On the hinted path (no pre-claimed wake, ADR 0007): the resolution commits the
+    # step Pending and the root Runnable, and the scheduler's claim is still to come.
+    hinted = harness.spawn(point, env={**WAIT_ENV, "FLOW_RUNTIME_PRECLAIM_WAKE": "false"})
+    await _expect_sigkill(harness, hinted, point)
     # The resolution is durable: dependency Resolved, root Runnable. (The dying child's
     # own step worker may see the committed resolution while the resolver still waits
     # for its COMMIT's answer — InnoDB makes a commit visible before the log flush that
@@ -223,3 +228,53 @@ async def test_resolver_dies_after_recording_resolution_before_the_claim(
     restarted.stop()
     assert await task_subjects(engine, world.org) == ["resumed"]
     assert await events_of(engine, world.org, run.flow_run_id) == 1
+
+
+async def test_preclaimed_wake_killed_before_its_step_runs_is_recovered_once(
+    harness: Harness, engine: AsyncEngine
+) -> None:
+    """ADR 0007: the signal's resolution claimed the resumed step Running for the
+    child's worker and committed; the child is SIGKILLed before the worker prepares it.
+    Nobody else may claim the Running step; the restarted child's lease expiry recovers
+    it and the run finishes with the resumed step's effect exactly once."""
+    world = _world(engine)
+    await world.seed(signal_flow())
+    run = await world.start("wait_signal", key="pre")
+    point = "after_preclaimed_wake:pause"
+    child = _spawn(harness, point)
+    await _serving(child)
+    # The child's worker runs the wait step (so it holds the plan and the org's
+    # admission state): the signal then finds a local worker with room.
+    await _until_state(world.store, world.org, run.flow_run_id, child, {RunState.WAITING})
+    token = signal_submitter_token(world.scope, harness.tmp, ttl_s=120)
+    evidence = {"status": "approved"}
+    channel = grpc.insecure_channel(f"127.0.0.1:{child.port}")
+    with channel, contextlib.suppress(grpc.RpcError):  # it may die before answering
+        runtime_v1.WakeSignalServiceStub(channel).SubmitWakeSignal(
+            runtime_v1.SubmitWakeSignalRequest(
+                request_id=uuid.uuid4().hex,
+                producer_kind="external.signal",
+                producer_key="approval:pre",
+                wake_token="t1",
+                evidence_json=json.dumps(evidence),
+                evidence_digest=evidence_digest(evidence),
+            ),
+            metadata=bearer_metadata(token),
+            timeout=30,
+        )
+    await _expect_sigkill(harness, child, point)
+    # Resolution and claim committed together: the step is Running under the dead
+    # process's lease, the signal consumed, the dependency resolved — no hint needed.
+    assert (await world.run(run.flow_run_id)).state is RunState.RUNNING
+    [dep] = await dependencies(engine, world.org, run.flow_run_id)
+    assert dep.state is DependencyState.RESOLVED
+    [signal] = await signals(engine, world.org)
+    assert signal.state is SignalState.CONSUMED
+    assert harness.entries("after") == 0
+
+    restarted = _spawn(harness)  # lease expiry (1 s) hands the step to the new child
+    await _until_state(world.store, world.org, run.flow_run_id, restarted, {RunState.SUCCEEDED})
+    restarted.stop()
+    assert await task_subjects(engine, world.org) == ["resumed"]
+    assert await events_of(engine, world.org, run.flow_run_id) == 1
+    assert harness.entries("after") == 1

@@ -11,6 +11,7 @@ import runtime_svc.waits as waits
 MODULES = (
     "evidence",
     "plans",
+    "preclaim",
     "queries",
     "reconciler",
     "record_producer",
