@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from runtime_svc.admission.budgets import AdmissionPolicy
 from runtime_svc.admission.controller import AdmissionController
 from runtime_svc.kernel import RunState
+from runtime_svc.kernel.store_operator import OperatorActor, pause_run_txn, resume_run_txn
 from runtime_svc.kernel.wait_model import DependencyState, SignalState
 from runtime_svc.schema import flow_step_attempts, flow_step_executions
 from runtime_svc.waits.preclaim import PreClaimedWake, PreClaimer
@@ -257,3 +258,25 @@ async def test_a_preclaimed_step_never_executed_is_recovered_by_lease_expiry_onc
     assert await events_of(world.engine, world.org, run_id) == 1
     attempts = await _attempts(world.engine, world.org, step["step_execution_id"])
     assert attempts.count("Committed") == 2 and attempts.count("Fenced") == 1, attempts
+
+
+async def test_a_paused_run_is_resolved_but_not_preclaimed(world: World) -> None:
+    run_id = await _waiting(world, "paused")
+    async with db.transaction(world.engine) as conn:
+        await pause_run_txn(conn, world.org, run_id, OperatorActor("ops-test"))
+    seats = LocalWakeSeats([world.worker])
+    _preclaiming(world, seats)
+    before = await _resumed_step(world.engine, world.org, run_id)
+    await world.rt.signals.submit(world.work, approval("paused", "t1"))
+    # The claim decision refuses a paused root: the resolution commits alone.
+    run = await world.run(run_id)
+    assert run.state is RunState.RUNNABLE and run.operator_paused_at is not None
+    step = await _resumed_step(world.engine, world.org, run_id)
+    assert step["state"] == "Pending" and step["attempt_count"] == before["attempt_count"]
+    assert seats.take() is None and seats.outstanding() == 0
+    [dep] = await dependencies(world.engine, world.org, run_id)
+    assert dep.state is DependencyState.RESOLVED
+    async with db.transaction(world.engine) as conn:
+        await resume_run_txn(conn, world.org, run_id, OperatorActor("ops-test"))
+    assert (await world.drive(run_id)).state is RunState.SUCCEEDED
+    assert await events_of(world.engine, world.org, run_id) == 1
