@@ -4,21 +4,28 @@ set) MariaDB:
 * **wake latency**, signal accepted → step ``Running``: ``SubmitWakeSignal``'s service path
   (``SignalService.submit_once`` with a request id, as the servicer calls it: validate,
   commit the signal with its request-ledger row, the producer-side match and the
-  root-first resolution, the ledger row's completion) and then the scheduler's claim (of
-  the candidate the resolution's wakeup hint carries, as a worker of the process does,
-  with ``Claimed → Running`` in the claim's own transaction — the fused claim of
-  ``docs/adr/0003-fused-claim-running.md``) of the woken step, p50/p99 over ``samples``
-  wakes, with 1,000 and with 100,000 other runs waiting, and the p99 ratio (target p99 ≤
-  50 ms on loopback, ratio ≤ 1.2). The worker's idle back-off is left out: a hint ends it
-  (``services.background.Wakeup``);
+  root-first resolution, the ledger row's completion), p50/p99 over ``samples`` wakes,
+  with 1,000 and with 100,000 other runs waiting, and the p99 ratio (target p99 ≤ 50 ms
+  on loopback, ratio ≤ 1.2). The process is wired as a runtime process with a local
+  worker with room is (``runtime_svc.worker.background``): the resolution pre-claims the
+  woken step for that worker (``docs/adr/0007-pre-claimed-wake.md``), so the step is
+  ``Running`` when the resolution commits and the wake ends there (the worker's pick-up
+  of the in-memory hand-over is not timed, as the hint's pick-up was not before). A wake
+  the resolution did not pre-claim (or every wake with ``BENCH_WAIT_PRECLAIM=0``: the
+  hinted path of a process without a local worker) goes on with the scheduler's claim of
+  the candidate the resolution's wakeup hint carries, with ``Claimed → Running`` in the
+  claim's own transaction (ADR 0003). The worker's idle back-off is left out: a hint or
+  hand-over ends it (``services.background.Wakeup``);
 * **where a wake's time goes**: per phase (up to the signal's, the resolution's and the
   claim-and-``Running`` commit), the process CPU and GC pauses per wake, and the
   phases of the slowest 2 % of wakes — the tail the p99 comes from;
 * the **server's own latency at the same moments**: one raw single-row commit after each
-  wake, p50/p99/max — a wake makes three durable commits, so a server whose commit p99 is
-  stalled (fsync, page flushing after the bulk clone) puts that stall into the wake's p99;
+  wake, p50/p99/max — a wake makes two durable commits (three on the hinted path), so a
+  server whose commit p99 is stalled (fsync, page flushing after the bulk clone) puts
+  that stall into the wake's p99;
 * the **cost drivers of one wake**: transactions and SQL statements, split into the
-  accept-and-resolve part and the claim part;
+  accept-and-resolve part (with the claim when pre-claimed) and the separate claim part
+  (none when pre-claimed);
 * the **periodic reconciler's cost per sweep** (one org pass: due probes, owed matches,
   deadlines, repair cursor, retention) as the waiting population grows 1k → 10k → 100k with
   every probe due before each measured pass (the worst case): milliseconds and statements
@@ -55,8 +62,10 @@ from runtime_svc.schema import (
     flow_runs,
     flow_step_executions,
 )
+from runtime_svc.waits.preclaim import PreClaimer
 from runtime_svc.waits.resolution import ResolvedRun
 from runtime_svc.waits.runtime import WaitRuntime
+from runtime_svc.worker.background import LocalWakeSeats
 from services import db, migrate
 from services.proto import runtime_v1
 from services.request_dedupe import DedupeScope, RequestKey
@@ -143,6 +152,8 @@ gc.callbacks.append(_GC)
 #: The phases of a wake, each ending where the named transaction was handed to COMMIT.
 _PHASES = ("signal", "resolution", "claim+running")
 _NAMES = {
+    # Pre-claimed: the resolution's commit also claimed the step Running (ADR 0007).
+    len(_PHASES): ("signal", "resolution+claim+running", "end"),
     len(_PHASES) + 1: (*_PHASES, "end"),
     len(_PHASES) + 2: ("signal", "resolution", "ledger", "claim+running", "end"),
 }
@@ -156,6 +167,8 @@ class _Wake:
     accept_sql: int
     claim_tx: int
     claim_sql: int
+    #: The resolution claimed the step Running for the local worker (ADR 0007).
+    preclaimed: bool = False
     #: ms from the submit to each of the wake's three commits (``_PHASES``) and to the end.
     marks: tuple[float, ...] = ()
     #: CPU ms of this process over the wake (``time.process_time``; aiosqlite's thread
@@ -237,8 +250,11 @@ async def _clone(engine: AsyncEngine, org: str, template: str, start: int, count
             await conn.execute(flow_dependencies.insert(), rows["d"])
 
 
-async def _wake(world: World, hints: list[ResolvedRun], key: str) -> _Wake:
-    """One wake of a real waiting run: submit → resolved, then claim → Running."""
+async def _wake(
+    world: World, hints: list[ResolvedRun], seats: LocalWakeSeats | None, key: str
+) -> _Wake:
+    """One wake of a real waiting run: submit → resolved and (pre-claimed) Running, or
+    submit → resolved, then the hinted claim → Running."""
     run = await world.start("wait_signal", key=key)
     await world.drive(run.flow_run_id)  # parked on its wait (setup, not measured)
     _GC.pauses.clear()
@@ -261,21 +277,25 @@ async def _wake(world: World, hints: list[ResolvedRun], key: str) -> _Wake:
             world.work, submission, ledger_key, encode_submit_response
         )
         t1 = time.perf_counter()
+    # Pre-claimed (ADR 0007): the step is Running since the resolution's commit; the
+    # hand-over is taken as a worker loop would (the bench does not execute the step).
+    handed = None if seats is None else seats.take()
     with _Counter(world.engine) as claim:
-        # What a worker of the process does with the resolution's wakeup hint
-        # (``runtime_svc.worker.background._run_resolved``): claim the candidate the
-        # resolution left, reading it only when the hint carries none.
-        resolved = [h for h in hints if h.flow_run_id == run.flow_run_id]
-        hints.clear()
-        candidate = resolved[-1].candidate if resolved else None
-        if candidate is None:
-            candidate = await world.store.candidate_for_run(world.org, run.flow_run_id)
-        if candidate is None:
-            raise RuntimeError("the woken run is not claimable")
-        fence = await world.store.claim(world.org, candidate, lease_owner="bench", running=True)
-        if isinstance(fence, NotEligible):
-            raise RuntimeError(f"the woken run's claim was refused: {fence.reason}")
-        t2 = time.perf_counter()
+        if handed is None:
+            # What a worker of the process does with the resolution's wakeup hint
+            # (``runtime_svc.worker.background._run_resolved``): claim the candidate the
+            # resolution left, reading it only when the hint carries none.
+            resolved = [h for h in hints if h.flow_run_id == run.flow_run_id]
+            candidate = resolved[-1].candidate if resolved else None
+            if candidate is None:
+                candidate = await world.store.candidate_for_run(world.org, run.flow_run_id)
+            if candidate is None:
+                raise RuntimeError("the woken run is not claimable")
+            fence = await world.store.claim(world.org, candidate, lease_owner="bench", running=True)
+            if isinstance(fence, NotEligible):
+                raise RuntimeError(f"the woken run's claim was refused: {fence.reason}")
+        t2 = time.perf_counter() if handed is None else t1
+    hints.clear()
     cpu = (time.process_time() - c0) * 1000
     _GC.active = False
     marks = tuple((t - t0) * 1000 for t in [*accept.commits, *claim.commits, t2])
@@ -288,6 +308,7 @@ async def _wake(world: World, hints: list[ResolvedRun], key: str) -> _Wake:
         accept.statements,
         claim.transactions,
         claim.statements,
+        handed is not None,
         marks,
         cpu,
         sum(ms for ms, _gen in _GC.pauses),
@@ -358,7 +379,11 @@ def _p(values: list[float], q: float) -> float:
 
 
 async def _latency(
-    world: World, hints: list[ResolvedRun], samples: int, tag: str
+    world: World,
+    hints: list[ResolvedRun],
+    seats: LocalWakeSeats | None,
+    samples: int,
+    tag: str,
 ) -> tuple[list[_Wake], list[float]]:
     """``samples`` wakes, each followed by one raw single-row commit on the same database:
     the commits sample the server at the same moments as the wakes, so a tail the server
@@ -368,7 +393,7 @@ async def _latency(
     wakes: list[_Wake] = []
     commits: list[float] = []
     for i in range(samples):
-        wakes.append(await _wake(world, hints, f"{tag}-{i}"))
+        wakes.append(await _wake(world, hints, seats, f"{tag}-{i}"))
         commits.append(await _raw_commit(world.engine))
     return wakes, commits
 
@@ -402,7 +427,9 @@ async def _sweep_cost(world: World, passes: int) -> tuple[float, float, int]:
     return statistics.median(times), statistics.median(statements), probes
 
 
-async def _bench(label: str, url: str, populations: tuple[int, ...], samples: int) -> None:
+async def _bench(
+    label: str, url: str, populations: tuple[int, ...], samples: int, preclaim: bool
+) -> None:
     await migrate.upgrade(url, "runtime_svc")
     engine = db.create_engine(url, pool_size=8)
     try:
@@ -417,6 +444,13 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
             on_resolved=hints.append,
         )
         world.sweeper = world.rt.sweeper(batch=_BATCH)
+        seats = None
+        if preclaim:
+            # A runtime process with a local worker with room (``start_background``):
+            # the worker that parks each run holds its plan; no admission controller
+            # (the bench measures the wake, not §16 — as the hinted claim above).
+            seats = LocalWakeSeats([world.worker])
+            world.rt.matcher.preclaim = PreClaimer(world.store, seats)
         template = await _template(world)
         # The service process freezes its start-up heap once it serves
         # (``services.service_main``); so does the bench, once its world is built.
@@ -433,7 +467,7 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
             )
             print(f"{label:<8} {population:>7,} waiting loaded and settled: {settled}")
             results[population], raw[population] = await _latency(
-                world, hints, samples, f"p{population}"
+                world, hints, seats, samples, f"p{population}"
             )
             ms, sql, probes = await _sweep_cost(world, 3)
             print(
@@ -442,17 +476,19 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
             )
         for population, wakes in results.items():
             totals = [w.total_ms for w in wakes]
+            pre = sum(w.preclaimed for w in wakes)
             print(
                 f"{label:<8} wake latency, {population:>7,} waiting: "
                 f"p50 {_p(totals, 0.5):6.2f} ms  p99 {_p(totals, 0.99):6.2f} ms  "
-                f"(accept+resolve p50 {statistics.median(w.accept_ms for w in wakes):6.2f} ms)"
+                f"(accept+resolve p50 {statistics.median(w.accept_ms for w in wakes):6.2f} ms;"
+                f" pre-claimed {pre} of {len(wakes)})"
             )
             print(_tail(label, wakes))
             commits = raw[population]
             print(
                 f"{label:<8}   raw single-row commit between the wakes: p50 "
                 f"{_p(commits, 0.5):6.2f} ms  p99 {_p(commits, 0.99):6.2f} ms  max "
-                f"{max(commits):6.1f} ms (a wake makes 3 durable commits)"
+                f"{max(commits):6.1f} ms (a wake makes 2 durable commits pre-claimed, 3 hinted)"
             )
         small, large = results[populations[0]], results[populations[-1]]
         ratio = _p([w.total_ms for w in large], 0.99) / _p([w.total_ms for w in small], 0.99)
@@ -461,12 +497,20 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
             f"{ratio:5.2f}"
         )
         w = large[-1]
-        print(
-            f"{label:<8} cost per wake: accept+resolve {w.accept_tx} transactions, "
-            f"{w.accept_sql} statements; claim+running {w.claim_tx} transactions, "
-            f"{w.claim_sql} statements (3 of them durable commits: signal, resolution, "
-            f"claim with Running)"
-        )
+        if w.preclaimed:
+            print(
+                f"{label:<8} cost per wake (pre-claimed): accept+resolve+claim+running "
+                f"{w.accept_tx} transactions, {w.accept_sql} statements; no claim "
+                f"transaction ({w.claim_tx}/{w.claim_sql}); 2 durable commits: signal, "
+                f"resolution with the claim and Running"
+            )
+        else:
+            print(
+                f"{label:<8} cost per wake (hinted): accept+resolve {w.accept_tx} "
+                f"transactions, {w.accept_sql} statements; claim+running {w.claim_tx} "
+                f"transactions, {w.claim_sql} statements (3 durable commits: signal, "
+                f"resolution, claim with Running)"
+            )
         async with db.transaction(engine, readonly=True) as conn:
             d = flow_dependencies.c
             pending = (
@@ -481,21 +525,25 @@ async def _bench(label: str, url: str, populations: tuple[int, ...], samples: in
         await engine.dispose()
 
 
-async def _main(populations: tuple[int, ...], samples: int) -> None:
+async def _main(populations: tuple[int, ...], samples: int, preclaim: bool) -> None:
     async def one(label: str, url: str) -> None:
-        await _bench(label, url, populations, samples)
+        await _bench(label, url, populations, samples, preclaim)
 
     await on_each_database("waits", one)
 
 
 def run(seconds: float) -> None:
     """Print the durable-wait figures (``BENCH_WAIT_POPULATION`` caps the largest waiting
-    population, ``BENCH_WAIT_SAMPLES`` the wakes measured per population)."""
+    population, ``BENCH_WAIT_SAMPLES`` the wakes measured per population,
+    ``BENCH_WAIT_PRECLAIM=0`` measures the hinted path of a process without a local
+    worker instead of the pre-claimed wake)."""
     top = int(os.environ.get("BENCH_WAIT_POPULATION", "100000"))
     samples = int(os.environ.get("BENCH_WAIT_SAMPLES", "200"))
+    preclaim = os.environ.get("BENCH_WAIT_PRECLAIM", "1") != "0"
     populations = tuple(sorted({min(1_000, top), min(10_000, top), top}))
-    print(f"Durable wait bench ({samples} wakes per population; {seconds:.0f}s unused)")
-    asyncio.run(_main(populations, samples))
+    path = "pre-claimed wake (ADR 0007)" if preclaim else "hinted path (no local worker)"
+    print(f"Durable wait bench ({samples} wakes per population, {path}; {seconds:.0f}s unused)")
+    asyncio.run(_main(populations, samples, preclaim))
 
 
 if __name__ == "__main__":
