@@ -280,3 +280,50 @@ async def test_a_paused_run_is_resolved_but_not_preclaimed(world: World) -> None
         await resume_run_txn(conn, world.org, run_id, OperatorActor("ops-test"))
     assert (await world.drive(run_id)).state is RunState.SUCCEEDED
     assert await events_of(world.engine, world.org, run_id) == 1
+
+
+async def test_a_runtime_process_with_a_worker_preclaims_its_wakes(world: World) -> None:
+    """``start_background`` wires the pre-claimed wake: the process's own worker parks
+    the run (so it holds its plan and the org's admission state), the signal's
+    resolution claims the resumed step for it, and the worker loop runs the hand-over
+    to the end — from the hand-over, not from a hint or a poll."""
+    from runtime_svc.worker import WorkerSettings, start_background
+    from services.background import Wakeup
+    from tests.support.procs import assert_eventually
+
+    if "wait_signal" not in world.plans:
+        await world.seed(signal_flow())
+    run = await world.start("wait_signal", key="bg")
+    taken: list[PreClaimedWake] = []
+    real = StepWorker.process_preclaimed
+
+    async def counted(self: StepWorker, wake: PreClaimedWake, **kw: Any) -> list[Outcome]:
+        taken.append(wake)
+        return await real(self, wake, **kw)
+
+    wake = Wakeup()
+    world.rt.matcher._on_resolved = wake.notify
+    settings = WorkerSettings(workers=1, sweeps=False, idle_ms=200)
+    StepWorker.process_preclaimed = counted  # type: ignore[method-assign]
+    bg = await start_background(
+        None,
+        world.engine,
+        views=FixedViews(record_view()),
+        settings=settings,
+        waits=world.rt,
+        work_wake=wake,
+    )
+    try:
+
+        async def state_is(state: RunState) -> bool:
+            return (await world.run(run.flow_run_id)).state is state
+
+        await assert_eventually(lambda: state_is(RunState.WAITING), timeout=30, what="waiting")
+        await world.rt.signals.submit(world.work, approval("bg", "t1"))
+        await assert_eventually(lambda: state_is(RunState.SUCCEEDED), timeout=60, what="done")
+    finally:
+        await bg.stop()
+        StepWorker.process_preclaimed = real  # type: ignore[method-assign]
+        world.rt.matcher.preclaim = None
+    assert [w.fence.flow_run_id for w in taken] == [run.flow_run_id]
+    assert await events_of(world.engine, world.org, run.flow_run_id) == 1

@@ -475,7 +475,8 @@ async def _woken_by_hint(world: World, key: str, workers: int, ready: Callable[[
     wake = Wakeup()
     world.rt.matcher._on_resolved = wake.notify
     run_id = await _waiting(world, key=key)
-    settings = WorkerSettings(workers=workers, sweeps=False, idle_ms=600_000)
+    # The hinted path (a wake the process does not pre-claim, ADR 0007).
+    settings = WorkerSettings(workers=workers, sweeps=False, idle_ms=600_000, preclaim_wake=False)
     bg = await start_background(
         None,
         world.engine,
