@@ -101,3 +101,26 @@ async def test_a_mismatching_binary_never_claims_and_a_matching_one_runs(
     ran = await checked.run_batch(seeded.org)
     assert ran and set(ran) == {Outcome.COMMITTED}
     assert right.calls == 2
+
+
+async def test_only_a_clear_cached_verdict_lets_a_worker_take_a_preclaimed_step(
+    engine: AsyncEngine, store: FlowRunStateStore
+) -> None:
+    """The pre-claimed wake (ADR 0007) asks in memory: no verdict yet, a refusing one,
+    or an uncached plan leave the step to the ordinary claim path, which checks first."""
+    seeded = await seed(engine)
+    await start_run(store, seeded)
+    wrong = BinaryCheck(
+        StubCatalog([_snapshot(seeded.plan, digest="catalog/v1:sha256:" + "0" * 64)])  # type: ignore[arg-type]
+    )
+    right = BinaryCheck(StubCatalog([_snapshot(seeded.plan)]))  # type: ignore[arg-type]
+    assert not wrong.cleared(seeded.plan) and not right.cleared(seeded.plan)
+    refusing = make_worker(engine, store, binary_check=wrong)
+    assert refusing.preclaim_plan(seeded.org, seeded.plan_id) is None  # not cached
+    await refusing.run_batch(seeded.org)
+    assert not wrong.cleared(seeded.plan)
+    assert refusing.preclaim_plan(seeded.org, seeded.plan_id) is None  # refused verdict
+    checked = make_worker(engine, store, binary_check=right)
+    await checked.run_batch(seeded.org)
+    assert right.cleared(seeded.plan)
+    assert checked.preclaim_plan(seeded.org, seeded.plan_id) is not None
