@@ -1143,12 +1143,34 @@ def _verifier(
     return verify
 
 
+#: Lock-plan digests by the plan's content (:func:`_lock_plan_digest`), most recent last.
+_LOCK_PLAN_DIGESTS: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+#: Distinct lock plans whose digests are kept.
+_MAX_CACHED_LOCK_PLANS = 1024
+
+
+def _lock_plan_digest(plan: LockPlan) -> str:
+    """``plan.digest()``, memoized by the plan's content — its keys, each key's roles and
+    its created keys, exactly what ``LockPlan.to_dict`` (the digested form) is made of:
+    the steps of a run that mutate the same record commit with the same plan, and the
+    canonical JSON and SHA-256 of it were paid again at every commit (issue 13)."""
+    content = (plan.keys, tuple(plan.roles[k] for k in plan.keys), plan.creates)
+    digest = _LOCK_PLAN_DIGESTS.get(content)
+    if digest is None:
+        digest = _LOCK_PLAN_DIGESTS[content] = plan.digest()
+        while len(_LOCK_PLAN_DIGESTS) > _MAX_CACHED_LOCK_PLANS:
+            _LOCK_PLAN_DIGESTS.popitem(last=False)
+    else:
+        _LOCK_PLAN_DIGESTS.move_to_end(content)
+    return digest
+
+
 def _lock_plan_evidence(admitted: Sequence[LockPlan]) -> dict[str, Any] | None:
     """The lock plan a mutation step committed with (its attempt's metrics summary)."""
     if not admitted:
         return None
     plan = admitted[0]
-    return {"lock_plan_digest": plan.digest(), "lock_plan_keys": len(plan.keys)}
+    return {"lock_plan_digest": _lock_plan_digest(plan), "lock_plan_keys": len(plan.keys)}
 
 
 def _discovery_evidence(exc: LateResourceDiscoveryError) -> dict[str, Any]:
