@@ -1143,7 +1143,7 @@ def _verifier(
     return verify
 
 
-#: Lock-plan digests by the plan's content (:func:`_lock_plan_digest`), most recent last.
+#: Lock-plan digests by the plan's content (:func:`_lock_plan_digest`), oldest first.
 _LOCK_PLAN_DIGESTS: OrderedDict[tuple[Any, ...], str] = OrderedDict()
 #: Distinct lock plans whose digests are kept.
 _MAX_CACHED_LOCK_PLANS = 1024
@@ -1158,10 +1158,13 @@ def _lock_plan_digest(plan: LockPlan) -> str:
     digest = _LOCK_PLAN_DIGESTS.get(content)
     if digest is None:
         digest = _LOCK_PLAN_DIGESTS[content] = plan.digest()
+        # First in, first out; each step only reads or adds, so workers on other
+        # threads' event loops cannot trip over one another's eviction.
         while len(_LOCK_PLAN_DIGESTS) > _MAX_CACHED_LOCK_PLANS:
-            _LOCK_PLAN_DIGESTS.popitem(last=False)
-    else:
-        _LOCK_PLAN_DIGESTS.move_to_end(content)
+            try:
+                _LOCK_PLAN_DIGESTS.popitem(last=False)
+            except KeyError:
+                break
     return digest
 
 
