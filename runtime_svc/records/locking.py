@@ -46,7 +46,7 @@ RECORD_ENTITY = "Record"
 
 def lock_relevant_relationships(view: RecordView, object_name: str) -> frozenset[str]:
     """Names of the relationships whose parent a write of ``object_name`` locks."""
-    return frozenset(r.name for r in view.child_relationships(object_name) if r.lock_parent)
+    return view.lock_relevant(object_name)
 
 
 #: Awaited after each lock of :func:`acquire_locks_txn` (test seam for interleavings).
