@@ -561,15 +561,21 @@ class RecordEngine:
         obj, rid = mutation.object_name, mutation.record_id
         current = None
         locked: dict[ResourceKey, RecordState | None] = {}
+        locked_history: dict[ResourceKey, int | None] = {}
         if mutation.kind is not MutationKind.CREATE:
             if lock_relevant_relationships(view, obj):
                 current = await store.read_record_txn(conn, org_id, obj, rid)
             else:
                 # No parent can enter the plan: it is this record, then its history row.
                 # The read the plan needs is then the record's lock itself, taken first
-                # as §13.1 orders it (one statement instead of a read and a re-read).
-                row = await store.read_record_txn(conn, org_id, obj, rid, lock=True)
+                # as §13.1 orders it, with the history row's lock, the plan's next key
+                # (one statement instead of a read, a re-read and the history lock; it
+                # carries the clock too when this transaction has not read it).
+                row, last = await store.lock_record_history_txn(
+                    conn, org_id, obj, rid, clocked=now is None
+                )
                 locked[business_key(obj, rid)] = row
+                locked_history[history_key(obj, rid)] = last
                 current = None if row is None or row.is_deleted else row
             if current is None:
                 raise _not_found(obj, rid)
@@ -586,6 +592,7 @@ class RecordEngine:
             on_locked=self._lock_hook,
             now=now,
             locked=locked,
+            locked_history=locked_history,
         )
         result = await apply_mutation_txn(
             conn, org_id, view, write, locks, actor=actor, request=request, changes=self._changes

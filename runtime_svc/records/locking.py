@@ -138,6 +138,7 @@ async def acquire_locks_txn(
     on_locked: LockHook | None = None,
     now: datetime | None = None,
     locked: Mapping[ResourceKey, RecordState | None] | None = None,
+    locked_history: Mapping[ResourceKey, int | None] | None = None,
 ) -> HeldLocks:
     """Take the business/parent, then history-sequence locks of ``plan`` (§13.1 steps 1-3).
 
@@ -158,6 +159,10 @@ async def acquire_locks_txn(
             (``None`` = no such row); they must head the plan's order (no other key of
             the plan before them), so taking them early kept the §13.1 order, and they
             are not read again.
+        locked_history: ``last_sequence`` of history rows the caller already read
+            ``FOR UPDATE`` on ``conn`` (``None`` = no such row;
+            :func:`runtime_svc.records.store.lock_record_history_txn`); with ``locked``
+            they must head the plan's order, and are not read again.
 
     Raises:
         AlreadyExistsError: a record the plan creates exists (even soft-deleted).
@@ -172,7 +177,9 @@ async def acquire_locks_txn(
     if missing:
         raise ValueError("every record the lock plan creates needs its CREATE mutation")
     pre = dict(locked or {})
-    if pre and set(plan.keys[: len(pre)]) != pre.keys():
+    pre_history = dict(locked_history or {})
+    ahead = len(pre) + len(pre_history)
+    if ahead and set(plan.keys[:ahead]) != pre.keys() | pre_history.keys():
         raise ValueError("rows locked before the plan must head its canonical order")
     held = HeldLocks(org_id, plan, await db_now(conn) if now is None else now)
     began = time.perf_counter()
@@ -201,6 +208,8 @@ async def acquire_locks_txn(
                 held.history[key] = 1 if inserted else 0
                 if inserted:
                     held.reserved_creates.add(key)
+            elif key in pre_history:
+                held.history[key] = pre_history[key]
             else:
                 held.history[key] = await store.lock_history_txn(conn, org_id, obj, rid)
         else:
