@@ -64,6 +64,22 @@ __all__ = [
 ]
 
 
+def _flat_values(value: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` of a dataclass whose fields are all scalars (``str``,
+    ``int``, ``None``): the same dict, without its recursive deep copy."""
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+
+
+def _scope_values(scope: TrustedRuntimeWorkScope) -> dict[str, str]:
+    """The work scope's four columns (``dataclasses.asdict(scope)``)."""
+    return {
+        "org_id": scope.org_id,
+        "app_installation_id": scope.app_installation_id,
+        "runtime_capability_id": scope.runtime_capability_id,
+        "runtime_work_binding_digest": scope.runtime_work_binding_digest,
+    }
+
+
 @dataclass(frozen=True)
 class FirstStep:
     """The compiled entry step a new run starts with."""
@@ -100,9 +116,9 @@ class StartRunRequest:
         return versioned_digest(
             "start-run-request",
             {
-                "scope": dataclasses.asdict(scope),
+                "scope": _scope_values(scope),
                 "plan_id": self.plan_id,
-                "first_step": dataclasses.asdict(self.first_step),
+                "first_step": _flat_values(self.first_step),
                 "context": self.input.context,
                 "plan_cursor": self.input.plan_cursor,
                 "context_schema_version": self.input.context_schema_version,
@@ -242,7 +258,7 @@ async def _admitted_plan(
     require_v2_admission(DeploymentControl.from_row(values))
     plan = {name: values[_P + name] for name in _PLAN_COLUMNS}
     # A plan of another installation/capability/binding answers like a missing one.
-    if plan["org_id"] is None or any(plan[k] != v for k, v in dataclasses.asdict(scope).items()):
+    if plan["org_id"] is None or any(plan[k] != v for k, v in _scope_values(scope).items()):
         raise NotFoundError("execution_plan", plan_id)
     return plan
 
@@ -324,7 +340,7 @@ async def create_run_txn(
     first = request.first_step
     run_id, step_id, checkpoint_id = new_run_id(), new_id("step"), new_id("ckpt")
     values = {
-        **dataclasses.asdict(scope),
+        **_scope_values(scope),
         "flow_run_id": run_id,
         "flow_version_id": plan["flow_version_id"],
         "plan_id": request.plan_id,
