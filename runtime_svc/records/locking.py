@@ -101,6 +101,8 @@ class HeldLocks:
         pending_creates: inserted rows whose create mutation is not applied yet.
         reserved_creates: history rows of created records inserted at sequence 1 — the
             create's own sequence, reserved by that ``INSERT`` (no separate advance).
+        encoded_fields: the stored fields JSON of the rows inserted here
+            (:func:`runtime_svc.records.store.fields_json`), for the create's digest.
     """
 
     org_id: str
@@ -110,6 +112,7 @@ class HeldLocks:
     history: dict[ResourceKey, int | None] = field(default_factory=dict)
     pending_creates: set[ResourceKey] = field(default_factory=set)
     reserved_creates: set[ResourceKey] = field(default_factory=set)
+    encoded_fields: dict[ResourceKey, str] = field(default_factory=dict)
 
 
 def _new_record(
@@ -188,11 +191,13 @@ async def acquire_locks_txn(
         if key.resource_class is ResourceClass.BUSINESS_RECORD:
             if key in plan.creates:
                 state = _new_record(org_id, view, creates[key], held.now)
+                encoded = store.fields_json(state.fields)
                 if not await store.insert_record_txn(
-                    conn, state, lock_relevant_relationships(view, obj)
+                    conn, state, lock_relevant_relationships(view, obj), encoded_fields=encoded
                 ):
                     raise AlreadyExistsError(RECORD_ENTITY, f"{obj}/{rid}")
                 held.rows[key] = state
+                held.encoded_fields[key] = encoded
                 held.pending_creates.add(key)
             elif key in pre:
                 held.rows[key] = pre[key]

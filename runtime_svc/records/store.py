@@ -39,6 +39,7 @@ __all__ = [
     "AuditRow",
     "EventRow",
     "advance_history_txn",
+    "fields_json",
     "insert_audit_txn",
     "insert_event_txn",
     "insert_history_txn",
@@ -53,6 +54,13 @@ __all__ = [
 
 def _json(value: Any) -> str:
     return canonical_json(value).decode("utf-8")
+
+
+def fields_json(fields: Mapping[str, Any]) -> str:
+    """The stored form of a record's fields (canonical JSON): what :func:`insert_record_txn`
+    and :func:`update_record_txn` write, and — encoded — what the record's
+    ``record-fields`` digest hashes, so a write encodes its fields once."""
+    return _json(fields)
 
 
 def _state(row: Row[Any]) -> RecordState:
@@ -238,11 +246,16 @@ def _parent_columns(refs: Sequence[ParentRef], lock_relevant: frozenset[str]) ->
 
 
 async def insert_record_txn(
-    conn: AsyncConnection, state: RecordState, lock_relevant: frozenset[str]
+    conn: AsyncConnection,
+    state: RecordState,
+    lock_relevant: frozenset[str],
+    *,
+    encoded_fields: str | None = None,
 ) -> bool:
     """Insert a new record row; ``False`` when the identity exists (even soft-deleted).
 
     The ``INSERT`` is also how the new row's lock is taken (§13.1: at its key's position).
+    ``encoded_fields``: :func:`fields_json` of ``state.fields``, when the caller has it.
     """
     return await insert_prepared(
         conn,
@@ -252,7 +265,7 @@ async def insert_record_txn(
             "object_name": state.object_name,
             "record_id": state.record_id,
             "record_version": state.version,
-            "fields": _json(state.fields),
+            "fields": _json(state.fields) if encoded_fields is None else encoded_fields,
             "is_deleted": state.is_deleted,
             "created_at": state.created_at,
             "updated_at": state.updated_at,
@@ -267,8 +280,11 @@ async def update_record_txn(
     state: RecordState,
     expected_version: int,
     lock_relevant: frozenset[str],
+    *,
+    encoded_fields: str | None = None,
 ) -> int:
     """Fenced write of ``state`` over version ``expected_version``; the new version.
+    ``encoded_fields``: :func:`fields_json` of ``state.fields``, when the caller has it.
 
     Raises:
         FenceLostError: the row is not at ``expected_version`` (or not in ``org_id``).
@@ -279,7 +295,7 @@ async def update_record_txn(
         {
             **key,
             "k_version": expected_version,
-            "fields": _json(state.fields),
+            "fields": _json(state.fields) if encoded_fields is None else encoded_fields,
             "is_deleted": state.is_deleted,
             "updated_at": state.updated_at,
             **_parent_columns(state.parent_refs, lock_relevant),

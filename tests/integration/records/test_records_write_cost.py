@@ -10,6 +10,7 @@ that adds a statement to the write path fails here and has to say why.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from runtime_svc.schema import (
     runtime_requests,
 )
 from services.db import db_now, transaction
+from services.digest import versioned_digest
 from services.errors import NotFoundError
 from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.records.support import last_sequence, record_view, sequences
@@ -262,3 +264,37 @@ async def test_a_record_without_a_history_row_is_locked_with_none_and_starts_one
     )
     assert done.history_sequence == 1 and done.record.version == 2
     assert await last_sequence(engine, org, "Note", rid) == 1
+
+
+async def test_the_events_fields_digest_is_the_digest_of_the_stored_fields(
+    engine: AsyncEngine, org: str
+) -> None:
+    """A write encodes its fields once: the event's ``fields_digest`` (hashed over the
+    JSON the write stored) equals ``versioned_digest`` of the record's fields, after a
+    create and after an update."""
+    rec = RecordEngine(engine)
+    created = await rec.mutate(
+        org, VIEW, prepare_create(VIEW, "Account", "", {"Name": "Dg", "Employees": 2}), actor=ACTOR
+    )
+    rid = created.record.record_id
+    updated = await rec.mutate(
+        org, VIEW, prepare_update(VIEW, "Account", rid, 1, {"Employees": 7}), actor=ACTOR
+    )
+    e = business_events.c
+    async with transaction(engine, readonly=True) as conn:
+        payloads = [
+            json.loads(p)
+            for p in (
+                await conn.execute(
+                    sa.select(e.payload)
+                    .where(e.org_id == org, e.record_id == rid)
+                    .order_by(e.history_sequence)
+                )
+            ).scalars()
+        ]
+    expected = [
+        versioned_digest("record-fields", created.record.fields),
+        versioned_digest("record-fields", updated.record.fields),
+    ]
+    assert [p["fields_digest"] for p in payloads] == expected
+    assert expected[0] != expected[1]
