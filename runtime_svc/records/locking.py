@@ -25,6 +25,7 @@ from runtime_svc.resources import (
     ResourceClass,
     ResourceKey,
     business_key,
+    history_key,
     plan_record_mutation,
 )
 from services.db import db_now
@@ -186,7 +187,10 @@ async def acquire_locks_txn(
         raise ValueError("rows locked before the plan must head its canonical order")
     held = HeldLocks(org_id, plan, await db_now(conn) if now is None else now)
     began = time.perf_counter()
-    for key in plan.keys:
+    keys = plan.keys
+    #: History rows locked with their record (the plan's next key) in one statement.
+    fused: dict[ResourceKey, int | None] = {}
+    for index, key in enumerate(keys):
         obj, rid = key.object_or_namespace, key.record_identity
         if key.resource_class is ResourceClass.BUSINESS_RECORD:
             if key in plan.creates:
@@ -201,6 +205,14 @@ async def acquire_locks_txn(
                 held.pending_creates.add(key)
             elif key in pre:
                 held.rows[key] = pre[key]
+            elif index + 1 < len(keys) and keys[index + 1] == history_key(obj, rid):
+                # Its history row is the plan's very next lock: both in one statement, the
+                # record's row first (the §13.1 order is the same).
+                row, last = await store.lock_record_history_txn(
+                    conn, org_id, obj, rid, clocked=False
+                )
+                held.rows[key] = row
+                fused[keys[index + 1]] = last
             else:
                 held.rows[key] = await store.read_record_txn(conn, org_id, obj, rid, lock=True)
         elif key.resource_class is ResourceClass.HISTORY_SEQUENCE:
@@ -215,6 +227,8 @@ async def acquire_locks_txn(
                     held.reserved_creates.add(key)
             elif key in pre_history:
                 held.history[key] = pre_history[key]
+            elif key in fused:
+                held.history[key] = fused.pop(key)
             else:
                 held.history[key] = await store.lock_history_txn(conn, org_id, obj, rid)
         else:

@@ -49,9 +49,10 @@ ACTOR = Actor("workload", "records-cost-test")
 #: A deduplicated create: ledger lookup + clock (one statement), record INSERT, history
 #: INSERT at sequence 1, event INSERT, audit INSERT, ledger INSERT.
 CREATE_STATEMENTS = 6
-#: A deduplicated update: ledger lookup + clock, plain read, record lock, history lock,
-#: record CAS UPDATE, history advance, event INSERT, audit INSERT, ledger INSERT.
-UPDATE_STATEMENTS = 9
+#: A deduplicated update: ledger lookup + clock, plain read, record lock with its history
+#: row's lock (the plan's next key; one statement), record CAS UPDATE, history advance,
+#: event INSERT, audit INSERT, ledger INSERT.
+UPDATE_STATEMENTS = 8
 #: The same for an object without lock-relevant relationships: its read is its lock,
 #: taken with its history row's lock in one statement.
 UNPARENTED_UPDATE_STATEMENTS = 7
