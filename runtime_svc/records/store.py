@@ -113,9 +113,20 @@ _ADVANCE_HISTORY = (
 #: The record's and its history row's locks in one statement (``LEFT OUTER JOIN``: the
 #: record row is read and locked first, then its history row, the order of §13.1 when
 #: the history row is the next key of the plan); ``history_last`` is NULL without one.
+#: The join condition names the record's columns (not the bound key), so the history
+#: row depends on the record row and cannot be read — and locked — before it.
 _LOCK_RECORD_HISTORY = (
     select(records, _H.last_sequence.label("history_last"))
-    .select_from(records.outerjoin(record_history_sequences, and_(*_HISTORY_KEY)))
+    .select_from(
+        records.outerjoin(
+            record_history_sequences,
+            and_(
+                _H.org_id == _R.org_id,
+                _H.object_name == _R.object_name,
+                _H.record_id == _R.record_id,
+            ),
+        )
+    )
     .where(*_RECORD_KEY)
     .with_for_update()
 )
