@@ -915,6 +915,10 @@ class UtcDateTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
+        if value.tzinfo is UTC:
+            # The common case (every clock reading and decoded column is UTC-aware):
+            # ``astimezone(UTC)`` would return the same instant unchanged.
+            return value.replace(tzinfo=None)
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError("naive datetime: pass an aware datetime (UTC)")
         return value.astimezone(UTC).replace(tzinfo=None)

@@ -49,11 +49,12 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
 from google.protobuf import json_format
+from google.protobuf.message import Message
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -114,6 +115,9 @@ __all__ = [
     "record_proto",
     "record_view_from_proto",
 ]
+
+#: A response message of a record write.
+M = TypeVar("M", bound=Message)
 
 SERVICE_NAME = "nexus.flow.runtime.v1.RecordService"
 
@@ -538,11 +542,14 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
         rpc: str,
         request: Any,
         prepare: Callable[[RecordView], RecordMutation],
-        respond: Callable[[MutationResult, list[str]], Any],
-    ) -> bytes:
+        respond: Callable[[MutationResult, list[str]], M],
+        parse: Callable[[bytes], M],
+    ) -> M:
         """One deduplicated record write: admit after-save plans, then — in one
         transaction — replay the original response of a retried request, or run the
-        before-save Flows, mutate, accept the after-save runs and record the response."""
+        before-save Flows, mutate, accept the after-save runs and record the response.
+        A fresh write answers with the response message its committed attempt encoded
+        for the ledger; a replay parses the recorded bytes (``parse``)."""
         key = _request_key(rpc, request)
         # The ledger is read inside the record transaction (one transaction per write, the
         # before-save hot path); a retry's view comes from the cache.
@@ -564,8 +571,13 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
                     # Replaced, not extended: a whole-transaction retry runs this again.
                     run_ids[:] = ids
 
+        built: list[M] = []
+
         def encode(result: MutationResult) -> bytes:
-            data: bytes = respond(result, list(run_ids)).SerializeToString(deterministic=True)
+            message = respond(result, list(run_ids))
+            # Replaced, not appended: the committed attempt is the last to encode.
+            built[:] = [message]
+            data: bytes = message.SerializeToString(deterministic=True)
             return data
 
         transform, activations = self._before_save(ctx, mutation)
@@ -587,7 +599,9 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
             raise
         if done.response is None:  # pragma: no cover - the encoder always answers
             raise FailedPreconditionError("the write produced no response", reason="internal")
-        return done.response
+        if done.replayed or not built:
+            return parse(done.response)
+        return built[0]
 
     async def CreateRecord(self, request: Any, context: Context) -> Any:
         """Validate against the scope's view and create the record at version 1."""
@@ -609,8 +623,9 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
                 record=_record(result), triggered_flow_run_ids=run_ids
             )
 
-        data = await self._write("CreateRecord", request, prepare, respond)
-        return runtime_v1.CreateRecordResponse.FromString(data)
+        return await self._write(
+            "CreateRecord", request, prepare, respond, runtime_v1.CreateRecordResponse.FromString
+        )
 
     async def UpdateRecord(self, request: Any, context: Context) -> Any:
         """Compare-and-swap on ``expected_version``; a mismatch fails ``ABORTED``."""
@@ -629,8 +644,9 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
                 record=_record(result), triggered_flow_run_ids=run_ids
             )
 
-        data = await self._write("UpdateRecord", request, prepare, respond)
-        return runtime_v1.UpdateRecordResponse.FromString(data)
+        return await self._write(
+            "UpdateRecord", request, prepare, respond, runtime_v1.UpdateRecordResponse.FromString
+        )
 
     async def DeleteRecord(self, request: Any, context: Context) -> Any:
         """Soft delete with compare-and-swap; the response carries ``is_deleted`` true."""
@@ -645,8 +661,9 @@ class RecordServicer(runtime_v1.RecordServiceServicer):
                 record=_record(result), triggered_flow_run_ids=run_ids
             )
 
-        data = await self._write("DeleteRecord", request, prepare, respond)
-        return runtime_v1.DeleteRecordResponse.FromString(data)
+        return await self._write(
+            "DeleteRecord", request, prepare, respond, runtime_v1.DeleteRecordResponse.FromString
+        )
 
     async def GetRecord(self, request: Any, context: Context) -> Any:
         """A live record of the caller's org; deleted or other-org records are NOT_FOUND."""

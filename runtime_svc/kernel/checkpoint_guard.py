@@ -22,6 +22,7 @@ Pure: no I/O, no proto or SQLAlchemy import.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -151,6 +152,20 @@ def _child_path(path: str, key: str, *, redact: bool) -> str:
     return f'{path}["{escaped}"]'
 
 
+#: Distinct field names whose rules are memoized (:func:`_key_rules`).
+_MAX_CACHED_KEYS = 4096
+
+
+@functools.lru_cache(maxsize=_MAX_CACHED_KEYS)
+def _key_rules(key: str) -> tuple[str | None, str | None, str]:
+    """The rules of one field name — its value rule (a key that looks like a credential),
+    its name rule, and its path suffix — memoized: the same names recur in every step's
+    context (issue 13). Pure functions of ``key``, so a cached answer is the answer."""
+    key_rule = _value_rule(key)
+    suffix = _child_path("", key, redact=key_rule is not None)
+    return key_rule, _name_rule(key), suffix
+
+
 def _carries_nothing(value: Any) -> bool:
     # A declared-but-empty field or a flag (``has_password: true``) holds no credential.
     return value is None or isinstance(value, bool) or value in ("", [], {})
@@ -166,13 +181,11 @@ def _walk(value: Any, path: str, depth: int) -> Iterator[CheckpointViolation]:
             yield CheckpointViolation(path, rule)
     elif isinstance(value, Mapping):
         for key, child in value.items():
-            key_text = str(key)
-            key_rule = _value_rule(key_text)
-            child_path = _child_path(path, key_text, redact=key_rule is not None)
+            key_rule, name_rule, suffix = _key_rules(str(key))
+            child_path = path + suffix
             if key_rule is not None:
                 yield CheckpointViolation(child_path, key_rule)
                 continue
-            name_rule = _name_rule(key_text)
             if name_rule is not None and not _carries_nothing(child):
                 yield CheckpointViolation(child_path, name_rule)
                 continue

@@ -284,8 +284,10 @@ class FlowRunStateStore:
         """Accept a run: root (``Runnable``, or ``Accepted`` when not admitted), first
         step ``Pending`` and the immutable input checkpoint, in one transaction."""
         # Validate the input checkpoint before opening the transaction (no SQL for it).
-        prepare_checkpoint(request.input, max_bytes=self.max_checkpoint_bytes)
-        return await self._run(lambda conn: self.create_run_txn(conn, scope, request))
+        prepared = prepare_checkpoint(request.input, max_bytes=self.max_checkpoint_bytes)
+        return await self._run(
+            lambda conn: self.create_run_txn(conn, scope, request, prepared=prepared)
+        )
 
     async def run_by_key_txn(
         self, conn: AsyncConnection, org_id: str, idempotency_key: str
@@ -295,26 +297,35 @@ class FlowRunStateStore:
         return await run_by_idempotency_key_txn(conn, org_id, idempotency_key)
 
     async def create_run_txn(
-        self, conn: AsyncConnection, scope: TrustedRuntimeWorkScope, request: StartRunRequest
+        self,
+        conn: AsyncConnection,
+        scope: TrustedRuntimeWorkScope,
+        request: StartRunRequest,
+        *,
+        prepared: PreparedCheckpoint | None = None,
     ) -> StartRunResult:
         """:meth:`create_run` inside the caller's transaction (see
-        :func:`runtime_svc.kernel.store_create.create_run_txn` for the errors)."""
+        :func:`runtime_svc.kernel.store_create.create_run_txn` for the errors and
+        ``prepared``)."""
         return await create_run_txn(
             conn,
             scope,
             request,
             ownership_epoch=self.ownership_epoch,
             max_checkpoint_bytes=self.max_checkpoint_bytes,
-            now=await self._clock(conn),
+            clock=self._clock,
+            prepared=prepared,
         )
 
     async def create_run_claimed(
         self, scope: TrustedRuntimeWorkScope, request: StartRunRequest, *, lease_owner: str
     ) -> StartRunResult:
         """:meth:`create_run_claimed_txn` in its own transaction."""
-        prepare_checkpoint(request.input, max_bytes=self.max_checkpoint_bytes)
+        prepared = prepare_checkpoint(request.input, max_bytes=self.max_checkpoint_bytes)
         return await self._run(
-            lambda conn: self.create_run_claimed_txn(conn, scope, request, lease_owner=lease_owner)
+            lambda conn: self.create_run_claimed_txn(
+                conn, scope, request, lease_owner=lease_owner, prepared=prepared
+            )
         )
 
     async def create_run_claimed_txn(
@@ -324,6 +335,7 @@ class FlowRunStateStore:
         request: StartRunRequest,
         *,
         lease_owner: str,
+        prepared: PreparedCheckpoint | None = None,
     ) -> StartRunResult:
         """:meth:`create_run_txn`, and — for a run this call creates — the ordinary
         fused claim (§12.1 decision, new attempt and lease token, ``Claimed -> Running``,
@@ -364,8 +376,9 @@ class FlowRunStateStore:
             request,
             ownership_epoch=self.ownership_epoch,
             max_checkpoint_bytes=self.max_checkpoint_bytes,
-            now=await self._clock(conn),
+            clock=self._clock,
             claim=claim,
+            prepared=prepared,
         )
 
     # --- claim, lifecycle, heartbeat -----------------------------------------------------

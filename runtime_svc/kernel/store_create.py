@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import bindparam, select
-from sqlalchemy.engine import RowMapping
+from sqlalchemy import Select, and_, bindparam, select
+from sqlalchemy.engine import Dialect, RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.applied import inserted_step, projected_step_state
@@ -31,6 +31,7 @@ from runtime_svc.kernel.states import ExecutionOwner, RunState, StepState
 from runtime_svc.kernel.store_codec import run_from_row
 from runtime_svc.kernel.store_reads import get_run_txn
 from runtime_svc.kernel.store_rows import (
+    PreparedCheckpoint,
     claimed_run_values,
     insert_attempt,
     insert_checkpoint,
@@ -40,11 +41,12 @@ from runtime_svc.kernel.store_rows import (
     prepare_checkpoint,
 )
 from runtime_svc.kernel.tables import check_transition, compatibility_status
-from runtime_svc.migration.protocol import require_v2_admission_txn
+from runtime_svc.migration.protocol import require_v2_admission, require_v2_admission_txn
 from runtime_svc.observability.hooks import run_trace_context
 from runtime_svc.schema import execution_plans, flow_runs
+from runtime_svc.schema_bridge import flow_deployment_control
 from services.auth import TrustedRuntimeWorkScope
-from services.db import insert_if_absent, scoped_select
+from services.db import db_now, insert_if_absent, now_column, remember_now
 from services.digest import versioned_digest
 from services.errors import ConflictError, NotFoundError
 from services.invariants import InvariantError
@@ -60,6 +62,22 @@ __all__ = [
     "inserted_run",
     "run_by_idempotency_key_txn",
 ]
+
+
+def _flat_values(value: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` of a dataclass whose fields are all scalars (``str``,
+    ``int``, ``None``): the same dict, without its recursive deep copy."""
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+
+
+def _scope_values(scope: TrustedRuntimeWorkScope) -> dict[str, str]:
+    """The work scope's four columns (``dataclasses.asdict(scope)``)."""
+    return {
+        "org_id": scope.org_id,
+        "app_installation_id": scope.app_installation_id,
+        "runtime_capability_id": scope.runtime_capability_id,
+        "runtime_work_binding_digest": scope.runtime_work_binding_digest,
+    }
 
 
 @dataclass(frozen=True)
@@ -98,9 +116,9 @@ class StartRunRequest:
         return versioned_digest(
             "start-run-request",
             {
-                "scope": dataclasses.asdict(scope),
+                "scope": _scope_values(scope),
                 "plan_id": self.plan_id,
-                "first_step": dataclasses.asdict(self.first_step),
+                "first_step": _flat_values(self.first_step),
                 "context": self.input.context,
                 "plan_cursor": self.input.plan_cursor,
                 "context_schema_version": self.input.context_schema_version,
@@ -173,7 +191,76 @@ async def run_by_idempotency_key_txn(
 _RUN_BY_KEY = select(flow_runs.c.flow_run_id).where(
     flow_runs.c.org_id == bindparam("org"), flow_runs.c.idempotency_key == bindparam("key")
 )
-_PLAN = scoped_select(execution_plans, ("plan_id",))
+#: The plan columns run creation uses (the scope it must match, the version and profile
+#: it copies onto the root) — not the plan payload or summaries, which it never reads.
+_PLAN_COLUMNS = (
+    "org_id",
+    "app_installation_id",
+    "runtime_capability_id",
+    "runtime_work_binding_digest",
+    "flow_version_id",
+    "execution_profile",
+)
+#: Result-column label prefix of the plan's columns in :func:`_admission_read`.
+_P = "plan_"
+#: :func:`_admission_read`'s statement per dialect name (its clock SQL differs).
+_ADMISSION_READ: dict[str, tuple[Select[Any], Callable[[Any], datetime]]] = {}
+
+
+def _admission_read(dialect: Dialect) -> tuple[Select[Any], Callable[[Any], datetime]]:
+    """One statement for what run creation reads before it writes: the deployment
+    control record (V2 admission, §20.3), the plan in the trusted org (``LEFT OUTER
+    JOIN``: no row for it leaves its columns NULL) and the database clock (the
+    transaction's ``db_now``). Built once per dialect; bind ``org_id`` and ``plan_id``."""
+    built = _ADMISSION_READ.get(dialect.name)
+    if built is None:
+        # Imported here: the control record decodes kernel enums (an import cycle at
+        # module level, as in ``runtime_svc.migration.protocol``).
+        from runtime_svc.migration.control import CONTROL_KEY
+
+        clock, parse = now_column(dialect)
+        p, control = execution_plans.c, flow_deployment_control
+        on = and_(
+            p.org_id == bindparam("org_id", type_=p.org_id.type),
+            p.plan_id == bindparam("plan_id", type_=p.plan_id.type),
+        )
+        stmt = (
+            select(clock, *control.c, *(p[name].label(_P + name) for name in _PLAN_COLUMNS))
+            .select_from(control.outerjoin(execution_plans, on))
+            .where(control.c.control_key == CONTROL_KEY)
+        )
+        built = _ADMISSION_READ[dialect.name] = (stmt, parse)
+    return built
+
+
+async def _admitted_plan(
+    conn: AsyncConnection, scope: TrustedRuntimeWorkScope, plan_id: str
+) -> dict[str, Any]:
+    """The plan's columns (:data:`_PLAN_COLUMNS`) once V2 admission is open, reading
+    the control record, the plan and the clock in one statement (the clock is kept as
+    the transaction's ``db_now``: ``services.db.remember_now``).
+
+    Raises:
+        V2AdmissionClosedError: admission is closed (checked before the plan).
+        FailedPreconditionError: the control record is missing.
+        NotFoundError: no such plan in the trusted work scope.
+    """
+    from runtime_svc.migration.control import DeploymentControl
+
+    stmt, parse = _admission_read(conn.dialect)
+    row = (await conn.execute(stmt, {"org_id": scope.org_id, "plan_id": plan_id})).first()
+    if row is None:
+        # No control record: the plain check raises its fail-closed error.
+        await require_v2_admission_txn(conn)
+        raise InvariantError("the deployment control record vanished within a transaction")
+    values = row._mapping
+    remember_now(conn, parse(values["db_now"]))
+    require_v2_admission(DeploymentControl.from_row(values))
+    plan = {name: values[_P + name] for name in _PLAN_COLUMNS}
+    # A plan of another installation/capability/binding answers like a missing one.
+    if plan["org_id"] is None or any(plan[k] != v for k, v in _scope_values(scope).items()):
+        raise NotFoundError("execution_plan", plan_id)
+    return plan
 
 
 async def _by_idempotency_key(conn: AsyncConnection, org_id: str, key: str) -> RunRecord | None:
@@ -211,10 +298,17 @@ async def create_run_txn(
     *,
     ownership_epoch: int,
     max_checkpoint_bytes: int,
-    now: datetime,
+    clock: Callable[[AsyncConnection], Awaitable[datetime]] = db_now,
     claim: ClaimOnInsert | None = None,
+    prepared: PreparedCheckpoint | None = None,
 ) -> StartRunResult:
     """Accept a run inside the caller's transaction.
+
+    ``clock``: the durable clock (``services.db.db_now`` unless a test shifts it), read
+    after the admission read, which carries the database clock (one statement for the
+    control record, the plan and the time). ``prepared``: ``request.input`` as the caller
+    already prepared (validated and encoded) it before the transaction, else prepared
+    here.
 
     ``claim``: decide the fused claim of the first step on the root and step about to be
     inserted (``FlowRunStateStore.create_run_claimed_txn``); when it returns a claim,
@@ -232,24 +326,21 @@ async def create_run_txn(
             run is still answered).
     """
     org = scope.org_id
-    prepared = prepare_checkpoint(request.input, max_bytes=max_checkpoint_bytes)
+    if prepared is None:
+        prepared = prepare_checkpoint(request.input, max_bytes=max_checkpoint_bytes)
     request_digest = request.digest(scope)
     if request.idempotency_key is not None:
         existing = await _by_idempotency_key(conn, org, request.idempotency_key)
         if existing is not None:
             return _replay(existing, request_digest)
-    await require_v2_admission_txn(conn)
-    params = {"org_id": org, "plan_id": request.plan_id}
-    plan = (await conn.execute(_PLAN, params)).mappings().first()
-    # A plan of another installation/capability/binding answers like a missing one.
-    if plan is None or any(plan[k] != v for k, v in dataclasses.asdict(scope).items()):
-        raise NotFoundError("execution_plan", request.plan_id)
+    plan = await _admitted_plan(conn, scope, request.plan_id)
+    now = await clock(conn)
     check_transition("run", RunState.ACCEPTED, RunState.RUNNABLE)
     state = RunState.RUNNABLE
     first = request.first_step
     run_id, step_id, checkpoint_id = new_run_id(), new_id("step"), new_id("ckpt")
     values = {
-        **dataclasses.asdict(scope),
+        **_scope_values(scope),
         "flow_run_id": run_id,
         "flow_version_id": plan["flow_version_id"],
         "plan_id": request.plan_id,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, false, or_, select
+from sqlalchemy import Integer, and_, bindparam, false, or_, select, union_all
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -441,26 +441,41 @@ _CANDIDATE_ROOT = (
     _R.execution_owner == _V2,
     _R.ownership_epoch == bindparam("epoch"),
 )
-#: :func:`eligible_work_txn`'s range query for one claimable ``:state``, built once
-#: (issue 13): the step claim index range, joined to the root by primary key.
-_ELIGIBLE_WORK = (
-    select(*_CANDIDATE_COLUMNS)
-    .select_from(
-        flow_step_executions.join(
-            flow_runs, and_(_R.org_id == _S.org_id, _R.flow_run_id == _S.flow_run_id)
+
+
+def _eligible_range(index: int) -> Any:
+    """One claimable state's bounded range of :func:`eligible_work_txn` (``:state_<index>``):
+    the step claim index range ``(org, state, queue_class, run_after, id)`` joined to the
+    root by primary key, in claim order, at most ``:limit`` rows."""
+    return (
+        select(*_CANDIDATE_COLUMNS)
+        .select_from(
+            flow_step_executions.join(
+                flow_runs, and_(_R.org_id == _S.org_id, _R.flow_run_id == _S.flow_run_id)
+            )
         )
+        .where(
+            _S.org_id == bindparam("org"),
+            _S.state == bindparam(f"state_{index}"),
+            _S.queue_class == bindparam("queue_class"),
+            _S.run_after <= bindparam("now"),
+            _R.current_step_execution_id == _S.step_execution_id,
+            *_CANDIDATE_ROOT,
+        )
+        .order_by(_S.run_after, _S.step_execution_id)
+        .limit(bindparam("limit", type_=Integer))
+        .subquery(f"due_{index}")
     )
-    .where(
-        _S.org_id == bindparam("org"),
-        _S.state == bindparam("state"),
-        _S.queue_class == bindparam("queue_class"),
-        _S.run_after <= bindparam("now"),
-        _R.current_step_execution_id == _S.step_execution_id,
-        *_CANDIDATE_ROOT,
-    )
-    .order_by(_S.run_after, _S.step_execution_id)
-    .limit(bindparam("limit", type_=Integer))
+
+
+#: :func:`eligible_work_txn`'s query, built once (issue 13): every claimable state's
+#: bounded range (each its own derived table, so each keeps its ORDER BY and LIMIT — the
+#: ranges the one-query-per-state reads scanned) in one statement, ``UNION ALL``.
+_ELIGIBLE_WORK = union_all(
+    *(select(*due.c) for due in (_eligible_range(i) for i in range(len(_CLAIMABLE_CODES))))
 )
+#: The state parameters of :data:`_ELIGIBLE_WORK`.
+_ELIGIBLE_STATES = {f"state_{i}": code for i, code in enumerate(_CLAIMABLE_CODES)}
 #: :func:`candidate_for_run_txn`'s read: the run's current step by primary key.
 _CANDIDATE_FOR_RUN = (
     select(*_CANDIDATE_COLUMNS)
@@ -506,10 +521,12 @@ async def eligible_work_txn(
 ) -> list[Candidate]:
     """§12.1 step 1: due current steps of runnable, non-deleted V2 roots.
 
-    One bounded range query per claimable step state over the step claim index
-    ``(org, state, queue_class, run_after, id)``, joined to the root by primary key;
-    ``Waiting`` and leased steps are outside every range scanned, so the waiting
-    population is never read. Results merge in ``(run_after, step id)`` order.
+    One bounded range per claimable step state over the step claim index
+    ``(org, state, queue_class, run_after, id)``, joined to the root by primary key —
+    the ranges in one statement (``UNION ALL`` of one derived table per state, each with
+    its own order and limit); ``Waiting`` and leased steps are outside every range
+    scanned, so the waiting population is never read. Results merge in ``(run_after,
+    step id)`` order.
     """
     params: dict[str, Any] = {
         "org": org_id,
@@ -517,12 +534,10 @@ async def eligible_work_txn(
         "now": now,
         "epoch": ownership_epoch,
         "limit": limit,
+        **_ELIGIBLE_STATES,
     }
-    found: list[Candidate] = []
-    for state in _CLAIMABLE_CODES:
-        params["state"] = state
-        rows = (await conn.execute(_ELIGIBLE_WORK, params)).mappings()
-        found.extend(_candidate(org_id, row) for row in rows)
+    rows = (await conn.execute(_ELIGIBLE_WORK, params)).mappings()
+    found = [_candidate(org_id, row) for row in rows]
     found.sort(key=lambda c: (c.run_after, c.step_execution_id))
     return found[:limit]
 

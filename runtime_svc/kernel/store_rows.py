@@ -70,7 +70,7 @@ from runtime_svc.schema import (
     flow_step_executions,
 )
 from services.db import SwitchOnNull, fenced_update, insert_if_absent, now_column, remember_now
-from services.digest import versioned_digest
+from services.digest import digest_bytes
 from services.errors import ConflictError, FenceLostError, InvalidArgumentError, NotFoundError
 from services.invariants import InvariantError
 from services.metrics import metrics
@@ -769,7 +769,10 @@ def prepare_checkpoint(checkpoint: CheckpointInput, *, max_bytes: int) -> Prepar
         context_json=context.decode(),
         plan_cursor_json=cursor.decode(),
         read_verification_json=verification,
-        context_digest=versioned_digest("flow-context", checkpoint.context),
+        # ``versioned_digest("flow-context", context)`` is the digest of exactly these
+        # canonical bytes (``validate_checkpoint_payload`` returns ``canonical_json``):
+        # digested as they are rather than serialized a second time.
+        context_digest=digest_bytes("flow-context", context),
         context_schema_version=checkpoint.context_schema_version,
     )
 

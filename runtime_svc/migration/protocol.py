@@ -16,10 +16,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.errors import FailedPreconditionError
+
+if TYPE_CHECKING:  # the control record decodes kernel enums: a runtime import is a cycle
+    from runtime_svc.migration.control import DeploymentControl
 
 __all__ = [
     "BINARY_VERSION",
@@ -29,6 +33,7 @@ __all__ = [
     "V2AdmissionClosedError",
     "binary_generation",
     "release_generation",
+    "require_v2_admission",
     "require_v2_admission_txn",
 ]
 
@@ -88,9 +93,19 @@ async def require_v2_admission_txn(conn: AsyncConnection, *, generation: int | N
     # Imported here: the kernel's create path imports this module, and the control record
     # decodes kernel enums — a module-level import would be a cycle.
     from runtime_svc.migration.control import read_control_txn
+
+    require_v2_admission(await read_control_txn(conn), generation=generation)
+
+
+def require_v2_admission(control: DeploymentControl, *, generation: int | None = None) -> None:
+    """:func:`require_v2_admission_txn` on a control record the caller already read in
+    its transaction (the run-creation path reads it with the plan, one statement).
+
+    Raises:
+        V2AdmissionClosedError: see :func:`runtime_svc.migration.gates.v2_admission_refusal`.
+    """
     from runtime_svc.migration.gates import v2_admission_refusal
 
-    control = await read_control_txn(conn)
     refusal = v2_admission_refusal(
         control, binary_generation() if generation is None else generation
     )

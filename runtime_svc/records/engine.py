@@ -95,7 +95,7 @@ from services.db import (
     classify_db_error,
     run_in_transaction,
 )
-from services.digest import versioned_digest
+from services.digest import digest_bytes, versioned_digest
 from services.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -218,6 +218,15 @@ def _check_parents(
         raise RecordValidationError(issues)
 
 
+def _fields_digest(record: RecordState, encoded: str | None) -> str:
+    """The ``record-fields`` digest of ``record``: over the fields JSON the write stored
+    (``encoded``, the same canonical bytes ``versioned_digest`` would make) when there is
+    one, else computed."""
+    if encoded is None:
+        return versioned_digest("record-fields", record.fields)
+    return digest_bytes("record-fields", encoded.encode("utf-8"))
+
+
 def _changed(mutation: RecordMutation, before: RecordState | None, after: RecordState) -> list[str]:
     if mutation.kind is MutationKind.CREATE:
         return sorted(after.fields)
@@ -300,6 +309,7 @@ async def apply_mutation_txn(
         before, after = None, current
         _check_parents(view, mutation, before, after, locks)
         locks.pending_creates.discard(rkey)
+        encoded = locks.encoded_fields.pop(rkey, None)
     else:
         if rkey in locks.pending_creates:
             # History order must follow mutation order: the create's event comes first.
@@ -326,8 +336,11 @@ async def apply_mutation_txn(
         expected = (
             current.version if mutation.expected_version is None else mutation.expected_version
         )
+        encoded = store.fields_json(after.fields)
         try:
-            version = await store.update_record_txn(conn, org_id, after, expected, lock_relevant)
+            version = await store.update_record_txn(
+                conn, org_id, after, expected, lock_relevant, encoded_fields=encoded
+            )
         except FenceLostError as exc:
             raise StaleVersionError(obj, rid, expected, exc.found_version) from exc
         after = replace(after, version=version)
@@ -349,7 +362,7 @@ async def apply_mutation_txn(
             payload={
                 "version": after.version,
                 "changed_fields": changed,
-                "fields_digest": versioned_digest("record-fields", after.fields),
+                "fields_digest": _fields_digest(after, encoded),
                 "view_digest": view.digest,
             },
             occurred_at=locks.now,
@@ -561,15 +574,21 @@ class RecordEngine:
         obj, rid = mutation.object_name, mutation.record_id
         current = None
         locked: dict[ResourceKey, RecordState | None] = {}
+        locked_history: dict[ResourceKey, int | None] = {}
         if mutation.kind is not MutationKind.CREATE:
             if lock_relevant_relationships(view, obj):
                 current = await store.read_record_txn(conn, org_id, obj, rid)
             else:
                 # No parent can enter the plan: it is this record, then its history row.
                 # The read the plan needs is then the record's lock itself, taken first
-                # as §13.1 orders it (one statement instead of a read and a re-read).
-                row = await store.read_record_txn(conn, org_id, obj, rid, lock=True)
+                # as §13.1 orders it, with the history row's lock, the plan's next key
+                # (one statement instead of a read, a re-read and the history lock; it
+                # carries the clock too when this transaction has not read it).
+                row, last = await store.lock_record_history_txn(
+                    conn, org_id, obj, rid, clocked=now is None
+                )
                 locked[business_key(obj, rid)] = row
+                locked_history[history_key(obj, rid)] = last
                 current = None if row is None or row.is_deleted else row
             if current is None:
                 raise _not_found(obj, rid)
@@ -586,6 +605,7 @@ class RecordEngine:
             on_locked=self._lock_hook,
             now=now,
             locked=locked,
+            locked_history=locked_history,
         )
         result = await apply_mutation_txn(
             conn, org_id, view, write, locks, actor=actor, request=request, changes=self._changes

@@ -25,6 +25,7 @@ from runtime_svc.resources import (
     ResourceClass,
     ResourceKey,
     business_key,
+    history_key,
     plan_record_mutation,
 )
 from services.db import db_now
@@ -46,7 +47,7 @@ RECORD_ENTITY = "Record"
 
 def lock_relevant_relationships(view: RecordView, object_name: str) -> frozenset[str]:
     """Names of the relationships whose parent a write of ``object_name`` locks."""
-    return frozenset(r.name for r in view.child_relationships(object_name) if r.lock_parent)
+    return view.lock_relevant(object_name)
 
 
 #: Awaited after each lock of :func:`acquire_locks_txn` (test seam for interleavings).
@@ -101,6 +102,8 @@ class HeldLocks:
         pending_creates: inserted rows whose create mutation is not applied yet.
         reserved_creates: history rows of created records inserted at sequence 1 — the
             create's own sequence, reserved by that ``INSERT`` (no separate advance).
+        encoded_fields: the stored fields JSON of the rows inserted here
+            (:func:`runtime_svc.records.store.fields_json`), for the create's digest.
     """
 
     org_id: str
@@ -110,6 +113,7 @@ class HeldLocks:
     history: dict[ResourceKey, int | None] = field(default_factory=dict)
     pending_creates: set[ResourceKey] = field(default_factory=set)
     reserved_creates: set[ResourceKey] = field(default_factory=set)
+    encoded_fields: dict[ResourceKey, str] = field(default_factory=dict)
 
 
 def _new_record(
@@ -138,6 +142,7 @@ async def acquire_locks_txn(
     on_locked: LockHook | None = None,
     now: datetime | None = None,
     locked: Mapping[ResourceKey, RecordState | None] | None = None,
+    locked_history: Mapping[ResourceKey, int | None] | None = None,
 ) -> HeldLocks:
     """Take the business/parent, then history-sequence locks of ``plan`` (§13.1 steps 1-3).
 
@@ -158,6 +163,10 @@ async def acquire_locks_txn(
             (``None`` = no such row); they must head the plan's order (no other key of
             the plan before them), so taking them early kept the §13.1 order, and they
             are not read again.
+        locked_history: ``last_sequence`` of history rows the caller already read
+            ``FOR UPDATE`` on ``conn`` (``None`` = no such row;
+            :func:`runtime_svc.records.store.lock_record_history_txn`); with ``locked``
+            they must head the plan's order, and are not read again.
 
     Raises:
         AlreadyExistsError: a record the plan creates exists (even soft-deleted).
@@ -172,23 +181,38 @@ async def acquire_locks_txn(
     if missing:
         raise ValueError("every record the lock plan creates needs its CREATE mutation")
     pre = dict(locked or {})
-    if pre and set(plan.keys[: len(pre)]) != pre.keys():
+    pre_history = dict(locked_history or {})
+    ahead = len(pre) + len(pre_history)
+    if ahead and set(plan.keys[:ahead]) != pre.keys() | pre_history.keys():
         raise ValueError("rows locked before the plan must head its canonical order")
     held = HeldLocks(org_id, plan, await db_now(conn) if now is None else now)
     began = time.perf_counter()
-    for key in plan.keys:
+    keys = plan.keys
+    #: History rows locked with their record (the plan's next key) in one statement.
+    fused: dict[ResourceKey, int | None] = {}
+    for index, key in enumerate(keys):
         obj, rid = key.object_or_namespace, key.record_identity
         if key.resource_class is ResourceClass.BUSINESS_RECORD:
             if key in plan.creates:
                 state = _new_record(org_id, view, creates[key], held.now)
+                encoded = store.fields_json(state.fields)
                 if not await store.insert_record_txn(
-                    conn, state, lock_relevant_relationships(view, obj)
+                    conn, state, lock_relevant_relationships(view, obj), encoded_fields=encoded
                 ):
                     raise AlreadyExistsError(RECORD_ENTITY, f"{obj}/{rid}")
                 held.rows[key] = state
+                held.encoded_fields[key] = encoded
                 held.pending_creates.add(key)
             elif key in pre:
                 held.rows[key] = pre[key]
+            elif index + 1 < len(keys) and keys[index + 1] == history_key(obj, rid):
+                # Its history row is the plan's very next lock: both in one statement, the
+                # record's row first (the §13.1 order is the same).
+                row, last = await store.lock_record_history_txn(
+                    conn, org_id, obj, rid, clocked=False
+                )
+                held.rows[key] = row
+                fused[keys[index + 1]] = last
             else:
                 held.rows[key] = await store.read_record_txn(conn, org_id, obj, rid, lock=True)
         elif key.resource_class is ResourceClass.HISTORY_SEQUENCE:
@@ -201,6 +225,10 @@ async def acquire_locks_txn(
                 held.history[key] = 1 if inserted else 0
                 if inserted:
                     held.reserved_creates.add(key)
+            elif key in pre_history:
+                held.history[key] = pre_history[key]
+            elif key in fused:
+                held.history[key] = fused.pop(key)
             else:
                 held.history[key] = await store.lock_history_txn(conn, org_id, obj, rid)
         else:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, Row, bindparam, false, insert, select, update
+from sqlalchemy import Integer, Row, and_, bindparam, false, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records.model import ParentRef, RecordState
@@ -39,12 +39,13 @@ __all__ = [
     "AuditRow",
     "EventRow",
     "advance_history_txn",
+    "fields_json",
     "insert_audit_txn",
     "insert_event_txn",
     "insert_history_txn",
     "insert_record_txn",
     "lock_history_txn",
-    "lock_record_clocked_txn",
+    "lock_record_history_txn",
     "query_children_txn",
     "read_record_txn",
     "update_record_txn",
@@ -53,6 +54,13 @@ __all__ = [
 
 def _json(value: Any) -> str:
     return canonical_json(value).decode("utf-8")
+
+
+def fields_json(fields: Mapping[str, Any]) -> str:
+    """The stored form of a record's fields (canonical JSON): what :func:`insert_record_txn`
+    and :func:`update_record_txn` write, and — encoded — what the record's
+    ``record-fields`` digest hashes, so a write encodes its fields once."""
+    return _json(fields)
 
 
 def _state(row: Row[Any]) -> RecordState:
@@ -102,6 +110,26 @@ _ADVANCE_HISTORY = (
     .where(*_HISTORY_KEY, _H.last_sequence == bindparam("k_last"))
     .values(last_sequence=bindparam("k_next"), updated_at=bindparam("k_now"))
 )
+#: The record's and its history row's locks in one statement (``LEFT OUTER JOIN``: the
+#: record row is read and locked first, then its history row, the order of §13.1 when
+#: the history row is the next key of the plan); ``history_last`` is NULL without one.
+#: The join condition names the record's columns (not the bound key), so the history
+#: row depends on the record row and cannot be read — and locked — before it.
+_LOCK_RECORD_HISTORY = (
+    select(records, _H.last_sequence.label("history_last"))
+    .select_from(
+        records.outerjoin(
+            record_history_sequences,
+            and_(
+                _H.org_id == _R.org_id,
+                _H.object_name == _R.object_name,
+                _H.record_id == _R.record_id,
+            ),
+        )
+    )
+    .where(*_RECORD_KEY)
+    .with_for_update()
+)
 _INSERT_EVENT = insert(business_events)
 _INSERT_AUDIT = insert(audit_records)
 
@@ -110,29 +138,40 @@ def _key(org_id: str, object_name: str, record_id: str) -> dict[str, Any]:
     return {"k_org": org_id, "k_object": object_name, "k_record": record_id}
 
 
-#: :func:`lock_record_clocked_txn`'s statement per dialect name (its clock SQL differs).
-_LOCK_CLOCKED: dict[str, tuple[Any, Callable[[Any], datetime]]] = {}
+#: :func:`lock_record_history_txn`'s clocked statement per dialect name.
+_LOCK_HISTORY_CLOCKED: dict[str, tuple[Any, Callable[[Any], datetime]]] = {}
 
 
-async def lock_record_clocked_txn(
-    conn: AsyncConnection, org_id: str, object_name: str, record_id: str
-) -> RecordState | None:
-    """:func:`read_record_txn` with ``lock=True`` that also carries the database clock
+async def lock_record_history_txn(
+    conn: AsyncConnection, org_id: str, object_name: str, record_id: str, *, clocked: bool
+) -> tuple[RecordState | None, int | None]:
+    """The record read ``FOR UPDATE`` (deleted rows too, as any locking read) and the
+    ``last_sequence`` of its history row, locked in the same statement right after it
+    (``None``: no such row) — :func:`read_record_txn` with ``lock=True`` followed by
+    :func:`lock_history_txn`, one round trip instead of two, for a lock plan whose next
+    key after the record is its history row (a record without lock-relevant parents).
+    ``clocked``: the statement also carries the database clock
     (``services.db.now_column``) and keeps it as the transaction's ``db_now``
-    (``remember_now``): a transaction whose first statement is this lock needs no
-    separate clock round trip. Deleted rows are returned (as a locking read does);
-    when no row matches the clock is not read (the next ``db_now`` reads it)."""
-    built = _LOCK_CLOCKED.get(conn.dialect.name)
-    if built is None:
-        clock, parse = now_column(conn.dialect)
-        stmt = select(records, clock).where(*_RECORD_KEY).with_for_update()
-        built = _LOCK_CLOCKED[conn.dialect.name] = (stmt, parse)
-    stmt, parse = built
+    (``remember_now``; a reading the transaction already took wins), so a transaction
+    whose first statement is this lock needs no separate clock round trip. ``(None,
+    None)`` when the record does not exist in ``org_id`` (no clock is read then: the
+    next ``db_now`` reads it)."""
+    stmt: Any = _LOCK_RECORD_HISTORY
+    parse: Callable[[Any], datetime] | None = None
+    if clocked:
+        built = _LOCK_HISTORY_CLOCKED.get(conn.dialect.name)
+        if built is None:
+            clock, parse_now = now_column(conn.dialect)
+            built = (_LOCK_RECORD_HISTORY.add_columns(clock), parse_now)
+            _LOCK_HISTORY_CLOCKED[conn.dialect.name] = built
+        stmt, parse = built
     row = (await conn.execute(stmt, _key(org_id, object_name, record_id))).one_or_none()
     if row is None:
-        return None
-    remember_now(conn, parse(row.db_now))
-    return _state(row)
+        return None, None
+    if parse is not None:
+        remember_now(conn, parse(row.db_now))
+    last = row.history_last
+    return _state(row), None if last is None else int(last)
 
 
 async def read_record_txn(
@@ -218,11 +257,16 @@ def _parent_columns(refs: Sequence[ParentRef], lock_relevant: frozenset[str]) ->
 
 
 async def insert_record_txn(
-    conn: AsyncConnection, state: RecordState, lock_relevant: frozenset[str]
+    conn: AsyncConnection,
+    state: RecordState,
+    lock_relevant: frozenset[str],
+    *,
+    encoded_fields: str | None = None,
 ) -> bool:
     """Insert a new record row; ``False`` when the identity exists (even soft-deleted).
 
     The ``INSERT`` is also how the new row's lock is taken (§13.1: at its key's position).
+    ``encoded_fields``: :func:`fields_json` of ``state.fields``, when the caller has it.
     """
     return await insert_prepared(
         conn,
@@ -232,7 +276,7 @@ async def insert_record_txn(
             "object_name": state.object_name,
             "record_id": state.record_id,
             "record_version": state.version,
-            "fields": _json(state.fields),
+            "fields": _json(state.fields) if encoded_fields is None else encoded_fields,
             "is_deleted": state.is_deleted,
             "created_at": state.created_at,
             "updated_at": state.updated_at,
@@ -247,8 +291,11 @@ async def update_record_txn(
     state: RecordState,
     expected_version: int,
     lock_relevant: frozenset[str],
+    *,
+    encoded_fields: str | None = None,
 ) -> int:
     """Fenced write of ``state`` over version ``expected_version``; the new version.
+    ``encoded_fields``: :func:`fields_json` of ``state.fields``, when the caller has it.
 
     Raises:
         FenceLostError: the row is not at ``expected_version`` (or not in ``org_id``).
@@ -259,7 +306,7 @@ async def update_record_txn(
         {
             **key,
             "k_version": expected_version,
-            "fields": _json(state.fields),
+            "fields": _json(state.fields) if encoded_fields is None else encoded_fields,
             "is_deleted": state.is_deleted,
             "updated_at": state.updated_at,
             **_parent_columns(state.parent_refs, lock_relevant),

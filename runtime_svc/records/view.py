@@ -96,6 +96,11 @@ class ObjectRules:
 
     api_name: str
     fields: Mapping[str, FieldRules]
+    #: Derived answers, computed once per instance (the rules are immutable; every
+    #: record write asks them).
+    _memo: dict[str, tuple[str, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def field(self, name: str) -> FieldRules | None:
         """The named field's rules, or ``None``."""
@@ -103,7 +108,11 @@ class ObjectRules:
 
     def required_fields(self) -> tuple[str, ...]:
         """Names of required fields, sorted."""
-        return tuple(sorted(n for n, f in self.fields.items() if f.required))
+        names = self._memo.get("required")
+        if names is None:
+            names = tuple(sorted(n for n, f in self.fields.items() if f.required))
+            self._memo["required"] = names
+        return names
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,15 @@ class RecordView:
 
     metadata: MetadataViewInput
     objects: Mapping[str, ObjectRules] = field(default_factory=dict)
+    #: :meth:`child_relationships` per object, computed once (the view is immutable and
+    #: every record write asks it several times).
+    _children: dict[str, tuple[RelationshipView, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    #: :meth:`lock_relevant` per object, computed once.
+    _lock_relevant: dict[str, frozenset[str]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def digest(self) -> str:
@@ -129,12 +147,26 @@ class RecordView:
 
     def child_relationships(self, object_name: str) -> tuple[RelationshipView, ...]:
         """Relationships in which ``object_name`` is the child, sorted by name."""
-        return tuple(
-            sorted(
-                (r for r in self.metadata.relationships if r.child_object == object_name),
-                key=lambda r: r.name,
+        rels = self._children.get(object_name)
+        if rels is None:
+            rels = tuple(
+                sorted(
+                    (r for r in self.metadata.relationships if r.child_object == object_name),
+                    key=lambda r: r.name,
+                )
             )
-        )
+            self._children[object_name] = rels
+        return rels
+
+    def lock_relevant(self, object_name: str) -> frozenset[str]:
+        """Names of the relationships whose parent a write of ``object_name`` locks."""
+        names = self._lock_relevant.get(object_name)
+        if names is None:
+            names = frozenset(
+                r.name for r in self.child_relationships(object_name) if r.lock_parent
+            )
+            self._lock_relevant[object_name] = names
+        return names
 
     def relationship(self, object_name: str, name: str) -> RelationshipView | None:
         """The relationship ``name`` of child object ``object_name``, or ``None``."""

@@ -83,7 +83,7 @@ from runtime_svc.records import (
 from runtime_svc.records.engine import ChangeSink, LockHook
 from runtime_svc.records.locking import RECORD_ENTITY, lock_relevant_relationships
 from runtime_svc.records.model import RecordState
-from runtime_svc.records.store import lock_record_clocked_txn, query_children_txn
+from runtime_svc.records.store import lock_record_history_txn, query_children_txn
 from runtime_svc.resources import (
     LateResourceDiscoveryError,
     LockPlan,
@@ -91,6 +91,7 @@ from runtime_svc.resources import (
     ResourceClass,
     ResourceKey,
     business_key,
+    history_key,
 )
 from runtime_svc.worker.actions import PureActionError, run_pure_action
 from runtime_svc.worker.budget import BudgetExceeded, BudgetMeter
@@ -875,7 +876,8 @@ async def _apply_lone_txn(
         check_resource_bounds(declared, plan)
     # The lock also carries the database clock: the transaction's db_now, so neither the
     # lock phase nor the kernel's commit reads it again (one round trip fewer).
-    row = await lock_record_clocked_txn(conn, org_id, obj, rid)
+    # With the history row's lock, the plan's next key (one statement for both).
+    row, last = await lock_record_history_txn(conn, org_id, obj, rid, clocked=True)
     if row is None or row.is_deleted:
         if before_writes is not None:
             await before_writes()  # a vanished snapshot record: let verification classify it
@@ -891,6 +893,7 @@ async def _apply_lone_txn(
             [mutation],
             on_locked=on_locked,
             locked={business_key(obj, rid): row},
+            locked_history={history_key(obj, rid): last},
         )
         if before_writes is not None:
             await before_writes()

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Integer, bindparam, select
+from sqlalchemy import Integer, bindparam, false, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.admission.controller import AdmissionController
@@ -84,7 +84,6 @@ from runtime_svc.kernel.decisions import (
     RetryExhausted,
     RetryScheduled,
 )
-from runtime_svc.kernel.store_reads import get_run_txn
 from runtime_svc.observability.hooks import StepWatch, attempt_exhausted, attempt_retried
 from runtime_svc.records import Actor, Lineage, RecordView
 from runtime_svc.records.model import RecordState
@@ -114,7 +113,7 @@ from runtime_svc.worker.snapshots import (
 from runtime_svc.worker.views import RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
 from services.background import OrgRotation
-from services.db import DbErrorClass, classify_db_error, scoped_select, transaction
+from services.db import DbErrorClass, classify_db_error, transaction
 from services.errors import (
     CommitOutcomeUnknownError,
     ConflictError,
@@ -618,15 +617,12 @@ class StepWorker:
             raise _Abort("input_checkpoint_missing")
         try:
             if known is None:
-                # One read-only transaction for the run, the step row and the input
+                # One read-only statement for the run's plan, the step row and the input
                 # checkpoint (payload and verification set).
                 async with transaction(self._engine, readonly=True) as conn:
-                    run = await get_run_txn(conn, org_id, fence.flow_run_id)
-                    step_row = await _step_row_txn(conn, org_id, fence.step_execution_id)
-                    payload, verification = await _checkpoint_txn(
-                        conn, org_id, fence.flow_run_id, fence.input_checkpoint_id
+                    plan_id, step_row, payload, verification = await _step_input_txn(
+                        conn, org_id, fence, fence.input_checkpoint_id
                     )
-                plan_id = run.plan_id
             else:
                 plan_id, step_row = known.plan_id, known.step
                 payload, verification = known.payload, known.verification
@@ -1086,39 +1082,78 @@ class _Prepared:
     input_sequence: int | None = None
 
 
-#: The worker's per-step reads, built once at import with bound parameters (issue 13:
-#: executing a pre-built statement skips per-call construction and cache-key generation).
-_STEP_ROW = scoped_select(
-    flow_step_executions,
-    ("step_execution_id",),
-    columns=("plan_step_key", "step_kind", "invocation_ordinal"),
-)
-_CHECKPOINT = scoped_select(
-    flow_checkpoints,
-    ("flow_run_id", "checkpoint_id"),
-    columns=("context_payload", "read_verification_set"),
-)
+def _step_input() -> Any:
+    """The preparation's read of a claimed step's input, built once at import (issue 13)::
+
+        SELECT r.plan_id, s.plan_step_key, s.step_kind, s.invocation_ordinal,
+               c.context_payload, c.read_verification_set
+        FROM flow_runs r
+        JOIN flow_step_executions s ON s.org_id = r.org_id AND s.step_execution_id = :step
+        JOIN flow_checkpoints c ON c.org_id = r.org_id AND c.flow_run_id = r.flow_run_id
+                               AND c.checkpoint_id = :checkpoint
+        WHERE r.org_id = :org AND r.flow_run_id = :run AND NOT r.is_deleted
+
+    Three primary-key lookups in one statement instead of three — the live run (as
+    ``get_run_txn`` read it: org, id, not soft-deleted), the step by the trusted org and
+    its own id, the checkpoint by the org, the run and its id. No lookup goes through
+    another row's columns beyond those keys (each is bound to the same values the
+    single reads bound), so a row exists exactly when all three reads found theirs."""
+    r, s, c = flow_runs.c, flow_step_executions.c, flow_checkpoints.c
+    joined = flow_runs.join(
+        flow_step_executions,
+        (s.org_id == r.org_id)
+        & (s.step_execution_id == bindparam("step", type_=s.step_execution_id.type)),
+    ).join(
+        flow_checkpoints,
+        (c.org_id == r.org_id)
+        & (c.flow_run_id == r.flow_run_id)
+        & (c.checkpoint_id == bindparam("checkpoint", type_=c.checkpoint_id.type)),
+    )
+    return (
+        select(
+            r.plan_id,
+            s.plan_step_key,
+            s.step_kind,
+            s.invocation_ordinal,
+            c.context_payload,
+            c.read_verification_set,
+        )
+        .select_from(joined)
+        .where(
+            r.org_id == bindparam("org", type_=r.org_id.type),
+            r.flow_run_id == bindparam("run", type_=r.flow_run_id.type),
+            r.is_deleted == false(),
+        )
+    )
 
 
-async def _step_row_txn(conn: AsyncConnection, org_id: str, step_execution_id: str) -> _StepRow:
-    params = {"org_id": org_id, "step_execution_id": step_execution_id}
-    row = (await conn.execute(_STEP_ROW, params)).first()
+_STEP_INPUT = _step_input()
+
+
+async def _step_input_txn(
+    conn: AsyncConnection, org_id: str, fence: LeaseFence, checkpoint_id: str
+) -> tuple[str, _StepRow, str, Any]:
+    """The run's plan id, the step row and the input checkpoint's context payload and
+    ReadVerificationSet (decoded) of a claimed step, in one statement.
+
+    Raises:
+        NotFoundError: the run (or it is soft-deleted), the step or the checkpoint is
+            missing in ``org_id`` — what each single read raised.
+    """
+    params = {
+        "org": org_id,
+        "run": fence.flow_run_id,
+        "step": fence.step_execution_id,
+        "checkpoint": checkpoint_id,
+    }
+    row = (await conn.execute(_STEP_INPUT, params)).first()
     if row is None:
-        raise NotFoundError("flow_step_execution", step_execution_id)
-    return _StepRow(str(row[0]), str(row[1]), int(row[2]))
-
-
-async def _checkpoint_txn(
-    conn: AsyncConnection, org_id: str, flow_run_id: str, checkpoint_id: str
-) -> tuple[str, Any]:
-    """The input checkpoint's context payload and its ReadVerificationSet (decoded)."""
-    params = {"org_id": org_id, "flow_run_id": flow_run_id, "checkpoint_id": checkpoint_id}
-    row = (await conn.execute(_CHECKPOINT, params)).first()
-    if row is None:
-        raise NotFoundError("flow_checkpoint", checkpoint_id)
-    raw = row[1]
+        raise NotFoundError("flow_step_execution", fence.step_execution_id)
+    raw = row[5]
     verification = json.loads(raw) if isinstance(raw, str | bytes) else raw
-    return str(row[0]), verification
+    # A LegacyInterpreter-owned run has no plan (NULL), as ``run_from_row`` reads it.
+    step = _StepRow(str(row[1]), str(row[2]), int(row[3]))
+    return str(row[0] or ""), step, str(row[4]), verification
 
 
 class _Abort(Exception):
@@ -1180,12 +1215,37 @@ def _verifier(
     return verify
 
 
+#: Lock-plan digests by the plan's content (:func:`_lock_plan_digest`), oldest first.
+_LOCK_PLAN_DIGESTS: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+#: Distinct lock plans whose digests are kept.
+_MAX_CACHED_LOCK_PLANS = 1024
+
+
+def _lock_plan_digest(plan: LockPlan) -> str:
+    """``plan.digest()``, memoized by the plan's content — its keys, each key's roles and
+    its created keys, exactly what ``LockPlan.to_dict`` (the digested form) is made of:
+    the steps of a run that mutate the same record commit with the same plan, and the
+    canonical JSON and SHA-256 of it were paid again at every commit (issue 13)."""
+    content = (plan.keys, tuple(plan.roles[k] for k in plan.keys), plan.creates)
+    digest = _LOCK_PLAN_DIGESTS.get(content)
+    if digest is None:
+        digest = _LOCK_PLAN_DIGESTS[content] = plan.digest()
+        # First in, first out; each step only reads or adds, so workers on other
+        # threads' event loops cannot trip over one another's eviction.
+        while len(_LOCK_PLAN_DIGESTS) > _MAX_CACHED_LOCK_PLANS:
+            try:
+                _LOCK_PLAN_DIGESTS.popitem(last=False)
+            except KeyError:
+                break
+    return digest
+
+
 def _lock_plan_evidence(admitted: Sequence[LockPlan]) -> dict[str, Any] | None:
     """The lock plan a mutation step committed with (its attempt's metrics summary)."""
     if not admitted:
         return None
     plan = admitted[0]
-    return {"lock_plan_digest": plan.digest(), "lock_plan_keys": len(plan.keys)}
+    return {"lock_plan_digest": _lock_plan_digest(plan), "lock_plan_keys": len(plan.keys)}
 
 
 def _discovery_evidence(exc: LateResourceDiscoveryError) -> dict[str, Any]:

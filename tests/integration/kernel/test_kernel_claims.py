@@ -12,15 +12,19 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from runtime_svc.kernel import (
     CheckpointInput,
     EnterWait,
+    FailureClass,
     FlowRunStateStore,
     LeaseFence,
     NotEligible,
     RunState,
+    StepFailure,
     StepState,
 )
+from runtime_svc.kernel.decisions import RetryScheduled
 from runtime_svc.schema import flow_runs, flow_step_attempts, flow_step_executions
 from tests.integration.kernel.conftest import TEST_POLICY, World
 from tests.integration.kernel.helpers import QUEUE, claim, count, rows, start
+from tests.support.statements import clock_reads, watched_statements
 
 
 def _barrier_clock(world: World, parties: int) -> object:
@@ -127,6 +131,39 @@ async def test_eligible_work_is_bounded_stably_ordered_and_skips_waiting_runs(
     for run_id in runs[:2]:
         run = await world.store.get_run(world.org, run_id)
         assert run.state is RunState.WAITING and run.interview_status == "Paused"
+
+
+async def test_eligible_work_reads_both_claimable_states_in_one_bounded_statement(
+    world: World,
+) -> None:
+    """Pending and RetryScheduled candidates come from one statement (one bounded range
+    per state), merged in ``(run_after, step id)`` order and cut at the limit."""
+    retried = [await start(world) for _ in range(2)]
+    for run_id in retried:
+        fence = await world.store.mark_running(world.org, await claim(world, run_id))
+        decision = await world.store.record_rollback(
+            world.org, fence, StepFailure(FailureClass.RETRYABLE, "boom")
+        )
+        assert isinstance(decision, RetryScheduled)
+    pending = [await start(world) for _ in range(2)]
+    world.clock.advance(hours=2)  # every retry is due (its backoff is at most an hour)
+
+    with watched_statements(world.engine) as seen:
+        everything = await world.store.eligible_work(world.org, QUEUE, limit=50)
+    selects = [s for s in seen if not s.startswith("BEGIN")]
+    assert len(selects) - len(clock_reads(world.engine, selects)) == 1, seen
+    assert {c.flow_run_id for c in everything} == set(retried + pending)
+    states = {
+        r["flow_run_id"]: r["state"]
+        for r in await rows(world.engine, flow_step_executions, org_id=world.org)
+    }
+    assert {states[c.flow_run_id] for c in everything} == {"Pending", "RetryScheduled"}
+    order = [(c.run_after, c.step_execution_id) for c in everything]
+    assert order == sorted(order)
+    for limit in (1, 2, 3):
+        assert (
+            await world.store.eligible_work(world.org, QUEUE, limit=limit) == (everything[:limit])
+        )
 
 
 async def test_eligible_work_ignores_other_queues_and_other_orgs(world: World) -> None:

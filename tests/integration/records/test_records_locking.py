@@ -10,11 +10,14 @@ counted by classifying every error that leaves a transaction attempt (MySQL 1213
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.records import (
@@ -24,6 +27,7 @@ from runtime_svc.records import (
     MutationResult,
     RecordEngine,
     RecordMutation,
+    RecordState,
     StaleVersionError,
     acquire_locks_txn,
     apply_mutation_txn,
@@ -32,8 +36,10 @@ from runtime_svc.records import (
     prepare_update,
 )
 from runtime_svc.records import store as record_store
+from runtime_svc.records.store import lock_record_history_txn
 from runtime_svc.resources import LockPlan, ResourceKey, business_key
-from runtime_svc.schema import audit_records, business_events
+from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
+from services import db
 from services.db import DbErrorClass, classify_db_error, run_in_transaction
 from services.errors import ConflictError
 from tests.integration.records.support import (
@@ -344,3 +350,49 @@ async def test_record_mutation_and_history_reservation_contend(
     assert (await rec.get(org, "Account", "h-1")).version == n + 1
     assert await sequences(maria_engine, org, "Account", "h-1") == list(range(1, n + 2))
     assert rec.stats.conflict_retries == 0
+
+
+async def test_the_joined_record_and_history_lock_takes_the_record_first(
+    maria_engine: AsyncEngine,
+) -> None:
+    """``lock_record_history_txn`` locks the record row before its history row (§13.1),
+    proven on the server: while another transaction holds only the history row, the
+    joined lock waits for it already holding the record row (a ``NOWAIT`` lock of the
+    record fails), and finishes once the history row is released. Were the history row
+    read first, the record would still be free while the joined lock waits."""
+    org = f"org_{uuid.uuid4().hex[:12]}"
+    rec = RecordEngine(maria_engine)
+    created = await rec.mutate(
+        org, VIEW, prepare_create(VIEW, "Note", "", {"Body": "x"}), actor=ACTOR
+    )
+    rid = created.record.record_id
+    h, r = record_history_sequences.c, records.c
+    async with maria_engine.connect() as holder:
+        await holder.begin()
+        await holder.execute(
+            select(h.last_sequence)
+            .where(h.org_id == org, h.object_name == "Note", h.record_id == rid)
+            .with_for_update()
+        )
+
+        async def joined() -> tuple[RecordState | None, int | None]:
+            async with db.transaction(maria_engine) as conn:
+                return await lock_record_history_txn(conn, org, "Note", rid, clocked=False)
+
+        waiter = asyncio.create_task(joined())
+        try:
+            await wait_for_lock_waiters(maria_engine)
+            async with maria_engine.connect() as probe:
+                await probe.begin()
+                with pytest.raises(DBAPIError):
+                    await probe.execute(
+                        select(r.record_id)
+                        .where(r.org_id == org, r.object_name == "Note", r.record_id == rid)
+                        .with_for_update(nowait=True)
+                    )
+                await probe.rollback()
+            assert not waiter.done()
+        finally:
+            await holder.rollback()
+        row, last = await asyncio.wait_for(waiter, timeout=60)
+    assert row is not None and row.version == 1 and last == 1

@@ -10,6 +10,7 @@ that adds a statement to the write path fails here and has to say why.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from runtime_svc.records import (
     prepare_delete,
     prepare_update,
 )
-from runtime_svc.records.store import lock_record_clocked_txn
+from runtime_svc.records.store import lock_record_history_txn
 from runtime_svc.schema import (
     audit_records,
     business_events,
@@ -37,6 +38,7 @@ from runtime_svc.schema import (
     runtime_requests,
 )
 from services.db import db_now, transaction
+from services.digest import versioned_digest
 from services.errors import NotFoundError
 from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.records.support import last_sequence, record_view, sequences
@@ -47,11 +49,16 @@ ACTOR = Actor("workload", "records-cost-test")
 #: A deduplicated create: ledger lookup + clock (one statement), record INSERT, history
 #: INSERT at sequence 1, event INSERT, audit INSERT, ledger INSERT.
 CREATE_STATEMENTS = 6
-#: A deduplicated update: ledger lookup + clock, plain read, record lock, history lock,
-#: record CAS UPDATE, history advance, event INSERT, audit INSERT, ledger INSERT.
-UPDATE_STATEMENTS = 9
-#: The same for an object without lock-relevant relationships: its read is its lock.
-UNPARENTED_UPDATE_STATEMENTS = 8
+#: A deduplicated update: ledger lookup + clock, plain read, record lock with its history
+#: row's lock (the plan's next key; one statement), record CAS UPDATE, history advance,
+#: event INSERT, audit INSERT, ledger INSERT.
+UPDATE_STATEMENTS = 8
+#: The same for an object without lock-relevant relationships: its read is its lock,
+#: taken with its history row's lock in one statement.
+UNPARENTED_UPDATE_STATEMENTS = 7
+#: Without a request id: the record and history lock carries the clock as well, then the
+#: record CAS UPDATE, history advance, event INSERT, audit INSERT.
+UNPARENTED_PLAIN_UPDATE_STATEMENTS = 5
 
 
 @dataclass
@@ -146,16 +153,22 @@ async def test_an_object_without_lock_relevant_parents_reads_its_row_once_under_
     assert (counts.transactions, counts.statements) == (1, UNPARENTED_UPDATE_STATEMENTS)
     assert updated.value is not None and updated.value.record.version == 2
     assert updated.value.history_sequence == 2
+    with _counting(engine) as counts:
+        again = await rec.mutate(
+            org, VIEW, prepare_update(VIEW, "Note", rid, 2, {"Body": "three"}), actor=ACTOR
+        )
+    assert (counts.transactions, counts.statements) == (1, UNPARENTED_PLAIN_UPDATE_STATEMENTS)
+    assert again.history_sequence == 3 and again.record.version == 3
     with pytest.raises(StaleVersionError):
         await rec.mutate(
             org, VIEW, prepare_update(VIEW, "Note", rid, 1, {"Body": "late"}), actor=ACTOR
         )
-    await rec.mutate(org, VIEW, prepare_delete(VIEW, "Note", rid, 2), actor=ACTOR)
+    await rec.mutate(org, VIEW, prepare_delete(VIEW, "Note", rid, 3), actor=ACTOR)
     with pytest.raises(NotFoundError):
         await rec.mutate(
             org, VIEW, prepare_update(VIEW, "Note", rid, None, {"Body": "gone"}), actor=ACTOR
         )
-    assert await sequences(engine, org, "Note", rid) == [1, 2, 3]
+    assert await sequences(engine, org, "Note", rid) == [1, 2, 3, 4]
 
 
 async def test_every_row_of_a_write_carries_the_transactions_one_clock_reading(
@@ -190,10 +203,11 @@ async def test_every_row_of_a_write_carries_the_transactions_one_clock_reading(
 async def test_a_clocked_lock_carries_the_transactions_clock_in_its_one_statement(
     engine: AsyncEngine, org: str
 ) -> None:
-    """``lock_record_clocked_txn`` (a durable step's first lock, ``worker/executor.py``):
-    the record's ``FOR UPDATE`` also returns the database clock, kept as the
-    transaction's ``db_now`` — no clock statement follows; a reading already taken in
-    the transaction wins; an absent row reads no clock (the next ``db_now`` does)."""
+    """``lock_record_history_txn`` (a durable step's first lock, ``worker/executor.py``):
+    the record's ``FOR UPDATE`` also returns its history row's last sequence and, when
+    ``clocked``, the database clock, kept as the transaction's ``db_now`` — no clock
+    statement follows; a reading already taken in the transaction wins; an absent row
+    reads no clock (the next ``db_now`` does)."""
     rec = RecordEngine(engine)
     created = await rec.mutate(
         org, VIEW, prepare_create(VIEW, "Note", "", {"Body": "one"}), actor=ACTOR
@@ -201,18 +215,87 @@ async def test_a_clocked_lock_carries_the_transactions_clock_in_its_one_statemen
     rid = created.record.record_id
     with _counting(engine) as counts:
         async with transaction(engine) as conn:
-            row = await lock_record_clocked_txn(conn, org, "Note", rid)
+            row, last = await lock_record_history_txn(conn, org, "Note", rid, clocked=True)
             now = await db_now(conn)
     assert row is not None and row.version == 1 and row.fields["Body"] == "one"
+    assert last == 1
     assert (counts.transactions, counts.statements) == (1, 1)
     assert now >= created.record.updated_at
 
     async with transaction(engine) as conn:
         first = await db_now(conn)
-        assert await lock_record_clocked_txn(conn, org, "Note", rid) is not None
+        assert (await lock_record_history_txn(conn, org, "Note", rid, clocked=True))[0]
         assert await db_now(conn) == first
     with _counting(engine) as counts:
         async with transaction(engine) as conn:
-            assert await lock_record_clocked_txn(conn, org, "Note", "no-such-note") is None
+            missing = await lock_record_history_txn(conn, org, "Note", "no-such-note", clocked=True)
+            assert missing == (None, None)
             await db_now(conn)
     assert counts.statements == 2
+    # Unclocked, the lock reads no clock: the transaction's db_now is its own statement.
+    with _counting(engine) as counts:
+        async with transaction(engine) as conn:
+            row, last = await lock_record_history_txn(conn, org, "Note", rid, clocked=False)
+            await db_now(conn)
+    assert row is not None and last == 1 and counts.statements == 2
+
+
+async def test_a_record_without_a_history_row_is_locked_with_none_and_starts_one(
+    engine: AsyncEngine, org: str
+) -> None:
+    """A record written before the engine kept history rows: the joined lock finds no
+    history row (``None``), and the update creates it at sequence 1 under the record's
+    lock, as the separate history lock did."""
+    rec = RecordEngine(engine)
+    created = await rec.mutate(
+        org, VIEW, prepare_create(VIEW, "Note", "", {"Body": "old"}), actor=ACTOR
+    )
+    rid = created.record.record_id
+    async with transaction(engine) as conn:  # as if written before history rows existed
+        for table in (business_events, record_history_sequences):
+            t = table.c
+            await conn.execute(
+                sa.delete(table).where(t.org_id == org, t.object_name == "Note", t.record_id == rid)
+            )
+    async with transaction(engine) as conn:
+        row, last = await lock_record_history_txn(conn, org, "Note", rid, clocked=False)
+    assert row is not None and last is None
+    done = await rec.mutate(
+        org, VIEW, prepare_update(VIEW, "Note", rid, 1, {"Body": "new"}), actor=ACTOR
+    )
+    assert done.history_sequence == 1 and done.record.version == 2
+    assert await last_sequence(engine, org, "Note", rid) == 1
+
+
+async def test_the_events_fields_digest_is_the_digest_of_the_stored_fields(
+    engine: AsyncEngine, org: str
+) -> None:
+    """A write encodes its fields once: the event's ``fields_digest`` (hashed over the
+    JSON the write stored) equals ``versioned_digest`` of the record's fields, after a
+    create and after an update."""
+    rec = RecordEngine(engine)
+    created = await rec.mutate(
+        org, VIEW, prepare_create(VIEW, "Account", "", {"Name": "Dg", "Employees": 2}), actor=ACTOR
+    )
+    rid = created.record.record_id
+    updated = await rec.mutate(
+        org, VIEW, prepare_update(VIEW, "Account", rid, 1, {"Employees": 7}), actor=ACTOR
+    )
+    e = business_events.c
+    async with transaction(engine, readonly=True) as conn:
+        payloads = [
+            json.loads(p)
+            for p in (
+                await conn.execute(
+                    sa.select(e.payload)
+                    .where(e.org_id == org, e.record_id == rid)
+                    .order_by(e.history_sequence)
+                )
+            ).scalars()
+        ]
+    expected = [
+        versioned_digest("record-fields", created.record.fields),
+        versioned_digest("record-fields", updated.record.fields),
+    ]
+    assert [p["fields_digest"] for p in payloads] == expected
+    assert expected[0] != expected[1]

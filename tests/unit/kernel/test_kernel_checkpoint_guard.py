@@ -13,6 +13,9 @@ from runtime_svc.kernel.checkpoint_guard import (
     find_credential_material,
     validate_checkpoint_payload,
 )
+from runtime_svc.kernel.model import CheckpointInput
+from runtime_svc.kernel.store_rows import prepare_checkpoint
+from services.digest import versioned_digest
 from services.errors import InvalidArgumentError
 
 FIELD_NAMES = [
@@ -144,3 +147,32 @@ def test_the_field_name_prefixes_the_path() -> None:
     with pytest.raises(InvalidArgumentError) as err:
         validate_checkpoint_payload({"password": "x"}, field="plan_cursor")
     assert err.value.field_path == "plan_cursor.password"
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        {},
+        {"b": 1, "a": {"z": [1, 2.5, -0.0, None, True], "é": "ünïcode ✓"}},
+        {"variables": {"acct": {"Id": "rec_1", "Name": "n"}, "n": 10**20}},
+    ],
+)
+def test_a_prepared_checkpoint_digests_the_context_as_versioned_digest_does(
+    context: dict[str, Any],
+) -> None:
+    """``prepare_checkpoint`` digests the canonical bytes it already has; the digest is
+    the one ``versioned_digest`` gives the context (what every reader recomputes)."""
+    prepared = prepare_checkpoint(CheckpointInput(context=context), max_bytes=10_000)
+    assert prepared.context_digest == versioned_digest("flow-context", context)
+    assert prepared.context_json.encode() == validate_checkpoint_payload(context)
+
+
+def test_a_repeated_field_name_is_judged_the_same_every_time() -> None:
+    """The per-key rules are memoized (the same names recur in every step's context):
+    a name is rejected or accepted the same on every walk, at any depth."""
+    for _ in range(3):
+        assert find_credential_material({"a": {"password": "x"}, "Name": "ok"}) != []
+        assert [v.path for v in find_credential_material({"x": [{"apiKey": "v"}]})] == [
+            "$.x[0].apiKey"
+        ]
+        assert find_credential_material({"Name": "ok", "Id": "rec_1"}) == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from enum import IntEnum, StrEnum
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -10,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.digest import (
+    _ENCODER,
     CanonicalJsonError,
+    _normalize,
     canonical_json,
     is_digest,
     parse_digest,
@@ -75,3 +79,43 @@ def test_canonical_form_is_compact_sorted_utf8() -> None:
 def test_values_without_canonical_form_are_rejected(bad: Any) -> None:
     with pytest.raises(CanonicalJsonError):
         canonical_json(bad)
+
+
+def _general(value: Any) -> bytes:
+    """The canonical form by the general walk alone (the reference of the fast path)."""
+    return _ENCODER.encode(_normalize(value, "$")).encode("utf-8")
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values | st.tuples(json_values, json_values))
+def test_the_plain_fast_path_encodes_exactly_as_the_general_walk(value: Any) -> None:
+    assert canonical_json(value) == _general(value)
+
+
+class _Color(StrEnum):
+    RED = "red"
+
+
+class _Size(IntEnum):
+    BIG = 3
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"x": -0.0, "y": [0.0, -0.0]}, b'{"x":0.0,"y":[0.0,0.0]}'),
+        ({"c": _Color.RED, "s": _Size.BIG}, b'{"c":"red","s":3}'),
+        ({_Color.RED: 1}, b'{"red":1}'),
+        (MappingProxyType({"b": (1, 2), "a": True}), b'{"a":true,"b":[1,2]}'),
+        ([{"k": MappingProxyType({"z": None})}], b'[{"k":{"z":null}}]'),
+    ],
+)
+def test_values_the_fast_path_leaves_to_the_general_walk_encode_as_before(
+    value: Any, expected: bytes
+) -> None:
+    assert canonical_json(value) == expected == _general(value)
+
+
+def test_a_rejected_value_nested_in_plain_ones_is_named_by_its_path() -> None:
+    with pytest.raises(CanonicalJsonError, match=r"\$\.a\[1\]\.b: non-finite float"):
+        canonical_json({"a": [1, {"b": math.inf}]})
