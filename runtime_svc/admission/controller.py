@@ -294,18 +294,9 @@ class AdmissionController:
         if self.scheduler.credit(org_id) <= 0:
             return self._defer(lane, Decision.CREDIT, org_id)
         facts = self._facts(org_id, candidate, plan)
-        subject = AdmissionSubject(
-            org_id,
-            lane,
-            facts.profile or candidate.execution_profile,
-            facts.flow_api_name,
-            facts.flow_version,
-            facts.object_classes,
-        )
-        keys = [f"{org_id}/{key}" for key, _ in policy.scopes(subject)]
-        for (_, budget), key in zip(policy.scopes(subject), keys, strict=True):
-            if budget.max_inflight is not None and self._inflight[key] >= budget.max_inflight:
-                return self._defer(lane, Decision.POLICY, org_id)
+        keys = self._scope_keys(org_id, lane, candidate, facts, policy)
+        if keys is None:
+            return self._defer(lane, Decision.POLICY, org_id)
         limit = policy.concurrent_runs_limit(facts.flow_api_name) if facts.flow_api_name else None
         if limit is not None and not await self._slot(
             org_id, flow_slot_key(facts.flow_api_name), candidate, limit
@@ -313,13 +304,7 @@ class AdmissionController:
             return self._defer(lane, Decision.CONCURRENCY, org_id)
         if policy.records and not await self._record_slot(org_id, policy, candidate):
             return self._defer(lane, Decision.CONCURRENCY, org_id)
-        counted = (_ENV, f"lane:{lane}", *keys)
-        for key in counted:
-            self._inflight[key] += 1
-        self.scheduler.charge(org_id)
-        self.decisions[Decision.ADMITTED] += 1
-        metrics().admission_decided(lane, Decision.ADMITTED)
-        return Ticket(org_id, lane, counted, candidate.flow_run_id)
+        return self._grant(org_id, lane, candidate, keys)
 
     def admit_now(
         self, org_id: str, candidate: Candidate, plan: ExecutionPlan | None = None
@@ -343,6 +328,21 @@ class AdmissionController:
         facts = self._facts(org_id, candidate, plan)
         if facts.flow_api_name and policy.concurrent_runs_limit(facts.flow_api_name) is not None:
             return None
+        keys = self._scope_keys(org_id, lane, candidate, facts, policy)
+        if keys is None:
+            return None
+        return self._grant(org_id, lane, candidate, keys)
+
+    def _scope_keys(
+        self,
+        org_id: str,
+        lane: str,
+        candidate: Candidate,
+        facts: _PlanFacts,
+        policy: AdmissionPolicy,
+    ) -> list[str] | None:
+        """The in-flight keys of the policy scopes ``candidate`` falls under, or ``None``
+        when one of those scopes is at its ``max_inflight``."""
         subject = AdmissionSubject(
             org_id,
             lane,
@@ -356,6 +356,10 @@ class AdmissionController:
         for (_, budget), key in zip(scopes, keys, strict=True):
             if budget.max_inflight is not None and self._inflight[key] >= budget.max_inflight:
                 return None
+        return keys
+
+    def _grant(self, org_id: str, lane: str, candidate: Candidate, keys: list[str]) -> Ticket:
+        """Count an admission: the environment, lane and scope slots, the org's charge."""
         counted = (_ENV, f"lane:{lane}", *keys)
         for key in counted:
             self._inflight[key] += 1

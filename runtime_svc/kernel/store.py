@@ -350,12 +350,12 @@ class FlowRunStateStore:
         token = new_lease_token()
 
         async def claim(root: RunRecord, step: StepRecord) -> InsertClaimed | None:
-            request = ClaimRequest(
-                attempt_id=new_id("att"),
+            request = await self._claim_request(
+                conn,
+                scope.org_id,
+                root.plan_id,
+                token,
                 lease_owner=lease_owner,
-                lease_token_digest=lease_token_digest(token),
-                ownership_epoch=self.ownership_epoch,
-                plan_digest=await self._plan_digest(conn, scope.org_id, root.plan_id),
                 lock_plan_digest=EMPTY_LOCK_PLAN_DIGEST,
                 trace_id=trace_id_of(root.trace_context),
                 expected_root_version=None,
@@ -469,12 +469,12 @@ class FlowRunStateStore:
             root, step = locked_root, locked_step
         if now is None:
             now = await self._clock(conn)
-        request = ClaimRequest(
-            attempt_id=new_id("att"),
+        request = await self._claim_request(
+            conn,
+            org_id,
+            root.plan_id,
+            token,
             lease_owner=lease_owner,
-            lease_token_digest=lease_token_digest(token),
-            ownership_epoch=self.ownership_epoch,
-            plan_digest=await self._plan_digest(conn, org_id, root.plan_id),
             lock_plan_digest=lock_plan_digest,
             trace_id=trace_id,
             expected_root_version=expected_root_version,
@@ -494,6 +494,34 @@ class FlowRunStateStore:
         await apply_claim_running(conn, org_id, decision.transition, running_patch, now)
         # One UPDATE moved the step by one version, Pending -> Running.
         return fence, decision.transition
+
+    async def _claim_request(
+        self,
+        conn: AsyncConnection,
+        org_id: str,
+        plan_id: str,
+        token: str,
+        *,
+        lease_owner: str,
+        lock_plan_digest: str,
+        trace_id: str | None,
+        expected_root_version: int | None,
+        expected_step_version: int | None,
+    ) -> ClaimRequest:
+        """The one shape of a claim request (discovered, continued, created-claimed and
+        pre-claimed claims): a new attempt id, ``token``'s digest, this store's epoch
+        and the plan's digest."""
+        return ClaimRequest(
+            attempt_id=new_id("att"),
+            lease_owner=lease_owner,
+            lease_token_digest=lease_token_digest(token),
+            ownership_epoch=self.ownership_epoch,
+            plan_digest=await self._plan_digest(conn, org_id, plan_id),
+            lock_plan_digest=lock_plan_digest,
+            trace_id=trace_id,
+            expected_root_version=expected_root_version,
+            expected_step_version=expected_step_version,
+        )
 
     async def _plan_digest(self, conn: AsyncConnection, org_id: str, plan_id: str) -> str:
         """A plan's digest, cached: a stored plan is immutable (digest-addressed), so
@@ -593,12 +621,12 @@ class FlowRunStateStore:
         if root.org_id != org_id or step.flow_run_id != root.flow_run_id:
             raise TransitionInputError("the woken step is not the run's", field="org_id")
         token = new_lease_token()
-        request = ClaimRequest(
-            attempt_id=new_id("att"),
+        request = await self._claim_request(
+            conn,
+            org_id,
+            root.plan_id,
+            token,
             lease_owner=lease_owner,
-            lease_token_digest=lease_token_digest(token),
-            ownership_epoch=self.ownership_epoch,
-            plan_digest=await self._plan_digest(conn, org_id, root.plan_id),
             lock_plan_digest=EMPTY_LOCK_PLAN_DIGEST,
             trace_id=trace_id,
             expected_root_version=root.state_version,
@@ -785,12 +813,12 @@ class FlowRunStateStore:
         after_root = applied_run(root, commit.run, projected_step_state(commit), now)
         after_step = inserted_step(org_id, new_step, now)
         token = new_lease_token()
-        request = ClaimRequest(
-            attempt_id=new_id("att"),
+        request = await self._claim_request(
+            conn,
+            org_id,
+            root.plan_id,
+            token,
             lease_owner=continue_as.lease_owner,
-            lease_token_digest=lease_token_digest(token),
-            ownership_epoch=self.ownership_epoch,
-            plan_digest=await self._plan_digest(conn, org_id, root.plan_id),
             lock_plan_digest=EMPTY_LOCK_PLAN_DIGEST,
             trace_id=continue_as.trace_id,
             expected_root_version=None,
