@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from effect_owner_svc.api.servicer import SERVICE_NAME, build_effect_owner_service
 from effect_owner_svc.commands.model import CommandPolicy
-from effect_owner_svc.dispatcher.commands import CommandDispatcher
+from effect_owner_svc.dispatcher.commands import CommandDispatcher, CommandSeats
 from effect_owner_svc.observability import CommandStateSource
 from effect_owner_svc.providers.factory import ProviderSet, build_providers, served_kinds
 from effect_owner_svc.receipts.delivery import WakeSignalDelivery
@@ -71,6 +71,8 @@ class OwnerApp:
     def __init__(self) -> None:
         self.commands = Wakeup()
         self.receipts = Wakeup()
+        #: The command dispatcher acceptances pre-claim for (ADR 0008; set while it runs).
+        self.seats = CommandSeats()
 
     async def build_services(
         self, cfg: ServiceConfig, engine: AsyncEngine
@@ -78,7 +80,11 @@ class OwnerApp:
         """The effect-owner RPCs."""
         del cfg
         kinds = served_kinds(load_effect_owner_settings())
-        return [build_effect_owner_service(engine, kinds, on_accepted=self.commands.notify)]
+        return [
+            build_effect_owner_service(
+                engine, kinds, on_accepted=self.commands.notify, seats=self.seats
+            )
+        ]
 
     async def start_background(self, cfg: ServiceConfig, engine: AsyncEngine) -> OwnerBackground:
         """The command dispatcher and the owner-outbox dispatcher, woken by this app."""
@@ -128,14 +134,18 @@ class OwnerBackground:
         providers: ProviderSet,
         channel: object,
         receipts: OutboxDispatcher | None = None,
+        commands: CommandDispatcher | None = None,
     ) -> None:
         self._loops, self._providers, self._channel = loops, providers, channel
         self._receipts = receipts
+        self._commands = commands
 
     async def stop(self) -> None:
-        """Stop the loops and settle handed receipt deliveries, then close providers and
-        the runtime channel (idempotent)."""
+        """Stop the loops, settle handed commands (their provider calls) and then handed
+        receipt deliveries, then close providers and the runtime channel (idempotent)."""
         await self._loops.stop()
+        if self._commands is not None:
+            await self._commands.settle()
         if self._receipts is not None:
             await self._receipts.settle()
         await self._providers.aclose()
@@ -156,6 +166,7 @@ async def start_owner_background(
     tasks: list[BackgroundLoop] = []
     family, channel = receipt_family(cfg, settings, outbox)
     receipts: OutboxDispatcher | None = None
+    dispatcher: CommandDispatcher | None = None
     if outbox.dispatchers > 0:
         receipts = OutboxDispatcher(
             engine,
@@ -186,6 +197,8 @@ async def start_owner_background(
             receipts=receipts,
         )
         tasks += dispatcher.loops(wake=None if app is None else app.commands)
+        if app is not None and settings.preclaim_command:
+            app.seats.dispatcher = dispatcher
     # The request-dedupe ledger of the owner's RPCs keeps FLOW_REQUEST_RETENTION_HOURS.
     tasks.append(
         RequestRetention(
@@ -202,4 +215,4 @@ async def start_owner_background(
         outbox.dispatchers,
         settings.runtime_target,
     )
-    return OwnerBackground(loops, providers, channel, receipts)
+    return OwnerBackground(loops, providers, channel, receipts, dispatcher)

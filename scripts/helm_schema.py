@@ -321,6 +321,7 @@ def effect_owner_only() -> dict[str, Any]:
                 "retryBaseMs": count(1),
                 "retryMaxMs": count(1),
                 "leaseMs": count(100),
+                "preclaimCommand": BOOL,
                 "idleMs": count(1),
                 "receiptMaxAttempts": count(1),
             }

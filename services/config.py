@@ -345,6 +345,12 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
         "60000",
         "effect owner: command lease; provider calls time out well before it",
     ),
+    "FLOW_EFFECT_PRECLAIM_COMMAND": (
+        "true",
+        "effect owner: an acceptance leases its new command to this process's dispatcher "
+        "(when it has room) and records the first attempt in the same transaction "
+        "(docs/adr/0008); false = wake the dispatcher, which claims it",
+    ),
     "FLOW_EFFECT_IDLE_MS": ("500", "effect owner: longest idle backoff of a command dispatcher"),
     "FLOW_EFFECT_RECEIPT_MAX_ATTEMPTS": (
         "1000",
@@ -845,6 +851,8 @@ class EffectOwnerSettings:
     receipt_max_attempts: int
     smtp: SmtpSettings
     webhook: WebhookSettings
+    #: ``FLOW_EFFECT_PRECLAIM_COMMAND``: the pre-claimed command (docs/adr/0008).
+    preclaim_command: bool = True
 
 
 _PROVIDER_TYPES = frozenset({"email", "webhook"})
@@ -894,6 +902,7 @@ def load_effect_owner_settings(env: Mapping[str, str] | None = None) -> EffectOw
             timeout_s=float(_int(e, "FLOW_EFFECT_WEBHOOK_TIMEOUT_S", minimum=1)),
             idempotent_receiver=_bool(e, "FLOW_EFFECT_WEBHOOK_IDEMPOTENT"),
         ),
+        preclaim_command=_bool(e, "FLOW_EFFECT_PRECLAIM_COMMAND"),
     )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -58,6 +58,9 @@ from services.grpc_server import ServiceRegistration
 from services.proto import effect_v1
 from services.request_dedupe import DedupeScope, RequestKey, RequestLedger
 
+if TYPE_CHECKING:
+    from effect_owner_svc.dispatcher.commands import CommandSeats
+
 __all__ = ["SERVICE_NAME", "EffectOwnerServicer", "build_effect_owner_service"]
 
 SERVICE_NAME = "nexus.flow.effect.v1.EffectOwnerService"
@@ -87,6 +90,11 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
     Args:
         engine: the owner database.
         served_kinds: effect owner kinds this owner has providers for.
+        on_accepted: called after a new command committed ``ACCEPTED`` (wakes this
+            process's dispatcher, which claims it).
+        seats: this process's command dispatcher, when acceptances pre-claim (ADR 0008):
+            a new command is then inserted leased to it with its first attempt and
+            handed over after the commit.
     """
 
     def __init__(
@@ -95,9 +103,11 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
         served_kinds: Collection[str],
         *,
         on_accepted: Callable[[CommandRecord], None] | None = None,
+        seats: CommandSeats | None = None,
     ) -> None:
         self._engine = engine
         self._kinds = frozenset(served_kinds)
+        self._seats = seats
         self._on_accepted = on_accepted
         self._ledger = RequestLedger(owner_requests)
 
@@ -113,33 +123,43 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
         if key_scope_mismatch(handoff.attributes):
             await refuse_foreign_key(self._engine, handoff.attributes)
 
+        seat = None if self._seats is None else self._seats.reserve(handoff.effect_owner_kind)
+        lease = None if seat is None else seat.lease
+
         async def work(conn: AsyncConnection, _now: datetime) -> Accepted | Refusal:
             # The ledger lookup read the clock (one statement) and kept it as this
             # transaction's db_now, which the acceptance's clock read then answers from.
-            return await accept_handoff_txn(conn, handoff)
+            return await accept_handoff_txn(conn, handoff, preclaim=lease)
 
         def encode(value: Accepted | Refusal) -> bytes | None:
             if isinstance(value, Refusal):
                 return None  # refusals are not recorded: a retry decides again
             return bytes(_accept_response(value).SerializeToString())
 
-        # The command keeps this span's trace context: its provider call and receipt
-        # continue the run's trace (the envelope's context when the call carried none).
-        with accept_span(
-            request.envelope.trace_context, handoff.attributes.runtime_outbox_message_id
-        ):
-            done = await self._ledger.execute_at(self._engine, key, work, encode)
-        handoff_decided(done.value)
-        if done.replayed or done.value is None:
+        try:
+            # The command keeps this span's trace context: its provider call and receipt
+            # continue the run's trace (the envelope's context when the call carried none).
+            with accept_span(
+                request.envelope.trace_context, handoff.attributes.runtime_outbox_message_id
+            ):
+                done = await self._ledger.execute_at(self._engine, key, work, encode)
+            handoff_decided(done.value)
+            if done.replayed or done.value is None:
+                return done.message(effect_v1.AcceptHandoffResponse)
+            if isinstance(done.value, Refusal):
+                raise done.value.error()
+            if not done.value.duplicate:
+                crash_point(CrashPoint.AFTER_INBOX_ACCEPT, handoff.effect_owner_kind)
+                if seat is not None and done.value.started is not None:
+                    # Committed leased, its attempt in flight: the provider call starts now.
+                    seat.hand(done.value.started)
+                elif self._on_accepted is not None:
+                    # A new command: wake this process's dispatcher, which claims it.
+                    self._on_accepted(done.value.command)
             return done.message(effect_v1.AcceptHandoffResponse)
-        if isinstance(done.value, Refusal):
-            raise done.value.error()
-        if not done.value.duplicate:
-            crash_point(CrashPoint.AFTER_INBOX_ACCEPT, handoff.effect_owner_kind)
-            if self._on_accepted is not None:
-                # A new command: wake this process's dispatcher, which claims it directly.
-                self._on_accepted(done.value.command)
-        return done.message(effect_v1.AcceptHandoffResponse)
+        finally:
+            if seat is not None:
+                seat.release()  # no-op after the hand-over
 
     async def RejectIfUnaccepted(self, request: Any, context: Context) -> Any:
         identity = current_identity()
@@ -249,11 +269,12 @@ def build_effect_owner_service(
     served_kinds: Collection[str],
     *,
     on_accepted: Callable[[CommandRecord], None] | None = None,
+    seats: CommandSeats | None = None,
 ) -> ServiceRegistration:
     """The registration of :class:`EffectOwnerServicer` (``on_accepted``: called after a
-    new command committed)."""
+    new command committed ``ACCEPTED``; ``seats``: pre-claimed commands, ADR 0008)."""
     return ServiceRegistration(
         SERVICE_NAME,
         effect_v1.add_EffectOwnerServiceServicer_to_server,
-        EffectOwnerServicer(engine, served_kinds, on_accepted=on_accepted),
+        EffectOwnerServicer(engine, served_kinds, on_accepted=on_accepted, seats=seats),
     )

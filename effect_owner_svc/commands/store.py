@@ -27,7 +27,7 @@ import functools
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, Integer, Select, and_, bindparam, or_, select, update
@@ -69,8 +69,10 @@ __all__ = [
     "get_command_txn",
     "list_commands_txn",
     "orgs_with_due_commands_txn",
+    "preclaimed_command_values",
     "record_attempt_txn",
     "record_lookup_txn",
+    "start_preclaimed_txn",
 ]
 
 _C = external_commands.c
@@ -313,6 +315,34 @@ async def claim_txn(
         return Reconciling(leased)
     attempt = await _insert_attempt(conn, leased, leased.attempt_count, now)
     return Started(leased, attempt)
+
+
+def preclaimed_command_values(preclaim: PreClaim, now: datetime) -> dict[str, Any]:
+    """The columns an acceptance writes over a new command's ``ACCEPTED`` values when it
+    leases the command to this process's dispatcher (ADR 0008): exactly what
+    :func:`claim_txn` would leave on a fresh command — ``DISPATCHING``, first attempt
+    counted, lease owner, a fresh fencing token, ``lease_until = next_attempt_at = now +
+    lease`` (the acceptance's database clock). ``state_version`` stays 1: the row is born
+    in this state."""
+    until = now + timedelta(milliseconds=preclaim.lease_ms)
+    return {
+        "state": CommandState.DISPATCHING.value,
+        "attempt_count": 1,
+        "lease_owner": preclaim.lease_owner,
+        "lease_token": uuid.uuid4().hex,
+        "lease_until": until,
+        "next_attempt_at": until,
+    }
+
+
+async def start_preclaimed_txn(
+    conn: AsyncConnection, command: CommandRecord, now: datetime
+) -> Started:
+    """The remote attempt IN_FLIGHT of a command inserted pre-claimed (the acceptance's
+    transaction, right after the command row): the same :class:`Started` a claim
+    returns, so the provider is called after this transaction commits and never before.
+    """
+    return Started(command, await _insert_attempt(conn, command, 1, now))
 
 
 async def _fence_leased(

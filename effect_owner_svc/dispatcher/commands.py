@@ -11,6 +11,15 @@ One command, end to end (:meth:`CommandDispatcher.process`)::
            terminal: receipt + owner-outbox message) ─► COMMIT
       ─► crash_point(after_receipt_commit, kind)
 
+A command accepted in this process while its dispatcher has room is *pre-claimed* (ADR
+0008): the acceptance reserves a :class:`CommandSeat`, inserts the command leased to this
+dispatcher with its first attempt ``IN_FLIGHT``, and after its COMMIT hands the
+:class:`~effect_owner_svc.commands.store.Started` over (:meth:`CommandSeat.hand`) — the
+same state ``claim_txn`` would have committed, one transaction earlier, so the provider
+call starts without a claim transaction. A seat is a slot of the concurrency gate held
+from the reservation to the hand-over, so a handed command never waits for the gate while
+its lease runs.
+
 A dispatcher killed after the provider accepted but before recording leaves the attempt
 ``IN_FLIGHT``; when its lease expires the next claim records that attempt's outcome as
 unknown and reconciles: the provider's ``lookup`` where it has one, a replay with the
@@ -26,6 +35,7 @@ import json
 import logging
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -62,7 +72,7 @@ from services.faults import CrashPoint, crash_point
 from services.outbox import OutboxHint, PreClaim
 from services.outbox.dispatcher import HINTED_IDLE_FLOOR, OutboxDispatcher
 
-__all__ = ["CommandDispatcher"]
+__all__ = ["CommandDispatcher", "CommandSeat", "CommandSeats"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +122,13 @@ class CommandDispatcher:
         self._gate = asyncio.Semaphore(max(1, concurrency))
         self._idle_s = idle_s
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
+        self._concurrency = max(1, concurrency)
+        #: Gate slots in use (claimed or handed commands being driven).
+        self._busy = 0
+        #: Seats reserved by acceptances not yet handed over or released.
+        self._reserved: set[CommandSeat] = set()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._loop: BackgroundLoop | None = None
 
     async def run_once(self) -> int:
         """One pass over every org with due commands; returns how many were processed."""
@@ -146,11 +163,67 @@ class CommandDispatcher:
 
     async def _guarded(self, command: CommandRecord) -> int:
         async with self._gate:
+            self._busy += 1
             try:
                 return 1 if await self.process(command) else 0
             except Exception:
                 log.exception("command %s: dispatch failed", command.command_id)
                 return 0
+            finally:
+                self._busy -= 1
+
+    # --- pre-claimed commands (ADR 0008) ---------------------------------------------------
+
+    def reserve(self, kind: str) -> CommandSeat | None:
+        """A seat for a command of ``kind`` an acceptance of this process is about to
+        insert pre-claimed, or None (kind not served here, the dispatch loop not running,
+        or every slot of the concurrency gate taken or reserved: the acceptance then
+        inserts the command ``ACCEPTED`` and wakes the loop)."""
+        loop = self._loop
+        if kind not in self._providers or loop is None or not loop.running:
+            return None
+        if self._busy + len(self._reserved) >= self._concurrency:
+            return None
+        seat = CommandSeat(PreClaim(self._owner, self._policy.lease_ms), self)
+        self._reserved.add(seat)
+        return seat
+
+    def _hand(self, seat: CommandSeat, started: Started) -> None:
+        if seat not in self._reserved:
+            return
+        self._reserved.discard(seat)
+        task = asyncio.ensure_future(self._guarded_started(started))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    def _release(self, seat: CommandSeat) -> None:
+        self._reserved.discard(seat)
+
+    async def _guarded_started(self, started: Started) -> None:
+        command = started.command
+        # The seat kept a slot free since the reservation: this does not wait.
+        async with self._gate:
+            self._busy += 1
+            try:
+                with command_span(command):
+                    await self._drive(self._providers[command.effect_owner_kind], command, started)
+            except Exception:
+                log.exception("command %s: dispatch failed", command.command_id)
+            finally:
+                self._busy -= 1
+
+    async def settle(self, grace_s: float = 5.0) -> None:
+        """Wait (bounded) for the handed commands still being driven, then cancel the
+        rest — a cancelled one keeps its lease and its ``IN_FLIGHT`` attempt, which the
+        next claim after the lease reconciles like any interrupted attempt. Call after
+        the loops stopped (no new seat is reserved then)."""
+        pending = set(self._inflight)
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=grace_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
 
     async def process(self, command: CommandRecord) -> bool:
         """Claim one due command and drive it as far as this pass can.
@@ -302,13 +375,45 @@ class CommandDispatcher:
             return await self.run_once() > 0
 
         floor = self._idle_s / HINTED_IDLE_FLOOR if wake is not None else 0.0
-        return [
-            BackgroundLoop(
-                name,
-                idle_s=self._idle_s,
-                body=body,
-                wake=wake,
-                min_idle_s=floor,
-                wake_resets=wake is None,
-            )
-        ]
+        self._loop = BackgroundLoop(
+            name,
+            idle_s=self._idle_s,
+            body=body,
+            wake=wake,
+            min_idle_s=floor,
+            wake_resets=wake is None,
+        )
+        return [self._loop]
+
+
+@dataclass(eq=False)
+class CommandSeat:
+    """A slot of a command dispatcher reserved for one acceptance (ADR 0008): insert the
+    command with :attr:`lease`, then — after the COMMIT — :meth:`hand` the started
+    command over, or :meth:`release` the seat (a duplicate, a refusal, a failed
+    transaction). Both are idempotent; the first one wins."""
+
+    lease: PreClaim
+    dispatcher: CommandDispatcher
+
+    def hand(self, started: Started) -> None:
+        """Drive ``started`` — committed by the acceptance — now (a task of the dispatcher,
+        in this seat's slot)."""
+        self.dispatcher._hand(self, started)
+
+    def release(self) -> None:
+        """Give the slot back without a command."""
+        self.dispatcher._release(self)
+
+
+class CommandSeats:
+    """Where this process's acceptances find its command dispatcher (set once the
+    background starts; unset — no seat — before, after, and when
+    ``FLOW_EFFECT_PRECLAIM_COMMAND`` is off)."""
+
+    def __init__(self) -> None:
+        self.dispatcher: CommandDispatcher | None = None
+
+    def reserve(self, kind: str) -> CommandSeat | None:
+        """:meth:`CommandDispatcher.reserve` of the current dispatcher, if any."""
+        return None if self.dispatcher is None else self.dispatcher.reserve(kind)

@@ -17,6 +17,12 @@ refused the same way (after marking the row of that key in the caller's org, if 
 
 Lock order inside the owner: inbox row → command → remote attempt → receipt → owner
 outbox (the dispatcher never takes an inbox lock).
+
+An acceptance in a process whose command dispatcher has room may insert its command
+already leased to that dispatcher, with the first remote attempt ``IN_FLIGHT`` (the
+*pre-claimed command*, ADR 0008): the claim transaction a dispatcher would run next
+decides nothing this transaction does not know, and the provider is still called only
+after this transaction committed.
 """
 
 from __future__ import annotations
@@ -37,6 +43,11 @@ from effect_owner_svc.commands.records import (
     command_from_row,
     fence_from_row,
 )
+from effect_owner_svc.commands.store import (
+    Started,
+    preclaimed_command_values,
+    start_preclaimed_txn,
+)
 from effect_owner_svc.errors import HandoffMismatchError, HandoffRejectedError
 from effect_owner_svc.inbox.fence import (
     FenceState,
@@ -49,6 +60,7 @@ from effect_owner_svc.schema import external_commands, owner_inbox
 from services.db import db_now, insert_if_absent, run_in_transaction, scoped_select
 from services.effect_contract import provider_idempotency_key
 from services.faults import CrashPoint, crash_point
+from services.outbox import PreClaim
 from services.telemetry import current_carrier
 
 __all__ = [
@@ -88,11 +100,14 @@ class HandoffRequest:
 
 @dataclass(frozen=True)
 class Accepted:
-    """The ACCEPTED fence and its one command; ``duplicate`` when it existed before."""
+    """The ACCEPTED fence and its one command; ``duplicate`` when it existed before;
+    ``started`` when this acceptance inserted the command pre-claimed (ADR 0008): its
+    lease and first remote attempt, to hand to the dispatcher after the commit."""
 
     fence: FenceRecord
     command: CommandRecord
     duplicate: bool
+    started: Started | None = None
 
 
 @dataclass(frozen=True)
@@ -212,9 +227,15 @@ def _as_row(table: Table, values: Mapping[str, Any]) -> Any:
     return {**{c.name: None for c in table.columns}, **values}
 
 
-async def accept_handoff_txn(conn: AsyncConnection, request: HandoffRequest) -> Accepted | Refusal:
+async def accept_handoff_txn(
+    conn: AsyncConnection, request: HandoffRequest, *, preclaim: PreClaim | None = None
+) -> Accepted | Refusal:
     """Accept the handoff and its one command, or find the existing acceptance (caller's
     transaction; the key's scope grammar was checked by the caller).
+
+    With ``preclaim`` (this process's command dispatcher serves the kind and has room)
+    a new command is inserted leased to that dispatcher with its first remote attempt
+    ``IN_FLIGHT`` (:attr:`Accepted.started`); a duplicate is never leased.
 
     Returns:
         :class:`Accepted`, or a :class:`Refusal` — a REJECTED tombstone, or a mismatch
@@ -259,12 +280,16 @@ async def accept_handoff_txn(conn: AsyncConnection, request: HandoffRequest) -> 
             # The acceptance span's trace: the provider call and receipt continue it.
             trace_context=current_carrier(),
         )
+        if preclaim is not None:
+            command_values.update(preclaimed_command_values(preclaim, now))
         await conn.execute(_INSERT_COMMAND, command_values)
         # Both rows as this transaction inserted them (their other columns NULL or at
         # their defaults): no read-back statement on the acceptance path.
         fence = fence_from_row(_as_row(owner_inbox, fence_values))
         command = command_from_row(_as_row(external_commands, command_values))
-        return Accepted(fence, command, False)
+        if preclaim is None:
+            return Accepted(fence, command, False)
+        return Accepted(fence, command, False, await start_preclaimed_txn(conn, command, now))
     fence = await _existing_fence_txn(conn, attrs)
     reason = mismatch(fence.attributes, attrs)
     if reason is None and fence.state is FenceState.ACCEPTED:

@@ -214,19 +214,40 @@ async def test_durable_seam_crash_after_smtp_accepted_quarantines_and_never_rese
     await _assert_one_command_one_receipt(owner_engine, scope.org_id)
 
 
+@pytest.mark.parametrize("preclaim", ["true", "false"], ids=["preclaimed", "claimed"])
 async def test_durable_seam_crash_before_the_provider_call_is_reconciled_not_resent_blindly(
-    stack: EffectStack, owner_engine: AsyncEngine
+    stack: EffectStack, owner_engine: AsyncEngine, preclaim: str
 ) -> None:
     """durable seam: crash after the remote attempt was recorded in flight, before the
     provider was called — the restarted owner cannot know whether the call happened, so
-    the idempotent receiver gets the same key (one effect), never a new one."""
+    the idempotent receiver gets the same key (one effect), never a new one.
+
+    ``preclaimed``: the attempt was committed by the acceptance itself (ADR 0008), the
+    process dies between that COMMIT and the call; ``claimed``: by the dispatcher's claim
+    transaction after an ``ACCEPTED`` acceptance (``FLOW_EFFECT_PRECLAIM_COMMAND=false``).
+    """
     point = "before_provider_call:webhook.http"
     scope = Scope(new_org())
-    owner = stack.spawn_owner(point)
+    owner = stack.spawn_owner(point, FLOW_EFFECT_PRECLAIM_COMMAND=preclaim)
     await owner.wait_serving()
-    await stack.accept(scope, envelope(scope, owner_kind="webhook.http", payload=WEBHOOK_PAYLOAD))
+    env = envelope(scope, owner_kind="webhook.http", payload=WEBHOOK_PAYLOAD)
+    try:
+        await stack.accept(scope, env)
+    except grpc.aio.AioRpcError:
+        # Pre-claimed, the call (and the crash) may come before the answer left.
+        assert preclaim == "true"
     await expect_sigkill(owner, stack.marker, point)
     assert stack.receiver.requests == []
+    dead = await _command(owner_engine, scope.org_id)
+    async with transaction(owner_engine, readonly=True) as conn:
+        [started] = (
+            await conn.execute(
+                select(remote_attempts.c.started_at).where(remote_attempts.c.org_id == scope.org_id)
+            )
+        ).scalars()
+    # In flight under the dead process's lease; pre-claimed = written with the acceptance.
+    assert dead["state"] == "DISPATCHING" and dead["lease_token"]
+    assert (started == dead["created_at"]) is (preclaim == "true")
 
     restarted = stack.spawn_owner()
     await restarted.wait_serving()

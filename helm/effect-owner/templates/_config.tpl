@@ -9,6 +9,7 @@ FLOW_EFFECT_RECONCILE_MAX_ATTEMPTS: {{ .Values.effects.reconcileMaxAttempts | in
 FLOW_EFFECT_RETRY_BASE_MS: {{ .Values.effects.retryBaseMs | int64 | quote }}
 FLOW_EFFECT_RETRY_MAX_MS: {{ .Values.effects.retryMaxMs | int64 | quote }}
 FLOW_EFFECT_LEASE_MS: {{ .Values.effects.leaseMs | int64 | quote }}
+FLOW_EFFECT_PRECLAIM_COMMAND: {{ .Values.effects.preclaimCommand | quote }}
 FLOW_EFFECT_IDLE_MS: {{ .Values.effects.idleMs | int64 | quote }}
 FLOW_EFFECT_RECEIPT_MAX_ATTEMPTS: {{ .Values.effects.receiptMaxAttempts | int64 | quote }}
 FLOW_EFFECT_SMTP_HOST: {{ .Values.smtp.host | quote }}

@@ -230,13 +230,15 @@ async def running_owner(
     *,
     kinds: Sequence[str] = SERVED,
     on_accepted: Callable[[Any], None] | None = None,
+    seats: Any = None,
 ) -> AsyncIterator[OwnerClient]:
     """The owner service (production bootstrap) and a client of it (``on_accepted``:
-    the servicer's hook for each newly accepted command)."""
+    the servicer's hook for each newly accepted command; ``seats``: its pre-claimed
+    commands' dispatcher, ADR 0008)."""
     verifier = CredentialVerifier({KEY_ID: private_key.public_key()}, ServiceName.EFFECT_OWNER)
     server = await start_server(
         owner_config(data_dir),
-        [build_effect_owner_service(engine, kinds, on_accepted=on_accepted)],
+        [build_effect_owner_service(engine, kinds, on_accepted=on_accepted, seats=seats)],
         verifier=verifier,
     )
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")

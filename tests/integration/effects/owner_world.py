@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from effect_owner_svc.commands.model import CommandPolicy
 from effect_owner_svc.commands.store import attempts_txn, get_command_txn
-from effect_owner_svc.dispatcher.commands import CommandDispatcher
+from effect_owner_svc.dispatcher.commands import CommandDispatcher, CommandSeats
 from effect_owner_svc.providers.factory import ProviderSet, build_providers
 from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
 from services.auth import TrustedRuntimeWorkScope
@@ -48,9 +48,14 @@ class World:
     receiver: WebhookReceiver
     providers: ProviderSet
 
-    def dispatcher(self, policy: CommandPolicy = FAST) -> CommandDispatcher:
+    def dispatcher(self, policy: CommandPolicy = FAST, concurrency: int = 8) -> CommandDispatcher:
         return CommandDispatcher(
-            self.engine, self.providers, policy, owner="test", rng=random.Random(3)
+            self.engine,
+            self.providers,
+            policy,
+            owner="test",
+            rng=random.Random(3),
+            concurrency=concurrency,
         )
 
     async def drive(self, rounds: int = 30, policy: CommandPolicy = FAST) -> None:
@@ -86,6 +91,7 @@ async def world_with(
     idempotent: bool = True,
     status: bool = False,
     on_accepted: Callable[[Any], None] | None = None,
+    seats: CommandSeats | None = None,
 ) -> AsyncIterator[World]:
     sink, receiver = ScriptedMailSink(), WebhookReceiver()
     async with mail_sink(sink) as smtp_port, webhook_receiver(receiver) as base:
@@ -100,7 +106,9 @@ async def world_with(
             }
         )
         providers = build_providers(settings)
-        async with running_owner(engine, private_key, tmp, on_accepted=on_accepted) as owner:
+        async with running_owner(
+            engine, private_key, tmp, on_accepted=on_accepted, seats=seats
+        ) as owner:
             try:
                 yield World(owner, engine, sink, receiver, providers)
             finally:
