@@ -331,7 +331,13 @@ class _SqliteStrategy(DialectStrategy):
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
             try:
-                cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+                if hasattr(dbapi_connection, "busy_timeout_ms"):
+                    # Inline statements never wait for a lock; one that would is re-run on
+                    # the driver thread with this timeout (services/db_sqlite.py).
+                    dbapi_connection.busy_timeout_ms = SQLITE_BUSY_TIMEOUT_MS
+                    cursor.execute("PRAGMA busy_timeout=0")
+                else:
+                    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
                 # WAL: readers never block the writer and several processes share a file.
                 cursor.execute("PRAGMA journal_mode=WAL")
                 cursor.execute("PRAGMA foreign_keys=ON")

@@ -15,6 +15,26 @@ in the same call — nothing runs between them either way — and an empty trans
 sends neither. The connection also knows from the driver thread whether a transaction
 is open, so the pool's reset-on-return ROLLBACK after a COMMIT costs no hand-off.
 
+**Inline first (round 10).** On this kind of host a hand-off to the driver thread and
+back costs ~0.35 ms (two thread wake-ups) while the statement itself takes microseconds:
+a durable step's dozen statements spent most of their time in hand-offs. So a statement
+first runs *inline*, on the event-loop thread, with the connection's busy timeout at 0:
+
+* a statement that would wait for a lock (``SQLITE_BUSY``: another connection or process
+  holds the write lock) never waits inline — it fails at once without having taken
+  effect and is run again on the driver thread with the configured busy timeout
+  (``PRAGMA busy_timeout`` set around that one call), where the wait blocks nothing else;
+* a read (``SELECT``/``WITH``) that runs longer than :data:`INLINE_READ_BUDGET_S` is
+  interrupted by a progress handler (an interrupted read changes nothing and keeps its
+  transaction) and run again on the driver thread, so a large scan never stalls the
+  event loop; writes are single-row or bounded batches and run to completion inline;
+* ``COMMIT`` and ``ROLLBACK`` run inline the same way (WAL with ``synchronous=NORMAL``:
+  no fsync on commit).
+
+The sqlite3 connection is opened with ``check_same_thread=False``; it is still used by
+one thread at a time (the adapter's statement mutex, SQLAlchemy's one-caller-per-
+connection rule). Exceptions are pysqlite's own, as on the thread.
+
 Only the buffered (default) cursor changes; server-side cursors (``stream_results``)
 keep SQLAlchemy's own. ``services.db`` passes :func:`one_hop_dbapi` as the engine's
 DBAPI module (``create_async_engine(module=…)``), so nothing outside our engines changes.
@@ -25,6 +45,7 @@ from __future__ import annotations
 import collections
 import re
 import sqlite3
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +57,7 @@ from sqlalchemy.dialects.sqlite.aiosqlite import (
 )
 from sqlalchemy.util.concurrency import await_
 
-__all__ = ["OneHopCursor", "one_hop_dbapi"]
+__all__ = ["INLINE_READ_BUDGET_S", "OneHopCursor", "one_hop_dbapi"]
 
 #: A bare ``BEGIN [DEFERRED|IMMEDIATE|EXCLUSIVE] [TRANSACTION]`` (services.db's begin hook).
 _BEGIN = re.compile(r"\s*BEGIN(\s+(DEFERRED|IMMEDIATE|EXCLUSIVE))?(\s+TRANSACTION)?\s*;?\s*$", re.I)
@@ -46,16 +67,23 @@ _BEGIN = re.compile(r"\s*BEGIN(\s+(DEFERRED|IMMEDIATE|EXCLUSIVE))?(\s+TRANSACTIO
 _Done = tuple[Any, list[Any] | None, int, int | None, bool]
 
 
-def _statement(
-    connection: aiosqlite.Connection,
+#: Longest a read runs inline before it is interrupted and re-run on the driver thread.
+INLINE_READ_BUDGET_S = 0.002
+#: How often (SQLite VM instructions) the inline read's progress handler looks at the clock.
+_PROGRESS_EVERY = 1000
+_READ = re.compile(r"\s*(SELECT|WITH)\b", re.I)
+_BUSY, _INTERRUPT = sqlite3.SQLITE_BUSY, sqlite3.SQLITE_INTERRUPT
+
+
+def _execute_on(
+    conn: sqlite3.Connection,
     begin: str | None,
     operation: str,
     parameters: Any,
     many: bool,
 ) -> _Done:
-    """On the driver thread: the transaction's deferred ``BEGIN`` (if any), then one
-    statement to completion on a fresh cursor."""
-    conn = connection._conn  # the thread's sqlite3 connection
+    """The transaction's deferred ``BEGIN`` (if any), then one statement to completion
+    on a fresh cursor of ``conn`` (on whichever thread calls it)."""
     cursor = conn.cursor()
     try:
         if begin is not None:
@@ -71,6 +99,55 @@ def _statement(
         return description, rows, cursor.rowcount, cursor.lastrowid, conn.in_transaction
     finally:
         cursor.close()
+
+
+def _statement(
+    connection: aiosqlite.Connection,
+    busy_timeout_ms: int,
+    begin: str | None,
+    operation: str,
+    parameters: Any,
+    many: bool,
+) -> _Done:
+    """On the driver thread: :func:`_execute_on` allowed to wait ``busy_timeout_ms`` for
+    a lock (the inline attempt could not take it, or read too long)."""
+    conn = connection._conn  # the thread's sqlite3 connection
+    conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+    try:
+        return _execute_on(conn, begin, operation, parameters, many)
+    finally:
+        conn.execute("PRAGMA busy_timeout=0")
+
+
+def _retry_on_thread(error: sqlite3.OperationalError, read: bool) -> bool:
+    """Whether an inline failure left nothing done and belongs on the driver thread:
+    the lock was busy, or a read ran over its inline budget."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is None:
+        return False
+    primary = code & 0xFF
+    return primary == _BUSY or (read and primary == _INTERRUPT)
+
+
+def _inline(
+    conn: sqlite3.Connection, begin: str | None, operation: str, parameters: Any, many: bool
+) -> _Done | None:
+    """:func:`_execute_on` on the event-loop thread with no lock wait; None when it must
+    run again on the driver thread (nothing of it took effect; a ``BEGIN`` that did is
+    reported by ``conn.in_transaction``)."""
+    read = not many and _READ.match(operation) is not None
+    if read:
+        deadline = time.perf_counter() + INLINE_READ_BUDGET_S
+        conn.set_progress_handler(lambda: time.perf_counter() > deadline, _PROGRESS_EVERY)
+    try:
+        return _execute_on(conn, begin, operation, parameters, many)
+    except sqlite3.OperationalError as error:
+        if _retry_on_thread(error, read):
+            return None
+        raise
+    finally:
+        if read:
+            conn.set_progress_handler(None, 0)
 
 
 class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
@@ -120,12 +197,19 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
         adapted = self._adapt_connection
         async with adapted._execute_mutex:
             begin = None
+            timeout_ms = 0
             if isinstance(adapted, _OneHopConnection):
                 begin, adapted.pending_begin = adapted.pending_begin, None
                 adapted.in_transaction = True  # unknown if the statement fails
-            done: _Done = await self._connection._execute(
-                _statement, self._connection, begin, operation, parameters, many
-            )
+                timeout_ms = adapted.busy_timeout_ms
+            conn = self._connection._conn
+            done = _inline(conn, begin, operation, parameters, many)
+            if done is None:
+                if begin is not None and conn.in_transaction:
+                    begin = None  # the BEGIN took effect inline; the statement did not
+                done = await self._connection._execute(
+                    _statement, self._connection, timeout_ms, begin, operation, parameters, many
+                )
         self._description, rows, self._rowcount, self._lastrowid, in_txn = done
         if isinstance(adapted, _OneHopConnection):
             adapted.in_transaction = in_txn
@@ -164,7 +248,7 @@ class _OneHopConnection(AsyncAdapt_aiosqlite_connection):
     the last statement, commit or rollback), so the pool's reset-on-return ROLLBACK
     after a committed transaction costs no hand-off to the driver thread."""
 
-    __slots__ = ("in_transaction", "pending_begin")
+    __slots__ = ("busy_timeout_ms", "in_transaction", "pending_begin")
     _cursor_cls: type[AsyncAdapt_aiosqlite_cursor] = OneHopCursor
 
     def __init__(self, dbapi: Any, connection: Any) -> None:
@@ -173,6 +257,9 @@ class _OneHopConnection(AsyncAdapt_aiosqlite_connection):
         self.in_transaction = True
         #: A ``BEGIN …`` not sent yet: it goes with the transaction's first statement.
         self.pending_begin: str | None = None
+        #: How long a statement re-run on the driver thread may wait for a lock (set by
+        #: ``services.db``'s connect hook; the connection itself keeps 0 for inline runs).
+        self.busy_timeout_ms = 0
 
     def rollback(self) -> None:
         if self.pending_begin is not None:  # nothing was sent: nothing to roll back
@@ -180,14 +267,33 @@ class _OneHopConnection(AsyncAdapt_aiosqlite_connection):
             return
         if not self.in_transaction:
             return  # nothing open: ROLLBACK would be a no-op on the driver thread
-        super().rollback()
-        self.in_transaction = False
+        self._end(rollback=True)
 
     def commit(self) -> None:
         if self.pending_begin is not None:  # an empty transaction: nothing to commit
             self.pending_begin, self.in_transaction = None, False
             return
-        super().commit()
+        self._end(rollback=False)
+
+    def _end(self, *, rollback: bool) -> None:
+        """COMMIT or ROLLBACK inline; on the driver thread (allowed to wait for the
+        lock) only when SQLite answers busy."""
+        conn = self._connection._connection
+        if conn is not None:
+            try:
+                if rollback:
+                    conn.rollback()
+                else:
+                    conn.commit()
+                self.in_transaction = False
+                return
+            except sqlite3.OperationalError as error:
+                if not _retry_on_thread(error, read=False):
+                    self._handle_exception(error)
+        if rollback:
+            super().rollback()
+        else:
+            super().commit()
         self.in_transaction = False
 
 
@@ -197,6 +303,8 @@ class _OneHopDbapi(AsyncAdapt_aiosqlite_dbapi):
     def connect(self, *arg: Any, **kw: Any) -> AsyncAdapt_aiosqlite_connection:
         # The base opens the aiosqlite connection (its thread a daemon); the adapter
         # around it is only a reference and a mutex: wrap the same connection again.
+        # Statements run inline on the event-loop thread first (module docstring).
+        kw["check_same_thread"] = False
         return _OneHopConnection(self, super().connect(*arg, **kw)._connection)
 
 

@@ -103,7 +103,11 @@ async def test_engine_session_settings(engine: AsyncEngine) -> None:
         else:
             assert (await conn.execute(text("PRAGMA journal_mode"))).scalar() == "wal"
             assert (await conn.execute(text("PRAGMA foreign_keys"))).scalar() == 1
-            assert (await conn.execute(text("PRAGMA busy_timeout"))).scalar() == 5000
+            # Inline statements never wait; one that would is re-run on the driver thread
+            # with the 5 s busy timeout (services/db_sqlite.py).
+            assert (await conn.execute(text("PRAGMA busy_timeout"))).scalar() == 0
+            raw = await conn.get_raw_connection()
+            assert raw.dbapi_connection.busy_timeout_ms == 5000  # type: ignore[union-attr]
 
 
 async def test_create_engine_rejects_unsupported_drivers() -> None:

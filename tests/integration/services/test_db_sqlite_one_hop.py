@@ -1,11 +1,13 @@
-"""The embedded SQLite engine runs each statement as one call on the driver thread
-(``services/db_sqlite.py``) with pysqlite's own results: rows, description, row count,
+"""The embedded SQLite engine runs each statement inline on the event-loop thread, or —
+when it would wait for a lock or read too long — as one call on the driver thread
+(``services/db_sqlite.py``), with pysqlite's own results: rows, description, row count,
 last row id, ``executemany``, errors and rollback — and streamed results keep
 SQLAlchemy's server-side cursor."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -94,7 +96,7 @@ async def test_an_error_is_the_dbapi_error_and_the_transaction_rolls_back(
     assert names == ["dup"]  # the failed transaction left nothing
 
 
-async def test_one_driver_thread_call_per_statement(
+async def test_uncontended_statements_run_inline_without_a_driver_thread_call(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with db.transaction(engine) as conn:
@@ -103,7 +105,77 @@ async def test_one_driver_thread_call_per_statement(
         calls = _count_driver_calls(monkeypatch)
         await conn.execute(_t.insert().values(name="x", n=1))
         (await conn.execute(sa.select(_t).where(_t.c.name == "x"))).one()
-        assert calls == ["_statement", "_statement"]
+    assert calls == []  # BEGIN, INSERT, SELECT and COMMIT all inline
+
+
+async def _ticking(stop: asyncio.Event) -> int:
+    """Counts event-loop turns until ``stop``: a stalled loop barely counts."""
+    ticks = 0
+    while not stop.is_set():
+        ticks += 1
+        await asyncio.sleep(0.005)
+    return ticks
+
+
+async def test_a_statement_that_would_wait_for_the_lock_waits_on_the_driver_thread(
+    engine: AsyncEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another connection (another process, as far as SQLite knows) holds the write
+    lock for 0.3 s: the inline ``BEGIN IMMEDIATE`` does not wait, the statement is run
+    on the driver thread with the busy timeout, the event loop keeps turning meanwhile,
+    and the write lands once the lock is free."""
+    holder = sqlite3.connect(tmp_path / "one_hop.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    calls = _count_driver_calls(monkeypatch)
+    stop = asyncio.Event()
+    ticker = asyncio.ensure_future(_ticking(stop))
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.3, holder.commit)
+    async with db.transaction(engine) as conn:
+        await conn.execute(_t.insert().values(name="waited", n=1))
+    stop.set()
+    assert await ticker >= 20  # ~60 turns of 5 ms in 0.3 s when nothing blocks the loop
+    assert calls == ["_statement"]  # only the contended statement; COMMIT inline
+    holder.close()
+    async with db.transaction(engine, readonly=True) as conn:
+        assert (await conn.execute(sa.select(_t.c.n).where(_t.c.name == "waited"))).scalar() == 1
+
+
+_LONG_READ = sa.text(
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000)"
+    " SELECT count(*) FROM c"
+)
+
+
+async def test_a_long_read_is_interrupted_and_finished_on_the_driver_thread(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read over its inline budget (here the first statement of a read-only
+    transaction, so its BEGIN already took effect inline) is interrupted and run to
+    completion on the driver thread, without a second BEGIN; the loop keeps turning."""
+    calls = _count_driver_calls(monkeypatch)
+    stop = asyncio.Event()
+    ticker = asyncio.ensure_future(_ticking(stop))
+    async with db.transaction(engine, readonly=True) as conn:
+        assert (await conn.execute(_LONG_READ)).scalar_one() == 3_000_000
+    stop.set()
+    ticks = await ticker
+    assert calls == ["_statement"]
+    assert ticks >= 2  # the scan (hundreds of ms here) did not hold the loop
+
+
+async def test_an_interrupted_read_keeps_the_write_transaction_it_ran_in(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _count_driver_calls(monkeypatch)
+    async with db.transaction(engine) as conn:
+        await conn.execute(_t.insert().values(name="kept", n=7))
+        assert (await conn.execute(_LONG_READ)).scalar_one() == 3_000_000
+        await conn.execute(_t.insert().values(name="after", n=8))
+    assert calls == ["_statement"]
+    async with db.transaction(engine, readonly=True) as conn:
+        names = (await conn.execute(sa.select(_t.c.name).order_by(_t.c.id))).scalars().all()
+    assert names == ["kept", "after"]
 
 
 async def test_streamed_results_keep_the_server_side_cursor(engine: AsyncEngine) -> None:
@@ -115,27 +187,22 @@ async def test_streamed_results_keep_the_server_side_cursor(engine: AsyncEngine)
     assert seen == list(range(50))
 
 
-async def test_the_pool_reset_skips_only_a_no_op_rollback(
+async def test_the_pool_reset_rolls_back_only_what_is_open(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = _count_driver_calls(monkeypatch)
     async with db.transaction(engine) as conn:
         await conn.execute(_t.insert().values(name="committed", n=1))
-    # BEGIN with the INSERT, COMMIT — and no ROLLBACK hand-off when the pool takes it
-    # back.
-    assert calls == ["_statement", "commit"]
-    calls.clear()
     async with db.transaction(engine) as conn:
         pass  # an empty transaction sends nothing
-    assert calls == []
     async with engine.connect() as conn:  # left without a commit: rolled back
         await conn.execute(_t.insert().values(name="abandoned", n=2))
-    assert calls == ["_statement", "rollback"]
     async with db.transaction(engine) as conn:  # the write lock was released
         await conn.execute(_t.insert().values(name="after", n=3))
     async with db.transaction(engine, readonly=True) as conn:
         names = (await conn.execute(sa.select(_t.c.name).order_by(_t.c.id))).scalars().all()
     assert names == ["committed", "after"]
+    assert calls == []  # commits and the rollback ran inline
 
 
 async def test_begin_immediate_with_the_first_statement_still_serialises_writers(
