@@ -59,6 +59,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 __all__ = [
     "DEFAULT_GRACE_S",
@@ -71,9 +72,23 @@ __all__ = [
     "OrgRotation",
     "OrgSource",
     "Wakeup",
+    "settle_tasks",
 ]
 
 log = logging.getLogger(__name__)
+
+
+async def settle_tasks(tasks: Iterable[asyncio.Future[Any]], grace_s: float) -> None:
+    """Wait at most ``grace_s`` for ``tasks`` (work handed over after a commit and still
+    in flight when its owner stops), then cancel the ones still running and reap them."""
+    pending = set(tasks)
+    if not pending:
+        return
+    _, late = await asyncio.wait(pending, timeout=grace_s)
+    for task in late:
+        task.cancel()
+    await asyncio.gather(*late, return_exceptions=True)
+
 
 #: One iteration of a loop: ``True`` when it did work.
 Body = Callable[[], Awaitable[bool]]

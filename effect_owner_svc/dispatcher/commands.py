@@ -64,7 +64,7 @@ from effect_owner_svc.providers.base import (
 )
 from effect_owner_svc.providers.factory import ProviderSet
 from effect_owner_svc.receipts.store import receipt_hint
-from services.background import BackgroundLoop, Wakeup
+from services.background import BackgroundLoop, Wakeup, settle_tasks
 from services.db import db_now, run_in_transaction
 from services.effect_contract import EFFECT_COMPLETION_FAMILY
 from services.errors import FenceLostError
@@ -217,13 +217,7 @@ class CommandDispatcher:
         rest — a cancelled one keeps its lease and its ``IN_FLIGHT`` attempt, which the
         next claim after the lease reconciles like any interrupted attempt. Call after
         the loops stopped (no new seat is reserved then)."""
-        pending = set(self._inflight)
-        if not pending:
-            return
-        _, late = await asyncio.wait(pending, timeout=grace_s)
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        await settle_tasks(self._inflight, grace_s)
 
     async def process(self, command: CommandRecord) -> bool:
         """Claim one due command and drive it as far as this pass can.

@@ -46,7 +46,13 @@ from datetime import datetime, timedelta
 from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.background import HINTED_IDLE_FLOOR, BackgroundLoop, LoopGroup, Wakeup
+from services.background import (
+    HINTED_IDLE_FLOOR,
+    BackgroundLoop,
+    LoopGroup,
+    Wakeup,
+    settle_tasks,
+)
 from services.db import db_now, run_in_transaction
 from services.errors import FenceLostError
 from services.faults import CrashPoint, crash_point
@@ -286,13 +292,7 @@ class OutboxDispatcher:
         """Wait (bounded) for the handed deliveries still in flight, then cancel the
         rest: a cancelled one keeps its lease, which expires and the repair sweep
         returns the row for redelivery (ADR 0004). Call after the loops stopped."""
-        pending = set(self._inflight)
-        if not pending:
-            return
-        _, late = await asyncio.wait(pending, timeout=grace_s)
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        await settle_tasks(self._inflight, grace_s)
 
     async def _guarded_leased(self, leased: OutboxMessage) -> int:
         async with self._gate:

@@ -108,6 +108,11 @@ async def test_uncontended_statements_run_inline_without_a_driver_thread_call(
     assert calls == []  # BEGIN, INSERT, SELECT and COMMIT all inline
 
 
+async def _names(engine: AsyncEngine) -> list[str]:
+    async with db.transaction(engine, readonly=True) as conn:
+        return list((await conn.execute(sa.select(_t.c.name).order_by(_t.c.id))).scalars())
+
+
 async def _ticking(stop: asyncio.Event) -> int:
     """Counts event-loop turns until ``stop``: a stalled loop barely counts."""
     ticks = 0
@@ -173,9 +178,7 @@ async def test_an_interrupted_read_keeps_the_write_transaction_it_ran_in(
         assert (await conn.execute(_LONG_READ)).scalar_one() == 3_000_000
         await conn.execute(_t.insert().values(name="after", n=8))
     assert calls == ["_statement"]
-    async with db.transaction(engine, readonly=True) as conn:
-        names = (await conn.execute(sa.select(_t.c.name).order_by(_t.c.id))).scalars().all()
-    assert names == ["kept", "after"]
+    assert await _names(engine) == ["kept", "after"]
 
 
 async def test_streamed_results_keep_the_server_side_cursor(engine: AsyncEngine) -> None:
@@ -199,9 +202,7 @@ async def test_the_pool_reset_rolls_back_only_what_is_open(
         await conn.execute(_t.insert().values(name="abandoned", n=2))
     async with db.transaction(engine) as conn:  # the write lock was released
         await conn.execute(_t.insert().values(name="after", n=3))
-    async with db.transaction(engine, readonly=True) as conn:
-        names = (await conn.execute(sa.select(_t.c.name).order_by(_t.c.id))).scalars().all()
-    assert names == ["committed", "after"]
+    assert await _names(engine) == ["committed", "after"]
     assert calls == []  # commits and the rollback ran inline
 
 
