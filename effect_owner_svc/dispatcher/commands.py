@@ -31,10 +31,11 @@ created the command committed (the command row only exists after that commit).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -119,10 +120,10 @@ class CommandDispatcher:
         self._policy = policy
         self._owner = owner
         self._batch = max(1, batch_size)
-        self._gate = asyncio.Semaphore(max(1, concurrency))
+        self._concurrency = max(1, concurrency)
+        self._gate = asyncio.Semaphore(self._concurrency)
         self._idle_s = idle_s
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
-        self._concurrency = max(1, concurrency)
         #: Gate slots in use (claimed or handed commands being driven).
         self._busy = 0
         #: Seats reserved by acceptances not yet handed over or released.
@@ -161,16 +162,23 @@ class CommandDispatcher:
             return 0
         return sum(await asyncio.gather(*(self._guarded(c) for c in mine)))
 
-    async def _guarded(self, command: CommandRecord) -> int:
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """A slot of the concurrency gate, counted in ``_busy`` while held."""
         async with self._gate:
             self._busy += 1
+            try:
+                yield
+            finally:
+                self._busy -= 1
+
+    async def _guarded(self, command: CommandRecord) -> int:
+        async with self._slot():
             try:
                 return 1 if await self.process(command) else 0
             except Exception:
                 log.exception("command %s: dispatch failed", command.command_id)
                 return 0
-            finally:
-                self._busy -= 1
 
     # --- pre-claimed commands (ADR 0008) ---------------------------------------------------
 
@@ -202,15 +210,12 @@ class CommandDispatcher:
     async def _guarded_started(self, started: Started) -> None:
         command = started.command
         # The seat kept a slot free since the reservation: this does not wait.
-        async with self._gate:
-            self._busy += 1
+        async with self._slot():
             try:
                 with command_span(command):
                     await self._drive(self._providers[command.effect_owner_kind], command, started)
             except Exception:
                 log.exception("command %s: dispatch failed", command.command_id)
-            finally:
-                self._busy -= 1
 
     async def settle(self, grace_s: float = 5.0) -> None:
         """Wait (bounded) for the handed commands still being driven, then cancel the
