@@ -160,7 +160,7 @@ async def _main() -> None:
                 await conn.execute(sa.text(f"DROP DATABASE {name}"))
             await admin.dispose()
     else:
-        print("mariadb  skipped (set FLOW_TEST_MYSQL_URL=mysql+aiomysql://root:@127.0.0.1:3307)")
+        print("mariadb  skipped (set FLOW_TEST_MYSQL_URL=mysql+asyncmy://root:@127.0.0.1:3307)")
 
 
 if __name__ == "__main__":

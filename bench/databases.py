@@ -33,7 +33,7 @@ async def on_each_database(prefix: str, bench: Callable[[str, str], Awaitable[No
         await bench("sqlite", f"sqlite+aiosqlite:///{Path(tmp) / f'{prefix}.db'}")
     mysql = os.environ.get("FLOW_TEST_MYSQL_URL")
     if not mysql:
-        print("mariadb  skipped (set FLOW_TEST_MYSQL_URL=mysql+aiomysql://root:@127.0.0.1:3307)")
+        print("mariadb  skipped (set FLOW_TEST_MYSQL_URL=mysql+asyncmy://root:@127.0.0.1:3307)")
         return
     name = f"bench_{prefix}_{uuid.uuid4().hex[:8]}"
     admin = db.create_engine(mysql.rstrip("/") + "/", pool_size=1)

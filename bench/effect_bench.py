@@ -558,4 +558,4 @@ def run(seconds: float, *, samples: int = 40, burst: int = 60) -> None:
     if os.environ.get("FLOW_TEST_MYSQL_URL"):
         asyncio.run(_bench("mariadb", samples, burst))
     else:
-        print("mariadb  skipped (set FLOW_TEST_MYSQL_URL=mysql+aiomysql://root:@127.0.0.1:3307)")
+        print("mariadb  skipped (set FLOW_TEST_MYSQL_URL=mysql+asyncmy://root:@127.0.0.1:3307)")

@@ -131,7 +131,7 @@ def common(name: str, spec: dict[str, Any]) -> dict[str, Any]:
                 "secretKey": {"type": "string", "minLength": 1},
                 "url": {
                     "type": "string",
-                    "pattern": r"^((sqlite\+aiosqlite|mysql\+aiomysql)://.*)?$",
+                    "pattern": r"^((sqlite\+aiosqlite|mysql\+asyncmy|mysql\+aiomysql)://.*)?$",
                 },
                 "poolSize": count(1),
                 "autoMigrate": BOOL,

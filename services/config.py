@@ -68,6 +68,10 @@ _DB_VARS: Mapping[ServiceName, str] = {
     ServiceName.EFFECT_OWNER: "FLOW_EFFECT_DB_URL",
 }
 
+#: The database URLs a service accepts: the embedded SQLite file, or a MySQL-protocol
+#: server (MariaDB, TiDB) through asyncmy or aiomysql (``services/db_mysql.py``).
+_DB_URL_PREFIXES = ("sqlite+aiosqlite://", "mysql+asyncmy://", "mysql+aiomysql://")
+
 _PORT_VARS: Mapping[ServiceName, str] = {
     ServiceName.CATALOG: "FLOW_CATALOG_PORT",
     ServiceName.RUNTIME: "FLOW_RUNTIME_PORT",
@@ -94,7 +98,7 @@ ENV_VARS: Mapping[str, tuple[str, str]] = {
     "FLOW_EFFECT_PORT": ("50063", "effect-owner service gRPC port (0 = pick a free port)"),
     "FLOW_CATALOG_DB_URL": (
         "sqlite+aiosqlite:///$FLOW_DATA_DIR/catalog.db",
-        "catalog database URL (`sqlite+aiosqlite://…` or `mysql+aiomysql://…`)",
+        "catalog database URL (`sqlite+aiosqlite://…` or `mysql+asyncmy://…`)",
     ),
     "FLOW_RUNTIME_DB_URL": (
         "sqlite+aiosqlite:///$FLOW_DATA_DIR/runtime.db",
@@ -650,8 +654,10 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
     data_dir = Path(_get(e, "FLOW_DATA_DIR"))
     db_var = _DB_VARS[service]
     db_url = _expand(_get(e, db_var), data_dir)
-    if not (db_url.startswith("sqlite+aiosqlite://") or db_url.startswith("mysql+aiomysql://")):
-        raise ConfigError(f"{db_var} must be a sqlite+aiosqlite:// or mysql+aiomysql:// URL")
+    if not db_url.startswith(_DB_URL_PREFIXES):
+        raise ConfigError(
+            f"{db_var} must be a sqlite+aiosqlite://, mysql+asyncmy:// or mysql+aiomysql:// URL"
+        )
 
     def _opt_path(name: str) -> Path | None:
         raw = _get(e, name)

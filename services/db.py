@@ -3,7 +3,7 @@
 Every service reaches its database through this module, so the portable rules of
 ARCHITECTURE §2 are written once:
 
-* :func:`create_engine` — ``sqlite+aiosqlite`` (embedded default) or ``mysql+aiomysql``
+* :func:`create_engine` — ``sqlite+aiosqlite`` (embedded default) or ``mysql+asyncmy``
   (MariaDB in CI, TiDB in production), configured for correct locking on each.
 * :func:`transaction` / :func:`run_in_transaction` — always an explicit transaction
   (``BEGIN IMMEDIATE`` on SQLite); whole-transaction retry on deadlock/write conflict and
@@ -74,6 +74,7 @@ from sqlalchemy.sql.elements import ClauseElement, TextClause
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from services.db_cluster import install_session_hooks
+from services.db_mysql import DRIVERS as MYSQL_DRIVERS
 from services.db_mysql import reset_aware_dbapi
 from services.db_sqlite import one_hop_dbapi
 from services.errors import CommitOutcomeUnknownError, ConflictError, FenceLostError
@@ -218,8 +219,9 @@ _SQLITE_CONSTRAINT_PRIMARYKEY, _SQLITE_CONSTRAINT_UNIQUE = 1555, 2067
 
 
 def _classify_mysql(orig: BaseException) -> DbErrorClass | None:
-    # pymysql (and aiomysql, which re-exports its classes) carry (errno, message) in args.
-    if type(orig).__module__.split(".")[0] not in ("pymysql", "aiomysql"):
+    # pymysql (and aiomysql, which re-exports its classes) and asyncmy carry
+    # (errno, message) in args.
+    if type(orig).__module__.split(".")[0] not in ("pymysql", "aiomysql", "asyncmy"):
         return None
     code = orig.args[0] if orig.args and isinstance(orig.args[0], int) else None
     return _MYSQL_CODES.get(code, DbErrorClass.OTHER) if code is not None else DbErrorClass.OTHER
@@ -357,14 +359,15 @@ class _SqliteStrategy(DialectStrategy):
 
 
 class _MySqlStrategy(DialectStrategy):
-    drivers = frozenset({"mysql+aiomysql", "mariadb+aiomysql"})
+    drivers = frozenset(f"{b}+{d}" for b in ("mysql", "mariadb") for d in MYSQL_DRIVERS)
     # UTC_TIMESTAMP, not CURRENT_TIMESTAMP: the latter is in the session time zone.
     now_sql = "SELECT UTC_TIMESTAMP(6)"
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         return {
-            # No reset ROLLBACK round trip after a transaction that ended (db_mysql.py).
-            "module": reset_aware_dbapi(),
+            # The URL's driver (asyncmy or aiomysql), without the reset ROLLBACK round
+            # trip after a transaction that ended (db_mysql.py).
+            "module": reset_aware_dbapi(url.get_driver_name()),
             "pool_pre_ping": True,
             "pool_size": pool_size,
             "max_overflow": 0,  # FLOW_DB_POOL_SIZE is the connection budget, not a hint
@@ -419,7 +422,8 @@ def create_engine(url: str | URL, pool_size: int = 5) -> AsyncEngine:
     """Create the async engine of one service database.
 
     Args:
-        url: ``sqlite+aiosqlite:///path`` or ``mysql+aiomysql://user:pw@host:port/db``.
+        url: ``sqlite+aiosqlite:///path`` or ``mysql+asyncmy://user:pw@host:port/db``
+            (``mysql+aiomysql://`` too: ``services/db_mysql.py``).
         pool_size: connection budget (``ServiceConfig.db_pool_size``).
 
     Raises:

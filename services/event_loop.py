@@ -9,7 +9,7 @@ Why: a durable step is mostly per-statement work (driver packets, the event loop
 callbacks, SQLAlchemy's execution) and the loop's share of that CPU is 10-15 %;
 ``uvloop`` (libuv) makes that share smaller (``docs/performance.md``, "Round 6: event
 loop"). Nothing in the services depends on the loop's implementation: grpc.aio,
-aiomysql, aiosqlite and aiosmtplib only use the public asyncio API, and the crash tests
+asyncmy, aiomysql, aiosqlite and aiosmtplib only use the public asyncio API, and the crash tests
 run the real service processes on whichever loop ``auto`` picks.
 
 Pure choice (:func:`resolve`) apart from running (:func:`run`), so the choice is unit

@@ -2,7 +2,7 @@
 
 * ``sqlite_url`` — a fresh SQLite file per test.
 * ``mariadb_server_url`` — the MariaDB server from ``FLOW_TEST_MYSQL_URL`` (e.g.
-  ``mysql+aiomysql://root:@127.0.0.1:3307``); without it the test is skipped locally and
+  ``mysql+asyncmy://root:@127.0.0.1:3307``); without it the test is skipped locally and
   fails under ``CI=true`` (ARCHITECTURE §6: a skipped MariaDB suite in CI is a failure).
 * ``mariadb_url`` — a fresh, uniquely named database on that server per test, dropped after.
 * ``db_url`` — parametrized over ``sqlite`` and ``mariadb``; the ``mariadb`` case carries the

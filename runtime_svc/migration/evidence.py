@@ -56,6 +56,7 @@ DISTRIBUTIONS = (
     "protobuf",
     "sqlalchemy",
     "alembic",
+    "asyncmy",
     "aiomysql",
     "aiosqlite",
     "cryptography",

@@ -155,7 +155,7 @@ class ClusterDb:
     name: str
 
     def url(self, node: int) -> str:
-        """The database's ``mysql+aiomysql`` URL on node ``node``."""
+        """The database's ``mysql+asyncmy`` URL on node ``node``."""
         server = make_url(self.cluster.server_urls[node])
         return server.set(database=self.name, query={"charset": "utf8mb4"}).render_as_string(
             hide_password=False

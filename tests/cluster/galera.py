@@ -110,8 +110,8 @@ class GaleraNode:
         return f"127.0.0.1:{self.group_port}"
 
     def server_url(self) -> str:
-        """``mysql+aiomysql`` URL of this node without a database."""
-        return f"mysql+aiomysql://root:@127.0.0.1:{self.sql_port}"
+        """``mysql+asyncmy`` URL of this node without a database."""
+        return f"mysql+asyncmy://root:@127.0.0.1:{self.sql_port}"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -307,7 +307,7 @@ class GaleraCluster:
     # --- reading -------------------------------------------------------------------------
 
     def server_urls(self) -> list[str]:
-        """The ``mysql+aiomysql`` server URL of every node, in node order."""
+        """The ``mysql+asyncmy`` server URL of every node, in node order."""
         return [n.server_url() for n in self.nodes]
 
     def describe(self) -> dict[str, object]:

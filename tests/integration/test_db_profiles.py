@@ -136,7 +136,7 @@ def unsafe_mariadb(tmp_path: Path) -> Iterator[str]:
         with admin.cursor() as cur:
             cur.execute("CREATE DATABASE flow CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
         admin.close()
-        yield f"mysql+aiomysql://root:@127.0.0.1:{port}/flow?charset=utf8mb4"
+        yield f"mysql+asyncmy://root:@127.0.0.1:{port}/flow?charset=utf8mb4"
     finally:
         proc.terminate()
         try:

@@ -1,19 +1,22 @@
-"""The MariaDB engine's pool sends its reset-on-return ROLLBACK only when the server's
-last reply says a transaction is open (``services/db_mysql.py``): never after a COMMIT,
-always after a transaction that was left open or broke."""
+"""The MariaDB engine's pool sends its reset-on-return ROLLBACK only when a transaction
+may be open (``services/db_mysql.py``): never after a COMMIT, always after a transaction
+that was left open or broke — on both supported drivers (asyncmy, aiomysql). ROLLBACKs
+are counted at the server (``Com_rollback``), not in the driver."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiomysql
+import pymysql
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services import db
+from services.db_mysql import DRIVERS
 
 pytestmark = pytest.mark.mariadb
 
@@ -26,9 +29,11 @@ _t = sa.Table(
 )
 
 
-@pytest.fixture
-async def engine(mariadb_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = db.create_engine(mariadb_url, pool_size=2)
+@pytest.fixture(params=DRIVERS)
+async def engine(mariadb_url: str, request: pytest.FixtureRequest) -> AsyncIterator[AsyncEngine]:
+    url = make_url(mariadb_url).set(drivername=f"mysql+{request.param}")
+    eng = db.create_engine(url, pool_size=2)
+    assert eng.dialect.driver == request.param
     async with eng.begin() as conn:
         await conn.run_sync(_md.create_all)
     try:
@@ -37,22 +42,51 @@ async def engine(mariadb_url: str) -> AsyncIterator[AsyncEngine]:
         await eng.dispose()
 
 
+class _ServerRollbacks:
+    """ROLLBACK statements the server executed since this object was made (the global
+    ``Com_rollback`` counter; the tests run one at a time, and this reader's own
+    connection sends none)."""
+
+    def __init__(self, url: str) -> None:
+        self._url = make_url(url)
+        self._base = self._read()
+
+    def _read(self) -> int:
+        conn = pymysql.connect(
+            host=self._url.host or "127.0.0.1",
+            port=self._url.port or 3306,
+            user=self._url.username or "root",
+            password=self._url.password or "",
+            autocommit=True,
+        )
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW GLOBAL STATUS LIKE 'Com_rollback'")
+                row: Any = cur.fetchone()
+                return int(row[1])
+        finally:
+            conn.close()
+
+    def __len__(self) -> int:
+        return self._read() - self._base
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, list) and len(self) == len(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @pytest.fixture
-def rollbacks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Each ROLLBACK the driver sends to the server."""
-    sent: list[int] = []
-    original = aiomysql.Connection.rollback
-
-    async def counted(self: aiomysql.Connection) -> Any:
-        sent.append(1)
-        return await original(self)
-
-    monkeypatch.setattr(aiomysql.Connection, "rollback", counted)
-    return sent
+def rollbacks(engine: AsyncEngine, mariadb_url: str) -> _ServerRollbacks:
+    """Each ROLLBACK the server received from now on."""
+    return _ServerRollbacks(mariadb_url)
 
 
 async def test_no_rollback_round_trip_after_a_commit(
-    engine: AsyncEngine, rollbacks: list[int]
+    engine: AsyncEngine, rollbacks: _ServerRollbacks
 ) -> None:
     for i in range(3):
         async with db.transaction(engine) as conn:
@@ -63,7 +97,7 @@ async def test_no_rollback_round_trip_after_a_commit(
 
 
 async def test_an_open_or_failed_transaction_is_still_rolled_back(
-    engine: AsyncEngine, rollbacks: list[int]
+    engine: AsyncEngine, rollbacks: _ServerRollbacks
 ) -> None:
     async with db.transaction(engine) as conn:
         await conn.execute(_t.insert().values(id=1, n=1))
@@ -85,7 +119,7 @@ async def test_an_open_or_failed_transaction_is_still_rolled_back(
 
 
 async def test_a_transaction_that_only_read_and_locked_is_rolled_back(
-    engine: AsyncEngine, rollbacks: list[int]
+    engine: AsyncEngine, rollbacks: _ServerRollbacks
 ) -> None:
     """The driver's ``server_status`` is not refreshed by a result set, so it cannot tell
     that a transaction which only ran ``SELECT … FOR UPDATE`` is open: the ROLLBACK must

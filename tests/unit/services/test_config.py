@@ -42,6 +42,14 @@ def test_malformed_values_are_rejected_with_the_variable_named(
         load_config(ServiceName.RUNTIME, env)
 
 
+@pytest.mark.parametrize("driver", ["asyncmy", "aiomysql"])
+def test_both_mysql_drivers_are_accepted_and_another_is_named_in_the_refusal(driver: str) -> None:
+    url = f"mysql+{driver}://u:p@db:3306/runtime"
+    assert load_config(ServiceName.RUNTIME, {"FLOW_RUNTIME_DB_URL": url}).db_url == url
+    with pytest.raises(ConfigError, match=r"mysql\+asyncmy:// or mysql\+aiomysql://"):
+        load_config(ServiceName.RUNTIME, {"FLOW_RUNTIME_DB_URL": "mysql+mysqldb://u@db/rt"})
+
+
 def test_data_dir_expands_into_default_paths() -> None:
     cfg = load_config(ServiceName.CATALOG, {"FLOW_DATA_DIR": "/srv/flow"})
     assert cfg.db_url == "sqlite+aiosqlite:////srv/flow/catalog.db"

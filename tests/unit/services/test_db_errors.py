@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
+import asyncmy.errors
 import pymysql
 import pytest
 from sqlalchemy import exc as sa_exc
@@ -35,6 +36,29 @@ C = DbErrorClass
     ids=lambda v: str(v.args[0]) if isinstance(v, Exception) else v.name,
 )
 def test_mysql_family_error_codes(error: Exception, expected: DbErrorClass) -> None:
+    assert classify_db_error(error) is expected
+    wrapped = sa_exc.OperationalError("SELECT 1", {}, error)
+    assert classify_db_error(wrapped) is expected
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (asyncmy.errors.OperationalError(1213, "Deadlock found"), C.RETRYABLE_CONFLICT),
+        (asyncmy.errors.OperationalError(1205, "Lock wait timeout"), C.LOCK_WAIT_TIMEOUT),
+        (asyncmy.errors.OperationalError(2013, "Lost connection"), C.OUTCOME_UNKNOWN),
+        (asyncmy.errors.OperationalError(1927, "Connection was killed"), C.OUTCOME_UNKNOWN),
+        (asyncmy.errors.IntegrityError(1062, "Duplicate entry"), C.DUPLICATE_KEY),
+        (asyncmy.errors.IntegrityError(1048, "Column cannot be null"), C.OTHER),
+        (asyncmy.errors.ProgrammingError(1064, "Syntax error"), C.OTHER),
+        (asyncmy.errors.InterfaceError("no code"), C.OTHER),
+    ],
+    ids=lambda v: str(v.args[0]) if isinstance(v, Exception) else v.name,
+)
+def test_asyncmy_error_codes_classify_like_pymysql(
+    error: Exception, expected: DbErrorClass
+) -> None:
+    """The default MariaDB driver's errors carry the same (errno, message) arguments."""
     assert classify_db_error(error) is expected
     wrapped = sa_exc.OperationalError("SELECT 1", {}, error)
     assert classify_db_error(wrapped) is expected
