@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -143,7 +143,6 @@ async def due_commands_txn(
 # --- fenced steps -----------------------------------------------------------------------
 
 
-_COMMAND_BY_ID = scoped_select(external_commands, ("external_command_id",))
 #: The attempts of a command, newest first (the first row is the latest).
 _ATTEMPTS_NEWEST_FIRST = (
     scoped_select(remote_attempts, ("external_command_id",))
@@ -151,12 +150,6 @@ _ATTEMPTS_NEWEST_FIRST = (
     .limit(1)
 )
 _INSERT_ATTEMPT = remote_attempts.insert()
-
-
-async def _reread(conn: AsyncConnection, org_id: str, command_id: str) -> CommandRecord:
-    params = {"org_id": org_id, "external_command_id": command_id}
-    row = (await conn.execute(_COMMAND_BY_ID, params)).mappings().one()
-    return command_from_row(row)
 
 
 async def _latest_attempt(
@@ -298,13 +291,7 @@ async def claim_txn(
         equal={"state": command.state.value},
         at_most={"next_attempt_at": now},
     )
-    # The fence matched exactly ``command``'s version: the row now is it plus ``values``.
-    leased = replace(
-        command,
-        **{k: v for k, v in values.items() if k != "state"},
-        state=CommandState(values["state"]),
-        state_version=command.state_version + 1,
-    )
+    leased = _after_fence(command, values)
     if reconcile:
         if interrupted and latest is not None:
             # Nobody saw this attempt's answer (the dispatcher died or stalled past its
@@ -345,19 +332,33 @@ async def start_preclaimed_txn(
     return Started(command, await _insert_attempt(conn, command, 1, now))
 
 
+def _after_fence(command: CommandRecord, values: Mapping[str, Any]) -> CommandRecord:
+    """``command`` as a fenced UPDATE that matched exactly its ``state_version`` left it:
+    its columns overwritten by ``values`` (column names are the record's fields), the
+    version one higher. Nothing else can have changed the row between the fence's match
+    and this transaction's end (the UPDATE holds its lock), so reading it back would
+    return exactly this — one statement per claim and per recorded outcome less
+    (``test_command_store_derived_rows.py`` compares both)."""
+    fields = {k: v for k, v in values.items() if k != "state"}
+    if "state" in values:
+        fields["state"] = CommandState(values["state"])
+    return replace(command, **fields, state_version=command.state_version + 1)
+
+
 async def _fence_leased(
     conn: AsyncConnection, leased: CommandRecord, values: dict[str, Any], now: datetime
 ) -> CommandRecord:
+    applied = {**values, "updated_at": now}
     await fenced_update(
         conn,
         external_commands,
         org_id=leased.org_id,
         key={"external_command_id": leased.command_id},
         expected_version=leased.state_version,
-        values={**values, "updated_at": now},
+        values=applied,
         equal={"lease_token": leased.lease_token},
     )
-    return await _reread(conn, leased.org_id, leased.command_id)
+    return _after_fence(leased, applied)
 
 
 _RELEASE = {"lease_owner": None, "lease_token": None, "lease_until": None}

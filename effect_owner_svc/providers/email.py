@@ -36,10 +36,12 @@ exactly like a fresh one.
 from __future__ import annotations
 
 import contextlib
+import email.policy
 import re
 import string
 import time
 from collections.abc import Mapping
+from email.headerregistry import BaseHeader, HeaderRegistry
 from email.message import EmailMessage
 from email.utils import formatdate
 from types import MappingProxyType
@@ -127,6 +129,29 @@ def _subject_and_text(payload: Mapping[str, Any], to: list[str]) -> tuple[str, s
     return plain_subject, plain_text
 
 
+class _CachedHeaderRegistry(HeaderRegistry):
+    """The standard header registry, each header's class made once per name.
+
+    CPython's registry builds a new class with ``type()`` on every lookup (≈ 20 µs, seven
+    lookups per message here, about a third of building one); the class it builds for a
+    name never differs, so keeping it changes nothing in the message."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._made: dict[str, type[BaseHeader]] = {}
+
+    def __getitem__(self, name: str) -> type[BaseHeader]:
+        key = name.lower()
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = super().__getitem__(name)
+        return made
+
+
+#: ``email.policy.default`` (what ``EmailMessage()`` uses) with the caching registry.
+_POLICY = email.policy.default.clone(header_factory=_CachedHeaderRegistry())
+
+
 def build_message(
     command: ProviderCommand, *, sender: str, message_id_domain: str
 ) -> tuple[EmailMessage, list[str]]:
@@ -142,7 +167,7 @@ def build_message(
         raise EmailPayloadError("the subject must be one line")
     if len(text.encode("utf-8")) > _MAX_TEXT:
         raise EmailPayloadError("the text is too long")
-    msg = EmailMessage()
+    msg = EmailMessage(policy=_POLICY)
     msg["From"] = sender
     msg["To"] = ", ".join(to)
     msg["Subject"] = subject

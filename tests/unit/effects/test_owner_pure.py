@@ -3,6 +3,7 @@ check, the email message and the webhook status classification, provider configu
 
 from __future__ import annotations
 
+import email.policy
 import random
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -120,6 +121,30 @@ def test_the_email_message_carries_the_idempotency_key_as_message_id() -> None:
         message_id_domain="b",
     )
     assert plain.get_content().strip() == "Body"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"name": "Ada"}, {"name": "Adä Lövelace " * 8}, {"name": "北京 " * 30}],
+    ids=["ascii", "folded-latin", "folded-cjk"],
+)
+def test_the_cached_header_classes_change_nothing_in_the_message(
+    params: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider's policy keeps each header class it made; the bytes it sends are the
+    stock ``email.policy.default`` message's, folded and encoded headers included."""
+    command = _command(
+        {"to": ["a@example.com", "b@example.com"], "template": "contact_welcome", "params": params}
+    )
+    monkeypatch.setattr(
+        "effect_owner_svc.providers.email.formatdate", lambda **_: "Thu, 03 Dec 2026 05:00:00 GMT"
+    )
+    cached, _ = build_message(command, sender="flows@example.org", message_id_domain="x")
+    cached_again, _ = build_message(command, sender="flows@example.org", message_id_domain="x")
+    monkeypatch.setattr("effect_owner_svc.providers.email._POLICY", email.policy.default)
+    stock, _ = build_message(command, sender="flows@example.org", message_id_domain="x")
+    assert cached.as_bytes() == stock.as_bytes() == cached_again.as_bytes()
+    assert cached.policy is not email.policy.default
 
 
 @pytest.mark.parametrize(
