@@ -256,7 +256,7 @@ class Matcher:
         async with transaction(self._engine, readonly=True) as conn:
             dep = await read_dependency_txn(conn, org_id, dependency_id)
             if dep is not None and dep.state is DependencyState.PENDING:
-                planned = await self._evidence(conn, dep)
+                planned = await self._evidence(conn, dep, signals_first=True)
         if dep is None:
             return NoChange("missing")
         if planned is None:
@@ -461,10 +461,22 @@ class Matcher:
         return result
 
     async def _evidence(
-        self, conn: AsyncConnection, dep: DependencyRecord, held: HeldRun | None = None
+        self,
+        conn: AsyncConnection,
+        dep: DependencyRecord,
+        held: HeldRun | None = None,
+        *,
+        signals_first: bool = False,
     ) -> tuple[_Action, WaitBounds | None]:
         """What the producer's evidence says about ``dep`` (read, never written;
-        ``held``: its root and step as the caller's transaction locked them)."""
+        ``held``: its root and step as the caller's transaction locked them).
+
+        ``signals_first`` (the fresh reconciliation right after a wait's commit, which
+        needs no wait bounds): a signal-evidence wait reads its key's unmatched signals
+        before the run's context and answers ``no_signal`` at once when there are none —
+        the common case, a dependency nothing has notified yet (an effect's completion
+        dependency cannot have a receipt before its own submit committed): two
+        statements instead of five."""
         spec = self.registry.spec(dep.producer_kind)
         if spec is None:
             log.warning(
@@ -474,13 +486,18 @@ class Matcher:
             return _Action(expire=CAUSE_PRODUCER_MISSING, quarantine=True), None
         if spec.family is ProducerFamily.TIMER:
             return replace(await self._timer(conn, dep), family=spec.family.value), None
+        candidates: list[SignalRecord] | None = None
+        if signals_first and spec.family is not ProducerFamily.RECORD_CHANGE:
+            candidates = await self._candidates(conn, dep)
+            if not candidates:
+                return _Action(NoChange("no_signal")), None
         try:
             ctx = await self.context_txn(conn, dep, held)
         except NotFoundError:
             return _Action(NoChange("run_missing")), None
         if spec.family is ProducerFamily.RECORD_CHANGE:
             return replace(await self._record(conn, dep, ctx), family=spec.family.value), ctx.bounds
-        return await self._signals(conn, dep, ctx, spec.family), ctx.bounds
+        return await self._signals(conn, dep, ctx, spec.family, candidates), ctx.bounds
 
     # --- families (evidence reads; the transitions run after the read closed) ----------
 
@@ -527,16 +544,23 @@ class Matcher:
             seen=() if signal is None else (signal,),
         )
 
+    async def _candidates(self, conn: AsyncConnection, dep: DependencyRecord) -> list[SignalRecord]:
+        return await queries.unmatched_for_key_txn(
+            conn, dep.scope, dep.producer_kind, dep.producer_key, _CANDIDATES
+        )
+
     async def _signals(
         self,
         conn: AsyncConnection,
         dep: DependencyRecord,
         ctx: WaitContext,
         family: ProducerFamily,
+        candidates: list[SignalRecord] | None = None,
     ) -> _Action:
-        candidates = await queries.unmatched_for_key_txn(
-            conn, dep.scope, dep.producer_kind, dep.producer_key, _CANDIDATES
-        )
+        """``candidates``: the key's unmatched signals when the caller read them in this
+        transaction already."""
+        if candidates is None:
+            candidates = await self._candidates(conn, dep)
         if not candidates:
             return _Action(NoChange("no_signal"))
         # An effect completion's plan condition is the owner receipt itself; an event

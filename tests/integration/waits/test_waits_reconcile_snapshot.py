@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import event as sa_event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import runtime_svc.waits.resolution as resolution
@@ -63,6 +64,44 @@ async def test_reconcile_reads_dependency_and_evidence_in_one_transaction(
     assert opened == [True]
     missing = await world.rt.matcher.reconcile(world.org, "no-such-dependency")
     assert isinstance(missing, NoChange) and missing.reason == "missing"
+
+
+async def test_reconcile_of_a_signal_wait_nothing_notified_reads_two_rows_only(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after a signal wait commits, nothing has notified it (the common case; an
+    effect's completion cannot have a receipt yet): the fresh reconciliation reads the
+    dependency and the key's unmatched signals — not the run, its plan step and bounds —
+    and answers ``no_signal``. A signal that arrives later is still matched by it."""
+    await world.seed(signal_flow(deadline="PT1H"))
+    run = await world.start("wait_signal", key="quiet")
+    await world.drive(run.flow_run_id)
+    dep = await world.dependency(run.flow_run_id)
+    statements: list[str] = []
+
+    def seen(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if not statement.startswith("BEGIN"):  # SQLite's own transaction start
+            statements.append(statement.split()[0].upper())
+
+    sa_event.listen(world.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        opened = _counting(monkeypatch)
+        result = await world.rt.matcher.reconcile(world.org, dep.dependency_id)
+    finally:
+        sa_event.remove(world.engine.sync_engine, "before_cursor_execute", seen)
+    assert isinstance(result, NoChange) and result.reason == "no_signal"
+    assert opened == [True]
+    assert statements == ["SELECT", "SELECT"]  # the dependency, the key's signals
+    new = validate_submission(approval("quiet", "t"), world.rt.registry)
+    async with db.transaction(world.engine) as conn:
+        now = await world.clock(conn)
+        await insert_signal_txn(
+            conn, world.work, new, now, expires_at=now + timedelta(days=1), match_at=None
+        )
+    assert isinstance(
+        await world.rt.matcher.reconcile(world.org, dep.dependency_id), WaitTransition
+    )
+    assert (await world.dependency(run.flow_run_id)).state is DependencyState.RESOLVED
 
 
 async def test_a_sweep_pass_reads_its_clock_inside_each_parts_transaction(
