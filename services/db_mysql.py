@@ -33,6 +33,7 @@ end that raised — means the ROLLBACK is sent as before.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import aiomysql
@@ -50,6 +51,13 @@ from sqlalchemy.dialects.mysql.asyncmy import (
 from sqlalchemy.util.concurrency import await_
 
 __all__ = ["DRIVERS", "reset_aware_dbapi"]
+
+# asyncmy logs every note or warning a statement leaves (it sends SHOW WARNINGS after
+# it) at WARNING level — on MariaDB that is a "Name 'pk_…' ignored for PRIMARY key" note
+# for each table a migration creates. The services run in strict SQL mode (checked at
+# start-up, docs/database-profiles.md), where a data warning is an error instead, so
+# what reaches this logger is notes: only its errors reach the service log.
+logging.getLogger("asyncmy").setLevel(logging.ERROR)
 
 #: The MySQL-protocol drivers an engine URL may name (``mysql+<driver>://``).
 DRIVERS = ("asyncmy", "aiomysql")
