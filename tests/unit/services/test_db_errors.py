@@ -14,51 +14,37 @@ from services.db import Backoff, DbErrorClass, classify_db_error
 C = DbErrorClass
 
 
-@pytest.mark.parametrize(
-    ("error", "expected"),
-    [
-        (pymysql.err.OperationalError(1213, "Deadlock found"), C.RETRYABLE_CONFLICT),
-        (pymysql.err.OperationalError(1020, "Record has changed"), C.RETRYABLE_CONFLICT),
-        (pymysql.err.OperationalError(9007, "Write conflict"), C.RETRYABLE_CONFLICT),
-        (pymysql.err.OperationalError(8002, "SELECT FOR UPDATE conflict"), C.RETRYABLE_CONFLICT),
-        (pymysql.err.OperationalError(8005, "Write conflict, txn retry"), C.RETRYABLE_CONFLICT),
-        (pymysql.err.OperationalError(8028, "Information schema changed"), C.RETRYABLE_CONFLICT),
-        (pymysql.err.OperationalError(1205, "Lock wait timeout"), C.LOCK_WAIT_TIMEOUT),
-        (pymysql.err.OperationalError(3572, "NOWAIT lock"), C.LOCK_WAIT_TIMEOUT),
-        (pymysql.err.OperationalError(2006, "Server has gone away"), C.OUTCOME_UNKNOWN),
-        (pymysql.err.OperationalError(2013, "Lost connection"), C.OUTCOME_UNKNOWN),
-        (pymysql.err.IntegrityError(1062, "Duplicate entry"), C.DUPLICATE_KEY),
-        (pymysql.err.IntegrityError(1048, "Column cannot be null"), C.OTHER),
-        (pymysql.err.IntegrityError(1452, "Foreign key fails"), C.OTHER),
-        (pymysql.err.ProgrammingError(1064, "Syntax error"), C.OTHER),
-        (pymysql.err.InterfaceError("no code"), C.OTHER),
-    ],
-    ids=lambda v: str(v.args[0]) if isinstance(v, Exception) else v.name,
-)
-def test_mysql_family_error_codes(error: Exception, expected: DbErrorClass) -> None:
-    assert classify_db_error(error) is expected
-    wrapped = sa_exc.OperationalError("SELECT 1", {}, error)
-    assert classify_db_error(wrapped) is expected
+#: (error class name, args, expected class) of the MySQL protocol: the same for PyMySQL
+#: (and aiomysql, which re-exports its classes) and asyncmy, the two supported drivers.
+_MYSQL_CASES = [
+    ("OperationalError", (1213, "Deadlock found"), C.RETRYABLE_CONFLICT),
+    ("OperationalError", (1020, "Record has changed"), C.RETRYABLE_CONFLICT),
+    ("OperationalError", (9007, "Write conflict"), C.RETRYABLE_CONFLICT),
+    ("OperationalError", (8002, "SELECT FOR UPDATE conflict"), C.RETRYABLE_CONFLICT),
+    ("OperationalError", (8005, "Write conflict, txn retry"), C.RETRYABLE_CONFLICT),
+    ("OperationalError", (8028, "Information schema changed"), C.RETRYABLE_CONFLICT),
+    ("OperationalError", (1205, "Lock wait timeout"), C.LOCK_WAIT_TIMEOUT),
+    ("OperationalError", (3572, "NOWAIT lock"), C.LOCK_WAIT_TIMEOUT),
+    ("OperationalError", (2006, "Server has gone away"), C.OUTCOME_UNKNOWN),
+    ("OperationalError", (2013, "Lost connection"), C.OUTCOME_UNKNOWN),
+    ("OperationalError", (1927, "Connection was killed"), C.OUTCOME_UNKNOWN),
+    ("IntegrityError", (1062, "Duplicate entry"), C.DUPLICATE_KEY),
+    ("IntegrityError", (1048, "Column cannot be null"), C.OTHER),
+    ("IntegrityError", (1452, "Foreign key fails"), C.OTHER),
+    ("ProgrammingError", (1064, "Syntax error"), C.OTHER),
+    ("InterfaceError", ("no code",), C.OTHER),
+]
+_DRIVER_ERRORS = {"pymysql": pymysql.err, "asyncmy": asyncmy.errors}
 
 
+@pytest.mark.parametrize("driver", sorted(_DRIVER_ERRORS))
 @pytest.mark.parametrize(
-    ("error", "expected"),
-    [
-        (asyncmy.errors.OperationalError(1213, "Deadlock found"), C.RETRYABLE_CONFLICT),
-        (asyncmy.errors.OperationalError(1205, "Lock wait timeout"), C.LOCK_WAIT_TIMEOUT),
-        (asyncmy.errors.OperationalError(2013, "Lost connection"), C.OUTCOME_UNKNOWN),
-        (asyncmy.errors.OperationalError(1927, "Connection was killed"), C.OUTCOME_UNKNOWN),
-        (asyncmy.errors.IntegrityError(1062, "Duplicate entry"), C.DUPLICATE_KEY),
-        (asyncmy.errors.IntegrityError(1048, "Column cannot be null"), C.OTHER),
-        (asyncmy.errors.ProgrammingError(1064, "Syntax error"), C.OTHER),
-        (asyncmy.errors.InterfaceError("no code"), C.OTHER),
-    ],
-    ids=lambda v: str(v.args[0]) if isinstance(v, Exception) else v.name,
+    ("cls", "args", "expected"), _MYSQL_CASES, ids=[str(c[1][0]) for c in _MYSQL_CASES]
 )
-def test_asyncmy_error_codes_classify_like_pymysql(
-    error: Exception, expected: DbErrorClass
+def test_mysql_family_error_codes(
+    driver: str, cls: str, args: tuple[object, ...], expected: DbErrorClass
 ) -> None:
-    """The default MariaDB driver's errors carry the same (errno, message) arguments."""
+    error = getattr(_DRIVER_ERRORS[driver], cls)(*args)
     assert classify_db_error(error) is expected
     wrapped = sa_exc.OperationalError("SELECT 1", {}, error)
     assert classify_db_error(wrapped) is expected
