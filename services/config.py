@@ -655,9 +655,8 @@ def load_config(service: ServiceName, env: Mapping[str, str] | None = None) -> S
     db_var = _DB_VARS[service]
     db_url = _expand(_get(e, db_var), data_dir)
     if not db_url.startswith(_DB_URL_PREFIXES):
-        raise ConfigError(
-            f"{db_var} must be a sqlite+aiosqlite://, mysql+asyncmy:// or mysql+aiomysql:// URL"
-        )
+        *others, last = _DB_URL_PREFIXES
+        raise ConfigError(f"{db_var} must be a {', '.join(others)} or {last} URL")
 
     def _opt_path(name: str) -> Path | None:
         raw = _get(e, name)

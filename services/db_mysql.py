@@ -73,7 +73,8 @@ class _ResetAware:
     #: ``__dict__`` — one per pooled connection).
     ended: bool
 
-    def _mark_new(self) -> None:
+    def __init__(self, dbapi: Any, connection: Any) -> None:
+        super().__init__(dbapi, connection)  # type: ignore[call-arg]
         self.ended = False
 
     def cursor(self, server_side: bool = False) -> AsyncAdapt_dbapi_cursor:
@@ -93,31 +94,31 @@ class _ResetAware:
 
 
 class _ResetAwareAiomysqlConnection(_ResetAware, AsyncAdapt_aiomysql_connection):
-    def __init__(self, dbapi: Any, connection: Any) -> None:
-        super().__init__(dbapi, connection)
-        self._mark_new()
+    pass
 
 
 class _ResetAwareAsyncmyConnection(_ResetAware, AsyncAdapt_asyncmy_connection):
-    def __init__(self, dbapi: Any, connection: Any) -> None:
-        super().__init__(dbapi, connection)
-        self._mark_new()
+    pass
 
 
-class _ResetAwareAiomysqlDbapi(AsyncAdapt_aiomysql_dbapi):
-    """SQLAlchemy's ``aiomysql`` DBAPI shim whose connections are reset-aware."""
+class _ResetAwareDbapi:
+    """SQLAlchemy's DBAPI shim of a driver (mixed in front of it) whose connections are
+    its reset-aware adapter ``_connection``."""
 
-    def connect(self, *arg: Any, **kw: Any) -> AsyncAdapt_aiomysql_connection:
-        creator_fn = kw.pop("async_creator_fn", self.aiomysql.connect)
-        return await_(_ResetAwareAiomysqlConnection.create(self, creator_fn(*arg, **kw)))
+    _connection: Any
+    driver: Any  # the driver module (SQLAlchemy's AsyncAdapt_dbapi_module sets it)
+
+    def connect(self, *arg: Any, **kw: Any) -> Any:
+        creator_fn = kw.pop("async_creator_fn", self.driver.connect)
+        return await_(self._connection.create(self, creator_fn(*arg, **kw)))
 
 
-class _ResetAwareAsyncmyDbapi(AsyncAdapt_asyncmy_dbapi):
-    """SQLAlchemy's ``asyncmy`` DBAPI shim whose connections are reset-aware."""
+class _ResetAwareAiomysqlDbapi(_ResetAwareDbapi, AsyncAdapt_aiomysql_dbapi):
+    _connection = _ResetAwareAiomysqlConnection
 
-    def connect(self, *arg: Any, **kw: Any) -> AsyncAdapt_asyncmy_connection:
-        creator_fn = kw.pop("async_creator_fn", self.asyncmy.connect)
-        return await_(_ResetAwareAsyncmyConnection.create(self, creator_fn(*arg, **kw)))
+
+class _ResetAwareAsyncmyDbapi(_ResetAwareDbapi, AsyncAdapt_asyncmy_dbapi):
+    _connection = _ResetAwareAsyncmyConnection
 
 
 def reset_aware_dbapi(driver: str = "asyncmy") -> Any:
