@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 
 from services import migrate
 
-__all__ = ["BACKENDS", "mariadb_database", "module_database"]
+__all__ = ["BACKENDS", "admin_connection", "mariadb_database", "module_database"]
 
 #: ``params``/``ids`` of a fixture parametrized over the two backends.
 BACKENDS = {
@@ -25,7 +25,8 @@ BACKENDS = {
 }
 
 
-def _admin(server_url: str) -> pymysql.connections.Connection:  # type: ignore[type-arg]
+def admin_connection(server_url: str) -> pymysql.connections.Connection:  # type: ignore[type-arg]
+    """An autocommit PyMySQL connection to the server of ``server_url`` (any database)."""
     server = make_url(server_url)
     return pymysql.connect(
         host=server.host or "127.0.0.1",
@@ -42,7 +43,7 @@ def mariadb_database(server_url: str, prefix: str = "flow_test") -> Iterator[str
     """A new, empty database on the MariaDB server (binary collation); its URL for the
     block, dropped afterwards."""
     name = f"{prefix}_{uuid.uuid4().hex[:16]}"
-    admin = _admin(server_url)
+    admin = admin_connection(server_url)
     try:
         with admin.cursor() as cursor:
             cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pymysql
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -17,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services import db
 from services.db_mysql import DRIVERS
+from tests.support.databases import admin_connection
 
 pytestmark = pytest.mark.mariadb
 
@@ -48,17 +48,11 @@ class _ServerRollbacks:
     connection sends none)."""
 
     def __init__(self, url: str) -> None:
-        self._url = make_url(url)
+        self._url = url
         self._base = self._read()
 
     def _read(self) -> int:
-        conn = pymysql.connect(
-            host=self._url.host or "127.0.0.1",
-            port=self._url.port or 3306,
-            user=self._url.username or "root",
-            password=self._url.password or "",
-            autocommit=True,
-        )
+        conn = admin_connection(self._url)
         try:
             with conn.cursor() as cur:
                 cur.execute("SHOW GLOBAL STATUS LIKE 'Com_rollback'")
