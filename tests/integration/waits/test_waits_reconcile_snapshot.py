@@ -11,7 +11,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event as sa_event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import runtime_svc.waits.resolution as resolution
@@ -22,6 +21,7 @@ from runtime_svc.kernel.wait_model import DependencyState
 from runtime_svc.waits.evidence import validate_submission
 from services import db
 from tests.integration.waits.support import World, approval, signal_flow
+from tests.support.statements import watched_statements
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch, module: Any = resolution) -> list[bool]:
@@ -77,18 +77,11 @@ async def test_reconcile_of_a_signal_wait_nothing_notified_reads_two_rows_only(
     run = await world.start("wait_signal", key="quiet")
     await world.drive(run.flow_run_id)
     dep = await world.dependency(run.flow_run_id)
-    statements: list[str] = []
-
-    def seen(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
-        if not statement.startswith("BEGIN"):  # SQLite's own transaction start
-            statements.append(statement.split()[0].upper())
-
-    sa_event.listen(world.engine.sync_engine, "before_cursor_execute", seen)
-    try:
-        opened = _counting(monkeypatch)
+    opened = _counting(monkeypatch)
+    with watched_statements(world.engine) as seen:
         result = await world.rt.matcher.reconcile(world.org, dep.dependency_id)
-    finally:
-        sa_event.remove(world.engine.sync_engine, "before_cursor_execute", seen)
+    # SQLite's own BEGIN aside, the verb of each statement.
+    statements = [s.split()[0].upper() for s in seen if not s.startswith("BEGIN")]
     assert isinstance(result, NoChange) and result.reason == "no_signal"
     assert opened == [True]
     assert statements == ["SELECT", "SELECT"]  # the dependency, the key's signals
