@@ -33,9 +33,9 @@ import functools
 import logging
 import random
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
@@ -284,6 +284,8 @@ class DialectStrategy(abc.ABC):
     now_sql: str = ""
     #: Whether DDL takes part in transactions (a whole migration commits or not at all).
     transactional_ddl: bool = False
+    #: Whether one ``UPDATE`` may write rows of several tables (:func:`fenced_updates`).
+    multi_table_update: bool = False
 
     @abc.abstractmethod
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
@@ -362,6 +364,8 @@ class _MySqlStrategy(DialectStrategy):
     drivers = frozenset(f"{b}+{d}" for b in ("mysql", "mariadb") for d in MYSQL_DRIVERS)
     # UTC_TIMESTAMP, not CURRENT_TIMESTAMP: the latter is in the session time zone.
     now_sql = "SELECT UTC_TIMESTAMP(6)"
+    # UPDATE t1, t2 SET … WHERE …: the same syntax on MariaDB, MySQL and TiDB.
+    multi_table_update = True
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         return {
@@ -684,11 +688,68 @@ class SwitchOnNull:
 
 #: :func:`fenced_update` statements by shape, built once (bounded by the code's shapes).
 _FENCED: dict[tuple[Any, ...], Any] = {}
+#: :func:`fenced_updates` statements by the tuple of their writes' shapes, built once.
+_FENCED_TOGETHER: dict[tuple[tuple[Any, ...], ...], Any] = {}
 #: The default of :func:`fenced_update`'s optional comparison mappings.
 _NOTHING: Mapping[str, Any] = MappingProxyType({})
 
 
-def _fenced_statement(
+@dataclass(frozen=True)
+class FencedWrite:
+    """One :func:`fenced_update` given as data (its arguments, same meaning), so that
+    :func:`fenced_updates` can write several in one statement."""
+
+    table: Table
+    org_id: str
+    key: Mapping[str, Any]
+    expected_version: int
+    values: Mapping[str, Any]
+    equal: Mapping[str, Any]
+    at_most: Mapping[str, Any] = field(default_factory=lambda: _NOTHING)
+    less_than: Mapping[str, Any] = field(default_factory=lambda: _NOTHING)
+    version_column: str = "state_version"
+
+    def shape(self) -> tuple[Any, ...]:
+        """What the statement depends on (table, key, set columns, compared columns,
+        which comparisons are IS NULL) — not the values, which are bound parameters."""
+        return (
+            self.table,
+            tuple(self.key),
+            self.version_column,
+            tuple(
+                (n, v.column if isinstance(v, SwitchOnNull) else None)
+                for n, v in self.values.items()
+            ),
+            tuple((n, v is None) for n, v in self.equal.items()),
+            tuple(self.at_most),
+            tuple(self.less_than),
+        )
+
+    def params(self, prefix: str = "") -> dict[str, Any]:
+        """The bound parameters of :meth:`shape`'s statement, names ``prefix``-ed."""
+        params: dict[str, Any] = {
+            f"{prefix}k_org": self.org_id,
+            f"{prefix}k_version": self.expected_version,
+        }
+        for name, value in self.key.items():
+            params[f"{prefix}k_{name}"] = value
+        for name, value in self.values.items():
+            if isinstance(value, SwitchOnNull):
+                params[f"{prefix}v_{name}"] = value.otherwise
+                params[f"{prefix}w_{name}"] = value.if_not_null
+            else:
+                params[f"{prefix}v_{name}"] = value
+        for name, value in self.equal.items():
+            if value is not None:
+                params[f"{prefix}p_{name}"] = value
+        for name, value in self.at_most.items():
+            params[f"{prefix}le_{name}"] = value
+        for name, value in self.less_than.items():
+            params[f"{prefix}lt_{name}"] = value
+        return params
+
+
+def _fenced_clauses(
     table: Table,
     key: tuple[str, ...],
     version_column: str,
@@ -696,7 +757,11 @@ def _fenced_statement(
     equal: tuple[tuple[str, bool], ...],
     at_most: tuple[str, ...] = (),
     less_than: tuple[str, ...] = (),
-) -> Any:
+    *,
+    prefix: str = "",
+) -> tuple[list[Any], dict[Any, Any]]:
+    """The WHERE predicates and SET values of one fenced UPDATE of ``table``, with bound
+    parameters named ``prefix`` + their :meth:`FencedWrite.params` names."""
     identity = frozenset({"org_id", *key})
     if identity not in set(_unique_keys(table)):
         raise ValueError(f"{sorted(identity)} is not a unique key of {table.name}")
@@ -704,25 +769,47 @@ def _fenced_statement(
     if touched:
         raise ValueError(f"fenced_update may not set {sorted(touched)} on {table.name}")
     c = table.c
-    where = [c.org_id == bindparam("k_org", type_=c.org_id.type)]
-    where += [c[name] == bindparam(f"k_{name}", type_=c[name].type) for name in key]
+
+    def bound(name: str, column: str) -> Any:
+        return bindparam(f"{prefix}{name}", type_=c[column].type)
+
+    where = [c.org_id == bound("k_org", "org_id")]
+    where += [c[name] == bound(f"k_{name}", name) for name in key]
     version = c[version_column]
-    where.append(version == bindparam("k_version", type_=version.type))
+    where.append(version == bound("k_version", version_column))
     for name, is_null in equal:
-        where.append(
-            c[name].is_(None) if is_null else c[name] == bindparam(f"p_{name}", type_=c[name].type)
-        )
-    where += [c[name] <= bindparam(f"le_{name}", type_=c[name].type) for name in at_most]
-    where += [c[name] < bindparam(f"lt_{name}", type_=c[name].type) for name in less_than]
-    sets: dict[Any, Any] = {version_column: version + 1}
+        where.append(c[name].is_(None) if is_null else c[name] == bound(f"p_{name}", name))
+    where += [c[name] <= bound(f"le_{name}", name) for name in at_most]
+    where += [c[name] < bound(f"lt_{name}", name) for name in less_than]
+    sets: dict[Any, Any] = {version: version + 1}
     for name, switch in values:
-        plain = bindparam(f"v_{name}", type_=c[name].type)
+        plain = bound(f"v_{name}", name)
         if switch is None:
-            sets[name] = plain
+            sets[c[name]] = plain
         else:
-            chosen = bindparam(f"w_{name}", type_=c[name].type)
-            sets[name] = case((c[switch].is_not(None), chosen), else_=plain)
-    return update(table).where(*where).values(sets)
+            sets[c[name]] = case((c[switch].is_not(None), bound(f"w_{name}", name)), else_=plain)
+    return where, sets
+
+
+def _fenced_statement(*shape: Any) -> Any:
+    where, sets = _fenced_clauses(*shape)
+    return update(shape[0]).where(*where).values(sets)
+
+
+def _fenced_together_statement(shapes: tuple[tuple[Any, ...], ...]) -> Any:
+    """One multi-table ``UPDATE`` carrying every shape's predicates and values
+    (parameters prefixed ``u<i>_``); the tables are related by their (equal) ``org_id``
+    only — each row is named by its own key, as in its single-table statement."""
+    first: Table = shapes[0][0]
+    where: list[Any] = []
+    sets: dict[Any, Any] = {}
+    for i, shape in enumerate(shapes):
+        w, s = _fenced_clauses(*shape, prefix=f"u{i}_")
+        where += w
+        sets.update(s)
+        if i:
+            where.append(shape[0].c.org_id == first.c.org_id)
+    return update(first).where(*where).values(sets)
 
 
 async def fenced_update(
@@ -755,38 +842,80 @@ async def fenced_update(
         ValueError: ``key`` is not a unique key with ``org_id``, or ``values`` touches the
             version or identity columns.
     """
-    shape = (
-        table,
-        tuple(key),
-        version_column,
-        tuple((n, v.column if isinstance(v, SwitchOnNull) else None) for n, v in values.items()),
-        tuple((n, v is None) for n, v in equal.items()),
-        tuple(at_most),
-        tuple(less_than),
+    write = FencedWrite(
+        table, org_id, key, expected_version, values, equal, at_most, less_than, version_column
     )
+    return await _fenced_one(conn, write)
+
+
+async def _fenced_one(conn: AsyncConnection, write: FencedWrite) -> int:
+    shape = write.shape()
     stmt = _FENCED.get(shape)
     if stmt is None:
         stmt = _FENCED[shape] = _fenced_statement(*shape)
-    params: dict[str, Any] = {"k_org": org_id, "k_version": expected_version}
-    for name, value in key.items():
-        params[f"k_{name}"] = value
-    for name, value in values.items():
-        if isinstance(value, SwitchOnNull):
-            params[f"v_{name}"] = value.otherwise
-            params[f"w_{name}"] = value.if_not_null
-        else:
-            params[f"v_{name}"] = value
-    for name, value in equal.items():
-        if value is not None:
-            params[f"p_{name}"] = value
-    for name, value in at_most.items():
-        params[f"le_{name}"] = value
-    for name, value in less_than.items():
-        params[f"lt_{name}"] = value
-    result = await conn.execute(stmt, params)
+    result = await conn.execute(stmt, write.params())
     if result.rowcount == 1:
-        return expected_version + 1
-    raise await _fence_lost(conn, table, org_id, key, expected_version, version_column)
+        return write.expected_version + 1
+    raise await _fence_lost(
+        conn, write.table, write.org_id, write.key, write.expected_version, write.version_column
+    )
+
+
+def _writable_together(writes: Sequence[FencedWrite]) -> bool:
+    """Whether ``writes`` can be one multi-table statement with the same meaning: distinct
+    tables of one org, and no value chosen on a column the same write sets (a
+    multi-table ``UPDATE`` assigns in no defined order)."""
+    if len({w.table for w in writes}) != len(writes) or len({w.org_id for w in writes}) != 1:
+        return False
+    for w in writes:
+        switches = {v.column for v in w.values.values() if isinstance(v, SwitchOnNull)}
+        if switches.intersection(w.values):
+            return False
+    return True
+
+
+async def fenced_updates(conn: AsyncConnection, writes: Sequence[FencedWrite]) -> list[int]:
+    """:func:`fenced_update` of each of ``writes``, in order — as **one** multi-table
+    ``UPDATE`` where the backend has one (:attr:`DialectStrategy.multi_table_update`:
+    MariaDB, MySQL, TiDB), sequential statements elsewhere (SQLite).
+
+    The caller must already hold every row's lock in this transaction (its fenced lock
+    read, ``FOR UPDATE`` in §13.1 order): a multi-table ``UPDATE`` locks rows in the
+    optimizer's order, which is not the lock order the sequential UPDATEs would keep.
+    The decision is the row count, as for one write: the statement carries every write's
+    predicates, so it matches all rows (count = number of writes) or none. None matched:
+    nothing was written, and the writes run again one by one — the first whose fence is
+    lost raises exactly the error :func:`fenced_update` raises (diagnostics included).
+
+    Returns:
+        Each write's new version.
+
+    Raises:
+        FenceLostError: a write's row did not match (as :func:`fenced_update`).
+        RuntimeError: the statement matched some rows and not others (a backend that
+            counts rows otherwise; the caller's transaction must roll back).
+    """
+    if (
+        len(writes) < 2
+        or not strategy_for(conn.dialect).multi_table_update
+        or not _writable_together(writes)
+    ):
+        return [await _fenced_one(conn, w) for w in writes]
+    shapes = tuple(w.shape() for w in writes)
+    stmt = _FENCED_TOGETHER.get(shapes)
+    if stmt is None:
+        stmt = _FENCED_TOGETHER[shapes] = _fenced_together_statement(shapes)
+    params: dict[str, Any] = {}
+    for i, write in enumerate(writes):
+        params.update(write.params(f"u{i}_"))
+    result = await conn.execute(stmt, params)
+    if result.rowcount == len(writes):
+        return [w.expected_version + 1 for w in writes]
+    if result.rowcount:
+        raise RuntimeError(
+            f"a multi-table fenced UPDATE matched {result.rowcount} of {len(writes)} rows"
+        )
+    return [await _fenced_one(conn, w) for w in writes]
 
 
 async def insert_if_absent(conn: AsyncConnection, table: Table, values: Mapping[str, Any]) -> bool:

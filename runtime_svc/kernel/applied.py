@@ -55,7 +55,7 @@ def projected_step_state(transition: Transition) -> StepState | None:
 def applied_run(
     root: RunRecord, patch: RunPatch, step_state: StepState | None, now: datetime
 ) -> RunRecord:
-    """``root`` after ``patch`` was applied at ``now`` (``store_rows._apply_run``)."""
+    """``root`` after ``patch`` was applied at ``now`` (``store_rows._run_write``)."""
     paused = root.operator_paused_at is not None and patch.to_state in ACTIVE_RUN_STATES
     return dataclasses.replace(
         root,
@@ -68,7 +68,7 @@ def applied_run(
 
 
 def applied_step(step: StepRecord, patch: StepPatch, now: datetime) -> StepRecord:
-    """``step`` after ``patch`` was applied at ``now`` (``store_rows._apply_step``)."""
+    """``step`` after ``patch`` was applied at ``now`` (``store_rows._step_write``)."""
     return dataclasses.replace(
         step,
         **patch_changes(patch),

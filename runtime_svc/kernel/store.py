@@ -484,7 +484,7 @@ class FlowRunStateStore:
         if isinstance(decision, NotEligible):
             return decision
         if isinstance(decision, RetryExhausted) or not running:
-            await apply_transition(conn, org_id, decision.transition, now)
+            await apply_transition(conn, org_id, decision.transition, now, rows_locked=True)
             if isinstance(decision, RetryExhausted):
                 return NotEligible("attempt_budget_spent")
             return decision.fence(org_id, root.flow_run_id, step, request, token), (
@@ -772,7 +772,7 @@ class FlowRunStateStore:
                 conn, org_id, root, transition, now, continue_as
             )
         if continued is None:
-            await apply_transition(conn, org_id, transition, now)
+            await apply_transition(conn, org_id, transition, now, rows_locked=True)
         # Continued: the root and next step were written as the continuation left them
         # (the fence carries what a caller needs); otherwise as the commit left them.
         written = continued is None
@@ -860,7 +860,7 @@ class FlowRunStateStore:
             if isinstance(decision, FenceLost):
                 raise fence_error(decision)
             if not isinstance(decision, CancelWon):
-                await apply_transition(conn, org_id, decision.transition, now)
+                await apply_transition(conn, org_id, decision.transition, now, rows_locked=True)
             return decision
 
         return await self._run(fn)
@@ -883,7 +883,7 @@ class FlowRunStateStore:
             if isinstance(decision, FenceLost):
                 raise fence_error(decision)
             if isinstance(decision, Quarantined):
-                await apply_transition(conn, org_id, decision.transition, now)
+                await apply_transition(conn, org_id, decision.transition, now, rows_locked=True)
             return decision
 
         return await self._run(fn)
@@ -927,7 +927,7 @@ class FlowRunStateStore:
             prior = await count_fenced_attempts(conn, org_id, step_execution_id)
             decision = decide_recovery(root, step, attempt, now, self.policy, prior)
             if not isinstance(decision, NoChange):
-                await apply_transition(conn, org_id, decision.transition, now)
+                await apply_transition(conn, org_id, decision.transition, now, rows_locked=True)
             return decision
 
         return await self._run(fn)
@@ -998,7 +998,7 @@ class FlowRunStateStore:
         decision = decide_cancel(root, step, attempt, now, delete=delete)
         if not isinstance(decision, NoChange):
             try:
-                await apply_transition(conn, org_id, decision.transition, now)
+                await apply_transition(conn, org_id, decision.transition, now, rows_locked=True)
             except FenceLostError as exc:
                 if expected is None:
                     raise
@@ -1037,7 +1037,7 @@ class FlowRunStateStore:
                     cause = CAUSE_CANCELLED_AFTER_EFFECT
             decision = decide_cancel_cleanup(root, step, attempt, now, cause=cause)
             if isinstance(decision, CancelCompleted):
-                await apply_transition(conn, org_id, decision.transition, now)
+                await apply_transition(conn, org_id, decision.transition, now, rows_locked=True)
             return decision
 
         return await self._run(fn)
@@ -1054,7 +1054,7 @@ class FlowRunStateStore:
             return NoChange("no_current_step")
         decision = decide_resolve_wait(root, step, now)
         if isinstance(decision, WaitResolved):
-            await apply_transition(conn, org_id, decision.transition, now)
+            await apply_transition(conn, org_id, decision.transition, now, rows_locked=True)
         return decision
 
     async def expire_wait_txn(
@@ -1067,7 +1067,7 @@ class FlowRunStateStore:
             return NoChange("no_current_step")
         decision = decide_wait_expired(root, step, now, quarantine=quarantine)
         if isinstance(decision, WaitExpired):
-            await apply_transition(conn, org_id, decision.transition, now)
+            await apply_transition(conn, org_id, decision.transition, now, rows_locked=True)
         return decision
 
     # --- reads ---------------------------------------------------------------------------
@@ -1203,5 +1203,5 @@ async def _start_running_rows(
     decision = decide_start_running(root, step, attempt, fence, now)
     if isinstance(decision, FenceLost):
         raise fence_error(decision)
-    await apply_transition(conn, org_id, decision.transition, now)
+    await apply_transition(conn, org_id, decision.transition, now, rows_locked=True)
     return dataclasses.replace(fence, step_state_version=decision.step_state_version)

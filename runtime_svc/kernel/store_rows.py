@@ -69,7 +69,14 @@ from runtime_svc.schema import (
     flow_step_attempts,
     flow_step_executions,
 )
-from services.db import SwitchOnNull, fenced_update, insert_if_absent, now_column, remember_now
+from services.db import (
+    FencedWrite,
+    SwitchOnNull,
+    fenced_updates,
+    insert_if_absent,
+    now_column,
+    remember_now,
+)
 from services.digest import digest_bytes
 from services.errors import ConflictError, FenceLostError, InvalidArgumentError, NotFoundError
 from services.invariants import InvariantError
@@ -378,14 +385,13 @@ def _coded(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def _apply_run(
-    conn: AsyncConnection,
+def _run_write(
     org_id: str,
     patch: RunPatch,
     step_state: StepState | None,
     now: datetime,
     then: RunPatch | None = None,
-) -> int:
+) -> FencedWrite:
     """``patch`` as one conditional UPDATE; with ``then`` (a patch decided on the row
     ``patch`` leaves, same epoch), both in the same UPDATE: ``patch``'s predicates plus
     ``then``'s liveness/pause predicates, the values of both, ``then``'s target state —
@@ -416,8 +422,7 @@ async def _apply_run(
         equal["current_step_execution_id"] = patch.expect_current_step
     if patch.require_not_paused or (then is not None and then.require_not_paused):
         equal["operator_paused_at"] = None
-    return await fenced_update(
-        conn,
+    return FencedWrite(
         flow_runs,
         org_id=org_id,
         key={"flow_run_id": patch.flow_run_id},
@@ -427,13 +432,12 @@ async def _apply_run(
     )
 
 
-async def _apply_step(
-    conn: AsyncConnection,
+def _step_write(
     org_id: str,
     patch: StepPatch,
     now: datetime,
     then: StepPatch | None = None,
-) -> int:
+) -> FencedWrite:
     """``patch`` as one conditional UPDATE; with ``then`` (a patch decided on the row
     ``patch`` leaves), both in the same UPDATE: ``patch``'s predicates, the values of
     both, ``then``'s target state — one version step (:func:`apply_claim_running`)."""
@@ -451,8 +455,7 @@ async def _apply_step(
     }
     if patch.expect_input_checkpoint_id is not None:
         equal["input_checkpoint_id"] = patch.expect_input_checkpoint_id
-    return await fenced_update(
-        conn,
+    return FencedWrite(
         flow_step_executions,
         org_id=org_id,
         key={"step_execution_id": patch.step_execution_id},
@@ -462,7 +465,7 @@ async def _apply_step(
     )
 
 
-async def _apply_attempt(conn: AsyncConnection, org_id: str, patch: AttemptPatch) -> int:
+def _attempt_write(org_id: str, patch: AttemptPatch) -> FencedWrite:
     values = _coded(patch_changes(patch))
     values["transaction_outcome"] = patch.to_state.code
     equal: dict[str, Any] = {
@@ -472,8 +475,7 @@ async def _apply_attempt(conn: AsyncConnection, org_id: str, patch: AttemptPatch
     }
     if patch.expect_root_state_version_at_claim is not None:
         equal["root_state_version_at_claim"] = patch.expect_root_state_version_at_claim
-    return await fenced_update(
-        conn,
+    return FencedWrite(
         flow_step_attempts,
         org_id=org_id,
         key={"attempt_id": patch.attempt_id},
@@ -485,21 +487,39 @@ async def _apply_attempt(conn: AsyncConnection, org_id: str, patch: AttemptPatch
 
 
 async def apply_transition(
-    conn: AsyncConnection, org_id: str, transition: Transition, now: datetime
+    conn: AsyncConnection,
+    org_id: str,
+    transition: Transition,
+    now: datetime,
+    *,
+    rows_locked: bool = False,
 ) -> None:
     """Apply ``transition`` in §12 order: root, step, attempt CAS, then inserts.
+
+    ``rows_locked``: this transaction already holds the lock of every row the
+    transition patches (its fenced lock read: :func:`lock_fenced`,
+    :func:`lock_run_and_step`), so the conditional UPDATEs may be one statement where
+    the backend has multi-table UPDATE (:func:`services.db.fenced_updates`: the same
+    predicates, all rows or none). Without it each UPDATE is its own statement, in
+    root → step → attempt order, and takes its row's lock in that order.
 
     Raises:
         FenceLostError: any conditional UPDATE matched no row (the caller's transaction
             must roll back; everything it wrote goes with it).
     """
+    writes: list[FencedWrite] = []
     if transition.run is not None:
         projected = projected_step_state(transition)
-        await _apply_run(conn, org_id, transition.run, projected, now)
+        writes.append(_run_write(org_id, transition.run, projected, now))
     if transition.step is not None:
-        await _apply_step(conn, org_id, transition.step, now)
+        writes.append(_step_write(org_id, transition.step, now))
     if transition.attempt is not None:
-        await _apply_attempt(conn, org_id, transition.attempt)
+        writes.append(_attempt_write(org_id, transition.attempt))
+    if rows_locked:
+        await fenced_updates(conn, writes)
+    else:
+        for write in writes:
+            await fenced_updates(conn, (write,))
     if transition.new_attempt is not None:
         await insert_attempt(conn, org_id, transition.new_attempt)
     if transition.new_step is not None:
@@ -521,7 +541,10 @@ async def apply_claim_running(
     the step UPDATE carries the claim's predicates (version, ``Pending``/``Runnable``
     state, epoch, no lease token) and sets the claim's lease *and* ``Running``, moving
     the version by one. Nothing is weaker than the two UPDATEs it replaces: the second
-    compared only what the first had just written under the root lock.
+    compared only what the first had just written under the root lock. The caller holds
+    the root and step locks (its claim read, or the rows its transaction wrote), so the
+    root and step UPDATEs are one statement where the backend allows
+    (:func:`services.db.fenced_updates`).
 
     Raises:
         FenceLostError: an UPDATE matched no row (the transaction must roll back).
@@ -537,8 +560,13 @@ async def apply_claim_running(
         step.to_state
     ):
         raise InvariantError("the running patch does not continue the claim's step patch")
-    await _apply_run(conn, org_id, claim.run, projected_step_state(claim), now)
-    await _apply_step(conn, org_id, step, now, then=running)
+    await fenced_updates(
+        conn,
+        (
+            _run_write(org_id, claim.run, projected_step_state(claim), now),
+            _step_write(org_id, step, now, then=running),
+        ),
+    )
     await insert_attempt(conn, org_id, claim.new_attempt)
 
 
@@ -559,7 +587,9 @@ async def apply_commit_continued(
     ``Running`` on the new step (one version step); the old step and attempt UPDATEs
     of the commit; the new step INSERTed already claimed and ``Running``; the new
     attempt INSERTed. Every UPDATE is conditional as before; the claim's own
-    predicates on the new step compared only the row this INSERT makes.
+    predicates on the new step compared only the row this INSERT makes. The commit's
+    lock read holds root, step and attempt, so their UPDATEs are one statement where
+    the backend allows (:func:`services.db.fenced_updates`).
 
     Raises:
         FenceLostError: an UPDATE matched no row (the transaction must roll back).
@@ -571,13 +601,14 @@ async def apply_commit_continued(
         raise InvariantError("a continued commit advances the root to a step it inserts")
     if claim.new_attempt is None or claim.attempt is not None or claim.new_step is not None:
         raise InvariantError("a claim transition adds exactly one attempt")
-    await _apply_run(conn, org_id, commit.run, running.to_state, now, then=claim.run)
-    if commit.step is not None:
-        await _apply_step(conn, org_id, commit.step, now)
-    if commit.attempt is not None:
-        await _apply_attempt(conn, org_id, commit.attempt)
     if commit.new_attempt is not None:
         raise InvariantError("a commit adds no attempt")
+    writes = [_run_write(org_id, commit.run, running.to_state, now, then=claim.run)]
+    if commit.step is not None:
+        writes.append(_step_write(org_id, commit.step, now))
+    if commit.attempt is not None:
+        writes.append(_attempt_write(org_id, commit.attempt))
+    await fenced_updates(conn, writes)
     await insert_step(conn, org_id, new_step, now, claimed=(step, running))
     await insert_attempt(conn, org_id, claim.new_attempt)
 
@@ -587,7 +618,7 @@ def claimed_run_values(
 ) -> dict[str, Any]:
     """The ``flow_runs`` INSERT ``values`` of a run being created, with a claim's root
     ``patch`` (decided on the row those values make) already applied — what
-    :func:`_apply_run` would leave after inserting ``values``: the patch's values, its
+    :func:`_run_write` would leave after inserting ``values``: the patch's values, its
     target state, the compatibility projection with ``step_state``, ``updated_at``, one
     version step (``docs/adr/0005``, round 7). Every predicate the UPDATE would have
     carried is checked here against the values instead; they could only compare the

@@ -300,6 +300,7 @@ async def apply_mutation_txn(
     lock_relevant = lock_relevant_relationships(view, obj)
 
     before: RecordState | None
+    sequence: int | None = None
     if mutation.kind is MutationKind.CREATE:
         if rkey not in locks.pending_creates or current is None:
             if current is not None:
@@ -337,16 +338,33 @@ async def apply_mutation_txn(
             current.version if mutation.expected_version is None else mutation.expected_version
         )
         encoded = store.fields_json(after.fields)
-        try:
-            version = await store.update_record_txn(
-                conn, org_id, after, expected, lock_relevant, encoded_fields=encoded
-            )
-        except FenceLostError as exc:
-            raise StaleVersionError(obj, rid, expected, exc.found_version) from exc
+        hkey = history_key(obj, rid)
+        last = locks.history.get(hkey)
+        if last is not None and await store.update_record_advancing_history_txn(
+            conn,
+            org_id,
+            after,
+            expected,
+            lock_relevant,
+            encoded_fields=encoded,
+            last_sequence=last,
+            now=locks.now,
+        ):
+            # One statement wrote both (a multi-table UPDATE; both rows held).
+            version, sequence = expected + 1, last + 1
+            locks.history[hkey] = sequence
+        else:
+            try:
+                version = await store.update_record_txn(
+                    conn, org_id, after, expected, lock_relevant, encoded_fields=encoded
+                )
+            except FenceLostError as exc:
+                raise StaleVersionError(obj, rid, expected, exc.found_version) from exc
         after = replace(after, version=version)
         locks.rows[rkey] = after
 
-    sequence = await _reserve_history(conn, org_id, mutation, locks)
+    if sequence is None:
+        sequence = await _reserve_history(conn, org_id, mutation, locks)
     changed = _changed(mutation, before, after)
     lineage = lineage or Lineage()
     event_id, audit_id = f"evt_{uuid.uuid4().hex}", f"aud_{uuid.uuid4().hex}"

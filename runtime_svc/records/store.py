@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records.model import ParentRef, RecordState
 from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
-from services.db import insert_prepared, now_column, remember_now
+from services.db import insert_prepared, now_column, remember_now, strategy_for
 from services.digest import canonical_json
 from services.errors import FenceLostError
 
@@ -48,6 +48,7 @@ __all__ = [
     "lock_record_history_txn",
     "query_children_txn",
     "read_record_txn",
+    "update_record_advancing_history_txn",
     "update_record_txn",
 ]
 
@@ -129,6 +130,38 @@ _LOCK_RECORD_HISTORY = (
     )
     .where(*_RECORD_KEY)
     .with_for_update()
+)
+#: The record's fenced write and its history row's advance in one multi-table UPDATE
+#: (:func:`update_record_advancing_history_txn`): both rows' predicates, both rows' values.
+_RECORD_SET_COLUMNS = (
+    "fields",
+    "is_deleted",
+    "updated_at",
+    "parent_object_name",
+    "parent_record_id",
+    "parent_refs",
+)
+_UPDATE_RECORD_ADVANCE_HISTORY = (
+    update(records)
+    .where(
+        *_RECORD_KEY,
+        _R.record_version == bindparam("k_version"),
+        _H.org_id == _R.org_id,
+        _H.object_name == _R.object_name,
+        _H.record_id == _R.record_id,
+        _H.last_sequence == bindparam("k_last"),
+    )
+    .values(
+        {
+            _R.record_version: _R.record_version + 1,
+            **{
+                _R[name]: bindparam(f"r_{name}", type_=_R[name].type)
+                for name in _RECORD_SET_COLUMNS
+            },
+            _H.last_sequence: bindparam("k_next"),
+            _H.updated_at: bindparam("k_now", type_=_H.updated_at.type),
+        }
+    )
 )
 _INSERT_EVENT = insert(business_events)
 _INSERT_AUDIT = insert(audit_records)
@@ -322,6 +355,59 @@ async def update_record_txn(
         expected_version,
         found,
     )
+
+
+async def update_record_advancing_history_txn(
+    conn: AsyncConnection,
+    org_id: str,
+    state: RecordState,
+    expected_version: int,
+    lock_relevant: frozenset[str],
+    *,
+    encoded_fields: str,
+    last_sequence: int,
+    now: datetime,
+) -> bool:
+    """:func:`update_record_txn` and :func:`advance_history_txn` as **one** statement, on
+    a backend with multi-table UPDATE (MariaDB, MySQL, TiDB): the record's fence
+    (version) and the history row's (``last_sequence``) in one ``WHERE``, both rows'
+    values in one ``SET``. The caller holds both rows' locks (the engine's lock phase,
+    record then history), so no lock is taken in another order.
+
+    Returns:
+        ``True``: both written (record at ``expected_version + 1``, history at
+        ``last_sequence + 1``). ``False``: nothing written — another backend, or a fence
+        did not match; the caller writes them one by one, and the two statements decide
+        (and raise) exactly as they always do.
+
+    Raises:
+        RuntimeError: one row matched and not the other (a backend that counts rows
+            otherwise; the caller's transaction must roll back).
+    """
+    if not strategy_for(conn.dialect).multi_table_update:
+        return False
+    columns = {
+        "fields": encoded_fields,
+        "is_deleted": state.is_deleted,
+        "updated_at": state.updated_at,
+        **_parent_columns(state.parent_refs, lock_relevant),
+    }
+    result = await conn.execute(
+        _UPDATE_RECORD_ADVANCE_HISTORY,
+        {
+            **_key(org_id, state.object_name, state.record_id),
+            "k_version": expected_version,
+            "k_last": last_sequence,
+            "k_next": last_sequence + 1,
+            "k_now": now,
+            **{f"r_{name}": value for name, value in columns.items()},
+        },
+    )
+    if result.rowcount == 2:
+        return True
+    if result.rowcount:
+        raise RuntimeError(f"the record and history UPDATE matched {result.rowcount} of 2 rows")
+    return False
 
 
 # --- history sequence -----------------------------------------------------------------

@@ -4,6 +4,7 @@ settings, fencing, insert-if-absent, retries, the database clock and column type
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta, timezone
@@ -31,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services import db
 from services.errors import CommitOutcomeUnknownError, ConflictError, FenceLostError
+from tests.support.statements import watched_statements
 
 metadata = db.new_metadata()
 items = Table(
@@ -46,6 +48,18 @@ items = Table(
     Column("seen_at", db.UtcDateTime(), nullable=True),
     PrimaryKeyConstraint("org_id", "item_id"),
     UniqueConstraint("org_id", "external_key", name="uq_kernel_items_external_key"),
+    **db.TABLE_OPTIONS,
+)
+
+parts = Table(
+    "kernel_parts",
+    metadata,
+    Column("org_id", String(db.ID_LEN), nullable=False),
+    Column("part_id", String(db.ID_LEN), nullable=False),
+    Column("state_version", BigInteger, nullable=False),
+    Column("counter", Integer, nullable=False),
+    Column("lease_token", String(db.TOKEN_LEN), nullable=True),
+    PrimaryKeyConstraint("org_id", "part_id"),
     **db.TABLE_OPTIONS,
 )
 
@@ -283,6 +297,142 @@ async def test_fenced_update_bounds_are_part_of_the_fence(engine: AsyncEngine) -
     with pytest.raises(FenceLostError):
         await update("b", 1, at_most={"seen_at": None})  # <= NULL matches nothing
     assert [(await _get(engine, i)).state_version for i in ("a", "b")] == [1, 1]
+
+
+async def _lock_both(conn: AsyncConnection) -> None:
+    """Lock item ``a`` then part ``p`` (what a caller of fenced_updates does first)."""
+    await conn.execute(
+        select(items.c.item_id)
+        .where(items.c.org_id == ORG, items.c.item_id == "a")
+        .with_for_update()
+    )
+    await conn.execute(
+        select(parts.c.part_id)
+        .where(parts.c.org_id == ORG, parts.c.part_id == "p")
+        .with_for_update()
+    )
+
+
+def _both(item_version: int, part_version: int, **item_equal: Any) -> list[db.FencedWrite]:
+    return [
+        db.FencedWrite(
+            items,
+            org_id=ORG,
+            key={"item_id": "a"},
+            expected_version=item_version,
+            values={"counter": 5, "note": db.SwitchOnNull("lease_token", '"held"', '"free"')},
+            equal=item_equal,
+            at_most={"seen_at": datetime(2026, 1, 2, tzinfo=UTC)},
+        ),
+        db.FencedWrite(
+            parts,
+            org_id=ORG,
+            key={"part_id": "p"},
+            expected_version=part_version,
+            values={"counter": 7},
+            equal={"lease_token": None},
+        ),
+    ]
+
+
+async def _part(engine: AsyncEngine) -> Any:
+    async with db.transaction(engine, readonly=True) as conn:
+        query = select(parts).where(parts.c.org_id == ORG, parts.c.part_id == "p")
+        return (await conn.execute(query)).one()
+
+
+async def test_fenced_updates_write_every_row_in_one_statement_where_the_backend_can(
+    engine: AsyncEngine,
+) -> None:
+    await _insert(engine, _row("a", lease_token="t", seen_at=datetime(2026, 1, 1, tzinfo=UTC)))
+    async with db.transaction(engine) as conn:
+        await conn.execute(
+            insert(parts).values(org_id=ORG, part_id="p", state_version=3, counter=0)
+        )
+    together = db.strategy_for(engine.dialect).multi_table_update
+    assert together is _is_mysql_engine(engine)
+    async with db.transaction(engine) as conn:
+        await _lock_both(conn)
+        with watched_statements(engine) as seen:
+            assert await db.fenced_updates(conn, _both(0, 3, lease_token="t")) == [1, 4]
+    assert [s.split()[0] for s in seen] == ["UPDATE"] * (1 if together else 2)
+    if together:
+        assert seen[0].startswith("UPDATE kernel_items, kernel_parts SET")
+    item, part = await _get(engine, "a"), await _part(engine)
+    assert (item.state_version, item.counter, item.note, item.lease_token) == (1, 5, '"held"', "t")
+    assert (part.state_version, part.counter) == (4, 7)
+
+
+@pytest.mark.parametrize("stale", ["item", "part", "item_predicate", "part_bound"])
+async def test_fenced_updates_lost_fence_writes_nothing_and_names_the_row_that_lost(
+    engine: AsyncEngine, stale: str
+) -> None:
+    due = datetime(2026, 1, 1, tzinfo=UTC)
+    await _insert(engine, _row("a", lease_token="t", seen_at=due))
+    async with db.transaction(engine) as conn:
+        await conn.execute(
+            insert(parts).values(org_id=ORG, part_id="p", state_version=3, counter=0)
+        )
+    writes = _both(1 if stale == "item" else 0, 2 if stale == "part" else 3, lease_token="t")
+    if stale == "item_predicate":
+        writes = _both(0, 3, lease_token="t-old")
+    if stale == "part_bound":
+        writes[1] = dataclasses.replace(writes[1], at_most={"state_version": 2})
+    with pytest.raises(FenceLostError) as caught:
+        async with db.transaction(engine) as conn:
+            await _lock_both(conn)
+            await db.fenced_updates(conn, writes)
+    # The error one-by-one fenced updates raise: the first write whose fence is lost.
+    lost_part = stale.startswith("part")
+    assert caught.value.attributes["entity"] == ("kernel_parts" if lost_part else "kernel_items")
+    assert caught.value.found_version == (3 if lost_part else 0)
+    item, part = await _get(engine, "a"), await _part(engine)
+    assert (item.state_version, item.counter, part.state_version, part.counter) == (0, 0, 3, 0)
+
+
+async def test_fenced_updates_writes_one_by_one_what_one_statement_could_not_express(
+    engine: AsyncEngine,
+) -> None:
+    await _insert(engine, _row("a", lease_token="t"), _row("b"), _row("c", org_id=OTHER_ORG))
+
+    def write(item: str, org: str = ORG, **values: Any) -> db.FencedWrite:
+        return db.FencedWrite(
+            items,
+            org_id=org,
+            key={"item_id": item},
+            expected_version=0,
+            values=values or {"counter": 1},
+            equal={},
+        )
+
+    same_table = [write("a"), write("b")]
+    async with db.transaction(engine) as conn:
+        await conn.execute(
+            insert(parts).values(org_id=ORG, part_id="p", state_version=0, counter=0)
+        )
+    part = db.FencedWrite(
+        parts, org_id=ORG, key={"part_id": "p"}, expected_version=0, values={"counter": 1}, equal={}
+    )
+    two_orgs = [write("c", OTHER_ORG), part]
+    # A value chosen on a column the same write sets: a multi-table UPDATE assigns in no
+    # defined order (a single-table one in SET order), so it stays a statement of its own.
+    self_switch = [
+        dataclasses.replace(
+            write("a", lease_token=None, note=db.SwitchOnNull("lease_token", '"held"', '"free"')),
+            expected_version=1,
+        ),
+        dataclasses.replace(part, expected_version=1),
+    ]
+    for writes in (same_table, two_orgs, self_switch):
+        async with db.transaction(engine) as conn:
+            with watched_statements(engine) as seen:
+                await db.fenced_updates(conn, writes)
+        assert len(seen) == 2, seen
+    assert (await _get(engine, "c", OTHER_ORG)).counter == 1
+
+
+def _is_mysql_engine(engine: AsyncEngine) -> bool:
+    return engine.dialect.name in ("mysql", "mariadb")
 
 
 async def test_scoped_select_is_built_once_and_reads_only_its_org(engine: AsyncEngine) -> None:

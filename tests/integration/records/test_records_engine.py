@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.records import (
@@ -36,9 +36,15 @@ from runtime_svc.resources import (
     business_key,
     history_key,
 )
-from runtime_svc.schema import audit_records, business_events
+from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
 from services.db import transaction
-from services.errors import AlreadyExistsError, ConflictError, InvalidArgumentError, NotFoundError
+from services.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    FenceLostError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.records.support import (
     SECRET,
@@ -187,6 +193,43 @@ async def test_cross_org_reads_and_writes_answer_not_found(engine: AsyncEngine, 
     assert await _create(rec, other, "Account", "shared-id", Name="Theirs") == 1
     assert (await rec.get(org, "Account", "shared-id")).fields["Name"] == "Mine"
     assert (await rec.get(other, "Account", "shared-id")).fields["Name"] == "Theirs"
+
+
+@pytest.mark.parametrize("moved", ["record", "history"])
+async def test_a_moved_record_or_history_row_under_the_lock_writes_nothing(
+    engine: AsyncEngine, org: str, moved: str
+) -> None:
+    """The record's CAS and its history advance (one statement on MariaDB, two on
+    SQLite) each keep their fence: a row that moved although its lock was held (a lost
+    pessimistic lock on TiDB; simulated by writing it in the same transaction) refuses
+    the write — a stale record version as ``StaleVersionError``, a moved history
+    sequence as ``FenceLostError`` on the history row — and nothing is kept."""
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "a1", Name="Acme")
+    mutation = prepare_update(VIEW, "Account", "a1", 1, {"Employees": 5})
+    expected = StaleVersionError if moved == "record" else FenceLostError
+
+    with pytest.raises(expected) as caught:
+        async with transaction(engine) as conn:
+            current = await record_store.read_record_txn(conn, org, "Account", "a1")
+            plan = plan_mutation(VIEW, mutation, current)
+            locks = await acquire_locks_txn(conn, org, VIEW, plan)
+            table = records if moved == "record" else record_history_sequences
+            column = "record_version" if moved == "record" else "last_sequence"
+            c = table.c
+            await conn.execute(
+                update(table)
+                .where(c.org_id == org, c.object_name == "Account", c.record_id == "a1")
+                .values({column: c[column] + 1})
+            )
+            await apply_mutation_txn(conn, org, VIEW, mutation, locks, actor=ACTOR)
+    if moved == "history":
+        assert caught.value.attributes["entity"] == "record_history_sequences"
+    assert caught.value.found_version == 2
+    state = await rec.get(org, "Account", "a1")
+    assert state.version == 1 and "Employees" not in state.fields
+    assert await sequences(engine, org, "Account", "a1") == [1]
+    assert await last_sequence(engine, org, "Account", "a1") == 1
 
 
 async def test_failure_after_the_record_write_persists_nothing(

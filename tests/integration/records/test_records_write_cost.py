@@ -37,7 +37,7 @@ from runtime_svc.schema import (
     records,
     runtime_requests,
 )
-from services.db import db_now, transaction
+from services.db import db_now, strategy_for, transaction
 from services.digest import versioned_digest
 from services.errors import NotFoundError
 from services.request_dedupe import DedupeScope, RequestKey
@@ -59,6 +59,13 @@ UNPARENTED_UPDATE_STATEMENTS = 7
 #: Without a request id: the record and history lock carries the clock as well, then the
 #: record CAS UPDATE, history advance, event INSERT, audit INSERT.
 UNPARENTED_PLAIN_UPDATE_STATEMENTS = 5
+
+
+def _update_statements(engine: AsyncEngine, count: int) -> int:
+    """``count`` on a backend with multi-table UPDATE (MariaDB) is one less: the record's
+    CAS UPDATE and its history advance are one statement there (both rows held by the
+    lock phase; ``store.update_record_advancing_history_txn``)."""
+    return count - 1 if strategy_for(engine.dialect).multi_table_update else count
 
 
 @dataclass
@@ -116,7 +123,10 @@ async def test_a_deduplicated_create_and_update_cost_one_transaction_each(
         again = await rec.mutate_once(
             org, VIEW, update, actor=ACTOR, key=_key(org, "u1"), encode=_encode
         )
-    assert (counts.transactions, counts.statements) == (1, UPDATE_STATEMENTS)
+    assert (counts.transactions, counts.statements) == (
+        1,
+        _update_statements(engine, UPDATE_STATEMENTS),
+    )
     assert again.value is not None and again.value.history_sequence == 2
     assert await last_sequence(engine, org, "Account", rid) == 2
     assert await sequences(engine, org, "Account", rid) == [1, 2]
@@ -150,14 +160,20 @@ async def test_an_object_without_lock_relevant_parents_reads_its_row_once_under_
             key=_key(org, "note-u1"),
             encode=_encode,
         )
-    assert (counts.transactions, counts.statements) == (1, UNPARENTED_UPDATE_STATEMENTS)
+    assert (counts.transactions, counts.statements) == (
+        1,
+        _update_statements(engine, UNPARENTED_UPDATE_STATEMENTS),
+    )
     assert updated.value is not None and updated.value.record.version == 2
     assert updated.value.history_sequence == 2
     with _counting(engine) as counts:
         again = await rec.mutate(
             org, VIEW, prepare_update(VIEW, "Note", rid, 2, {"Body": "three"}), actor=ACTOR
         )
-    assert (counts.transactions, counts.statements) == (1, UNPARENTED_PLAIN_UPDATE_STATEMENTS)
+    assert (counts.transactions, counts.statements) == (
+        1,
+        _update_statements(engine, UNPARENTED_PLAIN_UPDATE_STATEMENTS),
+    )
     assert again.history_sequence == 3 and again.record.version == 3
     with pytest.raises(StaleVersionError):
         await rec.mutate(
