@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .compile import compile_plan
 from .diagnostics import CompileIssue, Diagnostic, PlanCompileError, Severity
-from .evaluate import ExpressionEvalError, evaluate
+from .evaluate import Evaluator, ExpressionEvalError, evaluate, evaluator
 from .explain import explain, to_mermaid
 from .expressions import ExpressionError, parse_expression, unparse
 from .inputs import (
@@ -39,6 +39,7 @@ __all__ = [
     "CompilerInputs",
     "Diagnostic",
     "EdgeKind",
+    "Evaluator",
     "ExecutionPlan",
     "ExecutionProfile",
     "ExpiryPolicy",
@@ -57,6 +58,7 @@ __all__ = [
     "StepKind",
     "compile_plan",
     "evaluate",
+    "evaluator",
     "explain",
     "inventory_entry",
     "load_flow_text",

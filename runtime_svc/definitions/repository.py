@@ -600,15 +600,22 @@ async def active_plan_ids_txn(
     return out
 
 
-def active_plan_ids_column(dialect: Dialect) -> ColumnElement[Any]:
+def active_plan_ids_column(dialect: Dialect, names: int) -> ColumnElement[Any]:
     """:func:`active_plan_ids_txn`'s read as one scalar column — a JSON array of
     ``[flow API name, flow version id, plan id]`` — that another statement of the same
     transaction selects alongside its own (the record write's ledger lookup,
     ``services.request_dedupe.LookupColumn``). Same predicate as
-    :func:`active_plan_ids_txn`; the values are bound parameters
-    (:func:`active_plan_ids_params`), so the statement that carries it is built once per
-    dialect and hits SQLAlchemy's compiled cache. Decode with
-    :func:`parse_active_plan_ids`."""
+    :func:`active_plan_ids_txn`, for ``names`` distinct Flow names; the values are bound
+    parameters (:func:`active_plan_ids_params`) — one per name, not an expanding ``IN``,
+    which SQLAlchemy would render again at every execution — so the statement that
+    carries it is built once per dialect and number of names and hits SQLAlchemy's
+    compiled cache. Decode with :func:`parse_active_plan_ids`.
+
+    Raises:
+        ValueError: ``names`` < 1.
+    """
+    if names < 1:
+        raise ValueError("an activation read names at least one Flow")
     a = plan_activations.c
     triple = func.json_array(a.flow_api_name, a.flow_version_id, a.plan_id)
     rows = func.json_group_array(triple) if dialect.name == "sqlite" else func.json_arrayagg(triple)
@@ -618,7 +625,7 @@ def active_plan_ids_column(dialect: Dialect) -> ColumnElement[Any]:
             a.org_id == bindparam("ap_org"),
             a.app_installation_id == bindparam("ap_installation"),
             a.runtime_capability_id == bindparam("ap_capability"),
-            a.flow_api_name.in_(bindparam("ap_names", expanding=True)),
+            a.flow_api_name.in_([bindparam(f"ap_name_{i}") for i in range(names)]),
             a.active_slot == 1,
         )
         .scalar_subquery()
@@ -632,13 +639,16 @@ def active_plan_ids_params(
     runtime_capability_id: str,
     flow_api_names: Sequence[str],
 ) -> dict[str, Any]:
-    """The bound values of :func:`active_plan_ids_column`."""
-    return {
+    """The bound values of :func:`active_plan_ids_column` (built for
+    ``len(set(flow_api_names))`` names)."""
+    params: dict[str, Any] = {
         "ap_org": org_id,
         "ap_installation": app_installation_id,
         "ap_capability": runtime_capability_id,
-        "ap_names": sorted(set(flow_api_names)),
     }
+    for i, name in enumerate(sorted(set(flow_api_names))):
+        params[f"ap_name_{i}"] = name
+    return params
 
 
 def parse_active_plan_ids(value: Any) -> list[tuple[str, str, str | None]]:

@@ -156,14 +156,15 @@ class ActivationRead:
     ) -> None:
         self._org, self._installation, self._capability = org_id, installation, capability
         self._names = names
+        self._count = len(set(names))
         self._rows: list[tuple[str, str, str | None]] | None = None
-
-    #: The lookup column's statement shape (``LookupColumn.key``).
-    key = "before_save_activations"
+        #: The lookup column's statement shape (``LookupColumn.key``): one per number
+        #: of subscribed Flows (a bound parameter each).
+        self.key = f"before_save_activations/{self._count}"
 
     def column(self, dialect: Dialect) -> ColumnElement[Any]:
         """The activation read as one scalar column of the lookup's statement."""
-        return repo.active_plan_ids_column(dialect)
+        return repo.active_plan_ids_column(dialect, self._count)
 
     def params(self) -> dict[str, Any]:
         """The read's bound values: this write's org, binding and subscribed Flows."""

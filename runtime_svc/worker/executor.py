@@ -53,14 +53,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.compiler import (
     EdgeKind,
+    Evaluator,
     ExecutionPlan,
     ExpressionEvalError,
     PlanStep,
     StepKind,
-    evaluate,
+    evaluator,
     parse_expression,
 )
-from runtime_svc.compiler.expressions import Expr, ExpressionError
+from runtime_svc.compiler.expressions import ExpressionError
 from runtime_svc.compiler.kinds import ExecutionProfile, TerminalOutcome
 from runtime_svc.compiler.plan import ResourceDecl
 from runtime_svc.kernel.decisions import Advance, FailRun, FinishRun, NextStep
@@ -298,17 +299,17 @@ def entry_condition_holds(plan: ExecutionPlan, env: Mapping[str, Any]) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _parsed(text: str) -> Expr:
-    """The AST of an expression text (plans are immutable, so a text always parses to the
-    same tree; parse errors are not cached)."""
-    return parse_expression(text)
+def _evaluator(text: str) -> Evaluator:
+    """The evaluator of an expression text (plans are immutable, so a text always parses to
+    the same tree and makes the same evaluator; parse errors are not cached)."""
+    return evaluator(parse_expression(text))
 
 
 def _eval(text: Any, env: Mapping[str, Any]) -> Any:
     if not isinstance(text, str):
         return text
     try:
-        return evaluate(_parsed(text), env)
+        return _evaluator(text)(env)
     except (ExpressionError, ExpressionEvalError) as exc:
         raise StepFault("expression_error", str(exc)) from exc
 

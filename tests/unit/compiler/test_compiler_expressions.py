@@ -16,6 +16,7 @@ from runtime_svc.compiler import (
     ExpressionError,
     ExpressionEvalError,
     evaluate,
+    evaluator,
     parse_expression,
     unparse,
 )
@@ -213,9 +214,10 @@ ENV: dict[str, Any] = {
     ],
 )
 def test_evaluate(source: str, expected: Any) -> None:
-    result = evaluate(parse_expression(source), ENV)
-    assert result == expected
-    assert type(result) is type(expected)
+    tree = parse_expression(source)
+    for result in (evaluate(tree, ENV), evaluator(tree)(ENV)):
+        assert result == expected
+        assert type(result) is type(expected)
 
 
 @pytest.mark.parametrize(
@@ -234,8 +236,11 @@ def test_evaluate(source: str, expected: Any) -> None:
     ],
 )
 def test_evaluation_errors(source: str, message: str) -> None:
+    tree = parse_expression(source)
     with pytest.raises(ExpressionEvalError, match=message):
-        evaluate(parse_expression(source), ENV)
+        evaluate(tree, ENV)
+    with pytest.raises(ExpressionEvalError, match=message):
+        evaluator(tree)(ENV)
 
 
 @settings(max_examples=100, deadline=None)
@@ -260,6 +265,33 @@ def test_evaluation_is_deterministic_and_pure(text: str) -> None:
 
     assert run() == run()
     assert repr(env) == snapshot
+
+
+_ENVS: list[dict[str, Any]] = [
+    {"a": 3, "b": Decimal("1.5"), "total": 7, "acct": {"Name": "x"}, "$Record": {"Amount": 2}},
+    {"a": None, "b": 0, "total": "7", "acct": None, "$Record": {}, "$Event": {"x": True}},
+    {"a": True, "b": "s", "total": Decimal("-2.25"), "acct": "text", "$Record": None},
+    {},
+]
+
+
+def _outcome(fn: Any, env: dict[str, Any]) -> tuple[str, Any, str]:
+    try:
+        value = fn(env)
+    except ExpressionEvalError as exc:
+        return ("error", str(exc), "")
+    return ("ok", value, type(value).__name__)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_expressions)
+def test_the_evaluator_agrees_with_the_reference_evaluation(text: str) -> None:
+    """``evaluator`` (closures, what the worker runs) gives exactly what ``evaluate`` (the
+    tree walk) gives — value and type, or the same error — in every environment."""
+    tree = parse_expression(text)
+    made = evaluator(tree)
+    for env in _ENVS:
+        assert _outcome(made, env) == _outcome(lambda e: evaluate(tree, e), env)
 
 
 def test_no_eval_or_exec_anywhere_in_the_compiler() -> None:

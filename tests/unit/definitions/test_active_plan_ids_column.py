@@ -37,16 +37,25 @@ def test_anything_else_is_refused(bad: str) -> None:
 def test_the_column_aggregates_the_same_predicate_per_dialect(
     dialect: Dialect, aggregate: str
 ) -> None:
-    column = repo.active_plan_ids_column(dialect)
+    column = repo.active_plan_ids_column(dialect, 2)
     sql = str(column.compile(dialect=dialect)).lower()
     assert aggregate in sql and "json_array(" in sql
     for predicate in ("org_id", "app_installation_id", "runtime_capability_id", "active_slot"):
         assert predicate in sql
     assert "flow_api_name in" in sql
+    # One bound parameter per distinct name (no expanding IN rendered at each execution).
+    assert "postcompile" not in sql
     params = repo.active_plan_ids_params("org-1", "inst", "cap", ["B", "A", "B"])
     assert params == {
         "ap_org": "org-1",
         "ap_installation": "inst",
         "ap_capability": "cap",
-        "ap_names": ["A", "B"],
+        "ap_name_0": "A",
+        "ap_name_1": "B",
     }
+    assert set(column.compile(dialect=dialect).params) >= {"ap_name_0", "ap_name_1"}
+
+
+def test_a_read_names_at_least_one_flow() -> None:
+    with pytest.raises(ValueError, match="at least one Flow"):
+        repo.active_plan_ids_column(sqlite.dialect(), 0)

@@ -23,7 +23,8 @@ class _Conn:
     """Answers every statement with ``rowcount`` and remembers what it was sent."""
 
     def __init__(self, dialect: Any, rowcount: int) -> None:
-        self.dialect, self.rowcount, self.sent = dialect, rowcount, []
+        self.dialect, self.rowcount = dialect, rowcount
+        self.sent: list[list[str]] = []
 
     async def execute(self, stmt: Any, params: Any = None) -> Any:
         self.sent.append(str(stmt.compile(dialect=self.dialect)).split()[0:3])
@@ -31,23 +32,14 @@ class _Conn:
 
 
 def _writes() -> list[db.FencedWrite]:
+    def write(table: Any, key: dict[str, str], version: int, state: dict[str, str]) -> Any:
+        return db.FencedWrite(
+            table, org_id="org", key=key, expected_version=version, values=state, equal={}
+        )
+
     return [
-        db.FencedWrite(
-            flow_runs,
-            org_id="org",
-            key={"flow_run_id": "run"},
-            expected_version=3,
-            values={"runtime_state": "Running"},
-            equal={},
-        ),
-        db.FencedWrite(
-            flow_step_executions,
-            org_id="org",
-            key={"step_execution_id": "step"},
-            expected_version=1,
-            values={"state": "Running"},
-            equal={},
-        ),
+        write(flow_runs, {"flow_run_id": "run"}, 3, {"runtime_state": "Running"}),
+        write(flow_step_executions, {"step_execution_id": "step"}, 1, {"state": "Running"}),
     ]
 
 
