@@ -874,10 +874,13 @@ def _writable_together(writes: Sequence[FencedWrite]) -> bool:
     return True
 
 
-async def fenced_updates(conn: AsyncConnection, writes: Sequence[FencedWrite]) -> list[int]:
+async def fenced_updates(
+    conn: AsyncConnection, writes: Sequence[FencedWrite], *, together: bool = True
+) -> list[int]:
     """:func:`fenced_update` of each of ``writes``, in order — as **one** multi-table
     ``UPDATE`` where the backend has one (:attr:`DialectStrategy.multi_table_update`:
-    MariaDB, MySQL, TiDB), sequential statements elsewhere (SQLite).
+    MariaDB, MySQL, TiDB), sequential statements elsewhere (SQLite) and whenever
+    ``together`` is false (rows not locked yet: each UPDATE takes its lock in order).
 
     The caller must already hold every row's lock in this transaction (its fenced lock
     read, ``FOR UPDATE`` in §13.1 order): a multi-table ``UPDATE`` locks rows in the
@@ -896,7 +899,8 @@ async def fenced_updates(conn: AsyncConnection, writes: Sequence[FencedWrite]) -
             counts rows otherwise; the caller's transaction must roll back).
     """
     if (
-        len(writes) < 2
+        not together
+        or len(writes) < 2
         or not strategy_for(conn.dialect).multi_table_update
         or not _writable_together(writes)
     ):

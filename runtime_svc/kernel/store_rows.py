@@ -515,11 +515,7 @@ async def apply_transition(
         writes.append(_step_write(org_id, transition.step, now))
     if transition.attempt is not None:
         writes.append(_attempt_write(org_id, transition.attempt))
-    if rows_locked:
-        await fenced_updates(conn, writes)
-    else:
-        for write in writes:
-            await fenced_updates(conn, (write,))
+    await fenced_updates(conn, writes, together=rows_locked)
     if transition.new_attempt is not None:
         await insert_attempt(conn, org_id, transition.new_attempt)
     if transition.new_step is not None:

@@ -289,6 +289,18 @@ def _parent_columns(refs: Sequence[ParentRef], lock_relevant: frozenset[str]) ->
     }
 
 
+def _record_values(
+    state: RecordState, lock_relevant: frozenset[str], encoded_fields: str | None
+) -> dict[str, Any]:
+    """The columns an update of ``state`` writes (:data:`_RECORD_SET_COLUMNS`)."""
+    return {
+        "fields": _json(state.fields) if encoded_fields is None else encoded_fields,
+        "is_deleted": state.is_deleted,
+        "updated_at": state.updated_at,
+        **_parent_columns(state.parent_refs, lock_relevant),
+    }
+
+
 async def insert_record_txn(
     conn: AsyncConnection,
     state: RecordState,
@@ -339,10 +351,7 @@ async def update_record_txn(
         {
             **key,
             "k_version": expected_version,
-            "fields": _json(state.fields) if encoded_fields is None else encoded_fields,
-            "is_deleted": state.is_deleted,
-            "updated_at": state.updated_at,
-            **_parent_columns(state.parent_refs, lock_relevant),
+            **_record_values(state, lock_relevant, encoded_fields),
         },
     )
     if result.rowcount == 1:
@@ -386,12 +395,7 @@ async def update_record_advancing_history_txn(
     """
     if not strategy_for(conn.dialect).multi_table_update:
         return False
-    columns = {
-        "fields": encoded_fields,
-        "is_deleted": state.is_deleted,
-        "updated_at": state.updated_at,
-        **_parent_columns(state.parent_refs, lock_relevant),
-    }
+    columns = _record_values(state, lock_relevant, encoded_fields)
     result = await conn.execute(
         _UPDATE_RECORD_ADVANCE_HISTORY,
         {
