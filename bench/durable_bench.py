@@ -41,6 +41,7 @@ from runtime_svc.schema import flow_runs, flow_step_executions
 from runtime_svc.worker import Outcome
 from services import db, event_loop, migrate
 from services.db import BEGIN_MODE_OPTION
+from services.db_batch import statements_of
 from tests.integration.worker.support import make_worker, seed, start_run
 
 __all__ = ["run"]
@@ -62,10 +63,13 @@ class _Counters:
 
     transactions: int = 0
     write_transactions: int = 0
+    #: SQL statements (each statement of a batched round trip counts: services/db_batch.py)
     statements: int = 0
+    #: Statement round trips to the server (a batch of writes is one)
+    round_trips: int = 0
 
-    def snapshot(self) -> tuple[int, int, int]:
-        return self.transactions, self.write_transactions, self.statements
+    def snapshot(self) -> tuple[int, int, int, int]:
+        return self.transactions, self.write_transactions, self.statements, self.round_trips
 
 
 def _count(engine: AsyncEngine) -> _Counters:
@@ -81,7 +85,8 @@ def _count(engine: AsyncEngine) -> _Counters:
     def _statement(*args: Any) -> None:
         statement = args[2]
         if not (isinstance(statement, str) and statement.startswith("BEGIN")):
-            counters.statements += 1
+            counters.statements += len(statements_of(str(statement)))
+            counters.round_trips += 1
 
     return counters
 
@@ -92,6 +97,7 @@ class _StepCost:
     write_txns: float
     txns: float
     statements: float
+    round_trips: float
     cpu_ms: float
 
 
@@ -139,13 +145,16 @@ async def _steps_rate(
     await asyncio.gather(*(loop(i) for i in range(workers)))
     elapsed = time.perf_counter() - start
     cpu = time.process_time() - cpu
-    txns, writes, statements = (a - b for a, b in zip(counters.snapshot(), before, strict=True))
+    txns, writes, statements, trips = (
+        a - b for a, b in zip(counters.snapshot(), before, strict=True)
+    )
     per = max(committed, 1)
     return _StepCost(
         steps_per_s=committed / elapsed,
         write_txns=writes / per,
         txns=txns / per,
         statements=statements / per,
+        round_trips=trips / per,
         cpu_ms=cpu * 1000 / per,
     )
 
@@ -262,7 +271,7 @@ async def _bench(label: str, url: str, seconds: float) -> None:
             print(
                 f"{label:<8}   per step: write txns {cost.write_txns:5.2f}"
                 f"  txns {cost.txns:5.2f}  statements {cost.statements:5.1f}"
-                f"  CPU ms {cost.cpu_ms:6.2f}"
+                f"  round trips {cost.round_trips:5.1f}  CPU ms {cost.cpu_ms:6.2f}"
             )
         await _loop_comparison(label, url, seconds)
         small = await _claim_latency(engine, 1_000, 20)

@@ -362,6 +362,7 @@ class _Cost:
     transactions: int = 0
     write_transactions: int = 0
     statements: int = 0
+    round_trips: int = 0
 
     @property
     def rate(self) -> float:
@@ -372,7 +373,7 @@ class _Cost:
         return (
             f"per op: write txns {self.write_transactions / n:4.2f}"
             f"  txns {self.transactions / n:4.2f}  statements {self.statements / n:5.1f}"
-            f"  CPU ms {self.cpu_s * 1000 / n:6.2f}"
+            f"  round trips {self.round_trips / n:5.1f}  CPU ms {self.cpu_s * 1000 / n:6.2f}"
         )
 
 
@@ -391,11 +392,7 @@ async def _rates(
             serial += 1
     while min(c.seconds for c in costs) < seconds:
         for cost, fn in zip(costs, variants, strict=True):
-            txns, writes, stmts = (
-                counters.transactions,
-                counters.write_transactions,
-                counters.statements,
-            )
+            txns, writes, stmts, trips = counters.snapshot()
             cpu, start = time.process_time(), time.perf_counter()
             await fn(serial)
             cost.seconds += time.perf_counter() - start
@@ -404,6 +401,7 @@ async def _rates(
             cost.transactions += counters.transactions - txns
             cost.write_transactions += counters.write_transactions - writes
             cost.statements += counters.statements - stmts
+            cost.round_trips += counters.round_trips - trips
             serial += 1
     return costs
 

@@ -67,6 +67,7 @@ from runtime_svc.waits.resolution import ResolvedRun
 from runtime_svc.waits.runtime import WaitRuntime
 from runtime_svc.worker.background import LocalWakeSeats
 from services import db, migrate
+from services.db_batch import statements_of
 from services.proto import runtime_v1
 from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.waits.support import SIGNAL_KINDS, World, approval, new_scope, signal_flow
@@ -92,7 +93,7 @@ class _Counter:
         self._started = 0.0
 
     def _statement(self, *args: Any) -> None:
-        self.statements += 1
+        self.statements += len(statements_of(str(args[2])))
         self._started = time.perf_counter()
 
     def _executed(self, _conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:

@@ -286,6 +286,9 @@ class DialectStrategy(abc.ABC):
     transactional_ddl: bool = False
     #: Whether one ``UPDATE`` may write rows of several tables (:func:`fenced_updates`).
     multi_table_update: bool = False
+    #: Whether several statements may be sent in one round trip
+    #: (:func:`services.db_batch.execute_writes`).
+    multi_statements: bool = False
 
     @abc.abstractmethod
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
@@ -366,6 +369,9 @@ class _MySqlStrategy(DialectStrategy):
     now_sql = "SELECT UTC_TIMESTAMP(6)"
     # UPDATE t1, t2 SET … WHERE …: the same syntax on MariaDB, MySQL and TiDB.
     multi_table_update = True
+    # CLIENT_MULTI_STATEMENTS: writes checked only by row count share a round trip
+    # (services/db_batch.py, ADR 0010).
+    multi_statements = True
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         return {
@@ -394,6 +400,9 @@ class _MySqlStrategy(DialectStrategy):
         # and isolation and lock-wait timeout are connect options. A Galera node also gets
         # the cluster profile's per-connection settings (causal reads, TOI DDL).
         install_session_hooks(engine)
+        from services.db_batch import install_batch_hooks  # imports this module
+
+        install_batch_hooks(engine)
 
     def datetime_type(self) -> TypeEngine[Any]:
         return mysql.DATETIME(fsp=6)
@@ -849,14 +858,26 @@ async def fenced_update(
 
 
 async def _fenced_one(conn: AsyncConnection, write: FencedWrite) -> int:
-    shape = write.shape()
-    stmt = _FENCED.get(shape)
-    if stmt is None:
-        stmt = _FENCED[shape] = _fenced_statement(*shape)
-    result = await conn.execute(stmt, write.params())
+    result = await conn.execute(fenced_statement(write), write.params())
     if result.rowcount == 1:
         return write.expected_version + 1
-    raise await _fence_lost(
+    raise await fence_lost_error(conn, write)
+
+
+def fenced_statement(write: FencedWrite) -> Executable:
+    """The conditional ``UPDATE`` of one :class:`FencedWrite` (built once per shape;
+    parameters: :meth:`FencedWrite.params`). It matched iff its row count is 1."""
+    shape = write.shape()
+    stmt: Executable | None = _FENCED.get(shape)
+    if stmt is None:
+        stmt = _FENCED[shape] = _fenced_statement(*shape)
+    return stmt
+
+
+async def fence_lost_error(conn: AsyncConnection, write: FencedWrite) -> FenceLostError:
+    """The error of ``write``'s statement when it matched no row (as :func:`fenced_update`
+    raises it, with the version a scoped re-read found)."""
+    return await _fence_lost(
         conn, write.table, write.org_id, write.key, write.expected_version, write.version_column
     )
 
@@ -898,13 +919,27 @@ async def fenced_updates(
         RuntimeError: the statement matched some rows and not others (a backend that
             counts rows otherwise; the caller's transaction must roll back).
     """
+    together_stmt = fenced_together(conn.dialect, writes) if together else None
+    if together_stmt is None:
+        return [await _fenced_one(conn, w) for w in writes]
+    stmt, params = together_stmt
+    result = await conn.execute(stmt, params)
+    return await settle_fenced_together(conn, writes, result.rowcount)
+
+
+def fenced_together(
+    dialect: Dialect, writes: Sequence[FencedWrite]
+) -> tuple[Executable, dict[str, Any]] | None:
+    """The one multi-table ``UPDATE`` of ``writes`` and its parameters (see
+    :func:`fenced_updates`, whose rules it follows), or ``None`` where they are written
+    one by one (one write, a backend without multi-table ``UPDATE``, or writes that are
+    not writable together). Its row count is decided by :func:`settle_fenced_together`."""
     if (
-        not together
-        or len(writes) < 2
-        or not strategy_for(conn.dialect).multi_table_update
+        len(writes) < 2
+        or not strategy_for(dialect).multi_table_update
         or not _writable_together(writes)
     ):
-        return [await _fenced_one(conn, w) for w in writes]
+        return None
     shapes = tuple(w.shape() for w in writes)
     stmt = _FENCED_TOGETHER.get(shapes)
     if stmt is None:
@@ -912,13 +947,20 @@ async def fenced_updates(
     params: dict[str, Any] = {}
     for i, write in enumerate(writes):
         params.update(write.params(f"u{i}_"))
-    result = await conn.execute(stmt, params)
-    if result.rowcount == len(writes):
+    return stmt, params
+
+
+async def settle_fenced_together(
+    conn: AsyncConnection, writes: Sequence[FencedWrite], rowcount: int
+) -> list[int]:
+    """Decide :func:`fenced_together`'s statement by its ``rowcount``: every row matched
+    → each write's new version; none → the writes run again one by one, and the first
+    whose fence is lost raises exactly :func:`fenced_update`'s error; some → RuntimeError
+    (the caller's transaction must roll back)."""
+    if rowcount == len(writes):
         return [w.expected_version + 1 for w in writes]
-    if result.rowcount:
-        raise RuntimeError(
-            f"a multi-table fenced UPDATE matched {result.rowcount} of {len(writes)} rows"
-        )
+    if rowcount:
+        raise RuntimeError(f"a multi-table fenced UPDATE matched {rowcount} of {len(writes)} rows")
     return [await _fenced_one(conn, w) for w in writes]
 
 

@@ -130,12 +130,14 @@ def _install() -> None:
 
     db.transaction = transaction  # type: ignore[assignment]
 
-    def on_statement(*_: Any) -> None:
+    def on_statement(*args: Any) -> None:
         try:
             task = asyncio.current_task()
         except RuntimeError:
             task = None
-        stmts[_open.get(task, "outside a transaction") if task else "no task"] += 1
+        # A batched round trip of writes carries several statements (services/db_batch.py).
+        count = len(str(args[2]).split(";\n"))
+        stmts[_open.get(task, "outside a transaction") if task else "no task"] += count
 
     sa.event.listen(sa.engine.Engine, "before_cursor_execute", on_statement)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -114,6 +114,7 @@ from runtime_svc.kernel.store_rows import (
     apply_claim_running,
     apply_commit_continued,
     apply_transition,
+    checkpoint_insert,
     count_fenced_attempts,
     extend_lease_row,
     fence_error,
@@ -148,9 +149,11 @@ from runtime_svc.kernel.transitions_effects import CAUSE_CANCELLED_AFTER_EFFECT
 from runtime_svc.kernel.wait_model import DependencyRecord, DependencyState
 from runtime_svc.resources import LockPlan
 from services.auth import TrustedRuntimeWorkScope
-from services.db import db_now, run_in_transaction, transaction
+from services.db import db_now, run_in_transaction, strategy_for, transaction
+from services.db_batch import Write
 from services.errors import FenceLostError, NotFoundError
 from services.invariants import InvariantError
+from services.metrics import metrics
 from services.telemetry import trace_id_of
 
 __all__ = [
@@ -752,27 +755,43 @@ class FlowRunStateStore:
         decision = decide_commit(root, step, attempt, fence, now, advance, checkpoint_id, evidence)
         if isinstance(decision, FenceLost):
             raise fence_error(decision)
-        meta = await insert_checkpoint(
-            conn,
-            org_id,
-            root.flow_run_id,
-            prepared,
-            checkpoint_id=checkpoint_id,
-            created_by_attempt_id=attempt.attempt_id,
-            now=now,
-            last_sequence=input_sequence
-            if root.state_version == fence.root_state_version
-            else None,
-        )
+        last_sequence = input_sequence if root.state_version == fence.root_state_version else None
+        before: list[Write] = []
+        if last_sequence is not None and strategy_for(conn.dialect).multi_statements:
+            # Known sequence: the checkpoint INSERT goes out with the commit's UPDATEs
+            # and INSERTs, in one round trip (ADR 0010), first as before.
+            checkpoint, meta = checkpoint_insert(
+                org_id,
+                root.flow_run_id,
+                prepared,
+                checkpoint_id=checkpoint_id,
+                created_by_attempt_id=attempt.attempt_id,
+                now=now,
+                last_sequence=last_sequence,
+            )
+            before.append(checkpoint)
+        else:
+            meta = await insert_checkpoint(
+                conn,
+                org_id,
+                root.flow_run_id,
+                prepared,
+                checkpoint_id=checkpoint_id,
+                created_by_attempt_id=attempt.attempt_id,
+                now=now,
+                last_sequence=last_sequence,
+            )
         transition = decision.transition
         new_step = transition.new_step
         continued = None
         if continue_as is not None and decision.run_state is RunState.RUNNABLE:
             continued = await self._fused_continuation(
-                conn, org_id, root, transition, now, continue_as
+                conn, org_id, root, transition, now, continue_as, before
             )
         if continued is None:
-            await apply_transition(conn, org_id, transition, now, rows_locked=True)
+            await apply_transition(conn, org_id, transition, now, rows_locked=True, before=before)
+        if before:
+            metrics().checkpoint_written(len(prepared.context_json.encode("utf-8")))
         # Continued: the root and next step were written as the continuation left them
         # (the fence carries what a caller needs); otherwise as the commit left them.
         written = continued is None
@@ -800,11 +819,12 @@ class FlowRunStateStore:
         commit: Transition,
         now: datetime,
         continue_as: ContinueAs,
+        before: Sequence[Write] = (),
     ) -> LeaseFence | None:
         """Decide the continuation of ``commit`` on the rows it leaves (derived in
-        memory) and, if the claim and ``Running`` decisions accept, write the commit
-        and the continuation together (``apply_commit_continued``); ``None`` writes
-        nothing (the caller writes the commit alone)."""
+        memory) and, if the claim and ``Running`` decisions accept, write ``before`` (the
+        commit's checkpoint), the commit and the continuation together
+        (``apply_commit_continued``); ``None`` writes nothing (the caller writes them)."""
         new_step = commit.new_step
         if commit.run is None or new_step is None or new_step.state is not StepState.PENDING:
             return None
@@ -842,7 +862,9 @@ class FlowRunStateStore:
             claim,
             new_attempt=dataclasses.replace(claim.new_attempt, root_state_version_at_claim=version),
         )
-        await apply_commit_continued(conn, org_id, commit, claim, started.transition.step, now)
+        await apply_commit_continued(
+            conn, org_id, commit, claim, started.transition.step, now, before=before
+        )
         return dataclasses.replace(fence, root_state_version=version, step_state_version=1)
 
     async def record_rollback(

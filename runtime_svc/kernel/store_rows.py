@@ -18,12 +18,12 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.applied import projected_step_state
@@ -77,6 +77,7 @@ from services.db import (
     now_column,
     remember_now,
 )
+from services.db_batch import Write, execute_writes, fenced_writes
 from services.digest import digest_bytes
 from services.errors import ConflictError, FenceLostError, InvalidArgumentError, NotFoundError
 from services.invariants import InvariantError
@@ -192,6 +193,10 @@ def _joined_lock(*, attempt: bool) -> Any:
 
 #: The joined reads without the clock column: root + step (the claim), + attempt (a fence).
 _JOINED = {False: _joined_lock(attempt=False), True: _joined_lock(attempt=True)}
+#: The continuation's step and attempt INSERTs when batched (``apply_commit_continued``).
+_INSERT_STEP = insert(flow_step_executions)
+_INSERT_ATTEMPT = insert(flow_step_attempts)
+_INSERT_CHECKPOINT = insert(flow_checkpoints)
 _STEP_AT = len(RUN_COLUMNS)
 _ATTEMPT_AT = _STEP_AT + len(STEP_COLUMNS)
 # The primary-key column of the step and of the attempt in the joined row: NULL exactly
@@ -493,8 +498,13 @@ async def apply_transition(
     now: datetime,
     *,
     rows_locked: bool = False,
+    before: Sequence[Write] = (),
 ) -> None:
     """Apply ``transition`` in §12 order: root, step, attempt CAS, then inserts.
+
+    ``before``: writes of the same transaction that go first (the commit's checkpoint
+    INSERT: :func:`checkpoint_insert`), in the same round trip where the backend
+    batches writes (``services.db_batch``).
 
     ``rows_locked``: this transaction already holds the lock of every row the
     transition patches (its fenced lock read: :func:`lock_fenced`,
@@ -515,11 +525,14 @@ async def apply_transition(
         writes.append(_step_write(org_id, transition.step, now))
     if transition.attempt is not None:
         writes.append(_attempt_write(org_id, transition.attempt))
-    await fenced_updates(conn, writes, together=rows_locked)
+    batch = [*before, *fenced_writes(conn, writes, together=rows_locked)]
     if transition.new_attempt is not None:
-        await insert_attempt(conn, org_id, transition.new_attempt)
+        batch.append(_attempt_insert(org_id, transition.new_attempt))
     if transition.new_step is not None:
-        await insert_step(conn, org_id, transition.new_step, now)
+        batch.append(_step_insert(org_id, transition.new_step, now, None))
+    # In order, one round trip where the backend allows (ADR 0010): each UPDATE's row
+    # count and each INSERT's duplicate key decide as the statements alone would.
+    await execute_writes(conn, batch)
 
 
 async def apply_claim_running(
@@ -573,9 +586,12 @@ async def apply_commit_continued(
     claim: Transition,
     running: StepPatch,
     now: datetime,
+    *,
+    before: Sequence[Write] = (),
 ) -> None:
     """A commit's ``transition`` fused with the continuation's claim of the step it
     inserts and that step's ``Running`` (``docs/adr/0003-fused-claim-running.md``).
+    ``before``: as :func:`apply_transition`'s.
 
     ``claim`` and ``running`` are ``decide_claim`` / ``decide_start_running`` decided on
     the rows ``commit`` leaves (``kernel.applied``). Written: one root UPDATE with the
@@ -604,9 +620,31 @@ async def apply_commit_continued(
         writes.append(_step_write(org_id, commit.step, now))
     if commit.attempt is not None:
         writes.append(_attempt_write(org_id, commit.attempt))
-    await fenced_updates(conn, writes)
-    await insert_step(conn, org_id, new_step, now, claimed=(step, running))
-    await insert_attempt(conn, org_id, claim.new_attempt)
+    # In order, one round trip where the backend allows (ADR 0010): the UPDATEs' row
+    # counts decide first, then the INSERTs' duplicate keys, as the statements alone would.
+    await execute_writes(
+        conn,
+        [
+            *before,
+            *fenced_writes(conn, writes, together=True),
+            _step_insert(org_id, new_step, now, (step, running)),
+            _attempt_insert(org_id, claim.new_attempt),
+        ],
+    )
+
+
+def _step_insert(
+    org_id: str, s: NewStep, now: datetime, claimed: tuple[StepPatch, StepPatch] | None
+) -> Write:
+    return Write(
+        _INSERT_STEP, _step_values(org_id, s, now, claimed), on_duplicate=lambda: _step_exists(s)
+    )
+
+
+def _attempt_insert(org_id: str, a: NewAttempt) -> Write:
+    return Write(
+        _INSERT_ATTEMPT, _attempt_values(org_id, a), on_duplicate=lambda: _attempt_exists(a)
+    )
 
 
 def claimed_run_values(
@@ -686,7 +724,16 @@ async def extend_lease_row(
 
 async def insert_attempt(conn: AsyncConnection, org_id: str, a: NewAttempt) -> None:
     """Insert a ``Started`` attempt; a duplicate ``(org, step, number)`` is a lost race."""
-    values = {
+    if not await insert_if_absent(conn, flow_step_attempts, _attempt_values(org_id, a)):
+        raise _attempt_exists(a)
+
+
+def _attempt_exists(a: NewAttempt) -> FenceLostError:
+    return fence_lost(ATTEMPTS, a.attempt_id, 0, None, "attempt_exists")
+
+
+def _attempt_values(org_id: str, a: NewAttempt) -> dict[str, Any]:
+    return {
         "org_id": org_id,
         "attempt_id": a.attempt_id,
         "step_execution_id": a.step_execution_id,
@@ -703,8 +750,6 @@ async def insert_attempt(conn: AsyncConnection, org_id: str, a: NewAttempt) -> N
         "lock_plan_digest": a.lock_plan_digest,
         "trace_id": a.trace_id,
     }
-    if not await insert_if_absent(conn, flow_step_attempts, values):
-        raise fence_lost(ATTEMPTS, a.attempt_id, 0, None, "attempt_exists")
 
 
 async def insert_step(
@@ -719,6 +764,19 @@ async def insert_step(
     patch and its ``Running`` patch, decided on the row this insert makes): insert it
     as those patches leave it — claimed, leased, ``Running``, version 1
     (:func:`apply_commit_continued`)."""
+    if not await insert_if_absent(
+        conn, flow_step_executions, _step_values(org_id, s, now, claimed)
+    ):
+        raise _step_exists(s)
+
+
+def _step_exists(s: NewStep) -> ConflictError:
+    return ConflictError("this step invocation already exists", entity=STEPS, key=s.plan_step_key)
+
+
+def _step_values(
+    org_id: str, s: NewStep, now: datetime, claimed: tuple[StepPatch, StepPatch] | None
+) -> dict[str, Any]:
     values: dict[str, Any] = {
         "org_id": org_id,
         "step_execution_id": s.step_execution_id,
@@ -751,10 +809,7 @@ async def insert_step(
             changes["lease_token"] = changes.pop("lease_token_digest")
         values.update(_coded(changes))
         values.update(state=running.to_state.code, state_version=1)
-    if not await insert_if_absent(conn, flow_step_executions, values):
-        raise ConflictError(
-            "this step invocation already exists", entity=STEPS, key=s.plan_step_key
-        )
+    return values
 
 
 @dataclass(frozen=True)
@@ -831,6 +886,34 @@ async def insert_checkpoint(
     last = last_sequence
     if last is None:
         last = (await conn.execute(_MAX_SEQUENCE, {"org": org_id, "run": flow_run_id})).scalar_one()
+    write, meta = checkpoint_insert(
+        org_id,
+        flow_run_id,
+        checkpoint,
+        checkpoint_id=checkpoint_id,
+        created_by_attempt_id=created_by_attempt_id,
+        now=now,
+        last_sequence=int(last or 0),
+    )
+    await execute_writes(conn, [write])
+    metrics().checkpoint_written(len(checkpoint.context_json.encode("utf-8")))
+    return meta
+
+
+def checkpoint_insert(
+    org_id: str,
+    flow_run_id: str,
+    checkpoint: PreparedCheckpoint,
+    *,
+    checkpoint_id: str,
+    created_by_attempt_id: str | None,
+    now: datetime,
+    last_sequence: int,
+) -> tuple[Write, CheckpointMeta]:
+    """:func:`insert_checkpoint` with the run's latest sequence known, as a write of a
+    batch (``services.db_batch``) and the checkpoint it makes; the caller counts it
+    (``metrics().checkpoint_written``) once written."""
+    last = last_sequence
     meta = CheckpointMeta(
         checkpoint_id=checkpoint_id,
         flow_run_id=flow_run_id,
@@ -853,7 +936,8 @@ async def insert_checkpoint(
         "created_by_attempt_id": created_by_attempt_id,
         "created_at": now,
     }
-    if not await insert_if_absent(conn, flow_checkpoints, values):
-        raise ConflictError("checkpoint sequence taken", entity=RUNS, key=flow_run_id)
-    metrics().checkpoint_written(len(checkpoint.context_json.encode("utf-8")))
-    return meta
+
+    def taken() -> ConflictError:
+        return ConflictError("checkpoint sequence taken", entity=RUNS, key=flow_run_id)
+
+    return Write(_INSERT_CHECKPOINT, values, on_duplicate=taken), meta

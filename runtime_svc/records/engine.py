@@ -94,7 +94,9 @@ from services.db import (
     DbErrorClass,
     classify_db_error,
     run_in_transaction,
+    strategy_for,
 )
+from services.db_batch import Write, execute_writes
 from services.digest import digest_bytes, versioned_digest
 from services.errors import (
     AlreadyExistsError,
@@ -257,6 +259,36 @@ async def _reserve_history(
     return sequence
 
 
+def _settle_advance(
+    conn: AsyncConnection,
+    org_id: str,
+    after: RecordState,
+    expected: int,
+    lock_relevant: frozenset[str],
+    encoded: str,
+    last: int,
+    now: datetime,
+) -> Callable[[int], Awaitable[None]]:
+    """The row-count check of a batched record + history UPDATE: nothing matched → the
+    two statements run alone and raise what they raise there (``StaleVersionError`` for
+    the record, ``FenceLostError`` for the history row)."""
+    obj, rid = after.object_name, after.record_id
+
+    async def settle(rowcount: int) -> None:
+        if store.advanced_together(rowcount):
+            return
+        try:
+            await store.update_record_txn(
+                conn, org_id, after, expected, lock_relevant, encoded_fields=encoded
+            )
+        except FenceLostError as exc:
+            raise StaleVersionError(obj, rid, expected, exc.found_version) from exc
+        await store.advance_history_txn(conn, org_id, obj, rid, last, now)
+        raise RuntimeError("the record + history UPDATE matched no row, each UPDATE alone did")
+
+    return settle
+
+
 async def apply_mutation_txn(
     conn: AsyncConnection,
     org_id: str,
@@ -301,6 +333,11 @@ async def apply_mutation_txn(
 
     before: RecordState | None
     sequence: int | None = None
+    # Writes that go out with the event and audit INSERTs (one round trip where the
+    # backend runs multi-statements and multi-table UPDATEs).
+    first: list[Write] = []
+    strategy = strategy_for(conn.dialect)
+    batched = strategy.multi_statements and strategy.multi_table_update
     if mutation.kind is MutationKind.CREATE:
         if rkey not in locks.pending_creates or current is None:
             if current is not None:
@@ -340,7 +377,25 @@ async def apply_mutation_txn(
         encoded = store.fields_json(after.fields)
         hkey = history_key(obj, rid)
         last = locks.history.get(hkey)
-        if last is not None and await store.update_record_advancing_history_txn(
+        if last is not None and batched:
+            # Sent with the event and audit INSERTs below, in one round trip (ADR 0010).
+            first.append(
+                store.advancing_history_write(
+                    org_id,
+                    after,
+                    expected,
+                    lock_relevant,
+                    encoded_fields=encoded,
+                    last_sequence=last,
+                    now=locks.now,
+                    check=_settle_advance(
+                        conn, org_id, after, expected, lock_relevant, encoded, last, locks.now
+                    ),
+                )
+            )
+            version, sequence = expected + 1, last + 1
+            locks.history[hkey] = sequence
+        elif last is not None and await store.update_record_advancing_history_txn(
             conn,
             org_id,
             after,
@@ -368,8 +423,7 @@ async def apply_mutation_txn(
     changed = _changed(mutation, before, after)
     lineage = lineage or Lineage()
     event_id, audit_id = f"evt_{uuid.uuid4().hex}", f"aud_{uuid.uuid4().hex}"
-    inserted = await store.insert_event_txn(
-        conn,
+    event = store.event_write(
         store.EventRow(
             org_id=org_id,
             event_id=event_id,
@@ -391,17 +445,15 @@ async def apply_mutation_txn(
             request_id=None if request is None else request.request_id,
             request_digest=None if request is None else request.request_digest,
         ),
-    )
-    if not inserted:
         # The sequence is reserved under the record's lock: a collision means a writer that
         # did not hold it (a broken invariant); the transaction rolls back.
-        raise ConflictError(
+        on_duplicate=lambda: ConflictError(
             "the record's history sequence was taken concurrently",
             entity=_ENTITY,
             key=f"{obj}/{rid}",
-        )
-    await store.insert_audit_txn(
-        conn,
+        ),
+    )
+    audit = store.audit_write(
         store.AuditRow(
             org_id=org_id,
             audit_record_id=audit_id,
@@ -424,6 +476,7 @@ async def apply_mutation_txn(
             attempt_id=lineage.attempt_id,
         ),
     )
+    await execute_writes(conn, [*first, event, audit])
     if changes is not None:
         await changes.on_change_txn(conn, org_id, after, locks.now)
     return MutationResult(after, sequence, event_id, audit_id, tuple(changed), prior=before)

@@ -21,7 +21,7 @@ cache directly.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from runtime_svc.records.model import ParentRef, RecordState
 from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
 from services.db import insert_prepared, now_column, remember_now, strategy_for
+from services.db_batch import Write
 from services.digest import canonical_json
 from services.errors import FenceLostError
 
@@ -39,6 +40,10 @@ __all__ = [
     "AuditRow",
     "EventRow",
     "advance_history_txn",
+    "advanced_together",
+    "advancing_history_write",
+    "audit_write",
+    "event_write",
     "fields_json",
     "insert_audit_txn",
     "insert_event_txn",
@@ -395,23 +400,65 @@ async def update_record_advancing_history_txn(
     """
     if not strategy_for(conn.dialect).multi_table_update:
         return False
-    columns = _record_values(state, lock_relevant, encoded_fields)
-    result = await conn.execute(
-        _UPDATE_RECORD_ADVANCE_HISTORY,
-        {
-            **_key(org_id, state.object_name, state.record_id),
-            "k_version": expected_version,
-            "k_last": last_sequence,
-            "k_next": last_sequence + 1,
-            "k_now": now,
-            **{f"r_{name}": value for name, value in columns.items()},
-        },
+    params = _advancing_params(
+        org_id, state, expected_version, lock_relevant, encoded_fields, last_sequence, now
     )
-    if result.rowcount == 2:
+    result = await conn.execute(_UPDATE_RECORD_ADVANCE_HISTORY, params)
+    return advanced_together(result.rowcount)
+
+
+def advancing_history_write(
+    org_id: str,
+    state: RecordState,
+    expected_version: int,
+    lock_relevant: frozenset[str],
+    *,
+    encoded_fields: str,
+    last_sequence: int,
+    now: datetime,
+    check: Callable[[int], Awaitable[None]],
+) -> Write:
+    """:func:`update_record_advancing_history_txn`'s statement as one write of a batch
+    (``services.db_batch``; a backend with multi-table UPDATE): ``check`` decides its
+    row count (:func:`advanced_together`)."""
+    params = _advancing_params(
+        org_id, state, expected_version, lock_relevant, encoded_fields, last_sequence, now
+    )
+    return Write(_UPDATE_RECORD_ADVANCE_HISTORY, params, check=check)
+
+
+def advanced_together(rowcount: int) -> bool:
+    """The record + history UPDATE's decision: ``True`` both rows written, ``False``
+    neither (a fence did not match; see :func:`update_record_advancing_history_txn`).
+
+    Raises:
+        RuntimeError: one row matched and not the other.
+    """
+    if rowcount == 2:
         return True
-    if result.rowcount:
-        raise RuntimeError(f"the record and history UPDATE matched {result.rowcount} of 2 rows")
+    if rowcount:
+        raise RuntimeError(f"the record and history UPDATE matched {rowcount} of 2 rows")
     return False
+
+
+def _advancing_params(
+    org_id: str,
+    state: RecordState,
+    expected_version: int,
+    lock_relevant: frozenset[str],
+    encoded_fields: str,
+    last_sequence: int,
+    now: datetime,
+) -> dict[str, Any]:
+    columns = _record_values(state, lock_relevant, encoded_fields)
+    return {
+        **_key(org_id, state.object_name, state.record_id),
+        "k_version": expected_version,
+        "k_last": last_sequence,
+        "k_next": last_sequence + 1,
+        "k_now": now,
+        **{f"r_{name}": value for name, value in columns.items()},
+    }
 
 
 # --- history sequence -----------------------------------------------------------------
@@ -523,44 +570,56 @@ class AuditRow:
 
 async def insert_event_txn(conn: AsyncConnection, event: EventRow) -> bool:
     """Append a business event; ``False`` when its sequence or request key exists."""
-    return await insert_prepared(
-        conn,
-        _INSERT_EVENT,
-        {
-            "org_id": event.org_id,
-            "event_id": event.event_id,
-            "object_name": event.object_name,
-            "record_id": event.record_id,
-            "history_sequence": event.history_sequence,
-            "event_type": event.event_type,
-            "payload": _json(event.payload),
-            "flow_run_id": event.flow_run_id,
-            "step_execution_id": event.step_execution_id,
-            "attempt_id": event.attempt_id,
-            "occurred_at": event.occurred_at,
-            "request_rpc": event.request_rpc,
-            "request_id": event.request_id,
-            "request_digest": event.request_digest,
-        },
-    )
+    return await insert_prepared(conn, _INSERT_EVENT, _event_values(event))
+
+
+def event_write(event: EventRow, on_duplicate: Callable[[], BaseException]) -> Write:
+    """:func:`insert_event_txn` as one write of a batch (``services.db_batch``): a
+    duplicate sequence or request key raises ``on_duplicate()``."""
+    return Write(_INSERT_EVENT, _event_values(event), on_duplicate=on_duplicate)
+
+
+def _event_values(event: EventRow) -> dict[str, Any]:
+    return {
+        "org_id": event.org_id,
+        "event_id": event.event_id,
+        "object_name": event.object_name,
+        "record_id": event.record_id,
+        "history_sequence": event.history_sequence,
+        "event_type": event.event_type,
+        "payload": _json(event.payload),
+        "flow_run_id": event.flow_run_id,
+        "step_execution_id": event.step_execution_id,
+        "attempt_id": event.attempt_id,
+        "occurred_at": event.occurred_at,
+        "request_rpc": event.request_rpc,
+        "request_id": event.request_id,
+        "request_digest": event.request_digest,
+    }
 
 
 async def insert_audit_txn(conn: AsyncConnection, audit: AuditRow) -> None:
     """Append an audit record (fresh identity: a duplicate is a bug and raises)."""
-    await conn.execute(
-        _INSERT_AUDIT,
-        {
-            "org_id": audit.org_id,
-            "audit_record_id": audit.audit_record_id,
-            "actor_kind": audit.actor_kind,
-            "actor_id": audit.actor_id,
-            "action": audit.action,
-            "object_name": audit.object_name,
-            "record_id": audit.record_id,
-            "flow_run_id": audit.flow_run_id,
-            "step_execution_id": audit.step_execution_id,
-            "attempt_id": audit.attempt_id,
-            "details": _json(audit.details),
-            "occurred_at": audit.occurred_at,
-        },
-    )
+    await conn.execute(_INSERT_AUDIT, _audit_values(audit))
+
+
+def audit_write(audit: AuditRow) -> Write:
+    """:func:`insert_audit_txn` as one write of a batch (``services.db_batch``)."""
+    return Write(_INSERT_AUDIT, _audit_values(audit))
+
+
+def _audit_values(audit: AuditRow) -> dict[str, Any]:
+    return {
+        "org_id": audit.org_id,
+        "audit_record_id": audit.audit_record_id,
+        "actor_kind": audit.actor_kind,
+        "actor_id": audit.actor_id,
+        "action": audit.action,
+        "object_name": audit.object_name,
+        "record_id": audit.record_id,
+        "flow_run_id": audit.flow_run_id,
+        "step_execution_id": audit.step_execution_id,
+        "attempt_id": audit.attempt_id,
+        "details": _json(audit.details),
+        "occurred_at": audit.occurred_at,
+    }

@@ -11,6 +11,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.db import strategy_for
+from services.db_batch import statements_of
 
 __all__ = ["clock_reads", "watched_statements"]
 
@@ -21,7 +22,8 @@ def watched_statements(engine: AsyncEngine) -> Iterator[list[str]]:
     seen: list[str] = []
 
     def on_statement(*args: Any) -> None:
-        seen.append(" ".join(str(args[2]).split()))
+        # A batched round trip of writes is several statements (services/db_batch.py).
+        seen.extend(" ".join(part.split()) for part in statements_of(str(args[2])))
 
     sync = engine.sync_engine
     event.listen(sync, "before_cursor_execute", on_statement)

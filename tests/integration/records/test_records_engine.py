@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.records import (
@@ -266,11 +267,19 @@ async def test_audit_failure_rolls_back_the_business_change(
     rec = RecordEngine(engine)
     await _create(rec, org, "Account", "a1", Name="Acme")
 
-    async def failing_audit(conn: AsyncConnection, audit: Any) -> None:
-        raise RuntimeError("audit store unavailable")
+    async with transaction(engine, readonly=True) as conn:
+        mine = select(audit_records.c.audit_record_id).where(audit_records.c.org_id == org)
+        taken = (await conn.execute(mine)).scalar_one()
+    real_audit_write = record_store.audit_write
 
-    monkeypatch.setattr(record_store, "insert_audit_txn", failing_audit)
-    with pytest.raises(RuntimeError):
+    def colliding_audit(audit: Any) -> Any:
+        # The audit INSERT fails in the database — the last statement of the write's
+        # batched round trip on MariaDB (ADR 0010), after the record, history and event
+        # writes went through.
+        return real_audit_write(replace(audit, audit_record_id=taken))
+
+    monkeypatch.setattr(record_store, "audit_write", colliding_audit)
+    with pytest.raises(IntegrityError):
         await rec.mutate(
             org, VIEW, prepare_update(VIEW, "Account", "a1", 1, {"Employees": 5}), actor=ACTOR
         )

@@ -38,6 +38,7 @@ from runtime_svc.schema import (
     runtime_requests,
 )
 from services.db import db_now, strategy_for, transaction
+from services.db_batch import statements_of
 from services.digest import versioned_digest
 from services.errors import NotFoundError
 from services.request_dedupe import DedupeScope, RequestKey
@@ -83,7 +84,8 @@ def _counting(engine: AsyncEngine) -> Iterator[_Counts]:
 
     def statement(*args: Any) -> None:
         if not (isinstance(args[2], str) and args[2].startswith("BEGIN")):
-            counts.statements += 1
+            # A batched round trip of writes is several statements (services/db_batch.py).
+            counts.statements += len(statements_of(str(args[2])))
 
     sa.event.listen(engine.sync_engine, "begin", begin)
     sa.event.listen(engine.sync_engine, "before_cursor_execute", statement)

@@ -36,7 +36,9 @@ async def test_the_three_variants_do_their_work_and_are_reported(
     assert re.search(r"raw single-row commits/s\s+\d", out), out
     assert re.search(r"\(a\) bare record mutations/s\s+\d.*ratio a/raw", out), out
     per_op = re.findall(
-        r"per op: write txns (\S+)\s+txns (\S+)\s+statements\s+(\S+)\s+CPU ms\s+\S+", out
+        r"per op: write txns (\S+)\s+txns (\S+)\s+statements\s+(\S+)"
+        r"\s+round trips\s+\S+\s+CPU ms\s+\S+",
+        out,
     )
     assert len(per_op) == 3, out
     # A deduplicated create is one write transaction (pinned in detail, with its

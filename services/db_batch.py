@@ -1,0 +1,260 @@
+"""Several writes of one transaction in one round trip (MariaDB/MySQL/TiDB multi-statements).
+
+A durable step on MariaDB is bound by round trips: each statement is a packet out, a wait
+and a packet back, and the client's CPU per statement is mostly that exchange (the
+driver's socket work and the event loop's), not SQL. Writes whose results the
+transaction needs only to *check* — a row count, "no duplicate key" — do not need a
+round trip each: :func:`execute_writes` sends them as one multi-statement
+(``CLIENT_MULTI_STATEMENTS``, ADR 0010) and reads their results back in order.
+
+Meaning is unchanged, on purpose:
+
+* the statements are the ones the caller would have executed one by one (prebuilt
+  constructs, compiled once per shape for the connection's dialect, parameters bound
+  and typed by SQLAlchemy's own bind processors — never inlined as literals);
+* they run in order in the caller's transaction, and the server stops at the first
+  that fails: the ones after it never run, as when executing them one by one;
+* each write's :attr:`Write.check` sees its row count, and a duplicate key raises the
+  write's :attr:`Write.on_duplicate`, strictly in statement order — so the first
+  failure the sequential code would have met is the one raised, with the same error;
+* the round trip goes through SQLAlchemy's execution (its events fire once, with every
+  statement joined by :data:`BATCH_SEPARATOR`; a driver error is wrapped and a lost
+  connection invalidated as for any statement).
+
+Elsewhere (SQLite, one write, a statement with Python-side defaults) the writes run one
+by one through ``conn.execute`` with the same checks: :func:`execute_writes` is the one
+code path for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn, cast
+
+from sqlalchemy import Dialect, Engine, Executable, event
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement
+
+from services.db import (
+    DbErrorClass,
+    FencedWrite,
+    classify_db_error,
+    fence_lost_error,
+    fenced_statement,
+    fenced_together,
+    settle_fenced_together,
+    strategy_for,
+)
+
+__all__ = [
+    "BATCH_SEPARATOR",
+    "Write",
+    "execute_writes",
+    "fenced_writes",
+    "install_batch_hooks",
+    "statements_of",
+]
+
+#: Joins the statements of one round trip (what statement listeners see; see
+#: :func:`statements_of`).
+BATCH_SEPARATOR = ";\n"
+#: ``CLIENT_MULTI_STATEMENTS`` of the MySQL protocol (the same bit in every driver).
+_CLIENT_MULTI_STATEMENTS = 1 << 16
+#: Execution option carrying the :class:`_Collector` of a batched round trip.
+_BATCH_OPTION = "flow_write_batch"
+
+
+@dataclass(frozen=True)
+class Write:
+    """One write statement of :func:`execute_writes`."""
+
+    #: A prebuilt ``INSERT``/``UPDATE``/``DELETE`` construct with bound parameters (built
+    #: once, e.g. at import: its compiled form is cached by identity).
+    statement: Executable
+    #: Its parameters, by bind name.
+    params: Mapping[str, Any]
+    #: Called with the statement's row count, in statement order, before the next
+    #: statement's outcome is looked at; raises to fail the transaction (e.g. a fence).
+    check: Callable[[int], Awaitable[None]] | None = None
+    #: The error a duplicate key in this statement raises (``None``: the driver error).
+    on_duplicate: Callable[[], BaseException] | None = None
+
+
+@dataclass
+class _Collector:
+    """Row counts of a batched round trip's statements, read back in order."""
+
+    statements: int
+    rowcounts: list[int]
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    compiled: SQLCompiler
+    positions: tuple[str, ...]
+    processors: Mapping[str, Callable[[Any], Any]]
+
+
+_COMPILED: dict[tuple[str, Executable, frozenset[str]], _Compiled | None] = {}
+
+
+def statements_of(sql: str) -> list[str]:
+    """The statements one cursor execution sent (several for a batched round trip)."""
+    return sql.split(BATCH_SEPARATOR)
+
+
+def install_batch_hooks(engine: Engine) -> None:
+    """Let ``engine``'s connections run multi-statements, and read a batched round
+    trip's results back right after its execution (MySQL-protocol backends only)."""
+
+    @event.listens_for(engine, "do_connect")
+    def _multi_statements(
+        _dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]
+    ) -> None:
+        # OR'ed into the flags the dialect chose (FOUND_ROWS: fences count matched rows).
+        cparams["client_flag"] = int(cparams.get("client_flag", 0)) | _CLIENT_MULTI_STATEMENTS
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _read_back(
+        _conn: Any, cursor: Any, _sql: str, _params: Any, context: Any, _many: bool
+    ) -> None:
+        collector = context.execution_options.get(_BATCH_OPTION) if context else None
+        if not isinstance(collector, _Collector):
+            return
+        # Inside SQLAlchemy's execution: an error of statement k (raised while reading its
+        # result) is wrapped and handled like any statement's; the statements after it
+        # were not run by the server. Every result is read before the cursor is closed.
+        collector.rowcounts.append(cursor.rowcount)
+        for _ in range(collector.statements - 1):
+            cursor.nextset()
+            collector.rowcounts.append(cursor.rowcount)
+
+
+def _compiled(dialect: Dialect, write: Write) -> _Compiled | None:
+    keys = frozenset(write.params)
+    cache_key = (dialect.name, write.statement, keys)
+    if cache_key in _COMPILED:
+        return _COMPILED[cache_key]
+    statement = cast(ClauseElement, write.statement)
+    compiled = statement.compile(dialect=dialect, column_keys=sorted(keys))
+    found: _Compiled | None = None
+    if (
+        isinstance(compiled, SQLCompiler)
+        and compiled.positiontup is not None
+        # Python-side defaults and RETURNING need SQLAlchemy's execution context; an
+        # expanding IN is rendered per execution: such statements run on their own.
+        and not compiled.insert_prefetch
+        and not compiled.update_prefetch
+        and not compiled.effective_returning
+        and not compiled.literal_execute_params
+        and not compiled.post_compile_params
+    ):
+        found = _Compiled(
+            compiled=compiled,
+            positions=tuple(compiled.positiontup),
+            processors={
+                name: cast(Callable[[Any], Any], processor)
+                for name, processor in compiled._bind_processors.items()
+            },
+        )
+    _COMPILED[cache_key] = found
+    return found
+
+
+def _bound(write: Write, compiled: _Compiled) -> list[Any]:
+    """The statement's DBAPI parameters, as SQLAlchemy's execution context makes them
+    (``construct_params``, then each bind's type processor, in position order)."""
+    values = compiled.compiled.construct_params(dict(write.params))
+    processors = compiled.processors
+    return [
+        processors[name](values[name]) if name in processors else values[name]
+        for name in compiled.positions
+    ]
+
+
+async def execute_writes(conn: AsyncConnection, writes: Sequence[Write]) -> list[int]:
+    """Execute ``writes`` in order in ``conn``'s transaction and return their row counts
+    — in one round trip where the backend runs multi-statements, one by one elsewhere;
+    checks and duplicate-key errors are decided in statement order on both paths (see
+    the module docstring).
+
+    Raises:
+        Whatever a write's ``check`` or ``on_duplicate`` raises, or the driver error
+        (wrapped by SQLAlchemy) of the first statement that failed.
+    """
+    batched = _batch(conn.dialect, writes)
+    if batched is None:
+        counts: list[int] = []
+        for write in writes:
+            try:
+                result = await conn.execute(write.statement, dict(write.params))
+            except DBAPIError as exc:
+                _raise_mapped(write, exc)
+            counts.append(result.rowcount)
+            if write.check is not None:
+                await write.check(result.rowcount)
+        return counts
+    sql, params = batched
+    collector = _Collector(statements=len(writes), rowcounts=[])
+    failure: DBAPIError | None = None
+    try:
+        await conn.exec_driver_sql(sql, tuple(params), execution_options={_BATCH_OPTION: collector})
+    except DBAPIError as exc:
+        failure = exc
+    for write, count in zip(writes, collector.rowcounts, strict=False):
+        if write.check is not None:
+            await write.check(count)
+    if failure is not None:
+        failed = len(collector.rowcounts)
+        if failed >= len(writes):  # the error came after every result (not a statement's)
+            raise failure
+        _raise_mapped(writes[failed], failure)
+    return collector.rowcounts
+
+
+def fenced_writes(
+    conn: AsyncConnection, writes: Sequence[FencedWrite], *, together: bool
+) -> list[Write]:
+    """``services.db.fenced_updates(conn, writes, together=together)`` as writes of a
+    batch: one multi-table ``UPDATE`` where it would be one, else one ``UPDATE`` each, with
+    the checks that decide them there (the first lost fence raises the same error)."""
+    combined = fenced_together(conn.dialect, writes) if together else None
+    if combined is not None:
+        statement, params = combined
+
+        async def settle(rowcount: int) -> None:
+            await settle_fenced_together(conn, writes, rowcount)
+
+        return [Write(statement, params, check=settle)]
+    return [Write(fenced_statement(w), w.params(), check=_one_row(conn, w)) for w in writes]
+
+
+def _one_row(conn: AsyncConnection, write: FencedWrite) -> Callable[[int], Awaitable[None]]:
+    async def check(rowcount: int) -> None:
+        if rowcount != 1:
+            raise await fence_lost_error(conn, write)
+
+    return check
+
+
+def _raise_mapped(write: Write, exc: DBAPIError) -> NoReturn:
+    if write.on_duplicate is not None and classify_db_error(exc) is DbErrorClass.DUPLICATE_KEY:
+        raise write.on_duplicate() from exc
+    raise exc
+
+
+def _batch(dialect: Dialect, writes: Sequence[Write]) -> tuple[str, list[Any]] | None:
+    if len(writes) < 2 or not strategy_for(dialect).multi_statements:
+        return None
+    parts: list[str] = []
+    params: list[Any] = []
+    for write in writes:
+        compiled = _compiled(dialect, write)
+        if compiled is None:
+            return None
+        parts.append(compiled.compiled.string)
+        params.extend(_bound(write, compiled))
+    return BATCH_SEPARATOR.join(parts), params

@@ -1,0 +1,252 @@
+"""Batched writes (services.db_batch) against real SQLite and MariaDB databases: one round
+trip where the backend runs multi-statements, the same outcome as the statements one by
+one — row counts, checks and duplicate keys decided in statement order, nothing after a
+failed statement run, parameters typed as SQLAlchemy types them."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Integer,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    bindparam,
+    event,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services import db
+from services.db_batch import BATCH_SEPARATOR, Write, execute_writes, fenced_writes
+from services.errors import FenceLostError
+from tests.support.statements import watched_statements
+
+metadata = db.new_metadata()
+notes = Table(
+    "batch_notes",
+    metadata,
+    Column("org_id", String(db.ID_LEN), nullable=False),
+    Column("note_id", String(db.ID_LEN), nullable=False),
+    Column("state_version", BigInteger, nullable=False),
+    Column("body", db.JsonText(256), nullable=True),
+    Column("seen_at", db.UtcDateTime(), nullable=True),
+    PrimaryKeyConstraint("org_id", "note_id"),
+    **db.TABLE_OPTIONS,
+)
+tallies = Table(
+    "batch_tallies",
+    metadata,
+    Column("org_id", String(db.ID_LEN), nullable=False),
+    Column("tally_id", String(db.ID_LEN), nullable=False),
+    Column("state_version", BigInteger, nullable=False),
+    Column("counter", Integer, nullable=False),
+    PrimaryKeyConstraint("org_id", "tally_id"),
+    **db.TABLE_OPTIONS,
+)
+_serial = itertools.count()
+stamped = Table(
+    "batch_stamped",
+    metadata,
+    Column("org_id", String(db.ID_LEN), nullable=False),
+    Column("stamp_id", String(db.ID_LEN), nullable=False),
+    # A Python-side default: only SQLAlchemy's execution context fills it in.
+    Column("serial", Integer, nullable=False, default=lambda: next(_serial)),
+    PrimaryKeyConstraint("org_id", "stamp_id"),
+    **db.TABLE_OPTIONS,
+)
+
+ORG = "org-1"
+_INSERT_NOTE = insert(notes)
+_INSERT_TALLY = insert(tallies)
+_INSERT_STAMPED = insert(stamped)
+_BUMP = (
+    update(tallies)
+    .where(
+        tallies.c.org_id == bindparam("k_org"),
+        tallies.c.tally_id == bindparam("k_id"),
+        tallies.c.state_version == bindparam("k_version"),
+    )
+    .values(counter=bindparam("v_counter"), state_version=tallies.c.state_version + 1)
+)
+
+
+class Duplicate(Exception):
+    pass
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = db.create_engine(db_url, pool_size=3)
+    async with db.transaction(eng) as conn:
+        await conn.run_sync(metadata.create_all)
+    yield eng
+    await eng.dispose()
+
+
+@contextmanager
+def round_trips(engine: AsyncEngine) -> Iterator[list[str]]:
+    """Every cursor execution ``engine`` sends inside the block (one per round trip)."""
+    seen: list[str] = []
+
+    def on_execute(*args: Any) -> None:
+        seen.append(str(args[2]))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
+    try:
+        yield seen
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", on_execute)
+
+
+def _batches(engine: AsyncEngine) -> bool:
+    return db.strategy_for(engine.dialect).multi_statements
+
+
+def _note(note_id: str, **overrides: Any) -> Write:
+    values = {"org_id": ORG, "note_id": note_id, "state_version": 0, **overrides}
+    return Write(_INSERT_NOTE, values, on_duplicate=lambda: Duplicate(note_id))
+
+
+def _bump(tally_id: str, version: int, counter: int, check: Any = None) -> Write:
+    params = {"k_org": ORG, "k_id": tally_id, "k_version": version, "v_counter": counter}
+    return Write(_BUMP, params, check=check)
+
+
+async def _note_ids(conn: AsyncConnection) -> list[str]:
+    rows = await conn.execute(select(notes.c.note_id).order_by(notes.c.note_id))
+    return list(rows.scalars())
+
+
+async def test_writes_share_one_round_trip_where_the_backend_runs_multi_statements(
+    engine: AsyncEngine,
+) -> None:
+    seen_at = datetime(2026, 3, 4, 5, 6, 7, 123000, tzinfo=UTC)
+    async with db.transaction(engine) as conn:
+        await conn.execute(
+            _INSERT_TALLY, {"org_id": ORG, "tally_id": "t", "state_version": 2, "counter": 0}
+        )
+    with round_trips(engine) as trips, watched_statements(engine) as statements:
+        async with db.transaction(engine) as conn:
+            counts = await execute_writes(
+                conn,
+                [
+                    # A literal % and a quote in a bound value: bound by the driver, never
+                    # inlined into the statement text.
+                    _note("n1", body='{"text": "50% of \'it\'"}', seen_at=seen_at),
+                    _note("n2"),
+                    _bump("t", 2, 7),
+                ],
+            )
+    assert counts == [1, 1, 1]
+    writes = [t for t in trips if not t.startswith(("BEGIN", "COMMIT"))]
+    assert len(writes) == (1 if _batches(engine) else 3)
+    # Statement listeners see every statement of the round trip.
+    assert [s.split()[0] for s in statements if not s.startswith("BEGIN")] == [
+        "INSERT",
+        "INSERT",
+        "UPDATE",
+    ]
+    async with db.transaction(engine, readonly=True) as conn:
+        row = (await conn.execute(select(notes).where(notes.c.note_id == "n1"))).one()
+        tally = (await conn.execute(select(tallies))).one()
+    assert row.body == '{"text": "50% of \'it\'"}'
+    assert row.seen_at == seen_at  # typed by UtcDateTime's bind and result processors
+    assert (tally.state_version, tally.counter) == (3, 7)
+
+
+async def test_a_duplicate_raises_the_writes_error_and_nothing_after_it_runs(
+    engine: AsyncEngine,
+) -> None:
+    async with db.transaction(engine) as conn:
+        await execute_writes(conn, [_note("n2")])
+    async with db.transaction(engine) as conn:
+        with pytest.raises(Duplicate) as caught:
+            await execute_writes(conn, [_note("n1"), _note("n2"), _note("n3")])
+        assert isinstance(caught.value.__cause__, IntegrityError)
+        # The transaction is still usable: what ran before the duplicate is there, what
+        # came after it never ran.
+        assert await _note_ids(conn) == ["n1", "n2"]
+    async with db.transaction(engine, readonly=True) as conn:
+        assert await _note_ids(conn) == ["n1", "n2"]
+
+
+async def test_a_duplicate_without_its_own_error_is_the_driver_error(engine: AsyncEngine) -> None:
+    async with db.transaction(engine) as conn:
+        await execute_writes(conn, [_note("n1")])
+    with pytest.raises(IntegrityError) as caught:
+        async with db.transaction(engine) as conn:
+            plain = Write(_INSERT_NOTE, {"org_id": ORG, "note_id": "n1", "state_version": 0})
+            await execute_writes(conn, [_note("n0"), plain])
+    assert db.classify_db_error(caught.value) is db.DbErrorClass.DUPLICATE_KEY
+    async with db.transaction(engine, readonly=True) as conn:
+        assert await _note_ids(conn) == ["n1"]  # n0 went with the rollback
+
+
+async def test_checks_decide_in_statement_order_before_a_later_failure(
+    engine: AsyncEngine,
+) -> None:
+    async with db.transaction(engine) as conn:
+        await execute_writes(conn, [_note("n1")])
+    checked: list[int] = []
+
+    async def must_match(rowcount: int) -> None:
+        checked.append(rowcount)
+        if rowcount != 1:
+            raise LookupError("the tally moved")
+
+    # The UPDATE matches nothing and the INSERT after it is a duplicate: one by one, the
+    # UPDATE's check fails first, so that is what a batch raises too.
+    with pytest.raises(LookupError):
+        async with db.transaction(engine) as conn:
+            await execute_writes(conn, [_bump("missing", 0, 1, must_match), _note("n1")])
+    assert checked == [0]
+
+
+async def test_fenced_writes_lose_the_fence_with_the_single_statements_error(
+    engine: AsyncEngine,
+) -> None:
+    async with db.transaction(engine) as conn:
+        await conn.execute(
+            _INSERT_TALLY, {"org_id": ORG, "tally_id": "t", "state_version": 4, "counter": 0}
+        )
+    stale = db.FencedWrite(tallies, ORG, {"tally_id": "t"}, 3, {"counter": 9}, {})
+    with pytest.raises(FenceLostError) as caught:
+        async with db.transaction(engine) as conn:
+            await execute_writes(conn, [*fenced_writes(conn, [stale], together=True), _note("n9")])
+    assert caught.value.attributes["entity"] == "batch_tallies"
+    assert (caught.value.expected_version, caught.value.found_version) == (3, 4)
+    async with db.transaction(engine, readonly=True) as conn:
+        assert await _note_ids(conn) == []
+        assert (await conn.execute(select(tallies.c.counter))).scalar_one() == 0
+
+
+async def test_statements_that_need_the_execution_context_run_on_their_own(
+    engine: AsyncEngine,
+) -> None:
+    with round_trips(engine) as trips:
+        async with db.transaction(engine) as conn:
+            counts = await execute_writes(
+                conn,
+                [
+                    Write(_INSERT_STAMPED, {"org_id": ORG, "stamp_id": "s1"}),
+                    _note("n1"),
+                ],
+            )
+    assert counts == [1, 1]
+    writes = [t for t in trips if not t.startswith(("BEGIN", "COMMIT"))]
+    assert len(writes) == 2 and not any(BATCH_SEPARATOR in t for t in writes)
+    async with db.transaction(engine, readonly=True) as conn:
+        serial = (await conn.execute(select(stamped.c.serial))).scalar_one()
+    assert isinstance(serial, int)  # the Python-side default was applied
