@@ -13,7 +13,10 @@ Meaning is unchanged, on purpose:
   constructs, compiled once per shape for the connection's dialect, parameters bound
   and typed by SQLAlchemy's own bind processors — never inlined as literals);
 * they run in order in the caller's transaction, and the server stops at the first
-  that fails: the ones after it never run, as when executing them one by one;
+  that fails (an error): the ones after it never run, as when executing them one by one.
+  A row count that a check refuses (a lost fence) is not an error to the server: the
+  statements after it run and are rolled back with the transaction — so batch only
+  writes whose existing rows the transaction already holds locked (ADR 0010);
 * each write's :attr:`Write.check` sees its row count, and a duplicate key raises the
   write's :attr:`Write.on_duplicate`, strictly in statement order — so the first
   failure the sequential code would have met is the one raised, with the same error;

@@ -115,6 +115,7 @@ from runtime_svc.kernel.store_rows import (
     apply_commit_continued,
     apply_transition,
     checkpoint_insert,
+    checkpoint_written,
     count_fenced_attempts,
     extend_lease_row,
     fence_error,
@@ -153,7 +154,6 @@ from services.db import db_now, run_in_transaction, strategy_for, transaction
 from services.db_batch import Write
 from services.errors import FenceLostError, NotFoundError
 from services.invariants import InvariantError
-from services.metrics import metrics
 from services.telemetry import trace_id_of
 
 __all__ = [
@@ -791,7 +791,7 @@ class FlowRunStateStore:
         if continued is None:
             await apply_transition(conn, org_id, transition, now, rows_locked=True, before=before)
         if before:
-            metrics().checkpoint_written(len(prepared.context_json.encode("utf-8")))
+            checkpoint_written(prepared)
         # Continued: the root and next step were written as the continuation left them
         # (the fence carries what a caller needs); otherwise as the commit left them.
         written = continued is None

@@ -32,13 +32,14 @@ from runtime_svc.kernel.store_codec import run_from_row
 from runtime_svc.kernel.store_reads import get_run_txn
 from runtime_svc.kernel.store_rows import (
     PreparedCheckpoint,
+    attempt_insert,
+    checkpoint_insert,
+    checkpoint_written,
     claimed_run_values,
-    insert_attempt,
-    insert_checkpoint,
-    insert_step,
     new_id,
     new_run_id,
     prepare_checkpoint,
+    step_insert,
 )
 from runtime_svc.kernel.tables import check_transition, compatibility_status
 from runtime_svc.migration.protocol import require_v2_admission, require_v2_admission_txn
@@ -47,6 +48,7 @@ from runtime_svc.schema import execution_plans, flow_runs
 from runtime_svc.schema_bridge import flow_deployment_control
 from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now, insert_if_absent, now_column, remember_now
+from services.db_batch import execute_writes
 from services.digest import versioned_digest
 from services.errors import ConflictError, NotFoundError
 from services.invariants import InvariantError
@@ -394,8 +396,7 @@ async def create_run_txn(
         return _replay(existing, request_digest)
     # The run's first checkpoint: this transaction inserted the root (the insert won),
     # so the run has no checkpoint yet and its last sequence is 0 — no read for it.
-    meta = await insert_checkpoint(
-        conn,
+    checkpoint, meta = checkpoint_insert(
         org,
         run_id,
         prepared,
@@ -406,15 +407,24 @@ async def create_run_txn(
     )
     input_checkpoint = (prepared.context_json, prepared.read_verification_json, meta.sequence)
     if claimed is None:
-        await insert_step(conn, org, step, now)
+        # Checkpoint and step in one round trip where the backend allows (ADR 0010).
+        await execute_writes(conn, [checkpoint, step_insert(org, step, now, None)])
+        checkpoint_written(prepared)
         return StartRunResult(
             created_root, created=True, step=created_step, input_checkpoint=input_checkpoint
         )
     new_attempt, step_patch = claimed.transition.new_attempt, claimed.transition.step
     if new_attempt is None or step_patch is None:
         raise InvariantError("a claim patches the step and adds an attempt")
-    await insert_step(conn, org, step, now, claimed=(step_patch, claimed.running))
-    await insert_attempt(conn, org, new_attempt)
+    await execute_writes(
+        conn,
+        [
+            checkpoint,
+            step_insert(org, step, now, (step_patch, claimed.running)),
+            attempt_insert(org, new_attempt),
+        ],
+    )
+    checkpoint_written(prepared)
     start = ClaimedStart(
         claimed.fence, first, prepared.context_json, prepared.read_verification_json, meta.sequence
     )

@@ -72,7 +72,6 @@ from runtime_svc.schema import (
 from services.db import (
     FencedWrite,
     SwitchOnNull,
-    fenced_updates,
     insert_if_absent,
     now_column,
     remember_now,
@@ -527,12 +526,18 @@ async def apply_transition(
         writes.append(_attempt_write(org_id, transition.attempt))
     batch = [*before, *fenced_writes(conn, writes, together=rows_locked)]
     if transition.new_attempt is not None:
-        batch.append(_attempt_insert(org_id, transition.new_attempt))
+        batch.append(attempt_insert(org_id, transition.new_attempt))
     if transition.new_step is not None:
-        batch.append(_step_insert(org_id, transition.new_step, now, None))
-    # In order, one round trip where the backend allows (ADR 0010): each UPDATE's row
-    # count and each INSERT's duplicate key decide as the statements alone would.
-    await execute_writes(conn, batch)
+        batch.append(step_insert(org_id, transition.new_step, now, None))
+    if rows_locked:
+        # In order, one round trip where the backend allows (ADR 0010): each UPDATE's
+        # row count and each INSERT's duplicate key decide as the statements alone would.
+        await execute_writes(conn, batch)
+        return
+    # Rows not held yet: a lost fence must stop the statements after it before they
+    # take their rows' locks (a batch runs them, then rolls them back), so one by one.
+    for write in batch:
+        await execute_writes(conn, [write])
 
 
 async def apply_claim_running(
@@ -569,14 +574,18 @@ async def apply_claim_running(
         step.to_state
     ):
         raise InvariantError("the running patch does not continue the claim's step patch")
-    await fenced_updates(
-        conn,
-        (
-            _run_write(org_id, claim.run, projected_step_state(claim), now),
-            _step_write(org_id, step, now, then=running),
-        ),
+    writes = (
+        _run_write(org_id, claim.run, projected_step_state(claim), now),
+        _step_write(org_id, step, now, then=running),
     )
-    await insert_attempt(conn, org_id, claim.new_attempt)
+    # One round trip where the backend allows (ADR 0010), decided in statement order.
+    await execute_writes(
+        conn,
+        [
+            *fenced_writes(conn, writes, together=True),
+            attempt_insert(org_id, claim.new_attempt),
+        ],
+    )
 
 
 async def apply_commit_continued(
@@ -627,21 +636,23 @@ async def apply_commit_continued(
         [
             *before,
             *fenced_writes(conn, writes, together=True),
-            _step_insert(org_id, new_step, now, (step, running)),
-            _attempt_insert(org_id, claim.new_attempt),
+            step_insert(org_id, new_step, now, (step, running)),
+            attempt_insert(org_id, claim.new_attempt),
         ],
     )
 
 
-def _step_insert(
+def step_insert(
     org_id: str, s: NewStep, now: datetime, claimed: tuple[StepPatch, StepPatch] | None
 ) -> Write:
+    """:func:`insert_step` as a write of a batch (``services.db_batch``)."""
     return Write(
         _INSERT_STEP, _step_values(org_id, s, now, claimed), on_duplicate=lambda: _step_exists(s)
     )
 
 
-def _attempt_insert(org_id: str, a: NewAttempt) -> Write:
+def attempt_insert(org_id: str, a: NewAttempt) -> Write:
+    """:func:`insert_attempt` as a write of a batch (``services.db_batch``)."""
     return Write(
         _INSERT_ATTEMPT, _attempt_values(org_id, a), on_duplicate=lambda: _attempt_exists(a)
     )
@@ -896,8 +907,14 @@ async def insert_checkpoint(
         last_sequence=int(last or 0),
     )
     await execute_writes(conn, [write])
-    metrics().checkpoint_written(len(checkpoint.context_json.encode("utf-8")))
+    checkpoint_written(checkpoint)
     return meta
+
+
+def checkpoint_written(checkpoint: PreparedCheckpoint) -> None:
+    """Count a checkpoint a batch wrote (:func:`checkpoint_insert`), as
+    :func:`insert_checkpoint` counts its own."""
+    metrics().checkpoint_written(len(checkpoint.context_json.encode("utf-8")))
 
 
 def checkpoint_insert(
