@@ -31,6 +31,7 @@ code path for both.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
@@ -101,7 +102,11 @@ class _Compiled:
     processors: Mapping[str, Callable[[Any], Any]]
 
 
-_COMPILED: dict[tuple[str, Executable, frozenset[str]], _Compiled | None] = {}
+#: Per dialect (an engine's: its server flags shape the SQL), per statement and parameter
+#: names: the compiled form, or ``None`` for a statement that must run on its own.
+_COMPILED: weakref.WeakKeyDictionary[
+    Dialect, dict[tuple[Executable, frozenset[str]], _Compiled | None]
+] = weakref.WeakKeyDictionary()
 
 
 def statements_of(sql: str) -> list[str]:
@@ -138,9 +143,12 @@ def install_batch_hooks(engine: Engine) -> None:
 
 def _compiled(dialect: Dialect, write: Write) -> _Compiled | None:
     keys = frozenset(write.params)
-    cache_key = (dialect.name, write.statement, keys)
-    if cache_key in _COMPILED:
-        return _COMPILED[cache_key]
+    cache_key = (write.statement, keys)
+    cache = _COMPILED.get(dialect)
+    if cache is None:
+        cache = _COMPILED[dialect] = {}
+    if cache_key in cache:
+        return cache[cache_key]
     statement = cast(ClauseElement, write.statement)
     compiled = statement.compile(dialect=dialect, column_keys=sorted(keys))
     found: _Compiled | None = None
@@ -163,7 +171,7 @@ def _compiled(dialect: Dialect, write: Write) -> _Compiled | None:
                 for name, processor in compiled._bind_processors.items()
             },
         )
-    _COMPILED[cache_key] = found
+    cache[cache_key] = found
     return found
 
 

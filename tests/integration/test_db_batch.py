@@ -23,13 +23,14 @@ from sqlalchemy import (
     event,
     insert,
     select,
+    text,
     update,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services import db
-from services.db_batch import BATCH_SEPARATOR, Write, execute_writes, fenced_writes
+from services.db_batch import BATCH_SEPARATOR, Write, execute_writes, fenced_writes, statements_of
 from services.errors import FenceLostError
 from tests.support.statements import watched_statements
 
@@ -250,3 +251,27 @@ async def test_statements_that_need_the_execution_context_run_on_their_own(
     async with db.transaction(engine, readonly=True) as conn:
         serial = (await conn.execute(select(stamped.c.serial))).scalar_one()
     assert isinstance(serial, int)  # the Python-side default was applied
+
+
+async def test_a_connection_lost_under_a_batch_is_classified_as_for_one_statement(
+    engine: AsyncEngine,
+) -> None:
+    if not _batches(engine):
+        pytest.skip("SQLite runs in process: no connection to lose")
+    with pytest.raises(DBAPIError) as caught:
+        async with db.transaction(engine) as conn:
+            connection_id = (await conn.execute(text("SELECT CONNECTION_ID()"))).scalar_one()
+            async with db.transaction(engine) as killer:
+                await killer.execute(text(f"KILL {int(connection_id)}"))
+            await execute_writes(conn, [_note("n1"), _note("n2")])
+    # Wrapped by SQLAlchemy and the connection invalidated, as for a single statement:
+    # the worker's classification (never a retry of a possibly-run write) is unchanged.
+    assert caught.value.connection_invalidated
+    assert db.classify_db_error(caught.value) is db.DbErrorClass.OUTCOME_UNKNOWN
+    async with db.transaction(engine, readonly=True) as conn:
+        assert await _note_ids(conn) == []
+
+
+def test_statement_listeners_split_a_round_trip_into_its_statements() -> None:
+    assert statements_of("INSERT a" + BATCH_SEPARATOR + "UPDATE b") == ["INSERT a", "UPDATE b"]
+    assert statements_of("SELECT 1") == ["SELECT 1"]
