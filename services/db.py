@@ -398,7 +398,9 @@ class _MySqlStrategy(DialectStrategy):
     def install_hooks(self, engine: Engine) -> None:
         # The driver runs with autocommit off (the first statement opens the transaction),
         # and isolation and lock-wait timeout are connect options. A Galera node also gets
-        # the cluster profile's per-connection settings (causal reads, TOI DDL).
+        # the cluster profile's per-connection settings (causal reads, TOI DDL). Every
+        # connection may run multi-statements, and a batched round trip's results are
+        # read back in its execution (services/db_batch.py, ADR 0010).
         install_session_hooks(engine)
         from services.db_batch import install_batch_hooks  # imports this module
 
