@@ -214,6 +214,10 @@ async def execute_writes(conn: AsyncConnection, writes: Sequence[Write]) -> list
     try:
         await conn.exec_driver_sql(sql, tuple(params), execution_options={_BATCH_OPTION: collector})
     except DBAPIError as exc:
+        if exc.connection_invalidated:
+            # The connection is gone (outcome unknown to this transaction): no check may
+            # run another statement on it, and nothing else is worth reporting.
+            raise
         failure = exc
     for write, count in zip(writes, collector.rowcounts, strict=False):
         if write.check is not None:
