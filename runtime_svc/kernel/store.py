@@ -119,7 +119,7 @@ from runtime_svc.kernel.store_rows import (
     count_fenced_attempts,
     extend_lease_row,
     fence_error,
-    insert_checkpoint,
+    last_checkpoint_sequence,
     lock_fenced,
     lock_latest_attempt,
     lock_root_and_current,
@@ -150,7 +150,7 @@ from runtime_svc.kernel.transitions_effects import CAUSE_CANCELLED_AFTER_EFFECT
 from runtime_svc.kernel.wait_model import DependencyRecord, DependencyState
 from runtime_svc.resources import LockPlan
 from services.auth import TrustedRuntimeWorkScope
-from services.db import db_now, run_in_transaction, strategy_for, transaction
+from services.db import db_now, run_in_transaction, transaction
 from services.db_batch import Write
 from services.errors import FenceLostError, NotFoundError
 from services.invariants import InvariantError
@@ -756,31 +756,20 @@ class FlowRunStateStore:
         if isinstance(decision, FenceLost):
             raise fence_error(decision)
         last_sequence = input_sequence if root.state_version == fence.root_state_version else None
-        before: list[Write] = []
-        if last_sequence is not None and strategy_for(conn.dialect).multi_statements:
-            # Known sequence: the checkpoint INSERT goes out with the commit's UPDATEs
-            # and INSERTs, in one round trip (ADR 0010), first as before.
-            checkpoint, meta = checkpoint_insert(
-                org_id,
-                root.flow_run_id,
-                prepared,
-                checkpoint_id=checkpoint_id,
-                created_by_attempt_id=attempt.attempt_id,
-                now=now,
-                last_sequence=last_sequence,
-            )
-            before.append(checkpoint)
-        else:
-            meta = await insert_checkpoint(
-                conn,
-                org_id,
-                root.flow_run_id,
-                prepared,
-                checkpoint_id=checkpoint_id,
-                created_by_attempt_id=attempt.attempt_id,
-                now=now,
-                last_sequence=last_sequence,
-            )
+        if last_sequence is None:
+            last_sequence = await last_checkpoint_sequence(conn, org_id, root.flow_run_id)
+        # The checkpoint INSERT goes first among the commit's writes — in one round trip
+        # with its UPDATEs and INSERTs where the backend batches writes (ADR 0010).
+        checkpoint, meta = checkpoint_insert(
+            org_id,
+            root.flow_run_id,
+            prepared,
+            checkpoint_id=checkpoint_id,
+            created_by_attempt_id=attempt.attempt_id,
+            now=now,
+            last_sequence=last_sequence,
+        )
+        before = [checkpoint]
         transition = decision.transition
         new_step = transition.new_step
         continued = None
@@ -790,8 +779,7 @@ class FlowRunStateStore:
             )
         if continued is None:
             await apply_transition(conn, org_id, transition, now, rows_locked=True, before=before)
-        if before:
-            checkpoint_written(prepared)
+        checkpoint_written(prepared)
         # Continued: the root and next step were written as the continuation left them
         # (the fence carries what a caller needs); otherwise as the commit left them.
         written = continued is None

@@ -87,13 +87,16 @@ __all__ = [
     "apply_claim_running",
     "apply_commit_continued",
     "apply_transition",
+    "attempt_insert",
+    "checkpoint_insert",
+    "checkpoint_written",
     "claimed_run_values",
     "count_fenced_attempts",
     "extend_lease_row",
     "fence_error",
     "insert_attempt",
-    "insert_checkpoint",
     "insert_step",
+    "last_checkpoint_sequence",
     "lock_attempt",
     "lock_fenced",
     "lock_fenced_sequential",
@@ -104,6 +107,7 @@ __all__ = [
     "new_id",
     "new_run_id",
     "prepare_checkpoint",
+    "step_insert",
 ]
 
 _V2 = ExecutionOwner.FLOW_RUNTIME_V2.code
@@ -876,44 +880,15 @@ _MAX_SEQUENCE = select(func.max(flow_checkpoints.c.sequence)).where(
 )
 
 
-async def insert_checkpoint(
-    conn: AsyncConnection,
-    org_id: str,
-    flow_run_id: str,
-    checkpoint: PreparedCheckpoint,
-    *,
-    checkpoint_id: str,
-    created_by_attempt_id: str | None,
-    now: datetime,
-    last_sequence: int | None = None,
-) -> CheckpointMeta:
-    """Insert an immutable checkpoint with the run's next sequence.
-
-    The caller holds the root lock, which is what makes ``max(sequence) + 1`` safe; a
-    duplicate sequence would mean a writer without that lock and is a conflict.
-    ``last_sequence``: the run's latest sequence when the caller proved it under that
-    lock (``FlowRunStateStore.commit_step_txn``'s ``input_sequence``); read otherwise.
-    """
-    last = last_sequence
-    if last is None:
-        last = (await conn.execute(_MAX_SEQUENCE, {"org": org_id, "run": flow_run_id})).scalar_one()
-    write, meta = checkpoint_insert(
-        org_id,
-        flow_run_id,
-        checkpoint,
-        checkpoint_id=checkpoint_id,
-        created_by_attempt_id=created_by_attempt_id,
-        now=now,
-        last_sequence=int(last or 0),
-    )
-    await execute_writes(conn, [write])
-    checkpoint_written(checkpoint)
-    return meta
+async def last_checkpoint_sequence(conn: AsyncConnection, org_id: str, flow_run_id: str) -> int:
+    """The run's latest checkpoint sequence (0: none). The caller holds the root lock,
+    which is what makes ``+ 1`` the next free sequence (:func:`checkpoint_insert`)."""
+    last = (await conn.execute(_MAX_SEQUENCE, {"org": org_id, "run": flow_run_id})).scalar_one()
+    return int(last or 0)
 
 
 def checkpoint_written(checkpoint: PreparedCheckpoint) -> None:
-    """Count a checkpoint a batch wrote (:func:`checkpoint_insert`), as
-    :func:`insert_checkpoint` counts its own."""
+    """Count a checkpoint once its :func:`checkpoint_insert` write went through."""
     metrics().checkpoint_written(len(checkpoint.context_json.encode("utf-8")))
 
 
@@ -927,9 +902,13 @@ def checkpoint_insert(
     now: datetime,
     last_sequence: int,
 ) -> tuple[Write, CheckpointMeta]:
-    """:func:`insert_checkpoint` with the run's latest sequence known, as a write of a
-    batch (``services.db_batch``) and the checkpoint it makes; the caller counts it
-    (``metrics().checkpoint_written``) once written."""
+    """The INSERT of an immutable checkpoint at the run's next sequence, as a write of the
+    caller's batch (``services.db_batch``), and the checkpoint it makes. The caller holds
+    the root lock and read ``last_sequence`` under it (:func:`last_checkpoint_sequence`),
+    or knows it (a run it just created: 0; a continued step: ADR 0002) — which is what
+    makes ``last_sequence + 1`` safe; a duplicate sequence would mean a writer without
+    that lock and raises ``ConflictError``. The caller counts it once written
+    (:func:`checkpoint_written`)."""
     last = last_sequence
     meta = CheckpointMeta(
         checkpoint_id=checkpoint_id,

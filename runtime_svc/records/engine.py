@@ -334,10 +334,8 @@ async def apply_mutation_txn(
     before: RecordState | None
     sequence: int | None = None
     # Writes that go out with the event and audit INSERTs (one round trip where the
-    # backend runs multi-statements and multi-table UPDATEs).
+    # backend batches writes).
     first: list[Write] = []
-    strategy = strategy_for(conn.dialect)
-    batched = strategy.multi_statements and strategy.multi_table_update
     if mutation.kind is MutationKind.CREATE:
         if rkey not in locks.pending_creates or current is None:
             if current is not None:
@@ -377,8 +375,9 @@ async def apply_mutation_txn(
         encoded = store.fields_json(after.fields)
         hkey = history_key(obj, rid)
         last = locks.history.get(hkey)
-        if last is not None and batched:
-            # Sent with the event and audit INSERTs below, in one round trip (ADR 0010).
+        if last is not None and strategy_for(conn.dialect).multi_table_update:
+            # Both rows held: one multi-table UPDATE (ADR 0009), sent with the event and
+            # audit INSERTs below — one round trip where the backend batches (ADR 0010).
             first.append(
                 store.advancing_history_write(
                     org_id,
@@ -393,19 +392,6 @@ async def apply_mutation_txn(
                     ),
                 )
             )
-            version, sequence = expected + 1, last + 1
-            locks.history[hkey] = sequence
-        elif last is not None and await store.update_record_advancing_history_txn(
-            conn,
-            org_id,
-            after,
-            expected,
-            lock_relevant,
-            encoded_fields=encoded,
-            last_sequence=last,
-            now=locks.now,
-        ):
-            # One statement wrote both (a multi-table UPDATE; both rows held).
             version, sequence = expected + 1, last + 1
             locks.history[hkey] = sequence
         else:

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records.model import ParentRef, RecordState
 from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
-from services.db import insert_prepared, now_column, remember_now, strategy_for
+from services.db import insert_prepared, now_column, remember_now
 from services.db_batch import Write
 from services.digest import canonical_json
 from services.errors import FenceLostError
@@ -53,7 +53,6 @@ __all__ = [
     "lock_record_history_txn",
     "query_children_txn",
     "read_record_txn",
-    "update_record_advancing_history_txn",
     "update_record_txn",
 ]
 
@@ -137,7 +136,7 @@ _LOCK_RECORD_HISTORY = (
     .with_for_update()
 )
 #: The record's fenced write and its history row's advance in one multi-table UPDATE
-#: (:func:`update_record_advancing_history_txn`): both rows' predicates, both rows' values.
+#: (:func:`advancing_history_write`): both rows' predicates, both rows' values.
 _RECORD_SET_COLUMNS = (
     "fields",
     "is_deleted",
@@ -371,42 +370,6 @@ async def update_record_txn(
     )
 
 
-async def update_record_advancing_history_txn(
-    conn: AsyncConnection,
-    org_id: str,
-    state: RecordState,
-    expected_version: int,
-    lock_relevant: frozenset[str],
-    *,
-    encoded_fields: str,
-    last_sequence: int,
-    now: datetime,
-) -> bool:
-    """:func:`update_record_txn` and :func:`advance_history_txn` as **one** statement, on
-    a backend with multi-table UPDATE (MariaDB, MySQL, TiDB): the record's fence
-    (version) and the history row's (``last_sequence``) in one ``WHERE``, both rows'
-    values in one ``SET``. The caller holds both rows' locks (the engine's lock phase,
-    record then history), so no lock is taken in another order.
-
-    Returns:
-        ``True``: both written (record at ``expected_version + 1``, history at
-        ``last_sequence + 1``). ``False``: nothing written — another backend, or a fence
-        did not match; the caller writes them one by one, and the two statements decide
-        (and raise) exactly as they always do.
-
-    Raises:
-        RuntimeError: one row matched and not the other (a backend that counts rows
-            otherwise; the caller's transaction must roll back).
-    """
-    if not strategy_for(conn.dialect).multi_table_update:
-        return False
-    params = _advancing_params(
-        org_id, state, expected_version, lock_relevant, encoded_fields, last_sequence, now
-    )
-    result = await conn.execute(_UPDATE_RECORD_ADVANCE_HISTORY, params)
-    return advanced_together(result.rowcount)
-
-
 def advancing_history_write(
     org_id: str,
     state: RecordState,
@@ -418,9 +381,14 @@ def advancing_history_write(
     now: datetime,
     check: Callable[[int], Awaitable[None]],
 ) -> Write:
-    """:func:`update_record_advancing_history_txn`'s statement as one write of a batch
-    (``services.db_batch``; a backend with multi-table UPDATE): ``check`` decides its
-    row count (:func:`advanced_together`)."""
+    """:func:`update_record_txn` and :func:`advance_history_txn` as **one** statement, on
+    a backend with multi-table UPDATE (MariaDB, MySQL, TiDB), as a write of the caller's
+    batch (``services.db_batch``): the record's fence (version) and the history row's
+    (``last_sequence``) in one ``WHERE``, both rows' values in one ``SET``. The caller
+    holds both rows' locks (the engine's lock phase, record then history), so no lock is
+    taken in another order. ``check`` decides its row count (:func:`advanced_together`):
+    both written, or — nothing written — the two statements run alone and raise what
+    they always raise."""
     params = _advancing_params(
         org_id, state, expected_version, lock_relevant, encoded_fields, last_sequence, now
     )
@@ -429,7 +397,7 @@ def advancing_history_write(
 
 def advanced_together(rowcount: int) -> bool:
     """The record + history UPDATE's decision: ``True`` both rows written, ``False``
-    neither (a fence did not match; see :func:`update_record_advancing_history_txn`).
+    neither (a fence did not match; see :func:`advancing_history_write`).
 
     Raises:
         RuntimeError: one row matched and not the other.

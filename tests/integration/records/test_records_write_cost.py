@@ -65,7 +65,7 @@ UNPARENTED_PLAIN_UPDATE_STATEMENTS = 5
 def _update_statements(engine: AsyncEngine, count: int) -> int:
     """``count`` on a backend with multi-table UPDATE (MariaDB) is one less: the record's
     CAS UPDATE and its history advance are one statement there (both rows held by the
-    lock phase; ``store.update_record_advancing_history_txn``)."""
+    lock phase; ``store.advancing_history_write``)."""
     return count - 1 if strategy_for(engine.dialect).multi_table_update else count
 
 

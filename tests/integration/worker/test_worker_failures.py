@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pymysql
 import pytest
@@ -25,6 +26,7 @@ from runtime_svc.kernel import (
 from runtime_svc.resources import LateResourceDiscoveryError, business_key
 from runtime_svc.schema import flow_step_attempts, flow_step_executions
 from runtime_svc.worker import Outcome, Sweeper
+from services.db_batch import Write
 from services.errors import CommitOutcomeUnknownError
 from services.faults import CrashPoint, connection_lost_after_commit
 from tests.integration.kernel.conftest import ShiftedClock
@@ -415,15 +417,21 @@ async def test_a_failing_checkpoint_insert_rolls_the_business_writes_back(
     seeded = await seed(engine)
     run = await start_run(store, seeded)
     failed: list[int] = []
-    real_insert = kernel_store.insert_checkpoint
+    real_insert = kernel_store.checkpoint_insert
 
-    async def insert_checkpoint(*args: object, **kwargs: object) -> object:
-        if not failed:
-            failed.append(1)
-            raise pymysql.err.OperationalError(1213, "checkpoint insert failed (injected)")
-        return await real_insert(*args, **kwargs)  # type: ignore[arg-type]
+    def checkpoint_insert(*args: Any, **kwargs: Any) -> tuple[Write, Any]:
+        write, meta = real_insert(*args, **kwargs)
 
-    monkeypatch.setattr(kernel_store, "insert_checkpoint", insert_checkpoint)
+        async def fail_once(rowcount: int) -> None:
+            # The INSERT's outcome is decided after it ran (in the commit's batch on
+            # MariaDB): the first one fails as a deadlock would.
+            if not failed:
+                failed.append(1)
+                raise pymysql.err.OperationalError(1213, "checkpoint insert failed (injected)")
+
+        return dataclasses.replace(write, check=fail_once), meta
+
+    monkeypatch.setattr(kernel_store, "checkpoint_insert", checkpoint_insert)
     worker = make_worker(engine, store)
     assert await worker.run_batch(seeded.org) == [Outcome.RETRY_SCHEDULED]
     assert failed == [1]

@@ -5,7 +5,6 @@ without multi-table UPDATE sends no combined statement at all."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -14,7 +13,6 @@ from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records import store
-from runtime_svc.records.model import RecordState
 from runtime_svc.schema import flow_runs, flow_step_executions
 from services import db
 
@@ -56,32 +54,15 @@ async def test_all_rows_matched_is_each_write_s_next_version() -> None:
     assert len(conn.sent) == 1
 
 
-def _record() -> RecordState:
-    now = datetime(2026, 1, 1, tzinfo=UTC)
-    return RecordState("org", "Contact", "c1", 2, {"Name": "x"}, (), False, now, now)
-
-
-async def _advance(conn: _Conn) -> bool:
-    return await store.update_record_advancing_history_txn(
-        cast(AsyncConnection, conn),
-        "org",
-        _record(),
-        2,
-        frozenset(),
-        encoded_fields='{"Name":"x"}',
-        last_sequence=4,
-        now=datetime(2026, 1, 1, tzinfo=UTC),
-    )
-
-
 async def test_record_and_history_in_one_statement_partial_count_is_refused() -> None:
     with pytest.raises(RuntimeError, match="matched 1 of 2 rows"):
-        await _advance(_Conn(mysql.dialect(), rowcount=1))
-    assert await _advance(_Conn(mysql.dialect(), rowcount=2)) is True
-    assert await _advance(_Conn(mysql.dialect(), rowcount=0)) is False
+        store.advanced_together(1)
+    assert store.advanced_together(2) is True
+    assert store.advanced_together(0) is False
 
 
 async def test_without_multi_table_update_nothing_is_sent_for_the_combined_write() -> None:
-    conn = _Conn(sqlite.dialect(), rowcount=2)
-    assert await _advance(conn) is False
-    assert conn.sent == []
+    conn = _Conn(sqlite.dialect(), rowcount=1)
+    assert db.fenced_together(sqlite.dialect(), _writes()) is None
+    assert await db.fenced_updates(cast(AsyncConnection, conn), _writes()) == [4, 2]
+    assert [s[0] for s in conn.sent] == ["UPDATE", "UPDATE"]  # one by one
