@@ -389,9 +389,15 @@ def advancing_history_write(
     taken in another order. ``check`` decides its row count (:func:`advanced_together`):
     both written, or — nothing written — the two statements run alone and raise what
     they always raise."""
-    params = _advancing_params(
-        org_id, state, expected_version, lock_relevant, encoded_fields, last_sequence, now
-    )
+    columns = _record_values(state, lock_relevant, encoded_fields)
+    params = {
+        **_key(org_id, state.object_name, state.record_id),
+        "k_version": expected_version,
+        "k_last": last_sequence,
+        "k_next": last_sequence + 1,
+        "k_now": now,
+        **{f"r_{name}": value for name, value in columns.items()},
+    }
     return Write(_UPDATE_RECORD_ADVANCE_HISTORY, params, check=check)
 
 
@@ -407,26 +413,6 @@ def advanced_together(rowcount: int) -> bool:
     if rowcount:
         raise RuntimeError(f"the record and history UPDATE matched {rowcount} of 2 rows")
     return False
-
-
-def _advancing_params(
-    org_id: str,
-    state: RecordState,
-    expected_version: int,
-    lock_relevant: frozenset[str],
-    encoded_fields: str,
-    last_sequence: int,
-    now: datetime,
-) -> dict[str, Any]:
-    columns = _record_values(state, lock_relevant, encoded_fields)
-    return {
-        **_key(org_id, state.object_name, state.record_id),
-        "k_version": expected_version,
-        "k_last": last_sequence,
-        "k_next": last_sequence + 1,
-        "k_now": now,
-        **{f"r_{name}": value for name, value in columns.items()},
-    }
 
 
 # --- history sequence -----------------------------------------------------------------
