@@ -897,13 +897,11 @@ def _writable_together(writes: Sequence[FencedWrite]) -> bool:
     return True
 
 
-async def fenced_updates(
-    conn: AsyncConnection, writes: Sequence[FencedWrite], *, together: bool = True
-) -> list[int]:
+async def fenced_updates(conn: AsyncConnection, writes: Sequence[FencedWrite]) -> list[int]:
     """:func:`fenced_update` of each of ``writes``, in order — as **one** multi-table
     ``UPDATE`` where the backend has one (:attr:`DialectStrategy.multi_table_update`:
-    MariaDB, MySQL, TiDB), sequential statements elsewhere (SQLite) and whenever
-    ``together`` is false (rows not locked yet: each UPDATE takes its lock in order).
+    MariaDB, MySQL, TiDB), sequential statements elsewhere (SQLite). (The kernel sends
+    the same statements as writes of its batches: ``services.db_batch.fenced_writes``.)
 
     The caller must already hold every row's lock in this transaction (its fenced lock
     read, ``FOR UPDATE`` in §13.1 order): a multi-table ``UPDATE`` locks rows in the
@@ -921,7 +919,7 @@ async def fenced_updates(
         RuntimeError: the statement matched some rows and not others (a backend that
             counts rows otherwise; the caller's transaction must roll back).
     """
-    together_stmt = fenced_together(conn.dialect, writes) if together else None
+    together_stmt = fenced_together(conn.dialect, writes)
     if together_stmt is None:
         return [await _fenced_one(conn, w) for w in writes]
     stmt, params = together_stmt

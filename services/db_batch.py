@@ -233,9 +233,10 @@ async def execute_writes(conn: AsyncConnection, writes: Sequence[Write]) -> list
 def fenced_writes(
     conn: AsyncConnection, writes: Sequence[FencedWrite], *, together: bool
 ) -> list[Write]:
-    """``services.db.fenced_updates(conn, writes, together=together)`` as writes of a
-    batch: one multi-table ``UPDATE`` where it would be one, else one ``UPDATE`` each, with
-    the checks that decide them there (the first lost fence raises the same error)."""
+    """``services.db.fenced_updates(conn, writes)`` as writes of a batch: one multi-table
+    ``UPDATE`` where it would be one and ``together`` (every row already held), else one
+    ``UPDATE`` each, in order — with the checks that decide them there (the first lost
+    fence raises the same error)."""
     combined = fenced_together(conn.dialect, writes) if together else None
     if combined is not None:
         statement, params = combined

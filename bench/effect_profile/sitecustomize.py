@@ -104,6 +104,7 @@ def _install() -> None:
     import sqlalchemy as sa
 
     from services import db
+    from services.db_batch import statements_of
 
     original = db.transaction
 
@@ -136,7 +137,7 @@ def _install() -> None:
         except RuntimeError:
             task = None
         # A batched round trip of writes carries several statements (services/db_batch.py).
-        count = len(str(args[2]).split(";\n"))
+        count = len(statements_of(str(args[2])))
         stmts[_open.get(task, "outside a transaction") if task else "no task"] += count
 
     sa.event.listen(sa.engine.Engine, "before_cursor_execute", on_statement)

@@ -79,7 +79,7 @@ def applied_step(step: StepRecord, patch: StepPatch, now: datetime) -> StepRecor
 
 
 def inserted_step(org_id: str, new: NewStep, now: datetime) -> StepRecord:
-    """The row ``store_rows.insert_step`` inserts for ``new`` at ``now``."""
+    """The row ``store_rows.step_insert`` inserts for ``new`` at ``now``."""
     return StepRecord(
         org_id=org_id,
         step_execution_id=new.step_execution_id,
@@ -105,7 +105,7 @@ def inserted_step(org_id: str, new: NewStep, now: datetime) -> StepRecord:
 
 
 def inserted_attempt(org_id: str, new: NewAttempt) -> AttemptRecord:
-    """The row ``store_rows.insert_attempt`` inserts for ``new``."""
+    """The row ``store_rows.attempt_insert`` inserts for ``new``."""
     return AttemptRecord(
         org_id=org_id,
         attempt_id=new.attempt_id,

@@ -72,7 +72,6 @@ from runtime_svc.schema import (
 from services.db import (
     FencedWrite,
     SwitchOnNull,
-    insert_if_absent,
     now_column,
     remember_now,
 )
@@ -94,8 +93,6 @@ __all__ = [
     "count_fenced_attempts",
     "extend_lease_row",
     "fence_error",
-    "insert_attempt",
-    "insert_step",
     "last_checkpoint_sequence",
     "lock_attempt",
     "lock_fenced",
@@ -196,7 +193,8 @@ def _joined_lock(*, attempt: bool) -> Any:
 
 #: The joined reads without the clock column: root + step (the claim), + attempt (a fence).
 _JOINED = {False: _joined_lock(attempt=False), True: _joined_lock(attempt=True)}
-#: The continuation's step and attempt INSERTs when batched (``apply_commit_continued``).
+#: The INSERTs of the kernel's writes (``services.db_batch.Write``s: one prebuilt construct
+#: each, compiled once per shape).
 _INSERT_STEP = insert(flow_step_executions)
 _INSERT_ATTEMPT = insert(flow_step_attempts)
 _INSERT_CHECKPOINT = insert(flow_checkpoints)
@@ -649,14 +647,21 @@ async def apply_commit_continued(
 def step_insert(
     org_id: str, s: NewStep, now: datetime, claimed: tuple[StepPatch, StepPatch] | None
 ) -> Write:
-    """:func:`insert_step` as a write of a batch (``services.db_batch``)."""
+    """The INSERT of a ``Pending`` (or, for an effect completion, ``Waiting``) step, as a
+    write of the caller's batch (``services.db_batch``); a duplicate invocation is a
+    conflicting advance (``ConflictError``). ``claimed`` (the fused claim's step patch and
+    its ``Running`` patch, decided on the row this insert makes): insert it as those
+    patches leave it — claimed, leased, ``Running``, version 1
+    (:func:`apply_commit_continued`)."""
     return Write(
         _INSERT_STEP, _step_values(org_id, s, now, claimed), on_duplicate=lambda: _step_exists(s)
     )
 
 
 def attempt_insert(org_id: str, a: NewAttempt) -> Write:
-    """:func:`insert_attempt` as a write of a batch (``services.db_batch``)."""
+    """The INSERT of a ``Started`` attempt, as a write of the caller's batch
+    (``services.db_batch``); a duplicate ``(org, step, number)`` is a lost race
+    (``FenceLostError``)."""
     return Write(
         _INSERT_ATTEMPT, _attempt_values(org_id, a), on_duplicate=lambda: _attempt_exists(a)
     )
@@ -737,12 +742,6 @@ async def extend_lease_row(
 # --- inserts -----------------------------------------------------------------------------
 
 
-async def insert_attempt(conn: AsyncConnection, org_id: str, a: NewAttempt) -> None:
-    """Insert a ``Started`` attempt; a duplicate ``(org, step, number)`` is a lost race."""
-    if not await insert_if_absent(conn, flow_step_attempts, _attempt_values(org_id, a)):
-        raise _attempt_exists(a)
-
-
 def _attempt_exists(a: NewAttempt) -> FenceLostError:
     return fence_lost(ATTEMPTS, a.attempt_id, 0, None, "attempt_exists")
 
@@ -765,24 +764,6 @@ def _attempt_values(org_id: str, a: NewAttempt) -> dict[str, Any]:
         "lock_plan_digest": a.lock_plan_digest,
         "trace_id": a.trace_id,
     }
-
-
-async def insert_step(
-    conn: AsyncConnection,
-    org_id: str,
-    s: NewStep,
-    now: datetime,
-    claimed: tuple[StepPatch, StepPatch] | None = None,
-) -> None:
-    """Insert a ``Pending`` (or, for an effect completion, ``Waiting``) step; a
-    duplicate invocation is a conflicting advance. ``claimed`` (the fused claim's step
-    patch and its ``Running`` patch, decided on the row this insert makes): insert it
-    as those patches leave it — claimed, leased, ``Running``, version 1
-    (:func:`apply_commit_continued`)."""
-    if not await insert_if_absent(
-        conn, flow_step_executions, _step_values(org_id, s, now, claimed)
-    ):
-        raise _step_exists(s)
 
 
 def _step_exists(s: NewStep) -> ConflictError:

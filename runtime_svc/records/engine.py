@@ -272,21 +272,36 @@ def _settle_advance(
     """The row-count check of a batched record + history UPDATE: nothing matched → the
     two statements run alone and raise what they raise there (``StaleVersionError`` for
     the record, ``FenceLostError`` for the history row)."""
-    obj, rid = after.object_name, after.record_id
 
     async def settle(rowcount: int) -> None:
         if store.advanced_together(rowcount):
             return
-        try:
-            await store.update_record_txn(
-                conn, org_id, after, expected, lock_relevant, encoded_fields=encoded
-            )
-        except FenceLostError as exc:
-            raise StaleVersionError(obj, rid, expected, exc.found_version) from exc
+        await _update_record(conn, org_id, after, expected, lock_relevant, encoded)
+        obj, rid = after.object_name, after.record_id
         await store.advance_history_txn(conn, org_id, obj, rid, last, now)
         raise RuntimeError("the record + history UPDATE matched no row, each UPDATE alone did")
 
     return settle
+
+
+async def _update_record(
+    conn: AsyncConnection,
+    org_id: str,
+    after: RecordState,
+    expected: int,
+    lock_relevant: frozenset[str],
+    encoded: str,
+) -> int:
+    """The record's own fenced UPDATE (its new version); a lost fence is the caller's
+    stale version (``StaleVersionError``)."""
+    try:
+        return await store.update_record_txn(
+            conn, org_id, after, expected, lock_relevant, encoded_fields=encoded
+        )
+    except FenceLostError as exc:
+        raise StaleVersionError(
+            after.object_name, after.record_id, expected, exc.found_version
+        ) from exc
 
 
 async def apply_mutation_txn(
@@ -395,12 +410,7 @@ async def apply_mutation_txn(
             version, sequence = expected + 1, last + 1
             locks.history[hkey] = sequence
         else:
-            try:
-                version = await store.update_record_txn(
-                    conn, org_id, after, expected, lock_relevant, encoded_fields=encoded
-                )
-            except FenceLostError as exc:
-                raise StaleVersionError(obj, rid, expected, exc.found_version) from exc
+            version = await _update_record(conn, org_id, after, expected, lock_relevant, encoded)
         after = replace(after, version=version)
         locks.rows[rkey] = after
 

@@ -46,7 +46,6 @@ __all__ = [
     "event_write",
     "fields_json",
     "insert_audit_txn",
-    "insert_event_txn",
     "insert_history_txn",
     "insert_record_txn",
     "lock_history_txn",
@@ -522,14 +521,9 @@ class AuditRow:
     attempt_id: str | None = None
 
 
-async def insert_event_txn(conn: AsyncConnection, event: EventRow) -> bool:
-    """Append a business event; ``False`` when its sequence or request key exists."""
-    return await insert_prepared(conn, _INSERT_EVENT, _event_values(event))
-
-
 def event_write(event: EventRow, on_duplicate: Callable[[], BaseException]) -> Write:
-    """:func:`insert_event_txn` as one write of a batch (``services.db_batch``): a
-    duplicate sequence or request key raises ``on_duplicate()``."""
+    """Append a business event, as a write of the caller's batch (``services.db_batch``):
+    a duplicate sequence or request key raises ``on_duplicate()``."""
     return Write(_INSERT_EVENT, _event_values(event), on_duplicate=on_duplicate)
 
 
