@@ -500,12 +500,19 @@ async def apply_transition(
     *,
     rows_locked: bool = False,
     before: Sequence[Write] = (),
+    last: Write | None = None,
 ) -> None:
     """Apply ``transition`` in §12 order: root, step, attempt CAS, then inserts.
 
     ``before``: writes of the same transaction that go first (the commit's checkpoint
     INSERT: :func:`checkpoint_insert`), in the same round trip where the backend
     batches writes (``services.db_batch``).
+
+    ``last``: one write of the same transaction that goes after the transition's, in the
+    same round trip when ``rows_locked`` — the next write in the lock order, e.g. a wait
+    transition's dependency UPDATE (``store_waits.apply_wait_transition``). Its row need
+    not be held: nothing runs after it in the round trip, so a lost fence there stops
+    the transaction exactly where the statements one by one would (ADR 0010).
 
     ``rows_locked``: this transaction already holds the lock of every row the
     transition patches (its fenced lock read: :func:`lock_fenced`,
@@ -531,6 +538,8 @@ async def apply_transition(
         batch.append(attempt_insert(org_id, transition.new_attempt))
     if transition.new_step is not None:
         batch.append(step_insert(org_id, transition.new_step, now, None))
+    if last is not None:
+        batch.append(last)
     if rows_locked:
         # In order, one round trip where the backend allows (ADR 0010): each UPDATE's
         # row count and each INSERT's duplicate key decide as the statements alone would.

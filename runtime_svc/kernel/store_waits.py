@@ -55,7 +55,15 @@ from runtime_svc.kernel.wait_model import (
 )
 from runtime_svc.observability.hooks import signal_trace_context
 from runtime_svc.schema import flow_dependencies, flow_step_executions, flow_wake_signals
-from services.db import fenced_update, insert_if_absent, run_in_transaction, scoped_select
+from services.db import (
+    FencedWrite,
+    fenced_update,
+    fenced_updates,
+    insert_if_absent,
+    run_in_transaction,
+    scoped_select,
+)
+from services.db_batch import fenced_writes
 from services.errors import ConflictError, FenceLostError
 
 __all__ = [
@@ -369,11 +377,10 @@ async def insert_signal_txn(
 # --- applying a wait transition ---------------------------------------------------------------
 
 
-async def _apply_dependency(conn: AsyncConnection, org_id: str, patch: DependencyPatch) -> None:
+def _dependency_write(org_id: str, patch: DependencyPatch) -> FencedWrite:
     values = dict(patch.values)
     values["state"] = patch.to_state.code
-    await fenced_update(
-        conn,
+    return FencedWrite(
         flow_dependencies,
         org_id=org_id,
         key={"dependency_id": patch.dependency_id},
@@ -381,6 +388,10 @@ async def _apply_dependency(conn: AsyncConnection, org_id: str, patch: Dependenc
         values=values,
         equal={"state": patch.from_state.code},
     )
+
+
+async def _apply_dependency(conn: AsyncConnection, org_id: str, patch: DependencyPatch) -> None:
+    await fenced_updates(conn, [_dependency_write(org_id, patch)])
 
 
 async def _apply_signal(conn: AsyncConnection, patch: SignalPatch) -> None:
@@ -408,12 +419,25 @@ async def apply_wait_transition(
 ) -> None:
     """Apply ``wt`` in §12 order: root, step (+ successor), dependency, signal.
 
+    Every caller holds the root's and the step's locks (its lock phase read them ``FOR
+    UPDATE``: ``lock_run_and_step``, ``lock_waiting_txn``, ``lock_run`` + ``lock_step``),
+    so unless the transition also patches an attempt, root and step are written together
+    and the dependency's conditional UPDATE goes last in the same round trip
+    (``apply_transition(last=…)``, ADR 0010: a lost dependency fence stops the
+    transaction where the statements one by one would). The signal's UPDATE, which may
+    take the signal's lock, stays after that check.
+
     Raises:
         FenceLostError: any compare-and-swap matched no row (roll back, re-read).
     """
-    await apply_transition(conn, org_id, wt.transition, now)
-    if wt.dependency is not None:
-        await _apply_dependency(conn, org_id, wt.dependency)
+    dependency = None if wt.dependency is None else _dependency_write(org_id, wt.dependency)
+    if wt.transition.attempt is None:
+        last = None if dependency is None else fenced_writes(conn, [dependency], together=False)[0]
+        await apply_transition(conn, org_id, wt.transition, now, rows_locked=True, last=last)
+    else:
+        await apply_transition(conn, org_id, wt.transition, now)
+        if dependency is not None:
+            await fenced_updates(conn, [dependency])
     if wt.signal is not None:
         await _apply_signal(conn, wt.signal)
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from runtime_svc.api.signals import encode_submit_response
 from runtime_svc.kernel import RunState
@@ -21,6 +21,8 @@ from runtime_svc.kernel.wait_model import DependencyState, SignalState
 from runtime_svc.schema import flow_dependencies, flow_runs
 from runtime_svc.waits import queries
 from services import db
+from services.db import strategy_for
+from services.db_batch import statements_of
 from services.proto import runtime_v1
 from services.request_dedupe import DedupeScope, RequestKey
 from tests.integration.waits.support import (
@@ -164,4 +166,37 @@ async def test_a_deduplicated_submission_reads_the_clock_with_its_ledger_lookup(
     assert signal.received_at > now + timedelta(seconds=20)  # the shifted clock's time
     [dep] = await dependencies(world.engine, world.org, run_id)
     assert dep.resolved_at is not None and dep.resolved_at > now + timedelta(seconds=20)
+    assert (await world.drive(run_id)).state is RunState.SUCCEEDED
+
+
+async def test_the_resolution_writes_root_step_and_dependency_in_one_round_trip(
+    world: World,
+) -> None:
+    """Root and step are held by the match's lock read, so their UPDATE and the
+    dependency's conditional UPDATE go out together where the backend batches writes,
+    the dependency's last (ADR 0010: its fence may be the one that takes its lock); the
+    signal's UPDATE stays after that check. One by one on SQLite."""
+    run_id = await _waiting(world)
+    trips: list[list[str]] = []  # per round trip, its statements (whitespace collapsed)
+
+    def on_execute(*args: Any) -> None:
+        trips.append([" ".join(part.split()) for part in statements_of(str(args[2]))])
+
+    sync = world.engine.sync_engine
+    event.listen(sync, "before_cursor_execute", on_execute)
+    try:
+        outcome = await world.rt.signals.submit(world.work, approval("r1", "t1"))
+    finally:
+        event.remove(sync, "before_cursor_execute", on_execute)
+    assert outcome.signal.state is SignalState.CONSUMED
+    [parts] = [t for t in trips if any(s.startswith("UPDATE flow_dependencies") for s in t)]
+    [signal_trip] = [t for t in trips if any(s.startswith("UPDATE flow_wake_signals") for s in t)]
+    if strategy_for(world.engine.dialect).multi_statements:
+        assert len(parts) == 2  # root + step (one multi-table UPDATE), then the dependency
+        assert parts[0].startswith("UPDATE flow_runs, flow_step_executions")
+        assert parts[1].startswith("UPDATE flow_dependencies")
+    else:
+        assert len(parts) == 1
+    assert len(signal_trip) == 1
+    assert (await world.dependency(run_id)).state is DependencyState.RESOLVED
     assert (await world.drive(run_id)).state is RunState.SUCCEEDED
