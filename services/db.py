@@ -976,12 +976,16 @@ async def insert_if_absent(conn: AsyncConnection, table: Table, values: Mapping[
     if any(isinstance(v, ClauseElement) for v in params.values()):
         # SQL expressions are inlined, not bound.
         return await insert_prepared(conn, insert(table).values(params), None)
-    # One INSERT construct per table, reused: the parameters are bound at execution, so
-    # no statement is built and no cache key is generated per call.
+    return await insert_prepared(conn, insert_statement(table), params)
+
+
+def insert_statement(table: Table) -> Any:
+    """The one ``INSERT`` construct of ``table`` (its values bound at execution): reused,
+    so no statement is built and no cache key is generated per call."""
     stmt = _INSERTS.get(table)
     if stmt is None:
         stmt = _INSERTS[table] = insert(table)
-    return await insert_prepared(conn, stmt, params)
+    return stmt
 
 
 async def insert_prepared(

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
-from sqlalchemy import Dialect, Engine, Executable, event
+from sqlalchemy import Dialect, Engine, Executable, Table, event
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -49,6 +49,7 @@ from services.db import (
     fence_lost_error,
     fenced_statement,
     fenced_together,
+    insert_statement,
     settle_fenced_together,
     strategy_for,
 )
@@ -57,7 +58,9 @@ __all__ = [
     "BATCH_SEPARATOR",
     "Write",
     "execute_writes",
+    "execute_writes_if_absent",
     "fenced_writes",
+    "insert_if_absent_write",
     "install_batch_hooks",
     "statements_of",
 ]
@@ -246,6 +249,37 @@ def fenced_writes(
 
         return [Write(statement, params, check=settle)]
     return [Write(fenced_statement(w), w.params(), check=_one_row(conn, w)) for w in writes]
+
+
+class _Present(Exception):
+    """The duplicate key of an :func:`insert_if_absent_write` (caught by
+    :func:`execute_writes_if_absent`)."""
+
+
+def insert_if_absent_write(table: Table, values: Mapping[str, Any]) -> Write:
+    """``services.db.insert_if_absent(conn, table, values)`` as a write of
+    :func:`execute_writes_if_absent`: a duplicate on any unique key is not an error
+    there but the answer ``False``."""
+    return Write(insert_statement(table), values, on_duplicate=_Present)
+
+
+async def execute_writes_if_absent(conn: AsyncConnection, writes: Sequence[Write]) -> bool:
+    """:func:`execute_writes` with one :func:`insert_if_absent_write` among ``writes``:
+    ``False`` when its row was already there — the writes before it ran and passed their
+    checks, the ones after it did not run (the server stops at the duplicate, as the
+    statements one by one would), and the transaction stays usable (only the failed
+    statement is rolled back: ``services.db.insert_if_absent``).
+
+    Raises:
+        ValueError: not exactly one of ``writes`` is an :func:`insert_if_absent_write`.
+    """
+    if sum(1 for w in writes if w.on_duplicate is _Present) != 1:
+        raise ValueError("execute_writes_if_absent needs exactly one insert_if_absent_write")
+    try:
+        await execute_writes(conn, writes)
+    except _Present:
+        return False
+    return True
 
 
 def _one_row(conn: AsyncConnection, write: FencedWrite) -> Callable[[int], Awaitable[None]]:

@@ -56,6 +56,7 @@ from effect_owner_svc.receipts.store import write_receipt_txn
 from effect_owner_svc.schema import external_commands, remote_attempts
 from services.auth import TrustedRuntimeWorkScope
 from services.db import fenced_update, scoped_select
+from services.db_batch import Write, execute_writes
 from services.effect_contract import CompletionEvidence
 from services.errors import FenceLostError
 from services.outbox import PreClaim
@@ -72,7 +73,7 @@ __all__ = [
     "preclaimed_command_values",
     "record_attempt_txn",
     "record_lookup_txn",
-    "start_preclaimed_txn",
+    "start_preclaimed_write",
 ]
 
 _C = external_commands.c
@@ -160,29 +161,14 @@ async def _latest_attempt(
     return None if row is None else attempt_from_row(row)
 
 
-async def _insert_attempt(
-    conn: AsyncConnection, command: CommandRecord, number: int, now: datetime
-) -> AttemptRecord:
-    attempt_id = f"att_{uuid.uuid4().hex}"
-    await conn.execute(
-        _INSERT_ATTEMPT,
-        {
-            "org_id": command.org_id,
-            "remote_attempt_id": attempt_id,
-            "external_command_id": command.command_id,
-            "attempt_number": number,
-            "provider_idempotency_key": command.provider_idempotency_key,
-            "outcome": AttemptOutcome.IN_FLIGHT.value,
-            "safe_error_code": None,
-            "response_digest": None,
-            "state_version": 1,
-            "started_at": now,
-            "finished_at": None,
-        },
-    )
-    return AttemptRecord(
+def _attempt_write(
+    command: CommandRecord, number: int, now: datetime
+) -> tuple[Write, AttemptRecord]:
+    """The INSERT of ``command``'s remote attempt ``number`` (``IN_FLIGHT``) and the row
+    as it inserts it."""
+    attempt = AttemptRecord(
         org_id=command.org_id,
-        remote_attempt_id=attempt_id,
+        remote_attempt_id=f"att_{uuid.uuid4().hex}",
         command_id=command.command_id,
         attempt_number=number,
         provider_idempotency_key=command.provider_idempotency_key,
@@ -193,6 +179,28 @@ async def _insert_attempt(
         started_at=now,
         finished_at=None,
     )
+    values = {
+        "org_id": attempt.org_id,
+        "remote_attempt_id": attempt.remote_attempt_id,
+        "external_command_id": attempt.command_id,
+        "attempt_number": number,
+        "provider_idempotency_key": attempt.provider_idempotency_key,
+        "outcome": AttemptOutcome.IN_FLIGHT.value,
+        "safe_error_code": None,
+        "response_digest": None,
+        "state_version": 1,
+        "started_at": now,
+        "finished_at": None,
+    }
+    return Write(_INSERT_ATTEMPT, values), attempt
+
+
+async def _insert_attempt(
+    conn: AsyncConnection, command: CommandRecord, number: int, now: datetime
+) -> AttemptRecord:
+    write, attempt = _attempt_write(command, number, now)
+    await execute_writes(conn, [write])
+    return attempt
 
 
 def _param(name: str) -> Any:
@@ -220,15 +228,20 @@ _FINISH_ATTEMPT = (
 )
 
 
-async def _finish_attempt(
-    conn: AsyncConnection,
+def _finish_attempt(
     attempt: AttemptRecord,
     outcome: AttemptOutcome,
     code: str,
     response_digest: str,
     now: datetime,
-) -> None:
-    result = await conn.execute(
+) -> Write:
+    async def check(rowcount: int) -> None:
+        if rowcount != 1:
+            raise FenceLostError(
+                "remote_attempt", attempt.remote_attempt_id, attempt.state_version, None
+            )
+
+    return Write(
         _FINISH_ATTEMPT,
         {
             "p_org_id": attempt.org_id,
@@ -239,11 +252,8 @@ async def _finish_attempt(
             "p_response_digest": response_digest or None,
             "p_finished_at": now,
         },
+        check=check,
     )
-    if result.rowcount != 1:
-        raise FenceLostError(
-            "remote_attempt", attempt.remote_attempt_id, attempt.state_version, None
-        )
 
 
 async def claim_txn(
@@ -296,9 +306,10 @@ async def claim_txn(
         if interrupted and latest is not None:
             # Nobody saw this attempt's answer (the dispatcher died or stalled past its
             # lease): its outcome is unknown, never assumed.
-            await _finish_attempt(
-                conn, latest, AttemptOutcome.OUTCOME_UNKNOWN, "owner_interrupted", "", now
+            finish = _finish_attempt(
+                latest, AttemptOutcome.OUTCOME_UNKNOWN, "owner_interrupted", "", now
             )
+            await execute_writes(conn, [finish])
         return Reconciling(leased)
     attempt = await _insert_attempt(conn, leased, leased.attempt_count, now)
     return Started(leased, attempt)
@@ -322,14 +333,13 @@ def preclaimed_command_values(preclaim: PreClaim, now: datetime) -> dict[str, An
     }
 
 
-async def start_preclaimed_txn(
-    conn: AsyncConnection, command: CommandRecord, now: datetime
-) -> Started:
-    """The remote attempt IN_FLIGHT of a command inserted pre-claimed (the acceptance's
-    transaction, right after the command row): the same :class:`Started` a claim
-    returns, so the provider is called after this transaction commits and never before.
-    """
-    return Started(command, await _insert_attempt(conn, command, 1, now))
+def start_preclaimed_write(command: CommandRecord, now: datetime) -> tuple[Write, Started]:
+    """The remote attempt IN_FLIGHT of a command inserted pre-claimed (a write of the
+    acceptance's transaction, right after the command row's) and the :class:`Started` a
+    claim would return, so the provider is called after that transaction commits and
+    never before."""
+    write, attempt = _attempt_write(command, 1, now)
+    return write, Started(command, attempt)
 
 
 def _after_fence(command: CommandRecord, values: Mapping[str, Any]) -> CommandRecord:
@@ -423,8 +433,9 @@ async def record_attempt_txn(
         case Reconcile(code):
             values = {"state": CommandState.OUTCOME_UNKNOWN.value, "next_attempt_at": now}
             await _fence_leased(conn, leased, {**_RELEASE, **values, "safe_error_code": code}, now)
-    await _finish_attempt(
-        conn,
+    # The command's fenced UPDATE took its lock: every row below is its attempt, receipt
+    # and outbox message, written only under that lock — one round trip (ADR 0010).
+    finish = _finish_attempt(
         started.attempt,
         attempt_outcome_for(outcome),
         outcome.safe_error_code,
@@ -432,8 +443,9 @@ async def record_attempt_txn(
         now,
     )
     if completed is None:
+        await execute_writes(conn, [finish])
         return None
-    return await write_receipt_txn(conn, *completed, now, preclaim=preclaim)
+    return await write_receipt_txn(conn, *completed, now, preclaim=preclaim, before=[finish])
 
 
 async def record_lookup_txn(

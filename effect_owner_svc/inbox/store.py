@@ -46,7 +46,7 @@ from effect_owner_svc.commands.records import (
 from effect_owner_svc.commands.store import (
     Started,
     preclaimed_command_values,
-    start_preclaimed_txn,
+    start_preclaimed_write,
 )
 from effect_owner_svc.errors import HandoffMismatchError, HandoffRejectedError
 from effect_owner_svc.inbox.fence import (
@@ -58,6 +58,7 @@ from effect_owner_svc.inbox.fence import (
 )
 from effect_owner_svc.schema import external_commands, owner_inbox
 from services.db import db_now, insert_if_absent, run_in_transaction, scoped_select
+from services.db_batch import Write, execute_writes_if_absent, insert_if_absent_write
 from services.effect_contract import provider_idempotency_key
 from services.faults import CrashPoint, crash_point
 from services.outbox import PreClaim
@@ -247,49 +248,55 @@ async def accept_handoff_txn(
     fence_values = _fence_row(
         attrs, FenceState.ACCEPTED, command_id, request.payload_schema_version, now
     )
-    inserted = await insert_if_absent(conn, owner_inbox, fence_values)
-    if inserted:
-        command_values = dict(
-            org_id=attrs.org_id,
-            app_installation_id=attrs.app_installation_id,
-            runtime_capability_id=attrs.runtime_capability_id,
-            runtime_work_binding_digest=attrs.runtime_work_binding_digest,
-            external_command_id=command_id,
-            effect_handoff_key=attrs.effect_handoff_key,
-            effect_owner_kind=request.effect_owner_kind,
-            payload_schema_version=request.payload_schema_version,
-            payload=request.payload_json,
-            payload_digest=attrs.payload_digest,
-            state=CommandState.ACCEPTED.value,
-            state_version=1,
-            outcome_version=0,
-            attempt_count=0,
-            reconcile_attempts=0,
-            next_attempt_at=now,
-            created_at=now,
-            updated_at=now,
-            runtime_outbox_message_id=attrs.runtime_outbox_message_id,
-            flow_run_id=request.flow_run_id,
-            step_execution_id=request.step_execution_id,
-            submission_attempt_id=request.submission_attempt_id,
-            deadline=request.deadline,
-            failure_policy=request.failure_policy,
-            provider_idempotency_key=provider_idempotency_key(
-                request.effect_owner_kind, attrs.effect_handoff_key
-            ),
-            # The acceptance span's trace: the provider call and receipt continue it.
-            trace_context=current_carrier(),
-        )
-        if preclaim is not None:
-            command_values.update(preclaimed_command_values(preclaim, now))
-        await conn.execute(_INSERT_COMMAND, command_values)
-        # Both rows as this transaction inserted them (their other columns NULL or at
-        # their defaults): no read-back statement on the acceptance path.
-        fence = fence_from_row(_as_row(owner_inbox, fence_values))
-        command = command_from_row(_as_row(external_commands, command_values))
-        if preclaim is None:
-            return Accepted(fence, command, False)
-        return Accepted(fence, command, False, await start_preclaimed_txn(conn, command, now))
+    command_values = dict(
+        org_id=attrs.org_id,
+        app_installation_id=attrs.app_installation_id,
+        runtime_capability_id=attrs.runtime_capability_id,
+        runtime_work_binding_digest=attrs.runtime_work_binding_digest,
+        external_command_id=command_id,
+        effect_handoff_key=attrs.effect_handoff_key,
+        effect_owner_kind=request.effect_owner_kind,
+        payload_schema_version=request.payload_schema_version,
+        payload=request.payload_json,
+        payload_digest=attrs.payload_digest,
+        state=CommandState.ACCEPTED.value,
+        state_version=1,
+        outcome_version=0,
+        attempt_count=0,
+        reconcile_attempts=0,
+        next_attempt_at=now,
+        created_at=now,
+        updated_at=now,
+        runtime_outbox_message_id=attrs.runtime_outbox_message_id,
+        flow_run_id=request.flow_run_id,
+        step_execution_id=request.step_execution_id,
+        submission_attempt_id=request.submission_attempt_id,
+        deadline=request.deadline,
+        failure_policy=request.failure_policy,
+        provider_idempotency_key=provider_idempotency_key(
+            request.effect_owner_kind, attrs.effect_handoff_key
+        ),
+        # The acceptance span's trace: the provider call and receipt continue it.
+        trace_context=current_carrier(),
+    )
+    if preclaim is not None:
+        command_values.update(preclaimed_command_values(preclaim, now))
+    # Both rows as this transaction inserts them (their other columns NULL or at their
+    # defaults): no read-back statement on the acceptance path.
+    command = command_from_row(_as_row(external_commands, command_values))
+    writes = [
+        insert_if_absent_write(owner_inbox, fence_values),
+        Write(_INSERT_COMMAND, command_values),
+    ]
+    started = None
+    if preclaim is not None:
+        attempt, started = start_preclaimed_write(command, now)
+        writes.append(attempt)
+    # The fence row first: a duplicate key there is the existing acceptance (or
+    # tombstone), and the server runs nothing after it — the command and its attempt are
+    # inserted only with a new fence row, in one round trip (ADR 0010).
+    if await execute_writes_if_absent(conn, writes):
+        return Accepted(fence_from_row(_as_row(owner_inbox, fence_values)), command, False, started)
     fence = await _existing_fence_txn(conn, attrs)
     reason = mismatch(fence.attributes, attrs)
     if reason is None and fence.state is FenceState.ACCEPTED:

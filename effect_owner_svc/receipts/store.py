@@ -10,6 +10,7 @@ contract in :mod:`services.effect_contract` (the scope travels in the row's colu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -21,13 +22,14 @@ from effect_owner_svc.receipts.outbox import OWNER_OUTBOX
 from effect_owner_svc.schema import completion_receipts
 from services.auth import TrustedRuntimeWorkScope
 from services.db import WORK_SCOPE, scoped_select
+from services.db_batch import Write
 from services.digest import canonical_json, versioned_digest
 from services.effect_contract import (
     EFFECT_COMPLETION_FAMILY,
     EFFECT_COMPLETION_PRODUCER_KIND,
     CompletionEvidence,
 )
-from services.outbox import NewOutboxMessage, OutboxHint, PreClaim, enqueue_txn
+from services.outbox import NewOutboxMessage, OutboxHint, PreClaim, enqueue_after, enqueue_write
 
 __all__ = ["get_receipt_txn", "receipt_hint", "wake_request_doc", "write_receipt_txn"]
 
@@ -79,11 +81,16 @@ async def write_receipt_txn(
     now: datetime,
     *,
     preclaim: PreClaim | None = None,
+    before: Sequence[Write] = (),
 ) -> ReceiptRecord:
     """Insert the receipt of ``evidence`` and enqueue its delivery (caller's transaction;
     the command row must already be fenced by the caller); with ``preclaim`` the message
-    is enqueued leased to this process's outbox dispatcher (``ReceiptRecord.delivery``)."""
-    await conn.execute(
+    is enqueued leased to this process's outbox dispatcher (``ReceiptRecord.delivery``).
+
+    ``before``: the caller's writes that go first (the remote attempt's outcome), in the
+    same round trip where the backend batches writes — every row here is the fenced
+    command's, written only under its lock (ADR 0010)."""
+    receipt = Write(
         _INSERT_RECEIPT,
         {
             "org_id": command.org_id,
@@ -100,8 +107,7 @@ async def write_receipt_txn(
         },
     )
     body = canonical_json(wake_request_doc(evidence)).decode("utf-8")
-    enqueued = await enqueue_txn(
-        conn,
+    pending = enqueue_write(
         OWNER_OUTBOX,
         NewOutboxMessage(
             org_id=command.org_id,
@@ -117,6 +123,7 @@ async def write_receipt_txn(
         now=now,
         preclaim=preclaim,
     )
+    enqueued = await enqueue_after(conn, [*before, receipt], pending)
     return ReceiptRecord(
         org_id=command.org_id,
         app_installation_id=command.app_installation_id,

@@ -41,7 +41,8 @@ from sqlalchemy import ColumnElement, Integer, Select, Table, and_, bindparam, f
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.db import WORK_SCOPE, db_now, fenced_update, insert_if_absent, scoped_select
+from services.db import WORK_SCOPE, db_now, fenced_update, scoped_select
+from services.db_batch import Write, execute_writes_if_absent, insert_if_absent_write
 from services.errors import ConflictError
 from services.outbox.model import (
     DUE_STATES,
@@ -57,12 +58,15 @@ __all__ = [
     "NewOutboxMessage",
     "OutboxMessage",
     "OutboxTable",
+    "PendingEnqueue",
     "PreClaim",
     "apply_txn",
     "claim_txn",
     "count_by_state",
     "due_messages",
+    "enqueue_after",
     "enqueue_txn",
+    "enqueue_write",
     "expire_lease_txn",
     "expired_deliveries",
     "finalize_txn",
@@ -273,6 +277,30 @@ async def enqueue_txn(
             message.
     """
     when = now if now is not None else await db_now(conn)
+    return await enqueue_after(conn, (), enqueue_write(spec, message, now=when, preclaim=preclaim))
+
+
+@dataclass(frozen=True)
+class PendingEnqueue:
+    """:func:`enqueue_txn` as the last write of a batch (:func:`enqueue_after`)."""
+
+    spec: OutboxTable
+    message: NewOutboxMessage
+    values: Mapping[str, Any]
+    preclaimed: bool
+    #: The INSERT (``services.db_batch.insert_if_absent_write``).
+    write: Write
+
+
+def enqueue_write(
+    spec: OutboxTable,
+    message: NewOutboxMessage,
+    *,
+    now: datetime,
+    preclaim: PreClaim | None = None,
+) -> PendingEnqueue:
+    """The INSERT :func:`enqueue_txn` would execute (``now``: the transaction's database
+    time), for :func:`enqueue_after`."""
     t = spec.table
     unknown = set(message.extra) - set(spec.immutable_columns)
     if unknown:
@@ -290,15 +318,15 @@ async def enqueue_txn(
         **message.extra,
         "delivery_state": DeliveryState.PENDING.value,
         "delivery_attempts": 0,
-        "next_attempt_at": when,
+        "next_attempt_at": now,
         "lease_owner": None,
         "lease_token": None,
         "lease_until": None,
         "last_error_code": None,
         "delivered_at": None,
         "state_version": 1,
-        "created_at": when,
-        "updated_at": when,
+        "created_at": now,
+        "updated_at": now,
         "trace_context": (
             current_carrier()
             if message.trace_context is None
@@ -306,7 +334,7 @@ async def enqueue_txn(
         ),
     }
     if preclaim is not None:
-        until = when + timedelta(milliseconds=preclaim.lease_ms)
+        until = now + timedelta(milliseconds=preclaim.lease_ms)
         values.update(
             delivery_state=DeliveryState.DELIVERING.value,
             next_attempt_at=until,
@@ -314,8 +342,26 @@ async def enqueue_txn(
             lease_token=uuid.uuid4().hex,
             lease_until=until,
         )
-    if await insert_if_absent(conn, t, values):
-        if preclaim is None:
+    return PendingEnqueue(
+        spec, message, values, preclaim is not None, insert_if_absent_write(t, values)
+    )
+
+
+async def enqueue_after(
+    conn: AsyncConnection, before: Sequence[Write], pending: PendingEnqueue
+) -> EnqueueResult:
+    """Execute ``before`` (writes of the caller's transaction that only check: its
+    other rows, already under their locks) and then ``pending``'s INSERT, in one round
+    trip where the backend batches writes (``services.db_batch``); answer as
+    :func:`enqueue_txn`.
+
+    Raises:
+        ConflictError: as :func:`enqueue_txn`; or whatever a write of ``before`` raises.
+    """
+    spec, message, values = pending.spec, pending.message, pending.values
+    t = spec.table
+    if await execute_writes_if_absent(conn, [*before, pending.write]):
+        if not pending.preclaimed:
             return EnqueueResult(message.message_id, True)
         # The row as inserted (every other column NULL): no read-back statement.
         born: Any = {**{c.name: None for c in t.columns}, **values}
