@@ -61,7 +61,7 @@ from runtime_svc.effects.model import (
 )
 from runtime_svc.kernel.decisions import Advance, FailRun, HandOff, QuarantineRun
 from runtime_svc.kernel.model import LeaseFence
-from runtime_svc.kernel.store_waits import insert_dependency_txn
+from runtime_svc.kernel.store_waits import dependency_insert
 from runtime_svc.kernel.transitions_effects import CAUSE_EFFECT_RECEIPT_INVALID
 from runtime_svc.kernel.wait_model import ExpiryPolicyCode, WorkScopeKey
 from runtime_svc.outbox import (
@@ -300,7 +300,6 @@ class EffectSteps:
         (the enqueue API locks nothing before its insert), then the immutable link."""
         now = await self._clock(conn)
         dependency = prepared.wait.dependency(now)
-        await insert_dependency_txn(conn, prepared.wait.scope, dependency, now)
         # The handoff converges by the same instant the dependency expires (§15.4).
         deadline = dependency.deadline
         # The outbox's own times (created, due) come from the database clock its
@@ -309,8 +308,13 @@ class EffectSteps:
         # and hands it over after the commit: no claim transaction before AcceptHandoff.
         dispatcher = outbox_preclaim.dispatcher_for(self._engine)
         lease = None if dispatcher is None else dispatcher.preclaim(FLOW_EFFECT_SUBMIT_FAMILY)
+        # The dependency's INSERT and the message's in one round trip where the backend
+        # batches writes (ADR 0010: both rows are new, keyed under the held root).
         enqueued = await enqueue_effect_submit_txn(
-            conn, replace(prepared.intent, deadline=deadline), preclaim=lease
+            conn,
+            replace(prepared.intent, deadline=deadline),
+            preclaim=lease,
+            before=[dependency_insert(prepared.wait.scope, dependency, now)],
         )
         prepared.leased.clear()  # a retried transaction starts over
         if enqueued.leased is not None:

@@ -60,10 +60,11 @@ from services.db import (
     fenced_update,
     fenced_updates,
     insert_if_absent,
+    insert_statement,
     run_in_transaction,
     scoped_select,
 )
-from services.db_batch import fenced_writes
+from services.db_batch import Write, execute_writes, fenced_writes
 from services.errors import ConflictError, FenceLostError
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "bound_scope_predicates",
     "cancel_step_dependencies_txn",
     "dependency_from_row",
+    "dependency_insert",
     "effect_dependency_of_step_txn",
     "fault_successor_txn",
     "insert_dependency_txn",
@@ -301,6 +303,12 @@ async def insert_dependency_txn(
         ConflictError: the step already has an active dependency in this scope (at most
             one per (work scope, waiting step), §10.5).
     """
+    await execute_writes(conn, [dependency_insert(scope, dep, now)])
+
+
+def dependency_insert(scope: WorkScopeKey, dep: NewDependency, now: datetime) -> Write:
+    """:func:`insert_dependency_txn` as a write of a batch (``services.db_batch``): its
+    duplicate raises the same :class:`ConflictError`."""
     values = {
         "org_id": scope.org_id,
         "app_installation_id": scope.app_installation_id,
@@ -327,10 +335,13 @@ async def insert_dependency_txn(
         "reconciliation_attempts": 0,
         "wake_signal_id": None,
     }
-    if not await insert_if_absent(conn, flow_dependencies, values):
-        raise ConflictError(
+
+    def exists() -> ConflictError:
+        return ConflictError(
             "the step already has an active dependency", entity=_DEPS, key=dep.step_execution_id
         )
+
+    return Write(insert_statement(flow_dependencies), values, on_duplicate=exists)
 
 
 async def insert_signal_txn(

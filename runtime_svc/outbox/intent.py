@@ -23,7 +23,7 @@ and rolls the whole step back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -31,6 +31,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.outbox.table import RUNTIME_OUTBOX
+from services.db_batch import Write
 from services.digest import canonical_json
 from services.effect_contract import (
     FLOW_EFFECT_SUBMIT_FAMILY,
@@ -155,13 +156,18 @@ async def enqueue_effect_submit_txn(
     *,
     now: datetime | None = None,
     preclaim: PreClaim | None = None,
+    before: Sequence[Write] = (),
 ) -> EnqueueResult:
     """Enqueue ``intent`` into the canonical Runtime outbox — last, inside the caller's
     EffectSubmit transaction (see the module docstring); with ``preclaim`` already leased
     to this process's dispatcher (ADR 0004: ``EnqueueResult.leased`` is handed to it
-    after the commit).
+    after the commit). ``before``: the transaction's writes that go first, in the same
+    round trip (``services.outbox.enqueue_after``).
 
     Raises:
-        ConflictError: the key already holds a different message.
+        ConflictError: the key already holds a different message; or whatever a write of
+            ``before`` raises.
     """
-    return await enqueue_txn(conn, RUNTIME_OUTBOX, intent.message(), now=now, preclaim=preclaim)
+    return await enqueue_txn(
+        conn, RUNTIME_OUTBOX, intent.message(), now=now, preclaim=preclaim, before=before
+    )

@@ -255,6 +255,7 @@ async def enqueue_txn(
     *,
     now: datetime | None = None,
     preclaim: PreClaim | None = None,
+    before: Sequence[Write] = (),
 ) -> EnqueueResult:
     """Enqueue ``message`` in the caller's transaction; call it after every other lock.
 
@@ -268,16 +269,19 @@ async def enqueue_txn(
         now: the database time of the caller's transaction (read once when omitted).
         preclaim: write the new row already leased (see :class:`PreClaim`); a duplicate
             is left as it is.
+        before: the caller's writes that go first, in the same round trip where the
+            backend batches writes (:func:`enqueue_after`).
 
     Returns:
         Whether this call created the row (and the leased row, when pre-claimed).
 
     Raises:
         ConflictError: the dedupe key (or the message id) already holds a different
-            message.
+            message; or whatever a write of ``before`` raises.
     """
     when = now if now is not None else await db_now(conn)
-    return await enqueue_after(conn, (), enqueue_write(spec, message, now=when, preclaim=preclaim))
+    pending = enqueue_write(spec, message, now=when, preclaim=preclaim)
+    return await enqueue_after(conn, before, pending)
 
 
 @dataclass(frozen=True)
