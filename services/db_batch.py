@@ -16,7 +16,11 @@ Meaning is unchanged, on purpose:
   that fails (an error): the ones after it never run, as when executing them one by one.
   A row count that a check refuses (a lost fence) is not an error to the server: the
   statements after it run and are rolled back with the transaction — so batch only
-  writes whose existing rows the transaction already holds locked (ADR 0010);
+  writes whose existing rows the transaction already holds locked, except the last of
+  the round trip, after which nothing runs (ADR 0010 and its addendum);
+* an insert whose duplicate is an answer rather than an error
+  (:func:`insert_if_absent_write`, :func:`execute_writes_if_absent`) stops the round
+  trip there like any error; the call answers ``False``;
 * each write's :attr:`Write.check` sees its row count, and a duplicate key raises the
   write's :attr:`Write.on_duplicate`, strictly in statement order — so the first
   failure the sequential code would have met is the one raised, with the same error;

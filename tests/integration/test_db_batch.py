@@ -30,7 +30,15 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services import db
-from services.db_batch import BATCH_SEPARATOR, Write, execute_writes, fenced_writes, statements_of
+from services.db_batch import (
+    BATCH_SEPARATOR,
+    Write,
+    execute_writes,
+    execute_writes_if_absent,
+    fenced_writes,
+    insert_if_absent_write,
+    statements_of,
+)
 from services.errors import FenceLostError
 from tests.support.statements import watched_statements
 
@@ -193,6 +201,46 @@ async def test_a_duplicate_without_its_own_error_is_the_driver_error(engine: Asy
     assert db.classify_db_error(caught.value) is db.DbErrorClass.DUPLICATE_KEY
     async with db.transaction(engine, readonly=True) as conn:
         assert await _note_ids(conn) == ["n1"]  # n0 went with the rollback
+
+
+def _absent_note(note_id: str) -> Write:
+    return insert_if_absent_write(notes, {"org_id": ORG, "note_id": note_id, "state_version": 0})
+
+
+async def test_an_insert_if_absent_answers_in_the_batch_where_a_duplicate_stops_it(
+    engine: AsyncEngine,
+) -> None:
+    """``execute_writes_if_absent``: the row was new → ``True``, one round trip with the
+    writes around it; already there → ``False``, the writes before it ran, the ones
+    after it did not, and the transaction goes on (``insert_if_absent``'s meaning)."""
+    with round_trips(engine) as trips:
+        async with db.transaction(engine) as conn:
+            assert await execute_writes_if_absent(conn, [_note("n1"), _absent_note("n2")])
+    assert len([t for t in trips if t.startswith("INSERT")]) == (1 if _batches(engine) else 2)
+    async with db.transaction(engine) as conn:
+        # First in the batch and present: nothing after it ran.
+        assert not await execute_writes_if_absent(conn, [_absent_note("n2"), _note("n3")])
+        assert await _note_ids(conn) == ["n1", "n2"]
+        # Last and present: everything before it ran and stays.
+        assert not await execute_writes_if_absent(conn, [_note("n4"), _absent_note("n1")])
+        assert await _note_ids(conn) == ["n1", "n2", "n4"]
+        # A real duplicate before it is still that write's error.
+        with pytest.raises(Duplicate):
+            await execute_writes_if_absent(conn, [_note("n4"), _absent_note("n5")])
+        await execute_writes(conn, [_note("n6")])  # still usable
+    async with db.transaction(engine, readonly=True) as conn:
+        assert await _note_ids(conn) == ["n1", "n2", "n4", "n6"]
+
+
+async def test_execute_writes_if_absent_needs_exactly_one_insert_if_absent(
+    engine: AsyncEngine,
+) -> None:
+    async with db.transaction(engine) as conn:
+        with pytest.raises(ValueError):
+            await execute_writes_if_absent(conn, [_note("n1")])
+        with pytest.raises(ValueError):
+            await execute_writes_if_absent(conn, [_absent_note("n1"), _absent_note("n2")])
+        assert await _note_ids(conn) == []
 
 
 async def test_checks_decide_in_statement_order_before_a_later_failure(

@@ -16,12 +16,15 @@ from typing import Any
 import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from effect_owner_svc.commands.model import AttemptOutcome, CommandState
 from effect_owner_svc.dispatcher import commands as dispatch_module
 from effect_owner_svc.dispatcher.commands import CommandDispatcher, CommandSeats
 from services.background import LoopGroup, Wakeup
+from services.db import strategy_for
+from services.db_batch import statements_of
 from services.proto import effect_v1
 from tests.integration.effects.harness import Scope, envelope
 from tests.integration.effects.owner_world import World, accept, world_with
@@ -158,3 +161,39 @@ async def test_no_seat_for_an_unserved_kind_or_a_dispatcher_that_is_not_running(
         seat = d.reserve("email.smtp")
         assert seat is not None
         seat.release()
+
+
+async def test_a_preclaimed_acceptance_inserts_fence_command_and_attempt_in_one_round_trip(
+    engine: AsyncEngine, private_key: Ed25519PrivateKey, tmp_path: Path
+) -> None:
+    """ADR 0010's addendum: the fence INSERT (if absent) first, then the command and its
+    first attempt — one round trip where the backend batches writes. The redelivered
+    handoff sends the same batch: the server stops at the fence's duplicate key, so no
+    second command or attempt is ever inserted."""
+    trips: list[list[str]] = []
+
+    def on_execute(*args: Any) -> None:
+        trips.append([" ".join(p.split()) for p in statements_of(str(args[2]))])
+
+    async with preclaiming(engine, private_key, tmp_path) as (w, _d, _):
+        event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
+        try:
+            scope, resp = await accept(w)
+        finally:
+            event.remove(engine.sync_engine, "before_cursor_execute", on_execute)
+        await _settled(w, scope, resp.command.command_id)
+        again = await w.owner.accept(scope, envelope(scope))
+        assert again.duplicate
+        _, attempts = await w.command(scope, resp.command.command_id)
+        assert len(attempts) == 1 and len(w.sink.received) == 1
+    inserts = [t for t in trips if t[0].startswith("INSERT INTO owner_inbox")]
+    assert len(inserts) == 1
+    heads = [s.split(" (")[0] for s in inserts[0]]
+    if strategy_for(engine.dialect).multi_statements:
+        assert heads == [
+            "INSERT INTO owner_inbox",
+            "INSERT INTO external_commands",
+            "INSERT INTO remote_attempts",
+        ]
+    else:
+        assert heads == ["INSERT INTO owner_inbox"]
