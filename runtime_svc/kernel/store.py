@@ -151,7 +151,7 @@ from runtime_svc.kernel.wait_model import DependencyRecord, DependencyState
 from runtime_svc.resources import LockPlan
 from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now, run_in_transaction, transaction
-from services.db_batch import Write
+from services.db_batch import Write, execute_writes
 from services.errors import FenceLostError, NotFoundError
 from services.invariants import InvariantError
 from services.telemetry import trace_id_of
@@ -600,6 +600,7 @@ class FlowRunStateStore:
         *,
         lease_owner: str,
         trace_id: str | None = None,
+        last: Write | None = None,
     ) -> LeaseFence | NotEligible:
         """The pre-claimed wake (``docs/adr/0007-pre-claimed-wake.md``): inside the
         resolution transaction that locked ``root`` and ``step`` (root → step) and has
@@ -613,8 +614,12 @@ class FlowRunStateStore:
         (the attempt is inserted).
 
         Returns the Running fence, or :class:`NotEligible` when the claim decision
-        refuses (paused, deleted, not due, epoch, attempt budget spent …): nothing is
-        written then, and the step stays ``Pending`` for an ordinary claim.
+        refuses (paused, deleted, not due, epoch, attempt budget spent …): nothing of the
+        claim is written then, and the step stays ``Pending`` for an ordinary claim.
+
+        ``last``: the resolution's own last write (its signal UPDATE), sent as the last
+        write of the claim's round trip — or alone when nothing is claimed: it is always
+        executed, exactly once.
 
         Raises:
             FenceLostError: a conditional UPDATE found its row moved (unreachable while
@@ -636,13 +641,15 @@ class FlowRunStateStore:
             expected_step_version=step.state_version,
         )
         decision = decide_claim(root, step, now, self.policy, request)
-        if isinstance(decision, NotEligible):
-            return decision
         if not isinstance(decision, Claimed):
+            if last is not None:
+                await execute_writes(conn, [last])
+            if isinstance(decision, NotEligible):
+                return decision
             # RetryExhausted: left to the ordinary claim, which records it.
             return NotEligible("attempt_budget_spent")
         fence, running_patch = _claimed_running(org_id, root, step, decision, request, token, now)
-        await apply_claim_running(conn, org_id, decision.transition, running_patch, now)
+        await apply_claim_running(conn, org_id, decision.transition, running_patch, now, last=last)
         return fence
 
     async def mark_running(self, org_id: str, fence: LeaseFence) -> LeaseFence:

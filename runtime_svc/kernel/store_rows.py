@@ -557,9 +557,14 @@ async def apply_claim_running(
     claim: Transition,
     running: StepPatch,
     now: datetime,
+    *,
+    last: Write | None = None,
 ) -> None:
     """A claim's ``transition`` with its step going on to ``Running`` in the same
     conditional UPDATE (the fused claim, ``docs/adr/0003-fused-claim-running.md``).
+
+    ``last``: a write of the caller's transaction that goes after the claim's, in the
+    same round trip (``apply_transition``'s ``last``: its row need not be held).
 
     ``running`` is ``decide_start_running``'s patch, decided on the rows the claim
     leaves (``kernel.applied``). The root UPDATE and the attempt INSERT are the claim's;
@@ -595,6 +600,7 @@ async def apply_claim_running(
         [
             *fenced_writes(conn, writes, together=True),
             attempt_insert(org_id, claim.new_attempt),
+            *(() if last is None else (last,)),
         ],
     )
 

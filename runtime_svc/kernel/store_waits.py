@@ -57,7 +57,6 @@ from runtime_svc.observability.hooks import signal_trace_context
 from runtime_svc.schema import flow_dependencies, flow_step_executions, flow_wake_signals
 from services.db import (
     FencedWrite,
-    fenced_update,
     fenced_updates,
     insert_if_absent,
     insert_statement,
@@ -405,12 +404,11 @@ async def _apply_dependency(conn: AsyncConnection, org_id: str, patch: Dependenc
     await fenced_updates(conn, [_dependency_write(org_id, patch)])
 
 
-async def _apply_signal(conn: AsyncConnection, patch: SignalPatch) -> None:
+def _signal_write(patch: SignalPatch) -> FencedWrite:
     values = dict(patch.values)
     values["resolution_state"] = patch.to_state.code
     s = patch.scope
-    await fenced_update(
-        conn,
+    return FencedWrite(
         flow_wake_signals,
         org_id=s.org_id,
         key={
@@ -426,8 +424,13 @@ async def _apply_signal(conn: AsyncConnection, patch: SignalPatch) -> None:
 
 
 async def apply_wait_transition(
-    conn: AsyncConnection, org_id: str, wt: WaitTransition, now: datetime
-) -> None:
+    conn: AsyncConnection,
+    org_id: str,
+    wt: WaitTransition,
+    now: datetime,
+    *,
+    defer_signal: bool = False,
+) -> Write | None:
     """Apply ``wt`` in §12 order: root, step (+ successor), dependency, signal.
 
     Every caller holds the root's and the step's locks (its lock phase read them ``FOR
@@ -437,6 +440,10 @@ async def apply_wait_transition(
     (``apply_transition(last=…)``, ADR 0010: a lost dependency fence stops the
     transaction where the statements one by one would). The signal's UPDATE, which may
     take the signal's lock, stays after that check.
+
+    ``defer_signal``: the signal's UPDATE is not executed but returned, for the caller to
+    send as the last write of its next round trip (the pre-claimed wake's claim:
+    ``WokenClaim.claim_txn(last=…)``) — the caller must execute it exactly once.
 
     Raises:
         FenceLostError: any compare-and-swap matched no row (roll back, re-read).
@@ -449,8 +456,13 @@ async def apply_wait_transition(
         await apply_transition(conn, org_id, wt.transition, now)
         if dependency is not None:
             await fenced_updates(conn, [dependency])
-    if wt.signal is not None:
-        await _apply_signal(conn, wt.signal)
+    if wt.signal is None:
+        return None
+    signal = _signal_write(wt.signal)
+    if defer_signal:
+        return fenced_writes(conn, [signal], together=False)[0]
+    await fenced_updates(conn, [signal])
+    return None
 
 
 async def _lock_step_dependencies(
@@ -569,11 +581,20 @@ class WokenClaim(Protocol):
     step locks."""
 
     async def claim_txn(
-        self, conn: AsyncConnection, root: RunRecord, step: StepRecord, now: datetime
+        self,
+        conn: AsyncConnection,
+        root: RunRecord,
+        step: StepRecord,
+        now: datetime,
+        *,
+        last: Write | None = None,
     ) -> LeaseFence | None:
         """Claim the woken ``step`` of ``root`` (both as the resolution left them) for a
-        local worker and make it ``Running`` in ``conn``; ``None`` writes nothing (no
-        local worker with room, admission or the claim decision refused)."""
+        local worker and make it ``Running`` in ``conn``; ``None`` writes nothing of a
+        claim (no local worker with room, admission or the claim decision refused).
+
+        ``last``: the resolution's signal UPDATE, executed exactly once either way — as
+        the last write of the claim's round trip, or alone (ADR 0010's addendum)."""
         ...
 
     def rolled_back(self) -> None:
@@ -746,15 +767,23 @@ class WaitStore:
             root, step, dep, signal, now, receipt=receipt, wake_version=wake_version
         )
         if isinstance(decision, WaitTransition):
-            await apply_wait_transition(conn, org_id, decision, now)
+            # With a claim to offer, the signal's UPDATE goes last in the claim's round
+            # trip (after the claim's writes on the held root and step): one round trip
+            # less per pre-claimed wake.
+            signal_write = await apply_wait_transition(
+                conn, org_id, decision, now, defer_signal=claim is not None
+            )
             if step is not None:
                 fence = None
                 woken = None if claim is None else _woken_rows(root, step, decision, now)
                 if claim is not None and woken is not None:
-                    fence = await claim.claim_txn(conn, *woken, now)
+                    fence = await claim.claim_txn(conn, *woken, now, last=signal_write)
+                    signal_write = None  # executed by the claim, with it or alone
                 decision = replace(
                     decision, resumed=resumed_candidate(root, step, now), preclaimed=fence
                 )
+            if signal_write is not None:
+                await execute_writes(conn, [signal_write])
         return decision
 
     async def _fault(

@@ -35,6 +35,7 @@ from runtime_svc.kernel.model import LeaseFence, RunRecord, StepRecord
 from runtime_svc.kernel.store import FlowRunStateStore
 from runtime_svc.kernel.store_reads import Candidate
 from runtime_svc.kernel.store_waits import resumed_candidate
+from services.db_batch import Write, execute_writes
 from services.telemetry import trace_id_of
 
 __all__ = ["PreClaimedWake", "PreClaimer", "PreClaims", "WakeSeat", "WakeSeats"]
@@ -90,9 +91,16 @@ class PreClaims:
         self._held: tuple[WakeSeat, PreClaimedWake] | None = None
 
     async def claim_txn(
-        self, conn: AsyncConnection, root: RunRecord, step: StepRecord, now: datetime
+        self,
+        conn: AsyncConnection,
+        root: RunRecord,
+        step: StepRecord,
+        now: datetime,
+        *,
+        last: Write | None = None,
     ) -> LeaseFence | None:
-        """Reserve a seat, then claim ``step`` for it (see the module docstring)."""
+        """Reserve a seat, then claim ``step`` for it (see the module docstring);
+        ``last`` as :meth:`~runtime_svc.kernel.store_waits.WokenClaim.claim_txn`'s."""
         self.rolled_back()
         # The candidate as it stands after the resolution's writes (its versions are the
         # resolved rows'): the admission subject, and the worker's watch.
@@ -104,6 +112,8 @@ class PreClaims:
         )
         seat = self._seats.reserve(root.org_id, candidate)
         if seat is None:
+            if last is not None:
+                await execute_writes(conn, [last])
             return None
         try:
             claimed = await self._store.claim_woken_txn(
@@ -114,6 +124,7 @@ class PreClaims:
                 now,
                 lease_owner=seat.lease_owner,
                 trace_id=trace_id_of(root.trace_context),
+                last=last,
             )
         except BaseException:
             seat.cancel()

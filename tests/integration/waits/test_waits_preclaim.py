@@ -8,9 +8,11 @@ duplicate and stale signals stay no-ops."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.admission.budgets import AdmissionPolicy
@@ -24,6 +26,7 @@ from runtime_svc.waits.resolution import ResolvedRun
 from runtime_svc.worker import FixedViews, Outcome, StepWorker
 from runtime_svc.worker.background import LocalWakeSeats
 from services import db
+from services.db_batch import statements_of
 from tests.integration.waits.support import (
     World,
     approval,
@@ -34,6 +37,21 @@ from tests.integration.waits.support import (
     task_subjects,
 )
 from tests.integration.worker.support import record_view
+
+
+@contextmanager
+def round_trips(engine: AsyncEngine) -> Iterator[list[list[str]]]:
+    """Per round trip ``engine`` sends inside the block, its statements (collapsed)."""
+    trips: list[list[str]] = []
+
+    def on_execute(*args: Any) -> None:
+        trips.append([" ".join(p.split()) for p in statements_of(str(args[2]))])
+
+    event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
+    try:
+        yield trips
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", on_execute)
 
 
 def _preclaiming(world: World, seats: LocalWakeSeats) -> None:
@@ -88,7 +106,15 @@ async def test_a_preclaimed_wake_runs_the_step_once_and_the_run_finishes(world: 
     seats = LocalWakeSeats([world.worker])
     _preclaiming(world, seats)
     world.rt.matcher._on_resolved = hints.append  # the hinted path would publish here
-    await world.rt.signals.submit(world.work, approval("pc1", "t1"))
+    with round_trips(world.engine) as trips:
+        await world.rt.signals.submit(world.work, approval("pc1", "t1"))
+    # The signal's UPDATE rides last in the claim's round trip (ADR 0010's addendum).
+    [claim_trip] = [t for t in trips if any(x.startswith("INSERT INTO flow_step_att") for x in t)]
+    [signal_trip] = [t for t in trips if any(x.startswith("UPDATE flow_wake_signals") for x in t)]
+    if db.strategy_for(world.engine.dialect).multi_statements:
+        assert signal_trip is claim_trip and claim_trip[-1].startswith("UPDATE flow_wake_signals")
+    else:
+        assert len(signal_trip) == 1
     # The resolution committed with the claim: the step is Running (a new attempt, the
     # seat's lease owner), the root Running on it — nothing left for anyone to claim.
     assert (await world.run(run_id)).state is RunState.RUNNING
@@ -153,6 +179,8 @@ async def test_no_room_takes_todays_path(world: World) -> None:
     step = await _resumed_step(world.engine, world.org, second)
     assert step["state"] == "Pending" and step["attempt_count"] == before["attempt_count"]
     assert [h.flow_run_id for h in hints] == [second]
+    # Nothing claimed: the resolution's signal UPDATE was written on its own, once.
+    assert {x.state for x in await signals(world.engine, world.org)} == {SignalState.CONSUMED}
     assert await world.worker.process_preclaimed(_taken(seats)) == [Outcome.COMMITTED] * 2
     assert (await world.drive(second)).state is RunState.SUCCEEDED
     assert (await world.run(first)).state is RunState.SUCCEEDED
@@ -276,6 +304,8 @@ async def test_a_paused_run_is_resolved_but_not_preclaimed(world: World) -> None
     assert seats.take() is None and seats.outstanding() == 0
     [dep] = await dependencies(world.engine, world.org, run_id)
     assert dep.state is DependencyState.RESOLVED
+    [signal] = await signals(world.engine, world.org)  # refused claim: written alone
+    assert signal.state is SignalState.CONSUMED and signal.dependency_id == dep.dependency_id
     async with db.transaction(world.engine) as conn:
         await resume_run_txn(conn, world.org, run_id, OperatorActor("ops-test"))
     assert (await world.drive(run_id)).state is RunState.SUCCEEDED
