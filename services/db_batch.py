@@ -63,6 +63,7 @@ __all__ = [
     "Write",
     "execute_writes",
     "execute_writes_if_absent",
+    "fenced_write",
     "fenced_writes",
     "insert_if_absent_write",
     "install_batch_hooks",
@@ -252,7 +253,13 @@ def fenced_writes(
             await settle_fenced_together(conn, writes, rowcount)
 
         return [Write(statement, params, check=settle)]
-    return [Write(fenced_statement(w), w.params(), check=_one_row(conn, w)) for w in writes]
+    return [fenced_write(conn, w) for w in writes]
+
+
+def fenced_write(conn: AsyncConnection, write: FencedWrite) -> Write:
+    """``services.db.fenced_update`` of ``write`` as a write of a batch: its row-count
+    check raises the same :class:`~services.errors.FenceLostError`."""
+    return Write(fenced_statement(write), write.params(), check=_one_row(conn, write))
 
 
 class _Present(Exception):

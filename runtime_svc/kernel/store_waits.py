@@ -63,7 +63,7 @@ from services.db import (
     run_in_transaction,
     scoped_select,
 )
-from services.db_batch import Write, execute_writes, fenced_writes
+from services.db_batch import Write, execute_writes, fenced_write
 from services.errors import ConflictError, FenceLostError
 
 __all__ = [
@@ -450,7 +450,7 @@ async def apply_wait_transition(
     """
     dependency = None if wt.dependency is None else _dependency_write(org_id, wt.dependency)
     if wt.transition.attempt is None:
-        last = None if dependency is None else fenced_writes(conn, [dependency], together=False)[0]
+        last = None if dependency is None else fenced_write(conn, dependency)
         await apply_transition(conn, org_id, wt.transition, now, rows_locked=True, last=last)
     else:
         await apply_transition(conn, org_id, wt.transition, now)
@@ -460,7 +460,7 @@ async def apply_wait_transition(
         return None
     signal = _signal_write(wt.signal)
     if defer_signal:
-        return fenced_writes(conn, [signal], together=False)[0]
+        return fenced_write(conn, signal)
     await fenced_updates(conn, [signal])
     return None
 

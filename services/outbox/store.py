@@ -290,10 +290,13 @@ class PendingEnqueue:
 
     spec: OutboxTable
     message: NewOutboxMessage
+    #: The row's values (leased to this process's dispatcher when pre-claimed).
     values: Mapping[str, Any]
-    preclaimed: bool
-    #: The INSERT (``services.db_batch.insert_if_absent_write``).
-    write: Write
+
+    @property
+    def write(self) -> Write:
+        """The INSERT (``services.db_batch.insert_if_absent_write``)."""
+        return insert_if_absent_write(self.spec.table, self.values)
 
 
 def enqueue_write(
@@ -346,9 +349,7 @@ def enqueue_write(
             lease_token=uuid.uuid4().hex,
             lease_until=until,
         )
-    return PendingEnqueue(
-        spec, message, values, preclaim is not None, insert_if_absent_write(t, values)
-    )
+    return PendingEnqueue(spec, message, values)
 
 
 async def enqueue_after(
@@ -365,7 +366,7 @@ async def enqueue_after(
     spec, message, values = pending.spec, pending.message, pending.values
     t = spec.table
     if await execute_writes_if_absent(conn, [*before, pending.write]):
-        if not pending.preclaimed:
+        if values["lease_token"] is None:  # not pre-claimed
             return EnqueueResult(message.message_id, True)
         # The row as inserted (every other column NULL): no read-back statement.
         born: Any = {**{c.name: None for c in t.columns}, **values}
