@@ -36,6 +36,11 @@ One mechanism serves every service:
    A mutation may also record a *provisional* response in its own transaction
    (``execute(..., completed=False)``) and complete it later (``StartRun``: accepted in
    one transaction, terminal result after the synchronous execution).
+   A mutation whose response is known before its last writes run (it answers with what
+   it is about to insert) may put the ledger row's INSERT *last in that round trip*
+   (:meth:`RequestLedger.execute_joined_at`, :class:`JoinedRecord`; ADR 0010): the row
+   counts as recorded only when its statement ran, otherwise it is recorded after the
+   work as usual.
 5. **Retention.** Rows older than the service's request-retention window
    (``FLOW_REQUEST_RETENTION_HOURS``) are purged in bounded batches, org by org in
    rotation, by a :class:`services.request_retention.RequestRetention` loop each service
@@ -103,8 +108,10 @@ from services.db import (
     transaction,
     work_scope_columns,
 )
+from services.db_batch import Write
 from services.digest import versioned_digest
 from services.errors import ConflictError, FailedPreconditionError, InvalidArgumentError
+from services.invariants import InvariantError
 
 __all__ = [
     "MAX_REQUEST_ID_LEN",
@@ -112,6 +119,7 @@ __all__ = [
     "DedupeScope",
     "Deduplicated",
     "DuplicateRequestRace",
+    "JoinedRecord",
     "LookupColumn",
     "RequestIdReusedError",
     "RequestKey",
@@ -370,6 +378,71 @@ def _encode(response: bytes) -> str:
     return base64.b64encode(response).decode("ascii")
 
 
+class JoinedRecord(Generic[T]):
+    """The ledger row of a new request as a write of the work's own last round trip
+    (:meth:`RequestLedger.execute_joined_at`).
+
+    The work calls :meth:`write` with the value it will return *if* the round trip that
+    carries the write runs through (a new row it is about to insert answers the request),
+    and puts the write last in that round trip (``services.db_batch.execute_writes``). The
+    write's row count tells the ledger whether it ran: if the round trip stopped before it
+    (an insert-if-absent found its row) or the work never executed it, the ledger records
+    the value the work returns after the work, as :meth:`RequestLedger.execute_at` does. A
+    concurrent duplicate's row makes the write raise :class:`DuplicateRequestRace` (the
+    transaction rolls back and replays the winner).
+    """
+
+    __slots__ = ("_completed", "_encode", "_key", "_ledger", "_now", "_pending", "_ran")
+
+    def __init__(
+        self,
+        ledger: RequestLedger,
+        key: RequestKey,
+        encode: Callable[[T], bytes | None],
+        completed: bool | Callable[[T], bool],
+        now: datetime,
+    ) -> None:
+        self._ledger, self._key, self._encode = ledger, key, encode
+        self._completed, self._now = completed, now
+        self._pending: tuple[T, bytes, bool] | None = None
+        self._ran = False
+
+    def write(self, value: T) -> Write | None:
+        """The INSERT recording ``value``'s response (``None``: the encoder declined, so
+        nothing is recorded for it). Only the last call's write counts."""
+        self._pending, self._ran = None, False
+        response = self._encode(value)
+        if response is None:
+            return None
+        final = self._completed(value) if callable(self._completed) else self._completed
+        self._pending = (value, response, final)
+        key = self._key
+
+        async def ran(rowcount: int) -> None:
+            self._ran = rowcount == 1
+
+        return Write(
+            self._ledger._insert,
+            self._ledger._row(key, response, final, self._now),
+            check=ran,
+            on_duplicate=lambda: DuplicateRequestRace(key),
+        )
+
+    def recorded(self, value: T) -> Deduplicated[T] | None:
+        """The outcome when the write ran (``value`` must be the one it recorded), else
+        ``None``.
+
+        Raises:
+            InvariantError: the write ran for another value than the work returned.
+        """
+        if not self._ran or self._pending is None:
+            return None
+        written, response, final = self._pending
+        if written is not value:
+            raise InvariantError("the ledger recorded another response than the work returned")
+        return Deduplicated(value, response, completed=final)
+
+
 class RequestLedger:
     """Reads and writes one service's dedupe table (see the module docstring).
 
@@ -472,21 +545,26 @@ class RequestLedger:
         Raises:
             DuplicateRequestRace: another transaction recorded the key first.
         """
+        created = await db_now(conn) if now is None else now
         inserted = await insert_prepared(
-            conn,
-            self._insert,
-            {
-                **key.scope.values(),
-                "rpc_name": key.rpc,
-                "request_id": key.request_id,
-                "request_digest": key.request_digest,
-                "response_payload": None if response is None else _encode(response),
-                "completed": completed and response is not None,
-                "created_at": await db_now(conn) if now is None else now,
-            },
+            conn, self._insert, self._row(key, response, completed, created)
         )
         if not inserted:
             raise DuplicateRequestRace(key)
+
+    @staticmethod
+    def _row(
+        key: RequestKey, response: bytes | None, completed: bool, created: datetime
+    ) -> dict[str, Any]:
+        return {
+            **key.scope.values(),
+            "rpc_name": key.rpc,
+            "request_id": key.request_id,
+            "request_digest": key.request_digest,
+            "response_payload": None if response is None else _encode(response),
+            "completed": completed and response is not None,
+            "created_at": created,
+        }
 
     async def complete_txn(
         self, conn: AsyncConnection, key: RequestKey, response: bytes, *, final: bool = True
@@ -558,6 +636,42 @@ class RequestLedger:
 
         return await self._finish_txn(conn, key, prior, timed, encode, completed, now)
 
+    async def execute_joined_at_txn(
+        self,
+        conn: AsyncConnection,
+        key: RequestKey,
+        work: Callable[[AsyncConnection, datetime, JoinedRecord[T] | None], Awaitable[T]],
+        encode: Callable[[T], bytes | None],
+        *,
+        completed: bool | Callable[[T], bool] = True,
+        also: LookupColumn | None = None,
+    ) -> Deduplicated[T]:
+        """:meth:`execute_at_txn` whose ``work`` may write the ledger row itself, last in
+        its own final round trip (:class:`JoinedRecord`; ``None`` when the key holds a
+        reserved row, which takes the response by an ``UPDATE`` after the work).
+
+        Raises:
+            The errors of :meth:`execute_txn`; :class:`InvariantError` when the joined
+            write recorded another value than the work returned.
+        """
+        prior, now = await self.lookup_clocked_txn(conn, key, also)
+        if prior is not None:
+
+            async def plain(c: AsyncConnection) -> T:
+                return await work(c, now, None)
+
+            return await self._finish_txn(conn, key, prior, plain, encode, completed, now)
+        joined = JoinedRecord(self, key, encode, completed, now)
+        value = await work(conn, now, joined)
+        done = joined.recorded(value)
+        if done is not None:
+            return done
+
+        async def ready(_c: AsyncConnection) -> T:
+            return value
+
+        return await self._finish_txn(conn, key, None, ready, encode, completed, now)
+
     async def _finish_txn(
         self,
         conn: AsyncConnection,
@@ -582,6 +696,26 @@ class RequestLedger:
         return Deduplicated(value, response, completed=final)
 
     # --- public operations (one transaction each) -------------------------------------------
+
+    async def execute_joined_at(
+        self,
+        engine: AsyncEngine,
+        key: RequestKey,
+        work: Callable[[AsyncConnection, datetime, JoinedRecord[T] | None], Awaitable[T]],
+        encode: Callable[[T], bytes | None],
+        *,
+        completed: bool | Callable[[T], bool] = True,
+        also: LookupColumn | None = None,
+    ) -> Deduplicated[T]:
+        """:meth:`execute_joined_at_txn` in its own transaction (whole-transaction retry
+        on deadlocks; a lost insert race rolls back and replays the winner)."""
+
+        async def fn(conn: AsyncConnection) -> Deduplicated[T]:
+            return await self.execute_joined_at_txn(
+                conn, key, work, encode, completed=completed, also=also
+            )
+
+        return await _racing(engine, fn)
 
     async def execute(
         self,

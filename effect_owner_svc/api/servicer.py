@@ -56,7 +56,7 @@ from services.errors import InvalidArgumentError, NotFoundError, PermissionDenie
 from services.faults import CrashPoint, crash_point
 from services.grpc_server import ServiceRegistration
 from services.proto import effect_v1
-from services.request_dedupe import DedupeScope, RequestKey, RequestLedger
+from services.request_dedupe import DedupeScope, JoinedRecord, RequestKey, RequestLedger
 
 if TYPE_CHECKING:
     from effect_owner_svc.dispatcher.commands import CommandSeats
@@ -126,10 +126,15 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
         seat = None if self._seats is None else self._seats.reserve(handoff.effect_owner_kind)
         lease = None if seat is None else seat.lease
 
-        async def work(conn: AsyncConnection, _now: datetime) -> Accepted | Refusal:
+        async def work(
+            conn: AsyncConnection, _now: datetime, joined: JoinedRecord[Accepted | Refusal] | None
+        ) -> Accepted | Refusal:
             # The ledger lookup read the clock (one statement) and kept it as this
-            # transaction's db_now, which the acceptance's clock read then answers from.
-            return await accept_handoff_txn(conn, handoff, preclaim=lease)
+            # transaction's db_now, which the acceptance's clock read then answers from;
+            # a new acceptance's ledger row rides last in its round trip.
+            return await accept_handoff_txn(
+                conn, handoff, preclaim=lease, record=None if joined is None else joined.write
+            )
 
         def encode(value: Accepted | Refusal) -> bytes | None:
             if isinstance(value, Refusal):
@@ -142,7 +147,7 @@ class EffectOwnerServicer(effect_v1.EffectOwnerServiceServicer):
             with accept_span(
                 request.envelope.trace_context, handoff.attributes.runtime_outbox_message_id
             ):
-                done = await self._ledger.execute_at(self._engine, key, work, encode)
+                done = await self._ledger.execute_joined_at(self._engine, key, work, encode)
             handoff_decided(done.value)
             if done.replayed or done.value is None:
                 return done.message(effect_v1.AcceptHandoffResponse)

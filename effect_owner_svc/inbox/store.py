@@ -28,7 +28,7 @@ after this transaction committed.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -229,7 +229,11 @@ def _as_row(table: Table, values: Mapping[str, Any]) -> Any:
 
 
 async def accept_handoff_txn(
-    conn: AsyncConnection, request: HandoffRequest, *, preclaim: PreClaim | None = None
+    conn: AsyncConnection,
+    request: HandoffRequest,
+    *,
+    preclaim: PreClaim | None = None,
+    record: Callable[[Accepted], Write | None] | None = None,
 ) -> Accepted | Refusal:
     """Accept the handoff and its one command, or find the existing acceptance (caller's
     transaction; the key's scope grammar was checked by the caller).
@@ -237,6 +241,11 @@ async def accept_handoff_txn(
     With ``preclaim`` (this process's command dispatcher serves the kind and has room)
     a new command is inserted leased to that dispatcher with its first remote attempt
     ``IN_FLIGHT`` (:attr:`Accepted.started`); a duplicate is never leased.
+
+    ``record``: given the new acceptance this transaction is about to insert, the write
+    that records it (the request ledger's row, ``services.request_dedupe.JoinedRecord``)
+    — executed last in the acceptance's round trip, so only when the fence row is new;
+    the new acceptance returned is that same object.
 
     Returns:
         :class:`Accepted`, or a :class:`Refusal` — a REJECTED tombstone, or a mismatch
@@ -292,11 +301,16 @@ async def accept_handoff_txn(
     if preclaim is not None:
         attempt, started = start_preclaimed_write(command, now)
         writes.append(attempt)
+    accepted = Accepted(fence_from_row(_as_row(owner_inbox, fence_values)), command, False, started)
+    recording = None if record is None else record(accepted)
+    if recording is not None:
+        writes.append(recording)
     # The fence row first: a duplicate key there is the existing acceptance (or
-    # tombstone), and the server runs nothing after it — the command and its attempt are
-    # inserted only with a new fence row, in one round trip (ADR 0010).
+    # tombstone), and the server runs nothing after it — the command, its attempt and
+    # the request's ledger row are inserted only with a new fence row, in one round trip
+    # (ADR 0010).
     if await execute_writes_if_absent(conn, writes):
-        return Accepted(fence_from_row(_as_row(owner_inbox, fence_values)), command, False, started)
+        return accepted
     fence = await _existing_fence_txn(conn, attrs)
     reason = mismatch(fence.attributes, attrs)
     if reason is None and fence.state is FenceState.ACCEPTED:

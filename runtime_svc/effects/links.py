@@ -10,6 +10,7 @@ run); a link of another scope is invisible.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import RowMapping
@@ -18,10 +19,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from runtime_svc.effects.model import LinkRecord
 from runtime_svc.kernel.wait_model import WorkScopeKey
 from runtime_svc.schema import flow_effect_links
-from services.db import WORK_SCOPE, insert_if_absent, scoped_select
+from services.db import WORK_SCOPE, insert_if_absent, insert_statement, scoped_select
+from services.db_batch import Write
 from services.errors import ConflictError
 
-__all__ = ["insert_link_txn", "link_by_key_txn", "links_of_run_txn"]
+__all__ = ["insert_link_txn", "link_by_key_txn", "link_insert", "links_of_run_txn"]
 
 _IMMUTABLE = (
     "effect_link_id",
@@ -41,6 +43,32 @@ def _link(row: RowMapping) -> LinkRecord:
     return LinkRecord(**{f: row[f] for f in LinkRecord.__dataclass_fields__})
 
 
+_INSERT_LINK = insert_statement(flow_effect_links)
+
+
+def _values(link: LinkRecord, now: datetime) -> dict[str, Any]:
+    values: dict[str, Any] = {f: getattr(link, f) for f in LinkRecord.__dataclass_fields__}
+    values["created_at"] = now  # the transaction's database time, never the caller's
+    return values
+
+
+def link_insert(link: LinkRecord, now: datetime) -> Write:
+    """The link's INSERT as the last write of the ``EffectSubmit`` transaction's round
+    trip, after its new outbox message (``services.outbox.enqueue_after``): dependency,
+    message and link are written together, so a link row already under the key with a
+    new message and dependency is a conflict, never a retry (a retry's dependency
+    INSERT fails first)."""
+
+    def taken() -> ConflictError:
+        return ConflictError(
+            "the handoff key already has an effect link",
+            entity="flow_effect_links",
+            key=link.effect_link_id,
+        )
+
+    return Write(_INSERT_LINK, _values(link, now), on_duplicate=taken)
+
+
 async def insert_link_txn(conn: AsyncConnection, link: LinkRecord, now: datetime) -> bool:
     """Insert ``link`` in the caller's ``EffectSubmit`` transaction (last, §15.1 step 4).
 
@@ -50,9 +78,7 @@ async def insert_link_txn(conn: AsyncConnection, link: LinkRecord, now: datetime
     Raises:
         ConflictError: the handoff key already has a *different* link.
     """
-    values = {f: getattr(link, f) for f in LinkRecord.__dataclass_fields__}
-    values["created_at"] = now  # the transaction's database time, never the caller's
-    if await insert_if_absent(conn, flow_effect_links, values):
+    if await insert_if_absent(conn, flow_effect_links, _values(link, now)):
         return True
     scope = WorkScopeKey(
         link.org_id,

@@ -46,7 +46,7 @@ from runtime_svc.compiler.kinds import (
     StepKind,
 )
 from runtime_svc.compiler.plan import ExecutionPlan, PlanStep
-from runtime_svc.effects.links import insert_link_txn, link_by_key_txn
+from runtime_svc.effects.links import insert_link_txn, link_by_key_txn, link_insert
 from runtime_svc.effects.model import (
     ConsumedReceipt,
     LinkRecord,
@@ -308,18 +308,21 @@ class EffectSteps:
         # and hands it over after the commit: no claim transaction before AcceptHandoff.
         dispatcher = outbox_preclaim.dispatcher_for(self._engine)
         lease = None if dispatcher is None else dispatcher.preclaim(FLOW_EFFECT_SUBMIT_FAMILY)
-        # The dependency's INSERT and the message's in one round trip where the backend
-        # batches writes (ADR 0010: both rows are new, keyed under the held root).
+        # The dependency's INSERT, the message's and the link's in one round trip where
+        # the backend batches writes (ADR 0010: the rows are new, keyed under the held
+        # root; the link follows only a new message).
         enqueued = await enqueue_effect_submit_txn(
             conn,
             replace(prepared.intent, deadline=deadline),
             preclaim=lease,
             before=[dependency_insert(prepared.wait.scope, dependency, now)],
+            after=[link_insert(prepared.link, now)],
         )
         prepared.leased.clear()  # a retried transaction starts over
         if enqueued.leased is not None:
             prepared.leased.append(enqueued.leased)
-        await insert_link_txn(conn, prepared.link, now)
+        if not enqueued.created:  # the message was there: the link was not written
+            await insert_link_txn(conn, prepared.link, now)
 
     async def after_commit(self, prepared: PreparedSubmit) -> None:
         """Wake this process's outbox dispatcher with the committed message, then the

@@ -63,7 +63,7 @@ from services.db import (
     run_in_transaction,
     scoped_select,
 )
-from services.db_batch import Write, execute_writes, fenced_write
+from services.db_batch import Write, execute_writes, fenced_write, insert_if_absent_write
 from services.errors import ConflictError, FenceLostError
 
 __all__ = [
@@ -89,6 +89,8 @@ __all__ = [
     "scope_params",
     "scope_predicates",
     "signal_from_row",
+    "signal_insert",
+    "signal_values",
 ]
 
 T = TypeVar("T")
@@ -358,7 +360,35 @@ async def insert_signal_txn(
     ``match_at`` marks the producer-side match as owed (§14.2 step 2): the producer clears
     it after its fresh match; a crash in between leaves it for the repair sweep.
     """
-    values = {
+    values = signal_values(scope, signal, now, expires_at=expires_at, match_at=match_at)
+    return await insert_if_absent(conn, flow_wake_signals, values)
+
+
+def signal_insert(
+    scope: WorkScopeKey,
+    signal: NewSignal,
+    now: datetime,
+    *,
+    expires_at: datetime,
+    match_at: datetime | None,
+) -> Write:
+    """:func:`insert_signal_txn` as the insert-if-absent write of a batch
+    (``services.db_batch.execute_writes_if_absent``: ``False`` when the signal's
+    ``(scope, kind, key, token)`` exists already)."""
+    values = signal_values(scope, signal, now, expires_at=expires_at, match_at=match_at)
+    return insert_if_absent_write(flow_wake_signals, values)
+
+
+def signal_values(
+    scope: WorkScopeKey,
+    signal: NewSignal,
+    now: datetime,
+    *,
+    expires_at: datetime,
+    match_at: datetime | None,
+) -> dict[str, Any]:
+    """The row :func:`insert_signal_txn` inserts."""
+    return {
         "org_id": scope.org_id,
         "app_installation_id": scope.app_installation_id,
         "runtime_capability_id": scope.runtime_capability_id,
@@ -381,7 +411,6 @@ async def insert_signal_txn(
         # The producer's span (SubmitWakeSignal, or the step whose write signalled).
         "trace_context": signal_trace_context(),
     }
-    return await insert_if_absent(conn, flow_wake_signals, values)
 
 
 # --- applying a wait transition ---------------------------------------------------------------

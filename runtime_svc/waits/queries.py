@@ -13,10 +13,24 @@ alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, case, delete, false, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    and_,
+    bindparam,
+    case,
+    delete,
+    exists,
+    false,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.states import RunState
@@ -38,6 +52,7 @@ from runtime_svc.schema import flow_checkpoints, flow_dependencies, flow_runs, f
 from services.db import scoped_select
 
 __all__ = [
+    "VersionedKeySeen",
     "checkpoint_context_txn",
     "clear_signal_match_txn",
     "dependencies_of_run_txn",
@@ -101,6 +116,16 @@ _TOKEN_OR_LATEST = (
     )
     .limit(1)
 )
+#: Whether :data:`_TOKEN_OR_LATEST` would find a row (the same predicate): the column a
+#: versioned submission's ledger lookup adds (:class:`VersionedKeySeen`).
+_TOKEN_OR_LATEST_EXISTS = (
+    exists()
+    .where(
+        *_SIGNAL_KEY,
+        or_(_W.wake_token == bindparam("token"), _W.wake_version.is_not(None)),
+    )
+    .label("versioned_key_seen")
+)
 _UNMATCHED_FOR_KEY = (
     select(flow_wake_signals)
     .where(*_SIGNAL_KEY, _W.resolution_state == _UNMATCHED)
@@ -131,6 +156,32 @@ async def signal_by_token_txn(
     params = _key_params(scope, kind, key, token=token)
     row = (await conn.execute(_SIGNAL_BY_TOKEN, params)).mappings().first()
     return None if row is None else signal_from_row(row)
+
+
+class VersionedKeySeen:
+    """Whether a versioned submission's acceptance read (:func:`token_or_latest_txn`)
+    would find anything — its token's row, or any versioned row of its producer key —
+    selected by the request ledger's clocked lookup, the transaction's first statement
+    (``services.request_dedupe.LookupColumn``). A fresh notification, the common case,
+    needs no read of its own: nothing found means nothing to compare or be stale
+    against. The same snapshot read as the acceptance read (neither locks).
+    """
+
+    key = "versioned_key_seen"
+
+    def __init__(self, scope: WorkScopeKey, kind: str, key: str, token: str) -> None:
+        self._params = _key_params(scope, kind, key, token=token)
+        #: The lookup's answer (``True`` until one was read: then read the rows).
+        self.seen = True
+
+    def column(self, dialect: Dialect) -> ColumnElement[Any]:
+        return _TOKEN_OR_LATEST_EXISTS
+
+    def params(self) -> Mapping[str, Any]:
+        return self._params
+
+    def accept(self, value: Any) -> None:
+        self.seen = bool(value)
 
 
 async def token_or_latest_txn(

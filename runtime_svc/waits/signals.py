@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel.decisions import NoChange
-from runtime_svc.kernel.store_waits import insert_signal_txn
+from runtime_svc.kernel.store_waits import signal_insert
 from runtime_svc.kernel.transitions_waits import WaitTransition
 from runtime_svc.kernel.wait_model import NewSignal, SignalRecord, SignalState, WorkScopeKey
 from runtime_svc.schema import runtime_requests
@@ -40,11 +40,12 @@ from runtime_svc.waits.record_producer import MATCH_GRACE, SIGNAL_RETENTION
 from runtime_svc.waits.registry import ProducerRegistry
 from runtime_svc.waits.resolution import Matcher, MatchFinish
 from services.db import run_in_transaction, transaction
+from services.db_batch import execute_writes_if_absent
 from services.errors import FailedPreconditionError, NotFoundError
 from services.faults import CrashPoint, crash_point
 from services.invariants import InvariantError
 from services.metrics import metrics
-from services.request_dedupe import RequestKey, RequestLedger
+from services.request_dedupe import JoinedRecord, RequestKey, RequestLedger
 
 __all__ = ["SignalService", "SubmitOutcome"]
 
@@ -60,6 +61,10 @@ class SubmitOutcome:
     signal: SignalRecord
     duplicate: bool = False
     stale: bool = False
+
+
+#: ``(outcome, freshly inserted)`` of one acceptance transaction.
+_Accepted = tuple[SubmitOutcome, bool]
 
 
 def _inserted(
@@ -179,12 +184,28 @@ class SignalService:
         new = validate_submission(submission, self._registry)
         # The ledger lookup reads the database clock in the same statement and keeps it
         # as the transaction's ``db_now``: the acceptance's clock read is answered from it.
-        done = await self._ledger.execute_at(
+        # For a versioned notification it also tells whether the acceptance read would
+        # find anything; a new signal's ledger row rides in the signal INSERT's round trip.
+        seen = (
+            None
+            if new.wake_version is None
+            else queries.VersionedKeySeen(
+                scope, new.producer_kind, new.producer_key, new.wake_token
+            )
+        )
+
+        async def work(
+            conn: AsyncConnection, _now: datetime, joined: JoinedRecord[_Accepted] | None
+        ) -> _Accepted:
+            return await self._accept_txn(conn, scope, new, joined=joined, seen=seen)
+
+        done = await self._ledger.execute_joined_at(
             self._engine,
             key,
-            lambda conn, _now: self._accept_txn(conn, scope, new),
+            work,
             lambda accepted: encode(accepted[0]),
             completed=lambda accepted: not accepted[1],
+            also=seen,
         )
         if done.response is None:  # pragma: no cover - encode always answers
             raise InvariantError("a signal submission without a recorded response")
@@ -212,12 +233,23 @@ class SignalService:
         return await self._ledger.complete(self._engine, key, encode(final))
 
     async def _accept_txn(
-        self, conn: AsyncConnection, scope: WorkScopeKey, new: NewSignal
-    ) -> tuple[SubmitOutcome, bool]:
-        """Step 2 of the module docstring: ``(outcome, freshly inserted)``."""
+        self,
+        conn: AsyncConnection,
+        scope: WorkScopeKey,
+        new: NewSignal,
+        *,
+        joined: JoinedRecord[_Accepted] | None = None,
+        seen: queries.VersionedKeySeen | None = None,
+    ) -> _Accepted:
+        """Step 2 of the module docstring: ``(outcome, freshly inserted)``.
+
+        ``joined``: the request ledger's row, written last in the new signal's INSERT
+        round trip; ``seen``: the ledger lookup's answer whether a versioned submission's
+        acceptance read would find anything (``False``: the read is skipped).
+        """
         now = await self._clock(conn)
         existing = None
-        if new.wake_version is not None:
+        if new.wake_version is not None and (seen is None or seen.seen):
             # A versioned notification: a duplicate answers its own receipt, and one at
             # or below the key's newest version is stale — both decided before inserting.
             # One read: the token's row, else the key's newest versioned row.
@@ -231,16 +263,19 @@ class SignalService:
         # Unversioned (the common case): the insert itself is the duplicate check — the
         # token's unique key refuses a second row, which is then read back.
         if existing is None:
-            inserted = await insert_signal_txn(
-                conn,
-                scope,
-                new,
-                now,
-                expires_at=now + self._retention,
-                match_at=now + MATCH_GRACE,
-            )
-            if inserted:
-                return SubmitOutcome(_inserted(scope, new, now, now + self._retention)), True
+            fresh = SubmitOutcome(_inserted(scope, new, now, now + self._retention)), True
+            writes = [
+                signal_insert(
+                    scope, new, now, expires_at=now + self._retention, match_at=now + MATCH_GRACE
+                )
+            ]
+            recording = None if joined is None else joined.write(fresh)
+            if recording is not None:
+                writes.append(recording)
+            # The signal's INSERT first: its duplicate key (a retry, a concurrent submit)
+            # stops the round trip before the ledger's row (ADR 0010).
+            if await execute_writes_if_absent(conn, writes):
+                return fresh
             # The token was accepted before (a retry) or by a concurrent submit: read it.
             existing = await queries.signal_by_token_txn(
                 conn, scope, new.producer_kind, new.producer_key, new.wake_token

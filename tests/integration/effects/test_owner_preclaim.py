@@ -166,10 +166,10 @@ async def test_no_seat_for_an_unserved_kind_or_a_dispatcher_that_is_not_running(
 async def test_a_preclaimed_acceptance_inserts_fence_command_and_attempt_in_one_round_trip(
     engine: AsyncEngine, private_key: Ed25519PrivateKey, tmp_path: Path
 ) -> None:
-    """ADR 0010's addendum: the fence INSERT (if absent) first, then the command and its
-    first attempt — one round trip where the backend batches writes. The redelivered
-    handoff sends the same batch: the server stops at the fence's duplicate key, so no
-    second command or attempt is ever inserted."""
+    """ADR 0010's addendum: the fence INSERT (if absent) first, then the command, its
+    first attempt and the request ledger's row — one round trip where the backend batches
+    writes. The redelivered handoff sends the same batch: the server stops at the fence's
+    duplicate key, so no second command, attempt or ledger row is ever inserted."""
     trips: list[list[str]] = []
 
     def on_execute(*args: Any) -> None:
@@ -194,6 +194,7 @@ async def test_a_preclaimed_acceptance_inserts_fence_command_and_attempt_in_one_
             "INSERT INTO owner_inbox",
             "INSERT INTO external_commands",
             "INSERT INTO remote_attempts",
+            "INSERT INTO owner_requests",
         ]
     else:
         assert heads == ["INSERT INTO owner_inbox"]

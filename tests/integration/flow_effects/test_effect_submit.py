@@ -6,20 +6,23 @@ no owner command (and no remote call) exists before that commit."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from runtime_svc.compiler.kinds import EFFECT_COMPLETION_PRODUCER
 from runtime_svc.effects import submit_identities
+from runtime_svc.effects.links import link_insert
 from runtime_svc.kernel import RunState
 from runtime_svc.kernel.wait_model import DependencyState, ExpiryPolicyCode
 from runtime_svc.outbox import EffectHandoff
 from runtime_svc.schema import flow_checkpoints, flow_runs, flow_step_attempts
 from runtime_svc.worker import StepWorker
-from services.db import transaction
+from services.db import strategy_for, transaction
+from services.db_batch import Write, statements_of
 from services.effect_contract import effect_payload_digest
 from services.outbox import DeliveryResult, DeliveryState, OutboxMessage
 from tests.integration.flow_effects.world import EffectWorld, email_flow
@@ -106,16 +109,51 @@ async def test_submit_commits_message_link_dependency_checkpoint_and_the_waiting
     assert await world.commands_count() == 0  # nothing left the runtime yet
 
 
+async def test_the_submits_dependency_message_and_link_share_one_round_trip(
+    world: EffectWorld,
+) -> None:
+    """§15.1 step 4's three INSERTs — completion dependency, outbox message, link, in
+    that order — are one round trip where the backend batches writes (ADR 0010); one by
+    one, in the same order, elsewhere."""
+    await world.seed(email_flow())
+    run = await world.start("effect_email", to="ada@example.com", name="Ada")
+    trips: list[list[str]] = []
+
+    def on_execute(*args: Any) -> None:
+        trips.append([" ".join(p.split()).split(" (")[0] for p in statements_of(str(args[2]))])
+
+    engine = world.runtime.engine
+    event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
+    try:
+        await world.work()
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", on_execute)
+    assert await world.links(run.flow_run_id) == 1
+    first = next(i for i, t in enumerate(trips) if t[0] == "INSERT INTO flow_dependencies")
+    inserts = [
+        "INSERT INTO flow_dependencies",
+        "INSERT INTO runtime_outbox",
+        "INSERT INTO flow_effect_links",
+    ]
+    if strategy_for(engine.dialect).multi_statements:
+        assert trips[first] == inserts
+    else:
+        assert [t[0] for t in trips[first : first + 3]] == inserts
+
+
 async def test_a_failure_at_the_end_of_the_submit_transaction_writes_none_of_it(
     world: EffectWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await world.seed(email_flow())
     run = await world.start("effect_email", to="ada@example.com", name="Ada")
 
-    async def broken_link(*args: Any, **kwargs: Any) -> bool:
-        raise RuntimeError("the link insert failed")
+    def broken_link(link: Any, now: Any) -> Write:
+        async def failed(_rowcount: int) -> None:
+            raise RuntimeError("the link insert failed")
 
-    monkeypatch.setattr("runtime_svc.effects.steps.insert_link_txn", broken_link)
+        return dataclasses.replace(link_insert(link, now), check=failed)
+
+    monkeypatch.setattr("runtime_svc.effects.steps.link_insert", broken_link)
     await world.work()
 
     # The dependency and the outbox message were written before the link in the same

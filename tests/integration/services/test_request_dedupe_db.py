@@ -10,13 +10,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Column, Integer, PrimaryKeyConstraint, String, Table, func, select
+from sqlalchemy import Column, Integer, PrimaryKeyConstraint, String, Table, event, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services import db
+from services.db_batch import (
+    Write,
+    execute_writes,
+    execute_writes_if_absent,
+    insert_if_absent_write,
+    statements_of,
+)
 from services.errors import InvalidArgumentError
+from services.invariants import InvariantError
 from services.request_dedupe import (
     DedupeScope,
+    DuplicateRequestRace,
+    JoinedRecord,
     RequestIdReusedError,
     RequestKey,
     RequestLedger,
@@ -298,3 +308,143 @@ async def test_the_clocked_lookup_reads_the_ledger_and_the_clock_in_one_statemen
     reserved = await run(key(rid="clock-2"))
     assert getattr(reserved, "response", None) == b"seven-7" and len(seen) == 2
     assert (await ledger.reserve(engine, key(rid="clock-2"))) == StoredResponse(b"seven-7", True)
+
+
+_INSERT_EFFECT = effects.insert()
+
+
+def _effect_insert(effect_id: str, ordinal: int) -> Write:
+    return Write(_INSERT_EFFECT, {"org_id": "org-1", "effect_id": effect_id, "ordinal": ordinal})
+
+
+async def _ledger_rows(engine: AsyncEngine, rid: str) -> int:
+    async with db.transaction(engine, readonly=True) as conn:
+        stmt = select(func.count()).where(ledger_table.c.request_id == rid)
+        return int((await conn.execute(stmt)).scalar_one())
+
+
+async def test_a_joined_record_rides_last_in_the_works_round_trip(engine: AsyncEngine) -> None:
+    """``execute_joined_at``: the work puts the ledger row's INSERT last in its own round
+    trip (one batched statement on MariaDB, one by one on SQLite) — recorded once, with
+    the value the work returned; a retry replays it without running the work."""
+    ledger = RequestLedger(ledger_table)
+    batches: list[list[str]] = []
+
+    def on_execute(*args: object) -> None:
+        batches.append([" ".join(s.split())[:30] for s in statements_of(str(args[2]))])
+
+    async def work(conn: AsyncConnection, now: object, joined: JoinedRecord[int] | None) -> int:
+        writes = [_effect_insert(uuid.uuid4().hex, 1)]
+        assert joined is not None
+        recording = joined.write(1)
+        assert recording is not None
+        await execute_writes(conn, [*writes, recording])
+        return 1
+
+    event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
+    try:
+        done = await ledger.execute_joined_at(engine, key(rid="j-1"), work, lambda n: b"one-%d" % n)
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", on_execute)
+    assert (done.value, done.response, done.replayed, done.completed) == (1, b"one-1", False, True)
+    ledger_inserts = [b for b in batches if any("INSERT INTO test_requests" in s for s in b)]
+    assert len(ledger_inserts) == 1
+    if db.strategy_for(engine.dialect).multi_statements:
+        assert ledger_inserts[0][0].startswith("INSERT INTO test_effects")
+    assert await _ledger_rows(engine, "j-1") == 1
+    again = await ledger.execute_joined_at(engine, key(rid="j-1"), work, lambda n: b"other")
+    assert (again.response, again.replayed) == (b"one-1", True)
+    assert await count_effects(engine) == 1
+
+
+async def test_a_joined_record_that_did_not_run_is_recorded_after_the_work(
+    engine: AsyncEngine,
+) -> None:
+    """The round trip stopped before the ledger's write (an insert-if-absent found its
+    row), or the work never executed it: the ledger records the value the work returned,
+    after it — as ``execute_at`` does."""
+    ledger = RequestLedger(ledger_table)
+    async with db.transaction(engine) as conn:
+        await conn.execute(effects.insert().values(org_id="org-1", effect_id="e-1", ordinal=1))
+
+    async def present(conn: AsyncConnection, now: object, joined: JoinedRecord[int] | None) -> int:
+        assert joined is not None
+        recording = joined.write(1)
+        assert recording is not None
+        values = {"org_id": "org-1", "effect_id": "e-1", "ordinal": 1}
+        if await execute_writes_if_absent(
+            conn, [insert_if_absent_write(effects, values), recording]
+        ):
+            return 1
+        return 2  # the existing row answers
+
+    done = await ledger.execute_joined_at(engine, key(rid="j-2"), present, lambda n: b"n-%d" % n)
+    assert (done.value, done.response) == (2, b"n-2")
+
+    async def unused(conn: AsyncConnection, now: object, joined: JoinedRecord[int] | None) -> int:
+        assert joined is not None and joined.write(3) is not None
+        return 3
+
+    late = await ledger.execute_joined_at(engine, key(rid="j-3"), unused, lambda n: b"n-%d" % n)
+    assert late.response == b"n-3"
+    for rid, payload in (("j-2", b"n-2"), ("j-3", b"n-3")):
+        stored = await ledger.replay(engine, key(rid=rid))
+        assert stored == StoredResponse(payload, True) and await _ledger_rows(engine, rid) == 1
+
+
+async def test_a_joined_record_that_ran_for_another_value_is_an_invariant_error(
+    engine: AsyncEngine,
+) -> None:
+    ledger = RequestLedger(ledger_table)
+
+    async def lying(conn: AsyncConnection, now: object, joined: JoinedRecord[int] | None) -> int:
+        assert joined is not None
+        recording = joined.write(1)
+        assert recording is not None
+        await execute_writes(conn, [recording])
+        return 2
+
+    with pytest.raises(InvariantError):
+        await ledger.execute_joined_at(engine, key(rid="j-4"), lying, lambda n: b"n-%d" % n)
+    assert await _ledger_rows(engine, "j-4") == 0  # rolled back
+
+
+async def test_a_joined_record_whose_key_was_recorded_meanwhile_is_a_race(
+    engine: AsyncEngine,
+) -> None:
+    """A concurrent duplicate recorded the key after the lookup: the joined INSERT's
+    duplicate key is :class:`DuplicateRequestRace` (the transaction rolls back whole and
+    replays the winner)."""
+    ledger = RequestLedger(ledger_table)
+    k = key(rid="j-5")
+
+    async def raced(conn: AsyncConnection, now: object, joined: JoinedRecord[int] | None) -> int:
+        assert joined is not None
+        await ledger.record_txn(conn, k, b"winner")  # the duplicate, in this transaction
+        recording = joined.write(1)
+        assert recording is not None
+        await execute_writes(conn, [_effect_insert("e-5", 5), recording])
+        return 1
+
+    async def fn(conn: AsyncConnection) -> object:
+        return await ledger.execute_joined_at_txn(conn, k, raced, lambda n: b"n-%d" % n)
+
+    with pytest.raises(DuplicateRequestRace):
+        await db.run_in_transaction(engine, fn)
+    assert await _ledger_rows(engine, "j-5") == 0 and await count_effects(engine) == 0
+
+
+async def test_a_reserved_key_gets_no_joined_record(engine: AsyncEngine) -> None:
+    """A reserved row takes the response by its UPDATE after the work: the work is offered
+    no joined write."""
+    ledger = RequestLedger(ledger_table)
+    assert await ledger.reserve(engine, key(rid="j-6")) is None
+    offered: list[object] = []
+
+    async def work(conn: AsyncConnection, now: object, joined: JoinedRecord[int] | None) -> int:
+        offered.append(joined)
+        return 6
+
+    done = await ledger.execute_joined_at(engine, key(rid="j-6"), work, lambda n: b"n-%d" % n)
+    assert offered == [None] and done.response == b"n-6"
+    assert await ledger.replay(engine, key(rid="j-6")) == StoredResponse(b"n-6", True)

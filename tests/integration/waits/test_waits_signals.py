@@ -681,3 +681,58 @@ async def test_two_waiters_of_one_key_take_the_two_transaction_match_one_wake_ea
     assert (await world.run(second)).state is RunState.WAITING
     await world.rt.signals.submit(world.work, approval("r5", "t5b"))
     assert (await world.run(second)).state is RunState.RUNNABLE
+
+
+async def test_a_fresh_versioned_submission_is_accepted_in_two_round_trips(
+    world: World,
+) -> None:
+    """``SubmitWakeSignal`` of a new versioned notification (an effect receipt's shape):
+    the ledger lookup also answers whether the acceptance read would find anything
+    (``VersionedKeySeen``), so a fresh key skips that read, and the request ledger's row
+    rides in the signal INSERT's round trip — the acceptance transaction is two round
+    trips (lookup, batch) where the backend batches writes. A stale version and a
+    retried token under another request id are still found and answered."""
+    from sqlalchemy import event
+
+    from runtime_svc.api.signals import encode_submit_response
+    from services.db_batch import statements_of
+    from services.proto import runtime_v1
+
+    txns: list[list[list[str]]] = []
+
+    def on_execute(*args: object) -> None:
+        sql = str(args[2])
+        if not sql.startswith("BEGIN"):  # SQLite's BEGIN IMMEDIATE
+            txns[-1].append([" ".join(s.split()) for s in statements_of(sql)])
+
+    def began(*_args: object) -> None:
+        txns.append([])
+
+    async def submit(request_id: str, token: str, version: int) -> Any:
+        key = _submit_key(world, request_id, "r8", token)
+        data = await world.rt.signals.submit_once(
+            world.work, approval("r8", token, version=version), key, encode_submit_response
+        )
+        return runtime_v1.SubmitWakeSignalResponse.FromString(data)
+
+    event.listen(world.engine.sync_engine, "before_cursor_execute", on_execute)
+    event.listen(world.engine.sync_engine, "begin", began)
+    try:
+        first = await submit("req-r8-1", "v2", 2)
+    finally:
+        event.remove(world.engine.sync_engine, "before_cursor_execute", on_execute)
+        event.remove(world.engine.sync_engine, "begin", began)
+    acceptance = txns[0]
+    assert "versioned_key_seen" in acceptance[0][0]  # the ledger lookup's extra column
+    heads = [[s.split(" (")[0] for s in trip] for trip in acceptance]
+    if db.strategy_for(world.engine.dialect).multi_statements:
+        assert heads[1:] == [["INSERT INTO flow_wake_signals", "INSERT INTO runtime_requests"]]
+    else:
+        assert heads[1:] == [["INSERT INTO flow_wake_signals"], ["INSERT INTO runtime_requests"]]
+
+    stale = await submit("req-r8-2", "v1", 1)
+    assert stale.stale and stale.signal.wake_signal_id == first.signal.wake_signal_id
+    again = await submit("req-r8-3", "v2", 2)  # the same token under another request id
+    assert again.duplicate and again.signal.wake_signal_id == first.signal.wake_signal_id
+    assert [s.wake_token for s in await signals(world.engine, world.org)] == ["v2"]
+    assert (await submit("req-r8-1", "v2", 2)) == first  # the request's own replay
