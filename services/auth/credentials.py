@@ -6,6 +6,13 @@ Format (see :mod:`services.auth`)::
 
 The signature covers the ASCII text ``nfw1.<header>.<claims>``; JSON is canonical
 (``services.digest.canonical_json``) and base64url has no padding.
+
+A verifier remembers the credentials it accepted (a bounded, least-recently-used map
+from the exact credential text to the identity it proved): a caller reuses one credential
+per scope until near its expiry (``services.peer_client.ScopedCredentials``), so the
+signature of a byte-identical credential is checked once, not on every call. The time
+checks (expiry, not-yet-valid) run on every use; everything else a verification decides
+is a function of the credential text and the verifier's fixed trusted keys and audience.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import base64
 import json
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +40,8 @@ __all__ = ["CREDENTIAL_PREFIX", "CredentialVerifier", "mint_credential"]
 CREDENTIAL_PREFIX = "nfw1"
 _ALG = "EdDSA"
 _MAX_CREDENTIAL_CHARS = 8192
+#: Accepted credentials a verifier remembers (each at most ``_MAX_CREDENTIAL_CHARS``).
+_REMEMBERED = 1024
 _B64URL_RE = re.compile(r"^[A-Za-z0-9_-]*$")
 
 
@@ -97,6 +107,8 @@ class CredentialVerifier:
         self._audience = audience.value if isinstance(audience, ServiceName) else audience
         self._skew = clock_skew_s
         self._now = now
+        #: Credential text → the identity it proved (see the module docstring).
+        self._accepted: OrderedDict[str, TrustedIdentity] = OrderedDict()
 
     @classmethod
     def from_config(cls, cfg: ServiceConfig) -> CredentialVerifier:
@@ -116,6 +128,26 @@ class CredentialVerifier:
         """
         if not credential:
             raise refuse(AuthFailure.MISSING)
+        known = self._accepted.get(credential)
+        if known is not None:
+            self._check_times(known, credential)
+            self._accepted.move_to_end(credential)
+            return known
+        identity = self._verify(credential)
+        self._accepted[credential] = identity
+        if len(self._accepted) > _REMEMBERED:
+            self._accepted.popitem(last=False)
+        return identity
+
+    def _check_times(self, identity: TrustedIdentity, credential: str) -> None:
+        now = self._now()
+        if now > identity.expires_at + self._skew:
+            self._accepted.pop(credential, None)
+            raise refuse(AuthFailure.EXPIRED)
+        if identity.issued_at > now + self._skew:
+            raise refuse(AuthFailure.NOT_YET_VALID)
+
+    def _verify(self, credential: str) -> TrustedIdentity:
         parts = credential.split(".")
         if len(credential) > _MAX_CREDENTIAL_CHARS or len(parts) != 4:
             raise refuse(AuthFailure.MALFORMED)
@@ -144,11 +176,7 @@ class CredentialVerifier:
             identity = _identity_from_claims(_strict_json(_b64d(parts[2])), kid)
         except ValueError:
             raise refuse(AuthFailure.MALFORMED) from None
-        now = self._now()
-        if now > identity.expires_at + self._skew:
-            raise refuse(AuthFailure.EXPIRED)
-        if identity.issued_at > now + self._skew:
-            raise refuse(AuthFailure.NOT_YET_VALID)
+        self._check_times(identity, credential)
         if self._audience not in identity.audiences:
             raise refuse(AuthFailure.WRONG_AUDIENCE)
         exceeded = trusted.constraints.exceeded_by(

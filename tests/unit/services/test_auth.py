@@ -156,6 +156,65 @@ def test_clock_skew_is_tolerated_at_both_ends() -> None:
     verifier(now=NOW - SKEW).verify(mint())  # issued slightly in the future
 
 
+def test_an_accepted_credential_is_remembered_but_its_times_are_checked_on_every_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The signature of a byte-identical credential is checked once (the verifier
+    remembers what it accepted); expiry and not-yet-valid are checked on every use, a
+    credential that expired is forgotten, and a refused one is never remembered."""
+    clock = [float(NOW)]
+    v = CredentialVerifier(
+        {"k1": PUBLIC}, ServiceName.CATALOG, clock_skew_s=SKEW, now=lambda: clock[0]
+    )
+    token = mint()
+    verified: list[int] = []
+    real = v._verify
+
+    def counting(credential: str) -> TrustedIdentity:
+        verified.append(1)
+        return real(credential)
+
+    monkeypatch.setattr(v, "_verify", counting)
+    first = v.verify(token)
+    assert v.verify(token) == first and len(verified) == 1
+    tampered = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+    for _ in range(2):
+        with pytest.raises(UnauthenticatedError) as bad:
+            v.verify(tampered)
+        assert bad.value.reason == AuthFailure.BAD_SIGNATURE.value
+    assert len(verified) == 3  # a refusal is not remembered
+    clock[0] = NOW + 300 + SKEW + 1
+    with pytest.raises(UnauthenticatedError) as late:
+        v.verify(token)
+    assert late.value.reason == AuthFailure.EXPIRED.value
+    clock[0] = NOW  # a clock stepped back: the forgotten credential is verified again
+    assert v.verify(token) == first and len(verified) == 4
+
+
+def test_a_remembered_credential_issued_in_the_future_is_not_yet_valid() -> None:
+    clock = [float(NOW)]
+    v = CredentialVerifier(
+        {"k1": PUBLIC}, ServiceName.CATALOG, clock_skew_s=SKEW, now=lambda: clock[0]
+    )
+    token = mint(now=NOW + SKEW)
+    v.verify(token)
+    clock[0] = NOW - 1
+    with pytest.raises(UnauthenticatedError) as early:
+        v.verify(token)
+    assert early.value.reason == AuthFailure.NOT_YET_VALID.value
+
+
+def test_the_remembered_credentials_are_bounded() -> None:
+    from services.auth import credentials
+
+    v = verifier()
+    tokens = [mint(ttl=300 + i) for i in range(credentials._REMEMBERED + 5)]
+    for t in tokens:
+        v.verify(t)
+    assert len(v._accepted) == credentials._REMEMBERED
+    assert tokens[0] not in v._accepted and tokens[-1] in v._accepted
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
