@@ -67,6 +67,7 @@ __all__ = [
     "fenced_writes",
     "insert_if_absent_write",
     "install_batch_hooks",
+    "is_if_absent",
     "statements_of",
 ]
 
@@ -274,6 +275,11 @@ def insert_if_absent_write(table: Table, values: Mapping[str, Any]) -> Write:
     return Write(insert_statement(table), values, on_duplicate=_Present)
 
 
+def is_if_absent(write: Write) -> bool:
+    """``write`` is an :func:`insert_if_absent_write`."""
+    return write.on_duplicate is _Present
+
+
 async def execute_writes_if_absent(conn: AsyncConnection, writes: Sequence[Write]) -> bool:
     """:func:`execute_writes` with one :func:`insert_if_absent_write` among ``writes``:
     ``False`` when its row was already there — the writes before it ran and passed their
@@ -284,7 +290,7 @@ async def execute_writes_if_absent(conn: AsyncConnection, writes: Sequence[Write
     Raises:
         ValueError: not exactly one of ``writes`` is an :func:`insert_if_absent_write`.
     """
-    if sum(1 for w in writes if w.on_duplicate is _Present) != 1:
+    if sum(1 for w in writes if is_if_absent(w)) != 1:
         raise ValueError("execute_writes_if_absent needs exactly one insert_if_absent_write")
     try:
         await execute_writes(conn, writes)

@@ -12,10 +12,11 @@ is what they prepare and what their commit adds.
 2. the worker's commit transaction locks root → submit step → attempt and applies the
    :class:`~runtime_svc.kernel.decisions.HandOff` advance (attempt ``Committed``, submit
    ``Succeeded``, the completion step inserted ``Waiting``, root ``Waiting`` on it, the
-   checkpoint), then :meth:`EffectSteps.commit_txn` inserts the completion dependency,
-   enqueues the ``flow.effect.submit`` message and writes the immutable link — in that
-   order, last, inside the same transaction. No remote call happens anywhere in it; the
-   Runtime outbox dispatcher delivers after the commit.
+   checkpoint), then its :meth:`EffectSteps.commit_tail` inserts the completion
+   dependency, enqueues the ``flow.effect.submit`` message and writes the immutable link
+   — in that order, last, inside the same transaction (and the same round trip). No
+   remote call happens anywhere in it; the Runtime outbox dispatcher delivers after the
+   commit.
 
 **EffectCompletion** (:meth:`EffectSteps.prepare` with no commit extra): once a receipt
 resolved its dependency (root-first, §14.2) the step reads the consumed receipt and the
@@ -32,6 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -61,15 +63,11 @@ from runtime_svc.effects.model import (
 )
 from runtime_svc.kernel.decisions import Advance, FailRun, HandOff, QuarantineRun
 from runtime_svc.kernel.model import LeaseFence
+from runtime_svc.kernel.store import CommitTail
 from runtime_svc.kernel.store_waits import dependency_insert
 from runtime_svc.kernel.transitions_effects import CAUSE_EFFECT_RECEIPT_INVALID
 from runtime_svc.kernel.wait_model import ExpiryPolicyCode, WorkScopeKey
-from runtime_svc.outbox import (
-    RUNTIME_OUTBOX,
-    EffectSubmitIntent,
-    effect_submit_intent,
-    enqueue_effect_submit_txn,
-)
+from runtime_svc.outbox import RUNTIME_OUTBOX, EffectSubmitIntent, effect_submit_intent
 from runtime_svc.outbox import preclaim as outbox_preclaim
 from runtime_svc.waits.resolution import Clock
 from runtime_svc.waits.steps import PreparedWait, WaitSteps
@@ -83,10 +81,18 @@ from runtime_svc.worker.executor import (
     to_json_value,
 )
 from services.auth import TrustedRuntimeWorkScope
-from services.db import transaction
+from services.db import db_now, transaction
+from services.db_batch import Write
 from services.effect_contract import FLOW_EFFECT_SUBMIT_FAMILY, EffectContractError
 from services.invariants import InvariantError
-from services.outbox import OutboxHint, OutboxMessage, hint_of
+from services.outbox import (
+    OutboxHint,
+    OutboxMessage,
+    PendingEnqueue,
+    enqueue_settle,
+    enqueue_write,
+    hint_of,
+)
 
 __all__ = ["EffectSteps", "PreparedSubmit"]
 
@@ -294,35 +300,45 @@ class EffectSteps:
         prepared = PreparedSubmit(ids, intent, wait, link, step.key)
         return StepOutcome(context_of(env, context), (), advance), prepared
 
-    async def commit_txn(self, conn: AsyncConnection, prepared: PreparedSubmit) -> None:
-        """Inside the submit's commit transaction, after its root → step → attempt
+    def commit_tail(self, prepared: PreparedSubmit) -> CommitTail:
+        """The submit's rows in its commit transaction, after its root → step → attempt
         transition (§15.1 steps 3-4): the completion dependency, then the outbox message
-        (the enqueue API locks nothing before its insert), then the immutable link."""
-        now = await self._clock(conn)
-        dependency = prepared.wait.dependency(now)
-        # The handoff converges by the same instant the dependency expires (§15.4).
-        deadline = dependency.deadline
-        # The outbox's own times (created, due) come from the database clock its
-        # dispatcher reads (enqueue reads it); the deadline is the dependency's.
-        # A process whose outbox dispatcher runs writes the message already leased to it
-        # and hands it over after the commit: no claim transaction before AcceptHandoff.
-        dispatcher = outbox_preclaim.dispatcher_for(self._engine)
-        lease = None if dispatcher is None else dispatcher.preclaim(FLOW_EFFECT_SUBMIT_FAMILY)
-        # The dependency's INSERT, the message's and the link's in one round trip where
-        # the backend batches writes (ADR 0010: the rows are new, keyed under the held
-        # root; the link follows only a new message).
-        enqueued = await enqueue_effect_submit_txn(
-            conn,
-            replace(prepared.intent, deadline=deadline),
-            preclaim=lease,
-            before=[dependency_insert(prepared.wait.scope, dependency, now)],
-            after=[link_insert(prepared.link, now)],
-        )
-        prepared.leased.clear()  # a retried transaction starts over
-        if enqueued.leased is not None:
-            prepared.leased.append(enqueued.leased)
-        if not enqueued.created:  # the message was there: the link was not written
-            await insert_link_txn(conn, prepared.link, now)
+        (the enqueue API locks nothing before its insert), then the immutable link — in
+        the transition's round trip where the backend batches writes (ADR 0010: new rows
+        keyed under the held root; the link follows only a new message)."""
+        pending: list[PendingEnqueue] = []
+
+        async def writes(conn: AsyncConnection, now: datetime) -> list[Write]:
+            dependency = prepared.wait.dependency(now)
+            # The handoff converges by the same instant the dependency expires (§15.4).
+            intent = replace(prepared.intent, deadline=dependency.deadline)
+            # The outbox's own times (created, due) come from the database clock its
+            # dispatcher reads (the transaction's reading: no statement for it); the
+            # deadline is the dependency's. A process whose outbox dispatcher runs writes
+            # the message already leased to it and hands it over after the commit: no
+            # claim transaction before AcceptHandoff.
+            dispatcher = outbox_preclaim.dispatcher_for(self._engine)
+            lease = None if dispatcher is None else dispatcher.preclaim(FLOW_EFFECT_SUBMIT_FAMILY)
+            message = enqueue_write(
+                RUNTIME_OUTBOX, intent.message(), now=await db_now(conn), preclaim=lease
+            )
+            pending[:] = [message]
+            return [
+                dependency_insert(prepared.wait.scope, dependency, now),
+                message.write,
+                link_insert(prepared.link, now),
+            ]
+
+        async def settle(conn: AsyncConnection, inserted: bool) -> None:
+            enqueued = await enqueue_settle(conn, pending[0], inserted)
+            prepared.leased.clear()  # a retried transaction starts over
+            if enqueued.leased is not None:
+                prepared.leased.append(enqueued.leased)
+            if not enqueued.created:  # the message was there: the link was not written
+                now = await self._clock(conn)
+                await insert_link_txn(conn, prepared.link, now)
+
+        return CommitTail(writes, settle)
 
     async def after_commit(self, prepared: PreparedSubmit) -> None:
         """Wake this process's outbox dispatcher with the committed message, then the

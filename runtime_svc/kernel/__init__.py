@@ -42,6 +42,7 @@ from runtime_svc.kernel.states import (
 from runtime_svc.kernel.store import (
     ClaimedStart,
     CommitResult,
+    CommitTail,
     ContinueAs,
     FirstStep,
     FlowRunStateStore,
@@ -59,6 +60,7 @@ __all__ = [
     "CheckpointInput",
     "ClaimedStart",
     "CommitResult",
+    "CommitTail",
     "CompatibilityStatus",
     "ContinueAs",
     "EnterWait",

@@ -161,6 +161,7 @@ __all__ = [
     "ClaimedStart",
     "Clock",
     "CommitResult",
+    "CommitTail",
     "ContinueAs",
     "FirstStep",
     "FlowRunStateStore",
@@ -212,6 +213,22 @@ class CommitResult:
     #: With ``continue_as``: the Running fence of the next step this commit claimed
     #: (``None``: not continued — the root and next step above are then as written).
     continued: LeaseFence | None = dataclasses.field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class CommitTail:
+    """New rows a step's commit writes after its transition, keyed under the held root
+    (a wait's dependency; an effect's dependency, outbox message and link), in the
+    transition's round trip where the backend batches writes (ADR 0010).
+
+    ``writes(conn, now)``: the rows, given the commit's clock reading; at most one of
+    them an insert-if-absent. ``settle(conn, inserted)``: what follows them in the same
+    transaction (``inserted`` ``False``: that insert found its row, and the writes after
+    it did not run).
+    """
+
+    writes: Callable[[AsyncConnection, datetime], Awaitable[Sequence[Write]]]
+    settle: Callable[[AsyncConnection, bool], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -702,6 +719,7 @@ class FlowRunStateStore:
         evidence: Mapping[str, Any] | None = None,
         input_sequence: int | None = None,
         continue_as: ContinueAs | None = None,
+        tail: CommitTail | None = None,
     ) -> CommitResult:
         """§12.2 steps 9-12, inside the worker's business transaction and after its
         business locks: lock root, step, attempt; revalidate the whole fence; insert the
@@ -729,6 +747,9 @@ class FlowRunStateStore:
         :attr:`CommitResult.continued` carries its fence. Otherwise the commit is
         written alone.
 
+        ``tail``: the step's own new rows after the transition (:class:`CommitTail`),
+        never with a continuation (a step with a tail waits).
+
         Raises:
             FenceLostError: the fence no longer holds; the caller's transaction must roll
                 back (every business write in it goes too).
@@ -737,9 +758,11 @@ class FlowRunStateStore:
                 (before any SQL of this method).
         """
         self._check_fence(org_id, fence)
+        if tail is not None and continue_as is not None:
+            raise InvariantError("a commit with a tail is never continued")
         prepared = prepare_checkpoint(output, max_bytes=self.max_checkpoint_bytes)
         return await self._commit(
-            conn, org_id, fence, prepared, advance, evidence, input_sequence, continue_as
+            conn, org_id, fence, prepared, advance, evidence, input_sequence, continue_as, tail
         )
 
     async def _commit(
@@ -752,6 +775,7 @@ class FlowRunStateStore:
         evidence: Mapping[str, Any] | None,
         input_sequence: int | None = None,
         continue_as: ContinueAs | None = None,
+        tail: CommitTail | None = None,
     ) -> CommitResult:
         if isinstance(advance, NextStep) and not advance.step_execution_id:
             advance = dataclasses.replace(advance, step_execution_id=new_id("step"))
@@ -785,7 +809,12 @@ class FlowRunStateStore:
                 conn, org_id, root, transition, now, continue_as, before
             )
         if continued is None:
-            await apply_transition(conn, org_id, transition, now, rows_locked=True, before=before)
+            after = () if tail is None else await tail.writes(conn, now)
+            inserted = await apply_transition(
+                conn, org_id, transition, now, rows_locked=True, before=before, after=after
+            )
+            if tail is not None:
+                await tail.settle(conn, inserted)
         checkpoint_written(prepared)
         # Continued: the root and next step were written as the continuation left them
         # (the fence carries what a caller needs); otherwise as the commit left them.

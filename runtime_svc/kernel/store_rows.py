@@ -75,7 +75,13 @@ from services.db import (
     now_column,
     remember_now,
 )
-from services.db_batch import Write, execute_writes, fenced_writes
+from services.db_batch import (
+    Write,
+    execute_writes,
+    execute_writes_if_absent,
+    fenced_writes,
+    is_if_absent,
+)
 from services.digest import digest_bytes
 from services.errors import ConflictError, FenceLostError, InvalidArgumentError, NotFoundError
 from services.invariants import InvariantError
@@ -501,7 +507,8 @@ async def apply_transition(
     rows_locked: bool = False,
     before: Sequence[Write] = (),
     last: Write | None = None,
-) -> None:
+    after: Sequence[Write] = (),
+) -> bool:
     """Apply ``transition`` in §12 order: root, step, attempt CAS, then inserts.
 
     ``before``: writes of the same transaction that go first (the commit's checkpoint
@@ -513,6 +520,13 @@ async def apply_transition(
     transition's dependency UPDATE (``store_waits.apply_wait_transition``). Its row need
     not be held: nothing runs after it in the round trip, so a lost fence there stops
     the transaction exactly where the statements one by one would (ADR 0010).
+
+    ``after``: new rows of the same transaction keyed under the held root (a wait's
+    dependency, an effect's dependency, outbox message and link: :class:`CommitTail`),
+    after the transition's writes in the same round trip when ``rows_locked``; at most
+    one of them an insert-if-absent (``services.db_batch.insert_if_absent_write``), and
+    the return value says whether it inserted (``False``: its row was there, and the
+    writes after it did not run). ``True`` without one.
 
     ``rows_locked``: this transaction already holds the lock of every row the
     transition patches (its fenced lock read: :func:`lock_fenced`,
@@ -538,17 +552,26 @@ async def apply_transition(
         batch.append(attempt_insert(org_id, transition.new_attempt))
     if transition.new_step is not None:
         batch.append(step_insert(org_id, transition.new_step, now, None))
+    batch.extend(after)
     if last is not None:
         batch.append(last)
+    if_absent = any(is_if_absent(w) for w in after)
     if rows_locked:
         # In order, one round trip where the backend allows (ADR 0010): each UPDATE's
         # row count and each INSERT's duplicate key decide as the statements alone would.
+        if if_absent:
+            return await execute_writes_if_absent(conn, batch)
         await execute_writes(conn, batch)
-        return
+        return True
     # Rows not held yet: a lost fence must stop the statements after it before they
     # take their rows' locks (a batch runs them, then rolls them back), so one by one.
     for write in batch:
-        await execute_writes(conn, [write])
+        if is_if_absent(write):
+            if not await execute_writes_if_absent(conn, [write]):
+                return False
+        else:
+            await execute_writes(conn, [write])
+    return True
 
 
 async def apply_claim_running(

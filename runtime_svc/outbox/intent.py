@@ -157,14 +157,12 @@ async def enqueue_effect_submit_txn(
     now: datetime | None = None,
     preclaim: PreClaim | None = None,
     before: Sequence[Write] = (),
-    after: Sequence[Write] = (),
 ) -> EnqueueResult:
     """Enqueue ``intent`` into the canonical Runtime outbox — last, inside the caller's
     EffectSubmit transaction (see the module docstring); with ``preclaim`` already leased
     to this process's dispatcher (ADR 0004: ``EnqueueResult.leased`` is handed to it
-    after the commit). ``before``: the transaction's writes that go first, ``after``: its
-    writes that follow a new message, in the same round trip
-    (``services.outbox.enqueue_after``).
+    after the commit). ``before``: the transaction's writes that go first, in the same
+    round trip (``services.outbox.enqueue_after``).
 
     Raises:
         ConflictError: the key already holds a different message; or whatever a write of
@@ -177,5 +175,4 @@ async def enqueue_effect_submit_txn(
         now=now,
         preclaim=preclaim,
         before=before,
-        after=after,
     )

@@ -36,7 +36,8 @@ from runtime_svc.compiler.language import parse_duration
 from runtime_svc.compiler.plan import DependencyDecl, ExecutionPlan, PlanStep
 from runtime_svc.kernel.decisions import EnterWait
 from runtime_svc.kernel.model import LeaseFence
-from runtime_svc.kernel.store_waits import insert_dependency_txn, new_dependency_id
+from runtime_svc.kernel.store import CommitTail
+from runtime_svc.kernel.store_waits import dependency_insert, new_dependency_id
 from runtime_svc.kernel.wait_model import (
     DependencyState,
     ExpiryPolicyCode,
@@ -51,6 +52,7 @@ from runtime_svc.waits.resolution import Clock, Matcher
 from runtime_svc.worker.executor import StepFault, StepOutcome, advance_to, context_of, env_of
 from services.auth import TrustedRuntimeWorkScope
 from services.db import transaction
+from services.db_batch import Write
 from services.faults import CrashPoint, crash_point
 from services.invariants import InvariantError
 
@@ -268,13 +270,21 @@ class WaitSteps:
             )
         return replace(wait, producer_key=rid)
 
-    async def commit_txn(self, conn: AsyncConnection, wait: PreparedWait) -> None:
-        """Inside the worker's commit, after the ``EnterWait`` transition: the dependency
-        (and a record wait's watch registration), with times from the database clock."""
-        now = await self._clock(conn)
-        await insert_dependency_txn(conn, wait.scope, wait.dependency(now), now)
-        if wait.watch_object is not None:
-            await self._watches.watch_txn(conn, wait.scope, wait.watch_object, now)
+    def commit_tail(self, wait: PreparedWait) -> CommitTail:
+        """Inside the worker's commit, after the ``EnterWait`` transition (§14.2 step 3):
+        the dependency with times from the commit's database clock, in the transition's
+        round trip where the backend batches writes (ADR 0010: a new row keyed under the
+        held root), then a record wait's watch registration."""
+
+        async def writes(_conn: AsyncConnection, now: datetime) -> list[Write]:
+            return [dependency_insert(wait.scope, wait.dependency(now), now)]
+
+        async def settle(conn: AsyncConnection, _inserted: bool) -> None:
+            if wait.watch_object is not None:
+                now = await self._clock(conn)
+                await self._watches.watch_txn(conn, wait.scope, wait.watch_object, now)
+
+        return CommitTail(writes, settle)
 
     async def after_commit(self, wait: PreparedWait) -> None:
         """§14.2 step 4: the required fresh-snapshot reconciliation of the new dependency."""

@@ -63,6 +63,7 @@ from runtime_svc.kernel import (
     CheckpointInput,
     ClaimedStart,
     CommitResult,
+    CommitTail,
     ContinueAs,
     FailureClass,
     FlowRunStateStore,
@@ -821,14 +822,8 @@ class StepWorker:
                     evidence=_lock_plan_evidence(admitted),
                     input_sequence=prepared.input_sequence,
                     continue_as=self._continue_as(prepared, outcome, chain),
+                    tail=self._tail(prepared),
                 )
-                if prepared.wait is not None and self._waits is not None:
-                    # §14: the dependency commits with the wait transition and the
-                    # checkpoint that is the resume point (after root/step/attempt).
-                    await self._waits.commit_txn(conn, prepared.wait)
-                if prepared.effect is not None and self._effects is not None:
-                    # §15.1 step 4: dependency, outbox message, link — last.
-                    await self._effects.commit_txn(conn, prepared.effect)
                 continued = await self._continue_txn(
                     conn, org_id, fence, prepared, outcome, committed, chain
                 )
@@ -877,6 +872,19 @@ class StepWorker:
             await self._effects.after_commit(prepared.effect)
         chain.next = continued
         return Outcome.COMMITTED
+
+    def _tail(self, prepared: _Prepared) -> CommitTail | None:
+        """The step's own rows after its transition, in the commit's round trip: a wait's
+        dependency (§14: it commits with the wait transition and the checkpoint that is
+        the resume point), an effect's dependency, outbox message and link (§15.1 step
+        4, last)."""
+        if prepared.wait is not None and prepared.effect is not None:
+            raise InvariantError("a step is a wait or an effect submit, never both")
+        if prepared.wait is not None and self._waits is not None:
+            return self._waits.commit_tail(prepared.wait)
+        if prepared.effect is not None and self._effects is not None:
+            return self._effects.commit_tail(prepared.effect)
+        return None
 
     def _continue_as(
         self, prepared: _Prepared, outcome: StepOutcome, chain: _Chain

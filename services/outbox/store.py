@@ -256,7 +256,6 @@ async def enqueue_txn(
     now: datetime | None = None,
     preclaim: PreClaim | None = None,
     before: Sequence[Write] = (),
-    after: Sequence[Write] = (),
 ) -> EnqueueResult:
     """Enqueue ``message`` in the caller's transaction; call it after every other lock.
 
@@ -272,9 +271,6 @@ async def enqueue_txn(
             is left as it is.
         before: the caller's writes that go first, in the same round trip where the
             backend batches writes (:func:`enqueue_after`).
-        after: the caller's writes that follow a *new* row in the same round trip (new
-            rows of its own): they run only when ``created`` — a duplicate message
-            stops the round trip before them, and the caller writes them itself.
 
     Returns:
         Whether this call created the row (and the leased row, when pre-claimed).
@@ -285,7 +281,7 @@ async def enqueue_txn(
     """
     when = now if now is not None else await db_now(conn)
     pending = enqueue_write(spec, message, now=when, preclaim=preclaim)
-    return await enqueue_after(conn, before, pending, after)
+    return await enqueue_after(conn, before, pending)
 
 
 @dataclass(frozen=True)
@@ -357,24 +353,33 @@ def enqueue_write(
 
 
 async def enqueue_after(
-    conn: AsyncConnection,
-    before: Sequence[Write],
-    pending: PendingEnqueue,
-    after: Sequence[Write] = (),
+    conn: AsyncConnection, before: Sequence[Write], pending: PendingEnqueue
 ) -> EnqueueResult:
     """Execute ``before`` (writes of the caller's transaction that only check: its
-    other rows, already under their locks), then ``pending``'s INSERT, then ``after``
-    (only when that row is new: the server stops at its duplicate key), in one round
+    other rows, already under their locks) and then ``pending``'s INSERT, in one round
     trip where the backend batches writes (``services.db_batch``); answer as
     :func:`enqueue_txn`.
 
     Raises:
-        ConflictError: as :func:`enqueue_txn`; or whatever a write of ``before`` or
-            ``after`` raises.
+        ConflictError: as :func:`enqueue_txn`; or whatever a write of ``before`` raises.
+    """
+    created = await execute_writes_if_absent(conn, [*before, pending.write])
+    return await enqueue_settle(conn, pending, created)
+
+
+async def enqueue_settle(
+    conn: AsyncConnection, pending: PendingEnqueue, created: bool
+) -> EnqueueResult:
+    """Answer as :func:`enqueue_txn` once ``pending``'s INSERT ran in a batch of the
+    caller's (``created``: it inserted; ``False``: a row was there, read and compared
+    here).
+
+    Raises:
+        ConflictError: as :func:`enqueue_txn`.
     """
     spec, message, values = pending.spec, pending.message, pending.values
     t = spec.table
-    if await execute_writes_if_absent(conn, [*before, pending.write, *after]):
+    if created:
         if values["lease_token"] is None:  # not pre-claimed
             return EnqueueResult(message.message_id, True)
         # The row as inserted (every other column NULL): no read-back statement.

@@ -244,13 +244,13 @@ async def _count_enqueues(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     import runtime_svc.effects.steps as steps
 
     calls: list[str] = []
-    original = steps.enqueue_effect_submit_txn
+    original = steps.enqueue_write
 
-    async def counting(conn: Any, intent: Any, **kw: Any) -> Any:
-        calls.append(intent.handoff_key)
-        return await original(conn, intent, **kw)
+    def counting(spec: Any, message: Any, **kw: Any) -> Any:
+        calls.append(message.key)
+        return original(spec, message, **kw)
 
-    monkeypatch.setattr(steps, "enqueue_effect_submit_txn", counting)
+    monkeypatch.setattr(steps, "enqueue_write", counting)
     return calls
 
 

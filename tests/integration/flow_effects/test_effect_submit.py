@@ -109,12 +109,13 @@ async def test_submit_commits_message_link_dependency_checkpoint_and_the_waiting
     assert await world.commands_count() == 0  # nothing left the runtime yet
 
 
-async def test_the_submits_dependency_message_and_link_share_one_round_trip(
+async def test_the_submits_rows_ride_in_its_commits_round_trip(
     world: EffectWorld,
 ) -> None:
     """§15.1 step 4's three INSERTs — completion dependency, outbox message, link, in
-    that order — are one round trip where the backend batches writes (ADR 0010); one by
-    one, in the same order, elsewhere."""
+    that order — follow the commit's own writes (checkpoint, root/step/attempt, the
+    completion step) in the same round trip where the backend batches writes (ADR 0010,
+    ``CommitTail``); one by one, in the same order, elsewhere. No clock statement."""
     await world.seed(email_flow())
     run = await world.start("effect_email", to="ada@example.com", name="Ada")
     trips: list[list[str]] = []
@@ -129,16 +130,19 @@ async def test_the_submits_dependency_message_and_link_share_one_round_trip(
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", on_execute)
     assert await world.links(run.flow_run_id) == 1
-    first = next(i for i, t in enumerate(trips) if t[0] == "INSERT INTO flow_dependencies")
     inserts = [
         "INSERT INTO flow_dependencies",
         "INSERT INTO runtime_outbox",
         "INSERT INTO flow_effect_links",
     ]
+    at = next(i for i, t in enumerate(trips) if "INSERT INTO flow_dependencies" in t)
     if strategy_for(engine.dialect).multi_statements:
-        assert trips[first] == inserts
+        commit = trips[at]
+        assert commit[0] == "INSERT INTO flow_checkpoints" and commit[-3:] == inserts
+        assert "INSERT INTO flow_step_executions" in commit  # the completion step
+        assert not any("TIMESTAMP" in s for s in trips[at - 1])
     else:
-        assert [t[0] for t in trips[first : first + 3]] == inserts
+        assert [t[0] for t in trips[at : at + 3]] == inserts
 
 
 async def test_a_failure_at_the_end_of_the_submit_transaction_writes_none_of_it(

@@ -736,3 +736,30 @@ async def test_a_fresh_versioned_submission_is_accepted_in_two_round_trips(
     assert again.duplicate and again.signal.wake_signal_id == first.signal.wake_signal_id
     assert [s.wake_token for s in await signals(world.engine, world.org)] == ["v2"]
     assert (await submit("req-r8-1", "v2", 2)) == first  # the request's own replay
+
+
+async def test_a_wait_steps_dependency_rides_in_its_commits_round_trip(world: World) -> None:
+    """§14.2 step 3: the dependency commits with the wait transition and the checkpoint
+    that is the resume point — after the commit's own writes, in their round trip where
+    the backend batches writes (``CommitTail``, ADR 0010); one by one elsewhere."""
+    from sqlalchemy import event
+
+    from services.db_batch import statements_of
+
+    trips: list[list[str]] = []
+
+    def on_execute(*args: object) -> None:
+        trips.append([" ".join(s.split()).split(" (")[0] for s in statements_of(str(args[2]))])
+
+    event.listen(world.engine.sync_engine, "before_cursor_execute", on_execute)
+    try:
+        run_id = await _waiting(world, key="r10")
+    finally:
+        event.remove(world.engine.sync_engine, "before_cursor_execute", on_execute)
+    [dep] = [t for t in trips if "INSERT INTO flow_dependencies" in t]
+    if db.strategy_for(world.engine.dialect).multi_statements:
+        assert dep[0] == "INSERT INTO flow_checkpoints"
+        assert dep[-1] == "INSERT INTO flow_dependencies"
+    else:
+        assert dep == ["INSERT INTO flow_dependencies"]
+    assert (await world.dependency(run_id)).state is DependencyState.PENDING
