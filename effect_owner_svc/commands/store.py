@@ -55,8 +55,15 @@ from effect_owner_svc.providers.base import ProviderOutcome
 from effect_owner_svc.receipts.store import write_receipt_txn
 from effect_owner_svc.schema import external_commands, remote_attempts
 from services.auth import TrustedRuntimeWorkScope
-from services.db import fenced_update, scoped_select
-from services.db_batch import Write, execute_writes
+from services.db import (
+    FencedWrite,
+    db_now,
+    fenced_update,
+    now_column,
+    remember_now,
+    scoped_select,
+)
+from services.db_batch import Write, execute_writes, fenced_write
 from services.effect_contract import CompletionEvidence
 from services.errors import FenceLostError
 from services.outbox import PreClaim
@@ -68,6 +75,7 @@ __all__ = [
     "claim_txn",
     "due_commands_txn",
     "get_command_txn",
+    "hold_command_txn",
     "list_commands_txn",
     "orgs_with_due_commands_txn",
     "preclaimed_command_values",
@@ -371,26 +379,79 @@ async def _fence_leased(
     return _after_fence(leased, applied)
 
 
+def _leased_write(
+    conn: AsyncConnection, leased: CommandRecord, values: dict[str, Any], now: datetime
+) -> tuple[Write, CommandRecord]:
+    """:func:`_fence_leased` as a write of a batch (the same statement and check)."""
+    applied = {**values, "updated_at": now}
+    fence = FencedWrite(
+        external_commands,
+        leased.org_id,
+        {"external_command_id": leased.command_id},
+        leased.state_version,
+        applied,
+        {"lease_token": leased.lease_token},
+    )
+    return fenced_write(conn, fence), _after_fence(leased, applied)
+
+
+@functools.cache
+def _hold_statement(dialect_name: str, clock: ColumnElement[Any]) -> Select[Any]:
+    c = external_commands.c
+    return (
+        select(clock, c.state_version)
+        .where(c.org_id == bindparam("org_id"), c.external_command_id == bindparam("command_id"))
+        .with_for_update()
+    )
+
+
+async def hold_command_txn(conn: AsyncConnection, command: CommandRecord) -> datetime:
+    """Lock ``command``'s row (``FOR UPDATE``; the lock its fenced UPDATE would take
+    first — the same place in the lock order) and read the database clock in the same
+    statement, kept as the transaction's ``db_now`` (``services.db.remember_now``): the
+    outcome's writes then go in one round trip (:func:`record_attempt_txn` with
+    ``held=True``, ADR 0010). A command row that is gone reads the clock alone (its
+    fenced UPDATE then refuses)."""
+    clock, parse = now_column(conn.dialect)
+    stmt = _hold_statement(conn.dialect.name, clock)
+    params = {"org_id": command.org_id, "command_id": command.command_id}
+    row = (await conn.execute(stmt, params)).first()
+    if row is None:
+        return await db_now(conn)
+    return remember_now(conn, parse(row.db_now))
+
+
 _RELEASE = {"lease_owner": None, "lease_token": None, "lease_until": None}
+
+
+def _complete_values(leased: CommandRecord, decision: Complete) -> dict[str, Any]:
+    return {
+        **_RELEASE,
+        "state": decision.state.value,
+        "outcome_version": leased.outcome_version + 1,
+        "safe_error_code": decision.safe_error_code or None,
+        "result_digest": decision.result_digest or None,
+        "next_attempt_at": None,
+    }
+
+
+def _evidence(command: CommandRecord, decision: Complete) -> CompletionEvidence:
+    return CompletionEvidence(
+        command_id=command.command_id,
+        outcome_version=command.outcome_version,
+        outcome=decision.outcome,
+        effect_owner_kind=command.effect_owner_kind,
+        effect_handoff_key=command.effect_handoff_key,
+        safe_error_code=decision.safe_error_code,
+        result_digest=decision.result_digest,
+    )
 
 
 async def _fence_complete(
     conn: AsyncConnection, leased: CommandRecord, decision: Complete, now: datetime
 ) -> tuple[CommandRecord, CompletionEvidence]:
     version = leased.outcome_version + 1
-    command = await _fence_leased(
-        conn,
-        leased,
-        {
-            **_RELEASE,
-            "state": decision.state.value,
-            "outcome_version": version,
-            "safe_error_code": decision.safe_error_code or None,
-            "result_digest": decision.result_digest or None,
-            "next_attempt_at": None,
-        },
-        now,
-    )
+    command = await _fence_leased(conn, leased, _complete_values(leased, decision), now)
     evidence = CompletionEvidence(
         command_id=command.command_id,
         outcome_version=version,
@@ -411,10 +472,16 @@ async def record_attempt_txn(
     now: datetime,
     *,
     preclaim: PreClaim | None = None,
+    held: bool = False,
 ) -> ReceiptRecord | None:
     """Record one remote attempt's outcome and the command's next state.
 
     Lock order: command (fenced on the lease token) → attempt → receipt → outbox.
+
+    ``held``: this transaction holds the command's row already
+    (:func:`hold_command_txn`), so its fenced UPDATE goes in the same round trip as the
+    rows after it (ADR 0010); otherwise the UPDATE goes alone first — it is the statement
+    that takes the lock.
 
     Returns:
         The completion receipt when the command became terminal.
@@ -423,18 +490,30 @@ async def record_attempt_txn(
         FenceLostError: the lease was lost (a newer claim owns the command).
     """
     leased = started.command
-    completed: tuple[CommandRecord, CompletionEvidence] | None = None
     match decision:
         case Complete():
-            completed = await _fence_complete(conn, leased, decision, now)
+            values = _complete_values(leased, decision)
         case RetryAt(when, code):
-            values = {"state": CommandState.DISPATCHING.value, "next_attempt_at": when}
-            await _fence_leased(conn, leased, {**_RELEASE, **values, "safe_error_code": code}, now)
+            values = {
+                **_RELEASE,
+                "state": CommandState.DISPATCHING.value,
+                "next_attempt_at": when,
+                "safe_error_code": code,
+            }
         case Reconcile(code):
-            values = {"state": CommandState.OUTCOME_UNKNOWN.value, "next_attempt_at": now}
-            await _fence_leased(conn, leased, {**_RELEASE, **values, "safe_error_code": code}, now)
-    # The command's fenced UPDATE took its lock: every row below is its attempt, receipt
-    # and outbox message, written only under that lock — one round trip (ADR 0010).
+            values = {
+                **_RELEASE,
+                "state": CommandState.OUTCOME_UNKNOWN.value,
+                "next_attempt_at": now,
+                "safe_error_code": code,
+            }
+    fence, command = _leased_write(conn, leased, values, now)
+    first: list[Write] = [fence]
+    if not held:
+        await execute_writes(conn, first)
+        first = []
+    # The command's lock is held: every row below is its attempt, receipt and outbox
+    # message, written only under that lock — one round trip (ADR 0010).
     finish = _finish_attempt(
         started.attempt,
         attempt_outcome_for(outcome),
@@ -442,10 +521,13 @@ async def record_attempt_txn(
         outcome.result_digest,
         now,
     )
-    if completed is None:
-        await execute_writes(conn, [finish])
+    if not isinstance(decision, Complete):
+        await execute_writes(conn, [*first, finish])
         return None
-    return await write_receipt_txn(conn, *completed, now, preclaim=preclaim, before=[finish])
+    evidence = _evidence(command, decision)
+    return await write_receipt_txn(
+        conn, command, evidence, now, preclaim=preclaim, before=[*first, finish]
+    )
 
 
 async def record_lookup_txn(

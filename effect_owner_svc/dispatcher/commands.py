@@ -52,6 +52,7 @@ from effect_owner_svc.commands.store import (
     Started,
     claim_txn,
     due_commands_txn,
+    hold_command_txn,
     orgs_with_due_commands_txn,
     record_attempt_txn,
     record_lookup_txn,
@@ -271,12 +272,14 @@ class CommandDispatcher:
             crash_point(CrashPoint.AFTER_PROVIDER_ACCEPTED, kind)
 
         async def record(conn: AsyncConnection) -> ReceiptRecord | None:
-            now = await db_now(conn)
+            # The command's lock and the clock in one statement: every write of the
+            # outcome then goes in one round trip (ADR 0010).
+            now = await hold_command_txn(conn, started.command)
             decision = decide_after_attempt(
                 started.attempt.attempt_number, outcome, self._policy, now=now, rng=self._rng
             )
             return await record_attempt_txn(
-                conn, started, outcome, decision, now, preclaim=self._preclaim()
+                conn, started, outcome, decision, now, preclaim=self._preclaim(), held=True
             )
 
         receipt = await run_in_transaction(self._engine, record)

@@ -15,7 +15,12 @@ from sqlalchemy import event, func, select
 
 from effect_owner_svc.commands.model import CommandState, Complete
 from effect_owner_svc.commands.records import CommandRecord
-from effect_owner_svc.commands.store import Started, claim_txn, record_attempt_txn
+from effect_owner_svc.commands.store import (
+    Started,
+    claim_txn,
+    hold_command_txn,
+    record_attempt_txn,
+)
 from effect_owner_svc.providers.base import ProviderOutcome
 from effect_owner_svc.schema import (
     completion_receipts,
@@ -123,3 +128,63 @@ async def test_a_lost_attempt_fence_in_the_outcomes_batch_writes_nothing(world: 
         started.command.state.value,
         started.command.state_version,
     )
+
+
+async def test_a_held_command_records_its_whole_outcome_in_one_round_trip(world: World) -> None:
+    """The dispatcher's outcome transaction (``hold_command_txn``): the command's row
+    lock and the clock in one statement, then the command's fenced UPDATE, the attempt,
+    the receipt and the outbox message together — two round trips where the backend
+    batches writes."""
+    started = await _started(world)
+    trips: list[list[str]] = []
+
+    def on_execute(*args: Any) -> None:
+        trips.append([" ".join(p.split()) for p in statements_of(str(args[2]))])
+
+    event.listen(world.engine.sync_engine, "before_cursor_execute", on_execute)
+    try:
+        async with transaction(world.engine) as conn:
+            now = await hold_command_txn(conn, started.command)
+            assert await db_now(conn) == now  # kept as the transaction's clock
+            receipt = await record_attempt_txn(
+                conn, started, ProviderOutcome.succeeded(message_id="m-1"), _DONE, now, held=True
+            )
+    finally:
+        event.remove(world.engine.sync_engine, "before_cursor_execute", on_execute)
+    assert receipt is not None and receipt.created_at == now
+    trips = [t for t in trips if not t[0].startswith("BEGIN")]
+    assert trips[0][0].startswith("SELECT") and "external_commands" in trips[0][0]
+    if strategy_for(world.engine.dialect).multi_statements:
+        assert "FOR UPDATE" in trips[0][0]
+        heads = [s.split(" SET ")[0].split(" (")[0] for s in trips[1]]
+        assert len(trips) == 2 and heads == [
+            "UPDATE external_commands",
+            "UPDATE remote_attempts",
+            "INSERT INTO completion_receipts",
+            "INSERT INTO owner_outbox",
+        ]
+    command_id = started.command.command_id
+    assert await _count(world, completion_receipts, command_id) == 1
+    assert await _outbox_rows(world, started.command.org_id) == 1
+
+
+async def test_a_lost_lease_in_the_held_outcome_batch_writes_nothing(world: World) -> None:
+    """The command's fenced UPDATE is the first statement of the held batch: when the
+    lease was lost, the attempt, receipt and outbox statements after it ran on the server
+    too (under the command's lock this transaction holds) — and all of it rolls back."""
+    started = await _started(world)
+    stale = replace(started, command=replace(started.command, lease_token="another-lease"))
+    with pytest.raises(FenceLostError):
+        async with transaction(world.engine) as conn:
+            now = await hold_command_txn(conn, stale.command)
+            await record_attempt_txn(
+                conn, stale, ProviderOutcome.succeeded(message_id="m-1"), _DONE, now, held=True
+            )
+    command_id = started.command.command_id
+    assert await _count(world, completion_receipts, command_id) == 0
+    assert await _outbox_rows(world, started.command.org_id) == 0
+    async with transaction(world.engine, readonly=True) as conn:
+        stmt = select(remote_attempts.c.outcome).where(
+            remote_attempts.c.external_command_id == command_id
+        )
+        assert [r[0] for r in await conn.execute(stmt)] == ["IN_FLIGHT"]
