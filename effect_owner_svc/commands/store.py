@@ -450,18 +450,8 @@ def _evidence(command: CommandRecord, decision: Complete) -> CompletionEvidence:
 async def _fence_complete(
     conn: AsyncConnection, leased: CommandRecord, decision: Complete, now: datetime
 ) -> tuple[CommandRecord, CompletionEvidence]:
-    version = leased.outcome_version + 1
     command = await _fence_leased(conn, leased, _complete_values(leased, decision), now)
-    evidence = CompletionEvidence(
-        command_id=command.command_id,
-        outcome_version=version,
-        outcome=decision.outcome,
-        effect_owner_kind=command.effect_owner_kind,
-        effect_handoff_key=command.effect_handoff_key,
-        safe_error_code=decision.safe_error_code,
-        result_digest=decision.result_digest,
-    )
-    return command, evidence
+    return command, _evidence(command, decision)
 
 
 async def record_attempt_txn(

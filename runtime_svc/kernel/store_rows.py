@@ -526,7 +526,7 @@ async def apply_transition(
     after the transition's writes in the same round trip when ``rows_locked``; at most
     one of them an insert-if-absent (``services.db_batch.insert_if_absent_write``), and
     the return value says whether it inserted (``False``: its row was there, and the
-    writes after it did not run). ``True`` without one.
+    writes after it — ``last`` too — did not run). ``True`` without one.
 
     ``rows_locked``: this transaction already holds the lock of every row the
     transition patches (its fenced lock read: :func:`lock_fenced`,
