@@ -204,8 +204,9 @@ def test_routing_of_a_validated_receipt(
 
 
 def test_the_completion_step_has_no_path_to_the_outbox() -> None:
-    """§15.2: only ``commit_txn`` enqueues, it takes a ``PreparedSubmit``, and only the
-    submit branch builds one — the completion branch returns none."""
+    """§15.2: only ``commit_tail`` enqueues (its ``writes`` builds the message's INSERT,
+    its ``settle`` answers for it), it takes a ``PreparedSubmit``, and only the submit
+    branch builds one — the completion branch returns none."""
     tree = ast.parse(inspect.getsource(effect_steps))
     callers, builders = set(), set()
     for fn in ast.walk(tree):
@@ -213,11 +214,13 @@ def test_the_completion_step_has_no_path_to_the_outbox() -> None:
             continue
         for node in ast.walk(fn):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                if node.func.id == "enqueue_effect_submit_txn":
+                if node.func.id in ("enqueue_write", "enqueue_settle", "enqueue_txn"):
                     callers.add(fn.name)
                 if node.func.id == "PreparedSubmit":
                     builders.add(fn.name)
-    assert callers == {"commit_txn"}
+    assert callers == {"commit_tail", "writes", "settle"}  # the two nested in commit_tail
+    tail = inspect.signature(effect_steps.EffectSteps.commit_tail)
+    assert tail.parameters["prepared"].annotation in ("PreparedSubmit", effect_steps.PreparedSubmit)
     assert builders == {"_submit"}
     completion = inspect.getsource(effect_steps.EffectSteps._completion)
     completion += inspect.getsource(effect_steps.EffectSteps._route)

@@ -237,6 +237,7 @@ def test_public_exports_are_pinned() -> None:
             "CheckpointInput",
             "ClaimedStart",
             "CommitResult",
+            "CommitTail",
             "CompatibilityStatus",
             "ContinueAs",
             "EnterWait",
