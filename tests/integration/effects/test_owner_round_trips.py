@@ -6,6 +6,8 @@ behind. Both backends (the ``world`` fixture)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -62,10 +64,9 @@ async def _outbox_rows(world: World, org_id: str) -> int:
         return int((await conn.execute(stmt)).scalar_one())
 
 
-async def test_an_outcome_writes_attempt_receipt_and_outbox_in_one_round_trip(
-    world: World,
-) -> None:
-    started = await _started(world)
+@contextmanager
+def _traced(world: World) -> Iterator[list[list[str]]]:
+    """The statements of each round trip sent while inside, in order."""
     trips: list[list[str]] = []
 
     def on_execute(*args: Any) -> None:
@@ -73,13 +74,21 @@ async def test_an_outcome_writes_attempt_receipt_and_outbox_in_one_round_trip(
 
     event.listen(world.engine.sync_engine, "before_cursor_execute", on_execute)
     try:
+        yield trips
+    finally:
+        event.remove(world.engine.sync_engine, "before_cursor_execute", on_execute)
+
+
+async def test_an_outcome_writes_attempt_receipt_and_outbox_in_one_round_trip(
+    world: World,
+) -> None:
+    started = await _started(world)
+    with _traced(world) as trips:
         async with transaction(world.engine) as conn:
             now = await db_now(conn)
             receipt = await record_attempt_txn(
                 conn, started, ProviderOutcome.succeeded(message_id="m-1"), _DONE, now
             )
-    finally:
-        event.remove(world.engine.sync_engine, "before_cursor_execute", on_execute)
     assert receipt is not None
     writes = [t for t in trips if t[0].startswith(("INSERT", "UPDATE"))]
     heads = [[s.split(" SET ")[0].split(" (")[0] for s in t] for t in writes]
@@ -136,21 +145,13 @@ async def test_a_held_command_records_its_whole_outcome_in_one_round_trip(world:
     the receipt and the outbox message together — two round trips where the backend
     batches writes."""
     started = await _started(world)
-    trips: list[list[str]] = []
-
-    def on_execute(*args: Any) -> None:
-        trips.append([" ".join(p.split()) for p in statements_of(str(args[2]))])
-
-    event.listen(world.engine.sync_engine, "before_cursor_execute", on_execute)
-    try:
+    with _traced(world) as trips:
         async with transaction(world.engine) as conn:
             now = await hold_command_txn(conn, started.command)
             assert await db_now(conn) == now  # kept as the transaction's clock
             receipt = await record_attempt_txn(
                 conn, started, ProviderOutcome.succeeded(message_id="m-1"), _DONE, now, held=True
             )
-    finally:
-        event.remove(world.engine.sync_engine, "before_cursor_execute", on_execute)
     assert receipt is not None and receipt.created_at == now
     trips = [t for t in trips if not t[0].startswith("BEGIN")]
     assert trips[0][0].startswith("SELECT") and "external_commands" in trips[0][0]
