@@ -720,6 +720,7 @@ class FlowRunStateStore:
         input_sequence: int | None = None,
         continue_as: ContinueAs | None = None,
         tail: CommitTail | None = None,
+        business: Sequence[Write] = (),
     ) -> CommitResult:
         """§12.2 steps 9-12, inside the worker's business transaction and after its
         business locks: lock root, step, attempt; revalidate the whole fence; insert the
@@ -750,6 +751,12 @@ class FlowRunStateStore:
         ``tail``: the step's own new rows after the transition (:class:`CommitTail`),
         never with a continuation (a step with a tail waits).
 
+        ``business``: the step's business writes, prepared under its business locks and
+        not yet executed (``apply_intents_txn(defer=…)``, ADR 0011): they go out after the
+        lifecycle locks and the fence's revalidation and first among the commit's writes
+        — before the output checkpoint, in one round trip with them where the backend
+        batches writes (§12.2 step 11). A fence lost at the lock read sends none of them.
+
         Raises:
             FenceLostError: the fence no longer holds; the caller's transaction must roll
                 back (every business write in it goes too).
@@ -762,7 +769,16 @@ class FlowRunStateStore:
             raise InvariantError("a commit with a tail is never continued")
         prepared = prepare_checkpoint(output, max_bytes=self.max_checkpoint_bytes)
         return await self._commit(
-            conn, org_id, fence, prepared, advance, evidence, input_sequence, continue_as, tail
+            conn,
+            org_id,
+            fence,
+            prepared,
+            advance,
+            evidence,
+            input_sequence,
+            continue_as,
+            tail,
+            business,
         )
 
     async def _commit(
@@ -776,6 +792,7 @@ class FlowRunStateStore:
         input_sequence: int | None = None,
         continue_as: ContinueAs | None = None,
         tail: CommitTail | None = None,
+        business: Sequence[Write] = (),
     ) -> CommitResult:
         if isinstance(advance, NextStep) and not advance.step_execution_id:
             advance = dataclasses.replace(advance, step_execution_id=new_id("step"))
@@ -789,8 +806,9 @@ class FlowRunStateStore:
         last_sequence = input_sequence if root.state_version == fence.root_state_version else None
         if last_sequence is None:
             last_sequence = await last_checkpoint_sequence(conn, org_id, root.flow_run_id)
-        # The checkpoint INSERT goes first among the commit's writes — in one round trip
-        # with its UPDATEs and INSERTs where the backend batches writes (ADR 0010).
+        # The step's business writes (ADR 0011), then the checkpoint INSERT, go first
+        # among the commit's writes — in one round trip with its UPDATEs and INSERTs
+        # where the backend batches writes (ADR 0010).
         checkpoint, meta = checkpoint_insert(
             org_id,
             root.flow_run_id,
@@ -800,7 +818,7 @@ class FlowRunStateStore:
             now=now,
             last_sequence=last_sequence,
         )
-        before = [checkpoint]
+        before = [*business, checkpoint]
         transition = decision.transition
         new_step = transition.new_step
         continued = None

@@ -315,11 +315,21 @@ async def apply_mutation_txn(
     lineage: Lineage | None = None,
     request: RequestRef | None = None,
     changes: ChangeSink | None = None,
+    defer: list[Write] | None = None,
 ) -> MutationResult:
     """Apply one validated mutation under locks the caller already holds.
 
     ``changes`` (the record-change wake-signal producer) writes its derived rows last,
     in this transaction.
+
+    ``defer``: instead of executing the mutation's checked writes (the record's
+    compare-and-swap with its history advance where both rows are held, the event and
+    audit INSERTs), append them to this list, in order, for the caller to execute later
+    in the same transaction — a durable step sends them in its commit's round trip, after
+    the lifecycle locks (§12.2 step 11, ADR 0011). Statements the mutation cannot defer
+    (a history row reserved or a record updated on its own) still run here. Only for
+    a caller that runs no other mutation of the transaction and reads no record row
+    before executing them.
 
     Assumes the caller took ``locks`` with :func:`acquire_locks_txn` on ``conn`` (and then
     any Flow lifecycle locks); writes only rows of ``locks.plan`` and appends the derived
@@ -472,7 +482,10 @@ async def apply_mutation_txn(
             attempt_id=lineage.attempt_id,
         ),
     )
-    await execute_writes(conn, [*first, event, audit])
+    if defer is None:
+        await execute_writes(conn, [*first, event, audit])
+    else:
+        defer.extend((*first, event, audit))
     if changes is not None:
         await changes.on_change_txn(conn, org_id, after, locks.now)
     return MutationResult(after, sequence, event_id, audit_id, tuple(changed), prior=before)

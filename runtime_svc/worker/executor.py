@@ -96,6 +96,7 @@ from runtime_svc.resources import (
 )
 from runtime_svc.worker.actions import PureActionError, run_pure_action
 from runtime_svc.worker.budget import BudgetExceeded, BudgetMeter
+from services.db_batch import Write
 from services.errors import NotFoundError
 from services.invariants import InvariantError
 
@@ -724,9 +725,17 @@ async def apply_intents_txn(
     observed: Mapping[tuple[str, str], int] | None = None,
     admitted: list[LockPlan] | None = None,
     changes: ChangeSink | None = None,
+    defer: list[Write] | None = None,
 ) -> list[MutationResult]:
     """Validate, lock (one canonical-order acquisition) and apply ``intents`` inside the
     caller's transaction, before the caller enters the Flow lifecycle at the root.
+
+    ``defer`` (a durable step's commit, ADR 0011): for a single intent — nothing of the
+    step's own runs after it — its checked writes (record compare-and-swap with the
+    history advance, event and audit rows) are appended to this list instead of
+    executed, for the caller to send after the lifecycle locks and revalidation, in the
+    commit's round trip (§12.2 steps 9-11). Several intents execute their writes here as
+    always (a later mutation may depend on an earlier one's rows).
 
     ``before_writes`` runs once all business locks are held and before the first write
     (snapshot-token verification, §12.2 step 6); raising there rolls everything back.
@@ -768,7 +777,10 @@ async def apply_intents_txn(
                 observed=observed,
                 admitted=admitted,
                 changes=changes,
+                defer=defer,
             )
+    if len(intents) != 1:
+        defer = None
     mutations: list[RecordMutation] = []
     plan: LockPlan | None = None
     for intent in intents:
@@ -814,7 +826,15 @@ async def apply_intents_txn(
             await before_writes()
         return [
             await apply_mutation_txn(
-                conn, org_id, view, m, locks, actor=actor, lineage=lineage, changes=changes
+                conn,
+                org_id,
+                view,
+                m,
+                locks,
+                actor=actor,
+                lineage=lineage,
+                changes=changes,
+                defer=defer,
             )
             for m in mutations
         ]
@@ -850,6 +870,7 @@ async def _apply_lone_txn(
     observed: Mapping[tuple[str, str], int] | None,
     admitted: list[LockPlan] | None,
     changes: ChangeSink | None,
+    defer: list[Write] | None,
 ) -> list[MutationResult]:
     """:func:`apply_intents_txn` for one update/delete of an object without
     lock-relevant relationships (the common durable step).
@@ -900,7 +921,15 @@ async def _apply_lone_txn(
             await before_writes()
         return [
             await apply_mutation_txn(
-                conn, org_id, view, mutation, locks, actor=actor, lineage=lineage, changes=changes
+                conn,
+                org_id,
+                view,
+                mutation,
+                locks,
+                actor=actor,
+                lineage=lineage,
+                changes=changes,
+                defer=defer,
             )
         ]
     except LateResourceDiscoveryError as exc:

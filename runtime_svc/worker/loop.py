@@ -115,6 +115,7 @@ from runtime_svc.worker.views import RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
 from services.background import OrgRotation
 from services.db import DbErrorClass, classify_db_error, transaction
+from services.db_batch import Write
 from services.errors import (
     CommitOutcomeUnknownError,
     ConflictError,
@@ -178,7 +179,8 @@ _ACTIVE_CODES = (
 #: step's nodes are interpreted, while the heartbeat runs; ``"heartbeat"`` after each
 #: successful periodic lease extension, with the extended fence; ``"executed"`` after
 #: interpretation, before the business transaction; ``"in_txn"`` inside it, after the
-#: business writes and before the lifecycle commit). ``None`` in production.
+#: business locks and writes — a lone mutation's writes prepared, to be sent with the
+#: commit's, ADR 0011 — and before the lifecycle commit). ``None`` in production.
 PhaseHook = Callable[[str, LeaseFence, AsyncConnection | None], Awaitable[None]]
 
 
@@ -780,6 +782,9 @@ class StepWorker:
                 crash_point(CrashPoint.AFTER_STEP_BEGIN, key)
                 verify = _verifier(conn, org_id, tokens_for(snapshots, step.verifies))
                 results = []
+                # A lone mutation's writes wait for the lifecycle locks and go out in the
+                # commit's round trip (§12.2 steps 9-11, ADR 0011).
+                business: list[Write] = []
                 if outcome.intents:
                     if view is None:
                         raise InvariantError("a mutation step was prepared without a view")
@@ -799,6 +804,7 @@ class StepWorker:
                         observed=_first_versions(read),
                         admitted=admitted,
                         changes=self._changes,
+                        defer=business,
                     )
                 elif verify is not None:
                     await verify()
@@ -823,6 +829,7 @@ class StepWorker:
                     input_sequence=prepared.input_sequence,
                     continue_as=self._continue_as(prepared, outcome, chain),
                     tail=self._tail(prepared),
+                    business=business,
                 )
                 continued = await self._continue_txn(
                     conn, org_id, fence, prepared, outcome, committed, chain

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -38,7 +38,8 @@ from runtime_svc.resources import (
     history_key,
 )
 from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
-from services.db import transaction
+from services.db import strategy_for, transaction
+from services.db_batch import Write, execute_writes
 from services.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -231,6 +232,79 @@ async def test_a_moved_record_or_history_row_under_the_lock_writes_nothing(
     assert state.version == 1 and "Employees" not in state.fields
     assert await sequences(engine, org, "Account", "a1") == [1]
     assert await last_sequence(engine, org, "Account", "a1") == 1
+
+
+async def test_deferred_writes_wait_for_the_caller_and_write_what_the_mutation_would_have(
+    engine: AsyncEngine, org: str
+) -> None:
+    """``apply_mutation_txn(defer=…)`` (ADR 0011): the mutation's checked writes — the
+    record's compare-and-swap with its history advance where the backend writes both in
+    one statement, the event and audit rows — are handed to the caller, not executed;
+    once the caller executes them (later, in the same transaction) the rows are those
+    of the undeferred mutation."""
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "a1", Name="Acme")
+    mutation = prepare_update(VIEW, "Account", "a1", 1, {"Employees": 5})
+    batched = strategy_for(engine.dialect).multi_table_update
+    async with transaction(engine) as conn:
+        current = await record_store.read_record_txn(conn, org, "Account", "a1")
+        locks = await acquire_locks_txn(conn, org, VIEW, plan_mutation(VIEW, mutation, current))
+        deferred: list[Write] = []
+        result = await apply_mutation_txn(
+            conn, org, VIEW, mutation, locks, actor=ACTOR, defer=deferred
+        )
+        # The event and audit rows always wait; the record's own UPDATE waits where it is
+        # one statement with the history advance (elsewhere it ran in place).
+        assert len(deferred) == (3 if batched else 2)
+        stored = await record_store.read_record_txn(conn, org, "Account", "a1")
+        assert stored is not None and stored.version == (1 if batched else 2)
+        events = select(func.count()).select_from(business_events)
+        events = events.where(business_events.c.org_id == org)
+        assert (await conn.execute(events)).scalar_one() == 1  # the create's only
+        await execute_writes(conn, deferred)
+    state = await rec.get(org, "Account", "a1")
+    assert state.version == result.record.version == 2 and state.fields["Employees"] == 5
+    assert await sequences(engine, org, "Account", "a1") == [1, 2]
+    assert await last_sequence(engine, org, "Account", "a1") == 2
+    assert await count(engine, business_events, org) == 2
+    assert await count(engine, audit_records, org) == 2
+
+
+@pytest.mark.parametrize("moved", ["record", "history"])
+async def test_a_row_moved_before_deferred_writes_run_refuses_them_with_the_same_error(
+    engine: AsyncEngine, org: str, moved: str
+) -> None:
+    """A deferred compare-and-swap keeps its check: the record (or history row) moved
+    between the mutation and the caller's execution of its writes (a lost pessimistic
+    lock; simulated in the same transaction) raises what the undeferred write raises
+    and nothing is kept."""
+    if not strategy_for(engine.dialect).multi_table_update:
+        pytest.skip("the record's own UPDATE is not deferred here (no multi-table UPDATE)")
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "a1", Name="Acme")
+    mutation = prepare_update(VIEW, "Account", "a1", 1, {"Employees": 5})
+    expected = StaleVersionError if moved == "record" else FenceLostError
+    with pytest.raises(expected) as caught:
+        async with transaction(engine) as conn:
+            current = await record_store.read_record_txn(conn, org, "Account", "a1")
+            plan = plan_mutation(VIEW, mutation, current)
+            locks = await acquire_locks_txn(conn, org, VIEW, plan)
+            deferred: list[Write] = []
+            await apply_mutation_txn(conn, org, VIEW, mutation, locks, actor=ACTOR, defer=deferred)
+            table = records if moved == "record" else record_history_sequences
+            column = "record_version" if moved == "record" else "last_sequence"
+            c = table.c
+            await conn.execute(
+                update(table)
+                .where(c.org_id == org, c.object_name == "Account", c.record_id == "a1")
+                .values({column: c[column] + 1})
+            )
+            await execute_writes(conn, deferred)
+    assert caught.value.found_version == 2
+    state = await rec.get(org, "Account", "a1")
+    assert state.version == 1 and "Employees" not in state.fields
+    assert await sequences(engine, org, "Account", "a1") == [1]
+    assert await count(engine, business_events, org) == 1
 
 
 async def test_failure_after_the_record_write_persists_nothing(
