@@ -65,6 +65,7 @@ __all__ = [
     "execute_writes_if_absent",
     "fenced_write",
     "fenced_writes",
+    "if_absent",
     "insert_if_absent_write",
     "install_batch_hooks",
     "is_if_absent",
@@ -273,6 +274,12 @@ def insert_if_absent_write(table: Table, values: Mapping[str, Any]) -> Write:
     :func:`execute_writes_if_absent`: a duplicate on any unique key is not an error
     there but the answer ``False``."""
     return Write(insert_statement(table), values, on_duplicate=_Present)
+
+
+def if_absent(write: Write) -> Write:
+    """``write`` (a prebuilt single-row ``INSERT``) as the insert-if-absent of
+    :func:`execute_writes_if_absent`, like :func:`insert_if_absent_write`."""
+    return Write(write.statement, write.params, check=write.check, on_duplicate=_Present)
 
 
 def is_if_absent(write: Write) -> bool:

@@ -105,9 +105,11 @@ from services.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
+from services.invariants import InvariantError
 from services.request_dedupe import (
     Deduplicated,
     DuplicateRequestRace,
+    JoinedRecord,
     LookupColumn,
     RequestKey,
     RequestLedger,
@@ -626,6 +628,7 @@ class RecordEngine:
         on_applied: Callable[[AsyncConnection, MutationResult], Awaitable[None]] | None = None,
         transform: Transform | None = None,
         now: datetime | None = None,
+        joined: JoinedRecord[MutationResult] | None = None,
     ) -> MutationResult:
         """One attempt of :meth:`mutate` in the caller's transaction: plain read of the
         current row → ``transform`` → :func:`plan_mutation` → :func:`acquire_locks_txn` →
@@ -646,11 +649,17 @@ class RecordEngine:
                 (the Embedded Before-Save Flows); raising rolls everything back.
             now: the database time this transaction already read (every row written
                 carries it); ``None`` reads the clock at the lock phase.
+            joined: the request ledger's row for the result (:meth:`mutate_once`, never
+                with ``on_applied``): written last in the round trip of the mutation's
+                own writes (``services.request_dedupe.JoinedRecord``).
 
         Raises:
             NotFoundError, AlreadyExistsError, StaleVersionError, RecordValidationError,
                 LateResourceDiscoveryError: see :func:`apply_mutation_txn`.
+            InvariantError: ``joined`` with ``on_applied``.
         """
+        if joined is not None and on_applied is not None:
+            raise InvariantError("the ledger row joins the last round trip: no on_applied")
         obj, rid = mutation.object_name, mutation.record_id
         current = None
         locked: dict[ResourceKey, RecordState | None] = {}
@@ -687,9 +696,21 @@ class RecordEngine:
             locked=locked,
             locked_history=locked_history,
         )
+        deferred: list[Write] | None = None if joined is None else []
         result = await apply_mutation_txn(
-            conn, org_id, view, write, locks, actor=actor, request=request, changes=self._changes
+            conn,
+            org_id,
+            view,
+            write,
+            locks,
+            actor=actor,
+            request=request,
+            changes=self._changes,
+            defer=deferred,
         )
+        if joined is not None and deferred is not None:
+            ledger = joined.write(result)
+            await execute_writes(conn, deferred if ledger is None else [*deferred, ledger])
         if on_applied is not None:
             await on_applied(conn, result)
         return result
@@ -753,7 +774,9 @@ class RecordEngine:
         """
         ref = RequestRef(key.rpc, key.request_id, key.request_digest)
 
-        async def work(conn: AsyncConnection, now: datetime) -> MutationResult:
+        async def work(
+            conn: AsyncConnection, now: datetime, joined: JoinedRecord[MutationResult] | None
+        ) -> MutationResult:
             return await self.mutate_txn(
                 conn,
                 org_id,
@@ -764,12 +787,15 @@ class RecordEngine:
                 on_applied=on_applied,
                 transform=transform,
                 now=now,
+                # Without on_applied the mutation's own writes are the transaction's
+                # last: the ledger row goes out with them (one round trip fewer).
+                joined=joined if on_applied is None else None,
             )
 
         async def attempt(conn: AsyncConnection) -> Deduplicated[MutationResult]:
             # The ledger lookup reads the transaction's clock too (one statement); the
             # mutation's rows and the ledger row all carry that time.
-            return await self._ledger.execute_at_txn(conn, key, work, encode, also=also)
+            return await self._ledger.execute_joined_at_txn(conn, key, work, encode, also=also)
 
         return await self.transact(attempt, key=f"{mutation.object_name}/{mutation.record_id}")
 

@@ -29,6 +29,7 @@ from runtime_svc.resources import (
     plan_record_mutation,
 )
 from services.db import db_now
+from services.db_batch import execute_writes_if_absent
 from services.errors import AlreadyExistsError
 from services.metrics import metrics
 
@@ -132,6 +133,10 @@ def _new_record(
     )
 
 
+def _exists(obj: str, rid: str) -> Callable[[], AlreadyExistsError]:
+    return lambda: AlreadyExistsError(RECORD_ENTITY, f"{obj}/{rid}")
+
+
 async def acquire_locks_txn(
     conn: AsyncConnection,
     org_id: str,
@@ -190,16 +195,37 @@ async def acquire_locks_txn(
     keys = plan.keys
     #: History rows locked with their record (the plan's next key) in one statement.
     fused: dict[ResourceKey, int | None] = {}
+    #: History rows of created records inserted with their record (the plan's next key)
+    #: in one round trip: whether each was inserted.
+    created: dict[ResourceKey, bool] = {}
     for index, key in enumerate(keys):
         obj, rid = key.object_or_namespace, key.record_identity
         if key.resource_class is ResourceClass.BUSINESS_RECORD:
             if key in plan.creates:
                 state = _new_record(org_id, view, creates[key], held.now)
                 encoded = store.fields_json(state.fields)
-                if not await store.insert_record_txn(
-                    conn, state, lock_relevant_relationships(view, obj), encoded_fields=encoded
+                lock_relevant = lock_relevant_relationships(view, obj)
+                hkey = history_key(obj, rid)
+                if index + 1 < len(keys) and keys[index + 1] == hkey:
+                    # The new row and its history row — the plan's very next lock — in one
+                    # round trip where the backend batches writes, record first (the §13.1
+                    # order is the same); an existing record stops it before the history.
+                    created[hkey] = await execute_writes_if_absent(
+                        conn,
+                        [
+                            store.record_insert_write(
+                                state,
+                                lock_relevant,
+                                encoded_fields=encoded,
+                                on_duplicate=_exists(obj, rid),
+                            ),
+                            store.history_insert_write(org_id, obj, rid, 1, held.now),
+                        ],
+                    )
+                elif not await store.insert_record_txn(
+                    conn, state, lock_relevant, encoded_fields=encoded
                 ):
-                    raise AlreadyExistsError(RECORD_ENTITY, f"{obj}/{rid}")
+                    raise _exists(obj, rid)()
                 held.rows[key] = state
                 held.encoded_fields[key] = encoded
                 held.pending_creates.add(key)
@@ -221,7 +247,9 @@ async def acquire_locks_txn(
                 # reserved here under the new row's lock (one statement, no advance). Should
                 # a row of that identity exist (its foreign key to the record forbids it),
                 # the create's advance from 0 fences on it, as before.
-                inserted = await store.insert_history_txn(conn, org_id, obj, rid, 1, held.now)
+                inserted = created.pop(key, None)
+                if inserted is None:
+                    inserted = await store.insert_history_txn(conn, org_id, obj, rid, 1, held.now)
                 held.history[key] = 1 if inserted else 0
                 if inserted:
                     held.reserved_creates.add(key)

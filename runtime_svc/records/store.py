@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from runtime_svc.records.model import ParentRef, RecordState
 from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
 from services.db import insert_prepared, now_column, remember_now
-from services.db_batch import Write
+from services.db_batch import Write, if_absent
 from services.digest import canonical_json
 from services.errors import FenceLostError
 
@@ -317,20 +317,40 @@ async def insert_record_txn(
     ``encoded_fields``: :func:`fields_json` of ``state.fields``, when the caller has it.
     """
     return await insert_prepared(
-        conn,
-        _INSERT_RECORD,
-        {
-            "org_id": state.org_id,
-            "object_name": state.object_name,
-            "record_id": state.record_id,
-            "record_version": state.version,
-            "fields": _json(state.fields) if encoded_fields is None else encoded_fields,
-            "is_deleted": state.is_deleted,
-            "created_at": state.created_at,
-            "updated_at": state.updated_at,
-            **_parent_columns(state.parent_refs, lock_relevant),
-        },
+        conn, _INSERT_RECORD, _record_row(state, lock_relevant, encoded_fields)
     )
+
+
+def record_insert_write(
+    state: RecordState,
+    lock_relevant: frozenset[str],
+    *,
+    encoded_fields: str,
+    on_duplicate: Callable[[], BaseException],
+) -> Write:
+    """:func:`insert_record_txn` as a write of the caller's batch (``services.db_batch``):
+    an existing identity raises ``on_duplicate()`` and stops the round trip there."""
+    return Write(
+        _INSERT_RECORD,
+        _record_row(state, lock_relevant, encoded_fields),
+        on_duplicate=on_duplicate,
+    )
+
+
+def _record_row(
+    state: RecordState, lock_relevant: frozenset[str], encoded_fields: str | None
+) -> dict[str, Any]:
+    return {
+        "org_id": state.org_id,
+        "object_name": state.object_name,
+        "record_id": state.record_id,
+        "record_version": state.version,
+        "fields": _json(state.fields) if encoded_fields is None else encoded_fields,
+        "is_deleted": state.is_deleted,
+        "created_at": state.created_at,
+        "updated_at": state.updated_at,
+        **_parent_columns(state.parent_refs, lock_relevant),
+    }
 
 
 async def update_record_txn(
@@ -436,16 +456,31 @@ async def insert_history_txn(
 ) -> bool:
     """Create the record's history row at ``last_sequence``; ``False`` when it exists."""
     return await insert_prepared(
-        conn,
-        _INSERT_HISTORY,
-        {
-            "org_id": org_id,
-            "object_name": object_name,
-            "record_id": record_id,
-            "last_sequence": last_sequence,
-            "updated_at": now,
-        },
+        conn, _INSERT_HISTORY, _history_row(org_id, object_name, record_id, last_sequence, now)
     )
+
+
+def history_insert_write(
+    org_id: str, object_name: str, record_id: str, last_sequence: int, now: datetime
+) -> Write:
+    """:func:`insert_history_txn` as the insert-if-absent of a batch
+    (``services.db_batch.execute_writes_if_absent``: an existing row is the answer
+    ``False``, not an error)."""
+    return if_absent(
+        Write(_INSERT_HISTORY, _history_row(org_id, object_name, record_id, last_sequence, now))
+    )
+
+
+def _history_row(
+    org_id: str, object_name: str, record_id: str, last_sequence: int, now: datetime
+) -> dict[str, Any]:
+    return {
+        "org_id": org_id,
+        "object_name": object_name,
+        "record_id": record_id,
+        "last_sequence": last_sequence,
+        "updated_at": now,
+    }
 
 
 async def advance_history_txn(

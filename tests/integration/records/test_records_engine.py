@@ -37,7 +37,13 @@ from runtime_svc.resources import (
     business_key,
     history_key,
 )
-from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
+from runtime_svc.schema import (
+    audit_records,
+    business_events,
+    record_history_sequences,
+    records,
+    runtime_requests,
+)
 from services.db import strategy_for, transaction
 from services.db_batch import Write, execute_writes
 from services.errors import (
@@ -305,6 +311,55 @@ async def test_a_row_moved_before_deferred_writes_run_refuses_them_with_the_same
     assert state.version == 1 and "Employees" not in state.fields
     assert await sequences(engine, org, "Account", "a1") == [1]
     assert await count(engine, business_events, org) == 1
+
+
+async def test_a_create_of_an_existing_record_refuses_before_its_history_row_and_ledger_row(
+    engine: AsyncEngine, org: str
+) -> None:
+    """The create's record and history INSERTs share a round trip (record first): an
+    existing record is ``AlreadyExistsError`` with nothing after it run — its history
+    row, event, audit and the request's ledger row — so a retry of the request id runs
+    fresh and is refused the same way."""
+    rec = RecordEngine(engine)
+    await _create(rec, org, "Account", "a1", Name="Acme")
+    create = prepare_create(VIEW, "Account", "a1", {"Name": "Again"})
+    key = RequestKey(DedupeScope(org), "CreateRecord", "dup-1", "digest-dup-1")
+    for _ in range(2):
+        with pytest.raises(AlreadyExistsError):
+            await rec.mutate_once(org, VIEW, create, actor=ACTOR, key=key, encode=_encode_id)
+    state = await rec.get(org, "Account", "a1")
+    assert state.version == 1 and state.fields["Name"] == "Acme"
+    assert await last_sequence(engine, org, "Account", "a1") == 1
+    assert await count(engine, business_events, org) == 1
+    assert await count(engine, audit_records, org) == 1
+    assert await count(engine, runtime_requests, org) == 0
+
+
+async def test_concurrent_duplicates_of_one_request_create_one_record(
+    engine: AsyncEngine, org: str
+) -> None:
+    """The ledger row rides in the create's last round trip: two concurrent deliveries of
+    one request both write, one ledger INSERT loses (``DuplicateRequestRace``: its whole
+    transaction, record included, rolls back) and the loser replays the winner."""
+    rec = RecordEngine(engine)
+    key = RequestKey(DedupeScope(org), "CreateRecord", "race-1", "digest-race-1")
+    # Each delivery prepares its own create (a generated record id each, as RecordService).
+    creates = [prepare_create(VIEW, "Account", "", {"Name": "Twice"}) for _ in range(2)]
+    first, second = await asyncio.gather(
+        *(
+            rec.mutate_once(org, VIEW, create, actor=ACTOR, key=key, encode=_encode_id)
+            for create in creates
+        )
+    )
+    assert first.response == second.response
+    assert sorted([first.replayed, second.replayed]) == [False, True]
+    assert await record_count(engine, org) == 1
+    assert await count(engine, business_events, org) == 1
+    assert await count(engine, runtime_requests, org) == 1
+
+
+def _encode_id(result: MutationResult) -> bytes:
+    return result.record.record_id.encode()
 
 
 async def test_failure_after_the_record_write_persists_nothing(

@@ -73,6 +73,7 @@ def _update_statements(engine: AsyncEngine, count: int) -> int:
 class _Counts:
     transactions: int = 0
     statements: int = 0
+    round_trips: int = 0
 
 
 @contextmanager
@@ -86,6 +87,7 @@ def _counting(engine: AsyncEngine) -> Iterator[_Counts]:
         if not (isinstance(args[2], str) and args[2].startswith("BEGIN")):
             # A batched round trip of writes is several statements (services/db_batch.py).
             counts.statements += len(statements_of(str(args[2])))
+            counts.round_trips += 1
 
     sa.event.listen(engine.sync_engine, "begin", begin)
     sa.event.listen(engine.sync_engine, "before_cursor_execute", statement)
@@ -116,6 +118,10 @@ async def test_a_deduplicated_create_and_update_cost_one_transaction_each(
     assert done.value is not None
     rid = done.value.record.record_id
     assert (counts.transactions, counts.statements) == (1, CREATE_STATEMENTS)
+    # Where writes are batched: the lookup; the record and its history row (the create's
+    # locks); the event, audit and ledger rows (the ledger's joined last).
+    batched = strategy_for(engine.dialect).multi_statements
+    assert counts.round_trips == (3 if batched else CREATE_STATEMENTS)
     # The create's history row was inserted at its own sequence; an update advances it.
     assert done.value.history_sequence == 1
     assert await last_sequence(engine, org, "Account", rid) == 1
@@ -129,6 +135,9 @@ async def test_a_deduplicated_create_and_update_cost_one_transaction_each(
         1,
         _update_statements(engine, UPDATE_STATEMENTS),
     )
+    # The lookup, the plain read, the record + history lock; the CAS with its history
+    # advance, event, audit and ledger rows.
+    assert counts.round_trips == (4 if batched else UPDATE_STATEMENTS)
     assert again.value is not None and again.value.history_sequence == 2
     assert await last_sequence(engine, org, "Account", rid) == 2
     assert await sequences(engine, org, "Account", rid) == [1, 2]
