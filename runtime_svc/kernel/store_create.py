@@ -47,8 +47,8 @@ from runtime_svc.observability.hooks import run_trace_context
 from runtime_svc.schema import execution_plans, flow_runs
 from runtime_svc.schema_bridge import flow_deployment_control
 from services.auth import TrustedRuntimeWorkScope
-from services.db import db_now, insert_if_absent, now_column, remember_now
-from services.db_batch import execute_writes
+from services.db import db_now, now_column, remember_now
+from services.db_batch import execute_writes_if_absent, insert_if_absent_write
 from services.digest import versioned_digest
 from services.errors import ConflictError, NotFoundError
 from services.invariants import InvariantError
@@ -387,15 +387,8 @@ async def create_run_txn(
         inserted = claimed_run_values(
             values, run_patch, projected_step_state(claimed.transition), now
         )
-    if not await insert_if_absent(conn, flow_runs, inserted):
-        # Lost the insert race on the idempotency key: read the winner back.
-        key = request.idempotency_key
-        existing = None if key is None else await _by_idempotency_key(conn, org, key)
-        if existing is None:
-            raise ConflictError("flow run identity collision", entity="flow_run")
-        return _replay(existing, request_digest)
-    # The run's first checkpoint: this transaction inserted the root (the insert won),
-    # so the run has no checkpoint yet and its last sequence is 0 — no read for it.
+    # The run's first checkpoint: if the root INSERT wins, the run has no checkpoint yet
+    # and its last sequence is 0 — no read for it.
     checkpoint, meta = checkpoint_insert(
         org,
         run_id,
@@ -406,24 +399,31 @@ async def create_run_txn(
         last_sequence=0,
     )
     input_checkpoint = (prepared.context_json, prepared.read_verification_json, meta.sequence)
+    writes = [insert_if_absent_write(flow_runs, inserted), checkpoint]
     if claimed is None:
-        # Checkpoint and step in one round trip where the backend allows (ADR 0010).
-        await execute_writes(conn, [checkpoint, step_insert(org, step, now, None)])
+        writes.append(step_insert(org, step, now, None))
+    else:
+        new_attempt, step_patch = claimed.transition.new_attempt, claimed.transition.step
+        if new_attempt is None or step_patch is None:
+            raise InvariantError("a claim patches the step and adds an attempt")
+        writes += [
+            step_insert(org, step, now, (step_patch, claimed.running)),
+            attempt_insert(org, new_attempt),
+        ]
+    # Root (if absent), checkpoint, step (and attempt) in one round trip where the backend
+    # allows (ADR 0010): a root that exists stops it before the rest.
+    if not await execute_writes_if_absent(conn, writes):
+        # Lost the insert race on the idempotency key: read the winner back.
+        key = request.idempotency_key
+        existing = None if key is None else await _by_idempotency_key(conn, org, key)
+        if existing is None:
+            raise ConflictError("flow run identity collision", entity="flow_run")
+        return _replay(existing, request_digest)
+    if claimed is None:
         checkpoint_written(prepared)
         return StartRunResult(
             created_root, created=True, step=created_step, input_checkpoint=input_checkpoint
         )
-    new_attempt, step_patch = claimed.transition.new_attempt, claimed.transition.step
-    if new_attempt is None or step_patch is None:
-        raise InvariantError("a claim patches the step and adds an attempt")
-    await execute_writes(
-        conn,
-        [
-            checkpoint,
-            step_insert(org, step, now, (step_patch, claimed.running)),
-            attempt_insert(org, new_attempt),
-        ],
-    )
     checkpoint_written(prepared)
     start = ClaimedStart(
         claimed.fence, first, prepared.context_json, prepared.read_verification_json, meta.sequence

@@ -53,6 +53,9 @@ WRITERS: dict[str, frozenset[str]] = {
 LEGACY_WRITE_HELPERS = frozenset({"_insert_legacy_row", "_legacy_cas"})
 _DML_METHODS = frozenset({"insert", "update", "delete"})
 _HELPERS = frozenset({"cas_update", "fenced_update", "insert_if_absent"})
+#: Helpers taking the table first: a batch write's INSERT (``services.db_batch``) and the
+#: shared INSERT construct (``services.db.insert_statement``).
+_TABLE_FIRST_HELPERS = frozenset({"insert_if_absent_write", "insert_statement"})
 _RAW_SQL = re.compile(
     r"\b(?:INSERT\s+(?:IGNORE\s+)?INTO|REPLACE\s+INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)"
     r"\s+[`\"]?(" + "|".join(sorted(PROTECTED)) + r")\b",
@@ -106,10 +109,12 @@ def violations(
             # insert(flow_runs) / sa.update(schema.flow_runs) / delete(...)
             if name in _DML_METHODS and node.args and _table_ref(node.args[0]):
                 found.append(f"{filename}:{node.lineno}: {name}({_table_ref(node.args[0])})")
-            # cas_update(conn, flow_runs, ...) / insert_if_absent(conn, table=flow_runs, ...)
-            if name in _HELPERS:
+            # cas_update(conn, flow_runs, ...) / insert_if_absent(conn, table=flow_runs, ...) /
+            # insert_if_absent_write(flow_runs, ...)
+            if name in _HELPERS or name in _TABLE_FIRST_HELPERS:
+                first = 0 if name in _TABLE_FIRST_HELPERS else 1
                 candidates = [
-                    *node.args[1:2],
+                    *node.args[first : first + 1],
                     *(k.value for k in node.keywords if k.arg == "table"),
                 ]
                 for arg in candidates:
@@ -278,7 +283,7 @@ def test_the_state_store_is_where_the_writes_are() -> None:
         p.read_text(encoding="utf-8") for p in sorted((PACKAGE / "kernel").glob("store*.py"))
     )
     found = violations(store_sources)
-    assert any("insert_if_absent(flow_runs)" in v for v in found)
+    assert any("insert_if_absent_write(flow_runs)" in v for v in found)
     assert any("fenced_update(flow_runs)" in v for v in found)
     assert any("update(flow_step_executions)" in v for v in found)
 
@@ -295,6 +300,9 @@ def test_the_state_store_is_where_the_writes_are() -> None:
         "cas_update(conn, flow_runs, org_id='o', key={}, expected_version=1, values={})",
         "fenced_update(conn, flow_runs, org_id='o', key={}, expected_version=1, values={})",
         "insert_if_absent(conn, table=flow_checkpoints, values={})",
+        "insert_if_absent_write(flow_runs, {})",
+        "db_batch.insert_if_absent_write(table=flow_step_attempts, values={})",
+        "insert_statement(schema.flow_checkpoints)",
         "text('UPDATE flow_runs SET runtime_state = 1')",
         "conn.exec_driver_sql('delete from `flow_step_attempts` where 1')",
         "'INSERT INTO flow_checkpoints (org_id) VALUES (1)'",
