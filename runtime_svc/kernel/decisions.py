@@ -382,39 +382,48 @@ def revalidate_fence(
     Returns None when every component still matches, else the first mismatch, root first.
     """
     digest = fence.token_digest
-    rkey, skey, akey = root.flow_run_id, step.step_execution_id, attempt.attempt_id
-
-    def run_lost(reason: str) -> FenceLost:
-        return FenceLost(RUNS, rkey, reason, fence.root_state_version, root.state_version)
-
-    def step_lost(reason: str) -> FenceLost:
-        return FenceLost(STEPS, skey, reason, fence.step_state_version, step.state_version)
-
-    def attempt_lost(reason: str) -> FenceLost:
-        found = attempt.attempt_state_version
-        return FenceLost(ATTEMPTS, akey, reason, fence.attempt_state_version, found)
-
-    checks: list[tuple[bool, FenceLost]] = [
-        (root.execution_owner is not ExecutionOwner.FLOW_RUNTIME_V2, run_lost("owner")),
-        (root.ownership_epoch != fence.ownership_epoch, run_lost("epoch")),
-        (root.state is RunState.CANCEL_REQUESTED, run_lost("cancel_requested")),
-        (root.is_deleted or root.delete_requested_at is not None, run_lost("deleted")),
-        (root.state is not RunState.RUNNING, run_lost("root_not_running")),
-        (root.state_version != fence.root_state_version, run_lost("root_version")),
-        (root.current_step_execution_id != skey, run_lost("current_step")),
-        (step.flow_run_id != root.flow_run_id, step_lost("other_run")),
-        (step.state not in step_states, step_lost("step_state")),
-        (step.ownership_epoch != fence.ownership_epoch, step_lost("epoch")),
-        (step.lease_token_digest != digest, step_lost("lease_token")),
-        (step.state_version != fence.step_state_version, step_lost("step_version")),
-        (attempt.step_execution_id != skey, attempt_lost("other_step")),
-        (attempt.outcome is not AttemptOutcome.STARTED, attempt_lost("attempt_terminal")),
-        (attempt.attempt_state_version != fence.attempt_state_version, attempt_lost("version")),
-        (attempt.lease_token_digest != digest, attempt_lost("lease_token")),
-        (attempt.ownership_epoch != fence.ownership_epoch, attempt_lost("epoch")),
-        (
-            attempt.root_state_version_at_claim != root.state_version,
-            attempt_lost("root_version_at_claim"),
-        ),
-    ]
-    return next((lost for failed, lost in checks if failed), None)
+    skey = step.step_execution_id
+    # The checks in their order; the first that fails names the mismatch. Only that one
+    # builds its FenceLost (a commit that holds its fence builds none).
+    run = (
+        (root.execution_owner is not ExecutionOwner.FLOW_RUNTIME_V2, "owner"),
+        (root.ownership_epoch != fence.ownership_epoch, "epoch"),
+        (root.state is RunState.CANCEL_REQUESTED, "cancel_requested"),
+        (root.is_deleted or root.delete_requested_at is not None, "deleted"),
+        (root.state is not RunState.RUNNING, "root_not_running"),
+        (root.state_version != fence.root_state_version, "root_version"),
+        (root.current_step_execution_id != skey, "current_step"),
+    )
+    for failed, reason in run:
+        if failed:
+            return FenceLost(
+                RUNS, root.flow_run_id, reason, fence.root_state_version, root.state_version
+            )
+    steps = (
+        (step.flow_run_id != root.flow_run_id, "other_run"),
+        (step.state not in step_states, "step_state"),
+        (step.ownership_epoch != fence.ownership_epoch, "epoch"),
+        (step.lease_token_digest != digest, "lease_token"),
+        (step.state_version != fence.step_state_version, "step_version"),
+    )
+    for failed, reason in steps:
+        if failed:
+            return FenceLost(STEPS, skey, reason, fence.step_state_version, step.state_version)
+    attempts = (
+        (attempt.step_execution_id != skey, "other_step"),
+        (attempt.outcome is not AttemptOutcome.STARTED, "attempt_terminal"),
+        (attempt.attempt_state_version != fence.attempt_state_version, "version"),
+        (attempt.lease_token_digest != digest, "lease_token"),
+        (attempt.ownership_epoch != fence.ownership_epoch, "epoch"),
+        (attempt.root_state_version_at_claim != root.state_version, "root_version_at_claim"),
+    )
+    for failed, reason in attempts:
+        if failed:
+            return FenceLost(
+                ATTEMPTS,
+                attempt.attempt_id,
+                reason,
+                fence.attempt_state_version,
+                attempt.attempt_state_version,
+            )
+    return None

@@ -303,6 +303,39 @@ def test_commit_revalidates_every_fence_component(tamper: object, reason: str | 
         assert isinstance(decision, FenceLost) and decision.reason == reason
 
 
+def test_a_lost_fence_names_the_first_mismatched_row_with_its_versions() -> None:
+    """The first failing check wins, root before step before attempt, and its FenceLost
+    carries that row's table, key and expected/found versions."""
+    m = new_model()
+    do_start(m)
+    fence = fence_for(m, m.attempts["att_1"])
+    step, attempt = m.steps["step_1"], m.attempts["att_1"]
+
+    def commit(root: RunRecord, s: StepRecord, a: AttemptRecord) -> object:
+        return decide_commit(root, s, a, fence, T0, FinishRun(), "ckpt_2")
+
+    moved_step = dataclasses.replace(step, state_version=step.state_version + 5)
+    moved_attempt = dataclasses.replace(attempt, attempt_state_version=7)
+    moved_root = dataclasses.replace(m.root, state_version=m.root.state_version + 3)
+    assert commit(moved_root, moved_step, moved_attempt) == FenceLost(
+        "flow_runs",
+        m.root.flow_run_id,
+        "root_version",
+        fence.root_state_version,
+        m.root.state_version + 3,
+    )
+    assert commit(m.root, moved_step, moved_attempt) == FenceLost(
+        "flow_step_executions",
+        step.step_execution_id,
+        "step_version",
+        fence.step_state_version,
+        step.state_version + 5,
+    )
+    assert commit(m.root, step, moved_attempt) == FenceLost(
+        "flow_step_attempts", attempt.attempt_id, "version", fence.attempt_state_version, 7
+    )
+
+
 # --- commit ------------------------------------------------------------------------------
 
 
