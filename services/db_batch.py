@@ -35,6 +35,8 @@ code path for both.
 
 from __future__ import annotations
 
+import collections
+import functools
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,7 +62,10 @@ from services.db import (
 
 __all__ = [
     "BATCH_SEPARATOR",
+    "Companion",
+    "Read",
     "Write",
+    "execute_reads",
     "execute_writes",
     "execute_writes_if_absent",
     "fenced_write",
@@ -95,6 +100,46 @@ class Write:
     check: Callable[[int], Awaitable[None]] | None = None
     #: The error a duplicate key in this statement raises (``None``: the driver error).
     on_duplicate: Callable[[], BaseException] | None = None
+
+
+@dataclass(frozen=True)
+class Read:
+    """One ``SELECT`` of :func:`execute_reads`."""
+
+    #: A prebuilt ``SELECT`` construct with bound parameters (built once: its compiled
+    #: form is cached by identity).
+    statement: Executable
+    #: Its parameters, by bind name.
+    params: Mapping[str, Any]
+
+
+@dataclass
+class Companion:
+    """A read that may ride in the round trip of a read its owner knows comes right
+    before it in the lock order (:func:`execute_reads`): whoever sends it fills
+    :attr:`rows`; while they are ``None`` the owner runs the read itself."""
+
+    read: Read
+    #: The read's rows, once another caller sent it.
+    rows: list[Any] | None = None
+
+
+@dataclass
+class _ReadCollector:
+    """The result sets of a batched round trip of reads: per statement, the cursor's
+    description and its raw rows, in order."""
+
+    statements: int
+    results: list[tuple[Any, list[Any]]]
+
+
+@dataclass(frozen=True)
+class _CompiledRead:
+    compiled: _Compiled
+    #: Result column key names, in select-list order.
+    keys: tuple[str, ...]
+    #: Each column's type (its result processor is chosen per the cursor's description).
+    types: tuple[Any, ...]
 
 
 @dataclass
@@ -140,6 +185,14 @@ def install_batch_hooks(engine: Engine) -> None:
         _conn: Any, cursor: Any, _sql: str, _params: Any, context: Any, _many: bool
     ) -> None:
         collector = context.execution_options.get(_BATCH_OPTION) if context else None
+        if isinstance(collector, _ReadCollector):
+            # Every result set is read here, before the cursor is closed: the first from
+            # the rows the adapter buffered, each next one as the cursor moves to it.
+            for index in range(collector.statements):
+                if index:
+                    cursor.nextset()
+                collector.results.append((cursor.description, list(cursor.fetchall())))
+            return
         if not isinstance(collector, _Collector):
             return
         # Inside SQLAlchemy's execution: an error of statement k (raised while reading its
@@ -149,6 +202,107 @@ def install_batch_hooks(engine: Engine) -> None:
         for _ in range(collector.statements - 1):
             cursor.nextset()
             collector.rowcounts.append(cursor.rowcount)
+
+
+async def execute_reads(conn: AsyncConnection, reads: Sequence[Read]) -> list[list[Any]]:
+    """The rows of each of ``reads``, run in order in ``conn``'s transaction — in one
+    round trip where the backend runs multi-statements, one by one elsewhere.
+
+    Meant for locking reads that follow each other in the lock order anyway (a step's
+    business row, then its lifecycle rows): the server runs them in order, so the locks
+    are taken in the same order as by separate statements, and a failing statement
+    stops the ones after it. The rows are typed as SQLAlchemy types them (each column's
+    result processor, chosen from the statement's compiled form and the cursor's
+    description) and read by position or by column key, like a ``Row``.
+
+    Raises:
+        The driver error (wrapped by SQLAlchemy) of the first statement that failed.
+    """
+    batched = _read_batch(conn.dialect, reads)
+    if batched is None:
+        return [list(await conn.execute(r.statement, dict(r.params))) for r in reads]
+    sql, params, compiled = batched
+    collector = _ReadCollector(statements=len(reads), results=[])
+    await conn.exec_driver_sql(sql, tuple(params), execution_options={_BATCH_OPTION: collector})
+    if len(collector.results) != len(reads):  # pragma: no cover - the hook reads every set
+        raise RuntimeError("a batched read returned fewer result sets than statements")
+    return [
+        _typed(conn.dialect, read, description, rows)
+        for read, (description, rows) in zip(compiled, collector.results, strict=True)
+    ]
+
+
+def _read_batch(
+    dialect: Dialect, reads: Sequence[Read]
+) -> tuple[str, list[Any], list[_CompiledRead]] | None:
+    if len(reads) < 2 or not strategy_for(dialect).multi_statements:
+        return None
+    parts: list[str] = []
+    params: list[Any] = []
+    compiled: list[_CompiledRead] = []
+    for read in reads:
+        found = _compiled_read(dialect, read)
+        if found is None:
+            return None
+        compiled.append(found)
+        parts.append(found.compiled.compiled.string)
+        params.extend(_bound(Write(read.statement, read.params), found.compiled))
+    return BATCH_SEPARATOR.join(parts), params, compiled
+
+
+#: Per dialect, per statement and parameter names: a read's compiled form and its result
+#: columns (``None``: the statement must run on its own).
+_COMPILED_READS: weakref.WeakKeyDictionary[
+    Dialect, dict[tuple[Executable, frozenset[str]], _CompiledRead | None]
+] = weakref.WeakKeyDictionary()
+
+
+def _compiled_read(dialect: Dialect, read: Read) -> _CompiledRead | None:
+    cache = _COMPILED_READS.get(dialect)
+    if cache is None:
+        cache = _COMPILED_READS[dialect] = {}
+    cache_key = (read.statement, frozenset(read.params))
+    if cache_key in cache:
+        return cache[cache_key]
+    base = _compiled(dialect, Write(read.statement, read.params))
+    found: _CompiledRead | None = None
+    compiler = None if base is None else base.compiled
+    if (
+        base is not None
+        and compiler is not None
+        and not (compiler.isinsert or compiler.isupdate or compiler.isdelete)
+        and compiler._result_columns
+    ):
+        columns = compiler._result_columns
+        found = _CompiledRead(
+            compiled=base,
+            keys=tuple(c.keyname for c in columns),
+            types=tuple(c.type for c in columns),
+        )
+    cache[cache_key] = found
+    return found
+
+
+def _typed(dialect: Dialect, read: _CompiledRead, description: Any, rows: list[Any]) -> list[Any]:
+    if not rows:
+        return []
+    if description is None or len(description) != len(read.keys):
+        raise RuntimeError("a batched read's result set does not match its statement")
+    processors = [
+        t._cached_result_processor(dialect, d[1])
+        for t, d in zip(read.types, description, strict=True)
+    ]
+    row_type = _row_type(read.keys)
+    return [
+        row_type(*(v if p is None else p(v) for p, v in zip(processors, raw, strict=True)))
+        for raw in rows
+    ]
+
+
+@functools.cache
+def _row_type(keys: tuple[str, ...]) -> Any:
+    """A tuple type read by position or by column key (as a ``Row``)."""
+    return collections.namedtuple("BatchedRow", keys)
 
 
 def _compiled(dialect: Dialect, write: Write) -> _Compiled | None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+from sqlalchemy import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel.applied import (
@@ -119,6 +120,8 @@ from runtime_svc.kernel.store_rows import (
     count_fenced_attempts,
     extend_lease_row,
     fence_error,
+    fenced_locked,
+    fenced_read,
     last_checkpoint_sequence,
     lock_fenced,
     lock_latest_attempt,
@@ -151,7 +154,7 @@ from runtime_svc.kernel.wait_model import DependencyRecord, DependencyState
 from runtime_svc.resources import LockPlan
 from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now, run_in_transaction, transaction
-from services.db_batch import Write, execute_writes
+from services.db_batch import Companion, Write, execute_writes
 from services.errors import FenceLostError, NotFoundError
 from services.invariants import InvariantError
 from services.telemetry import trace_id_of
@@ -708,6 +711,14 @@ class FlowRunStateStore:
             lambda conn: self._commit(conn, org_id, fence, prepared, advance, None)
         )
 
+    def lifecycle_lock(self, dialect: Dialect, org_id: str, fence: LeaseFence) -> Companion:
+        """The locking read of ``fence``'s root, step and attempt (:meth:`commit_step_txn`'s
+        first statement) as a companion read: a caller whose business lock is the last
+        lock before the lifecycle's may send it in that lock's round trip
+        (``services.db_batch.execute_reads``) and hand it to :meth:`commit_step_txn`."""
+        self._check_fence(org_id, fence)
+        return Companion(fenced_read(dialect, org_id, fence))
+
     async def commit_step_txn(
         self,
         conn: AsyncConnection,
@@ -721,6 +732,7 @@ class FlowRunStateStore:
         continue_as: ContinueAs | None = None,
         tail: CommitTail | None = None,
         business: Sequence[Write] = (),
+        lifecycle: Companion | None = None,
     ) -> CommitResult:
         """§12.2 steps 9-12, inside the worker's business transaction and after its
         business locks: lock root, step, attempt; revalidate the whole fence; insert the
@@ -757,6 +769,11 @@ class FlowRunStateStore:
         — before the output checkpoint, in one round trip with them where the backend
         batches writes (§12.2 step 11). A fence lost at the lock read sends none of them.
 
+        ``lifecycle``: :meth:`lifecycle_lock` of this fence, made by the caller; when its
+        rows were read in this transaction (right after the step's business lock, in its
+        round trip — ADR 0011's amendment) they are the lock read's rows; otherwise the
+        lock read runs here.
+
         Raises:
             FenceLostError: the fence no longer holds; the caller's transaction must roll
                 back (every business write in it goes too).
@@ -779,6 +796,7 @@ class FlowRunStateStore:
             continue_as,
             tail,
             business,
+            lifecycle,
         )
 
     async def _commit(
@@ -793,11 +811,15 @@ class FlowRunStateStore:
         continue_as: ContinueAs | None = None,
         tail: CommitTail | None = None,
         business: Sequence[Write] = (),
+        lifecycle: Companion | None = None,
     ) -> CommitResult:
         if isinstance(advance, NextStep) and not advance.step_execution_id:
             advance = dataclasses.replace(advance, step_execution_id=new_id("step"))
         # The lock read carries the clock (no statement of its own for it).
-        root, step, attempt = await lock_fenced(conn, org_id, fence)
+        if lifecycle is not None and lifecycle.rows is not None:
+            root, step, attempt = fenced_locked(conn, lifecycle.rows, fence)
+        else:
+            root, step, attempt = await lock_fenced(conn, org_id, fence)
         now = await self._clock(conn)
         checkpoint_id = new_id("ckpt")
         decision = decide_commit(root, step, attempt, fence, now, advance, checkpoint_id, evidence)

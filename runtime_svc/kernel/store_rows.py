@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import Dialect, bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.applied import projected_step_state
@@ -76,6 +76,7 @@ from services.db import (
     remember_now,
 )
 from services.db_batch import (
+    Read,
     Write,
     execute_writes,
     execute_writes_if_absent,
@@ -99,6 +100,8 @@ __all__ = [
     "count_fenced_attempts",
     "extend_lease_row",
     "fence_error",
+    "fenced_locked",
+    "fenced_read",
     "last_checkpoint_sequence",
     "lock_attempt",
     "lock_fenced",
@@ -222,16 +225,20 @@ async def _joined_row(
     """Run the clocked joined read; the clock (its last column) becomes the
     transaction's ``db_now`` (``services.db.remember_now``; the first reading of a
     transaction wins). ``None``: no such root (nothing locked, no clock kept)."""
-    key = (conn.dialect.name, attempt)
-    built = _CLOCKED.get(key)
-    if built is None:
-        clock, parse = now_column(conn.dialect)
-        built = _CLOCKED[key] = (_JOINED[attempt].add_columns(clock), parse)
-    stmt, parse_now = built
+    stmt, parse_now = _clocked(conn.dialect, attempt=attempt)
     row = (await conn.execute(stmt, params)).first()
     if row is not None:
         remember_now(conn, parse_now(row[-1]))
     return row
+
+
+def _clocked(dialect: Dialect, *, attempt: bool) -> tuple[Any, Callable[[Any], datetime]]:
+    key = (dialect.name, attempt)
+    built = _CLOCKED.get(key)
+    if built is None:
+        clock, parse = now_column(dialect)
+        built = _CLOCKED[key] = (_JOINED[attempt].add_columns(clock), parse)
+    return built
 
 
 def _root_of(row: Any) -> RunRecord:
@@ -314,15 +321,38 @@ async def lock_fenced(
         FenceLostError: one of them does not exist in ``org_id`` (found version None) —
             checked root, then step, then attempt, as the sequential reads did.
     """
+    read = fenced_read(conn.dialect, org_id, fence)
+    return fenced_locked(conn, list(await conn.execute(read.statement, read.params)), fence)
+
+
+def fenced_read(dialect: Dialect, org_id: str, fence: LeaseFence) -> Read:
+    """:func:`lock_fenced`'s statement as a read of a batched round trip
+    (``services.db_batch.execute_reads``, ADR 0011's amendment); its rows go to
+    :func:`fenced_locked`."""
     params = {
         "org": org_id,
         "run": fence.flow_run_id,
         "step": fence.step_execution_id,
         "attempt": fence.attempt_id,
     }
-    row = await _joined_row(conn, params, attempt=True)
-    if row is None:
+    return Read(_clocked(dialect, attempt=True)[0], params)
+
+
+def fenced_locked(
+    conn: AsyncConnection, rows: Sequence[Any], fence: LeaseFence
+) -> tuple[RunRecord, StepRecord, AttemptRecord]:
+    """The rows of :func:`fenced_read` as :func:`lock_fenced` answers them (the clock
+    kept as the transaction's ``db_now``).
+
+    Raises:
+        FenceLostError: as :func:`lock_fenced`.
+    """
+    if len(rows) > 1:
+        raise RuntimeError("a fence's locking read matched several rows")
+    if not rows:
         raise fence_lost(RUNS, fence.flow_run_id, fence.root_state_version, None, "missing")
+    row = rows[0]
+    remember_now(conn, _clocked(conn.dialect, attempt=True)[1](row[-1]))
     if row[_STEP_KEY_AT] is None:
         raise fence_lost(STEPS, fence.step_execution_id, fence.step_state_version, None, "missing")
     if row[_ATTEMPT_KEY_AT] is None:

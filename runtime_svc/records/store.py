@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, Row, and_, bindparam, false, insert, select, update
+from sqlalchemy import Dialect, Integer, Row, and_, bindparam, false, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.records.model import ParentRef, RecordState
 from runtime_svc.schema import audit_records, business_events, record_history_sequences, records
 from services.db import insert_prepared, now_column, remember_now
-from services.db_batch import Write, if_absent
+from services.db_batch import Read, Write, if_absent
 from services.digest import canonical_json
 from services.errors import FenceLostError
 
@@ -192,22 +192,49 @@ async def lock_record_history_txn(
     whose first statement is this lock needs no separate clock round trip. ``(None,
     None)`` when the record does not exist in ``org_id`` (no clock is read then: the
     next ``db_now`` reads it)."""
-    stmt: Any = _LOCK_RECORD_HISTORY
-    parse: Callable[[Any], datetime] | None = None
     if clocked:
-        built = _LOCK_HISTORY_CLOCKED.get(conn.dialect.name)
-        if built is None:
-            clock, parse_now = now_column(conn.dialect)
-            built = (_LOCK_RECORD_HISTORY.add_columns(clock), parse_now)
-            _LOCK_HISTORY_CLOCKED[conn.dialect.name] = built
-        stmt, parse = built
-    row = (await conn.execute(stmt, _key(org_id, object_name, record_id))).one_or_none()
+        read = record_history_read(conn.dialect, org_id, object_name, record_id)
+        return record_history_locked(conn, list(await conn.execute(read.statement, read.params)))
+    row = (
+        await conn.execute(_LOCK_RECORD_HISTORY, _key(org_id, object_name, record_id))
+    ).one_or_none()
+    return _record_history(row)
+
+
+def record_history_read(dialect: Dialect, org_id: str, object_name: str, record_id: str) -> Read:
+    """:func:`lock_record_history_txn` (clocked) as a read of a batched round trip
+    (``services.db_batch.execute_reads``); its rows go to :func:`record_history_locked`."""
+    return Read(_clocked_lock(dialect)[0], _key(org_id, object_name, record_id))
+
+
+def record_history_locked(
+    conn: AsyncConnection, rows: Sequence[Any]
+) -> tuple[RecordState | None, int | None]:
+    """The rows of :func:`record_history_read` as :func:`lock_record_history_txn`
+    answers them (its clock kept as the transaction's ``db_now``)."""
+    if len(rows) > 1:
+        raise RuntimeError("a record's locking read matched several rows")
+    if not rows:
+        return None, None
+    row = rows[0]
+    remember_now(conn, _clocked_lock(conn.dialect)[1](row.db_now))
+    return _record_history(row)
+
+
+def _record_history(row: Any) -> tuple[RecordState | None, int | None]:
     if row is None:
         return None, None
-    if parse is not None:
-        remember_now(conn, parse(row.db_now))
     last = row.history_last
     return _state(row), None if last is None else int(last)
+
+
+def _clocked_lock(dialect: Dialect) -> tuple[Any, Callable[[Any], datetime]]:
+    built = _LOCK_HISTORY_CLOCKED.get(dialect.name)
+    if built is None:
+        clock, parse_now = now_column(dialect)
+        built = (_LOCK_RECORD_HISTORY.add_columns(clock), parse_now)
+        _LOCK_HISTORY_CLOCKED[dialect.name] = built
+    return built
 
 
 async def read_record_txn(

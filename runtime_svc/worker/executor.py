@@ -84,7 +84,12 @@ from runtime_svc.records import (
 from runtime_svc.records.engine import ChangeSink, LockHook
 from runtime_svc.records.locking import RECORD_ENTITY, lock_relevant_relationships
 from runtime_svc.records.model import RecordState
-from runtime_svc.records.store import lock_record_history_txn, query_children_txn
+from runtime_svc.records.store import (
+    lock_record_history_txn,
+    query_children_txn,
+    record_history_locked,
+    record_history_read,
+)
 from runtime_svc.resources import (
     LateResourceDiscoveryError,
     LockPlan,
@@ -96,7 +101,7 @@ from runtime_svc.resources import (
 )
 from runtime_svc.worker.actions import PureActionError, run_pure_action
 from runtime_svc.worker.budget import BudgetExceeded, BudgetMeter
-from services.db_batch import Write
+from services.db_batch import Companion, Write, execute_reads
 from services.errors import NotFoundError
 from services.invariants import InvariantError
 
@@ -726,6 +731,7 @@ async def apply_intents_txn(
     admitted: list[LockPlan] | None = None,
     changes: ChangeSink | None = None,
     defer: list[Write] | None = None,
+    lifecycle: Companion | None = None,
 ) -> list[MutationResult]:
     """Validate, lock (one canonical-order acquisition) and apply ``intents`` inside the
     caller's transaction, before the caller enters the Flow lifecycle at the root.
@@ -736,6 +742,14 @@ async def apply_intents_txn(
     executed, for the caller to send after the lifecycle locks and revalidation, in the
     commit's round trip (§12.2 steps 9-11). Several intents execute their writes here as
     always (a later mutation may depend on an earlier one's rows).
+
+    ``lifecycle`` (the kernel's locking read of the step's root, step and attempt,
+    ``FlowRunStateStore.lifecycle_lock``): for one update/delete of an object without
+    lock-relevant relationships and no ``before_writes`` — the record and its history row
+    are the step's only business locks, and nothing runs between them and the lifecycle
+    locks — it is sent right after the record's locking read, in its round trip, and its
+    rows are left in it for the commit (ADR 0011's amendment). Otherwise it is left
+    unsent and the commit reads it as always.
 
     ``before_writes`` runs once all business locks are held and before the first write
     (snapshot-token verification, §12.2 step 6); raising there rolls everything back.
@@ -778,6 +792,7 @@ async def apply_intents_txn(
                 admitted=admitted,
                 changes=changes,
                 defer=defer,
+                lifecycle=lifecycle if before_writes is None else None,
             )
     if len(intents) != 1:
         defer = None
@@ -871,6 +886,7 @@ async def _apply_lone_txn(
     admitted: list[LockPlan] | None,
     changes: ChangeSink | None,
     defer: list[Write] | None,
+    lifecycle: Companion | None = None,
 ) -> list[MutationResult]:
     """:func:`apply_intents_txn` for one update/delete of an object without
     lock-relevant relationships (the common durable step).
@@ -899,7 +915,15 @@ async def _apply_lone_txn(
     # The lock also carries the database clock: the transaction's db_now, so neither the
     # lock phase nor the kernel's commit reads it again (one round trip fewer).
     # With the history row's lock, the plan's next key (one statement for both).
-    row, last = await lock_record_history_txn(conn, org_id, obj, rid, clocked=True)
+    if lifecycle is None:
+        row, last = await lock_record_history_txn(conn, org_id, obj, rid, clocked=True)
+    else:
+        # The lifecycle locks follow the record's and its history row's in the §13.1
+        # order with nothing between them: one round trip where the backend allows.
+        business, lifecycle.rows = await execute_reads(
+            conn, [record_history_read(conn.dialect, org_id, obj, rid), lifecycle.read]
+        )
+        row, last = record_history_locked(conn, business)
     if row is None or row.is_deleted:
         if before_writes is not None:
             await before_writes()  # a vanished snapshot record: let verification classify it

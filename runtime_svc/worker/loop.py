@@ -785,6 +785,9 @@ class StepWorker:
                 # A lone mutation's writes wait for the lifecycle locks and go out in the
                 # commit's round trip (§12.2 steps 9-11, ADR 0011).
                 business: list[Write] = []
+                # The lifecycle locking read may ride in the business lock's round trip
+                # (ADR 0011's amendment); the commit reads it itself otherwise.
+                lifecycle = self.store.lifecycle_lock(conn.dialect, org_id, fence)
                 if outcome.intents:
                     if view is None:
                         raise InvariantError("a mutation step was prepared without a view")
@@ -805,6 +808,7 @@ class StepWorker:
                         admitted=admitted,
                         changes=self._changes,
                         defer=business,
+                        lifecycle=lifecycle,
                     )
                 elif verify is not None:
                     await verify()
@@ -830,6 +834,7 @@ class StepWorker:
                     continue_as=self._continue_as(prepared, outcome, chain),
                     tail=self._tail(prepared),
                     business=business,
+                    lifecycle=lifecycle,
                 )
                 continued = await self._continue_txn(
                     conn, org_id, fence, prepared, outcome, committed, chain

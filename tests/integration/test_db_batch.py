@@ -32,7 +32,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services import db
 from services.db_batch import (
     BATCH_SEPARATOR,
+    Read,
     Write,
+    execute_reads,
     execute_writes,
     execute_writes_if_absent,
     fenced_writes,
@@ -318,6 +320,80 @@ async def test_a_connection_lost_under_a_batch_is_classified_as_for_one_statemen
     assert db.classify_db_error(caught.value) is db.DbErrorClass.OUTCOME_UNKNOWN
     async with db.transaction(engine, readonly=True) as conn:
         assert await _note_ids(conn) == []
+
+
+_NOTES_LOCKED = (
+    select(notes, (notes.c.state_version + 1).label("next_version"))
+    .where(notes.c.org_id == bindparam("org"), notes.c.note_id >= bindparam("from_id"))
+    .order_by(notes.c.note_id)
+    .with_for_update()
+)
+_TALLY_LOCKED = (
+    select(tallies.c.tally_id, tallies.c.counter)
+    .where(tallies.c.org_id == bindparam("org"), tallies.c.tally_id == bindparam("id"))
+    .with_for_update()
+)
+
+
+async def test_reads_share_one_round_trip_and_return_the_rows_of_single_reads(
+    engine: AsyncEngine,
+) -> None:
+    """``execute_reads``: the reads' rows — typed by each column's result processor
+    (``UtcDateTime``, JSON text, integers, a computed column) and read by position or
+    by key — equal the rows each statement returns alone; one round trip where the
+    backend runs multi-statements; an empty result set is empty (the reads after it
+    still run)."""
+    seen_at = datetime(2026, 3, 4, 5, 6, 7, 123000, tzinfo=UTC)
+    async with db.transaction(engine) as conn:
+        await execute_writes(
+            conn,
+            [
+                _note("n1", body='{"a": 1}', seen_at=seen_at),
+                _note("n2", state_version=4),
+                Write(
+                    _INSERT_TALLY,
+                    {"org_id": ORG, "tally_id": "t", "state_version": 1, "counter": 9},
+                ),
+            ],
+        )
+    reads = [
+        Read(_NOTES_LOCKED, {"org": ORG, "from_id": "n"}),
+        Read(_NOTES_LOCKED, {"org": ORG, "from_id": "x"}),  # nothing
+        Read(_TALLY_LOCKED, {"org": ORG, "id": "t"}),
+    ]
+    with round_trips(engine) as trips:
+        async with db.transaction(engine) as conn:
+            batched = await execute_reads(conn, reads)
+    async with db.transaction(engine) as conn:
+        single = [list(await conn.execute(r.statement, dict(r.params))) for r in reads]
+    assert len([t for t in trips if not t.startswith(("BEGIN", "COMMIT"))]) == (
+        1 if _batches(engine) else 3
+    )
+    assert [[tuple(row) for row in rows] for rows in batched] == [
+        [tuple(row) for row in rows] for rows in single
+    ]
+    first, second = batched[0]
+    assert (first.note_id, first.seen_at, first.body, first.next_version) == (
+        "n1",
+        seen_at,
+        '{"a": 1}',
+        1,
+    )
+    assert second[1] == "n2" and second.next_version == 5 and second.seen_at is None
+    assert batched[1] == []
+    assert [tuple(r) for r in batched[2]] == [("t", 9)]
+
+
+async def test_a_failing_read_raises_the_drivers_error_as_alone(engine: AsyncEngine) -> None:
+    """A read the server refuses — first or after another — raises the driver's error
+    (wrapped by SQLAlchemy), as it does alone; the transaction rolls back."""
+    broken = Read(select(notes.c.note_id).where(text("no_such_column = 1")), {})
+    fine = Read(_TALLY_LOCKED, {"org": ORG, "id": "t"})
+    for reads in ([broken, fine], [fine, broken, fine]):
+        with pytest.raises(DBAPIError) as caught:
+            async with db.transaction(engine) as conn:
+                await execute_reads(conn, reads)
+        assert "no_such_column" in str(caught.value)
 
 
 def test_statement_listeners_split_a_round_trip_into_its_statements() -> None:

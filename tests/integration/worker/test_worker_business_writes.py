@@ -4,7 +4,9 @@ ADR 0011), on SQLite and MariaDB:
 * every business transaction of a run locks and revalidates root, step and attempt
   before its event and audit rows (and, where the backend writes record and history in
   one statement, before the record's compare-and-swap); on MariaDB they are sent in the
-  commit's round trip, before the output checkpoint and the final fenced UPDATE;
+  commit's round trip, before the output checkpoint and the final fenced UPDATE, and an
+  update step's lifecycle locking read rides in its record lock's round trip (two round
+  trips before the COMMIT);
 * a fence lost at the lifecycle lock read sends none of them: the step is abandoned with
   the record, its history and its events untouched.
 """
@@ -21,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from runtime_svc.kernel import FlowRunStateStore, LeaseFence, RunState
 from runtime_svc.schema import business_events
 from runtime_svc.worker import Outcome
+from services import db
 from services.db import strategy_for
 from services.db_batch import statements_of
 from tests.integration.kernel.helpers import count
@@ -108,6 +111,12 @@ async def test_a_steps_business_writes_follow_its_lifecycle_lock_read(
             assert all(flat[i] in trip for i in cas)
             assert any(s.startswith("INSERT INTO flow_checkpoints") for s in trip)
             assert any(s.startswith("UPDATE flow_runs") for s in trip)
+        if batched and cas:
+            # An update: the record's lock and the lifecycle locks in one round trip,
+            # record first, then that write round trip — two before the COMMIT.
+            lock, write = txn
+            assert lock[0].startswith("SELECT records.") and _LOCK_READ in lock[1]
+            assert write is trip
 
 
 async def test_a_fence_lost_at_the_lifecycle_lock_sends_no_business_write(
@@ -118,30 +127,31 @@ async def test_a_fence_lost_at_the_lifecycle_lock_sends_no_business_write(
     fired: list[str] = []
 
     async def hook(at: str, fence: LeaseFence, conn: AsyncConnection | None) -> None:
-        if at != "in_txn" or fired or conn is None:
+        if at != "executed" or fired:
             return
-        key = (
-            await conn.execute(
+        async with db.transaction(engine) as other:
+            key = (
+                await other.execute(
+                    text(
+                        "SELECT plan_step_key FROM flow_step_executions "
+                        "WHERE org_id = :o AND step_execution_id = :s"
+                    ),
+                    {"o": seeded.org, "s": fence.step_execution_id},
+                )
+            ).scalar_one()
+            if key != "bump2":
+                return
+            fired.append(key)
+            # The step moves on after its preparation and before its business
+            # transaction (what a lost lease or a concurrent transition leaves): the
+            # lifecycle revalidation must refuse the fence.
+            await other.execute(
                 text(
-                    "SELECT plan_step_key FROM flow_step_executions "
+                    "UPDATE flow_step_executions SET state_version = state_version + 1 "
                     "WHERE org_id = :o AND step_execution_id = :s"
                 ),
                 {"o": seeded.org, "s": fence.step_execution_id},
             )
-        ).scalar_one()
-        if key != "bump2":
-            return
-        fired.append(key)
-        # The step moves on under the worker's business locks (what a lost lease or a
-        # concurrent transition leaves; here in the same transaction): the lifecycle
-        # revalidation that follows must refuse the fence.
-        await conn.execute(
-            text(
-                "UPDATE flow_step_executions SET state_version = state_version + 1 "
-                "WHERE org_id = :o AND step_execution_id = :s"
-            ),
-            {"o": seeded.org, "s": fence.step_execution_id},
-        )
         trips.append(["<hook>"])
 
     worker = make_worker(engine, store, hook=hook)
