@@ -59,6 +59,7 @@ from services.db import (
     settle_fenced_together,
     strategy_for,
 )
+from services.invariants import InvariantError
 
 __all__ = [
     "BATCH_SEPARATOR",
@@ -225,7 +226,7 @@ async def execute_reads(conn: AsyncConnection, reads: Sequence[Read]) -> list[li
     collector = _ReadCollector(statements=len(reads), results=[])
     await conn.exec_driver_sql(sql, tuple(params), execution_options={_BATCH_OPTION: collector})
     if len(collector.results) != len(reads):  # pragma: no cover - the hook reads every set
-        raise RuntimeError("a batched read returned fewer result sets than statements")
+        raise InvariantError("a batched read returned fewer result sets than statements")
     return [
         _typed(conn.dialect, read, description, rows)
         for read, (description, rows) in zip(compiled, collector.results, strict=True)
@@ -266,19 +267,19 @@ def _compiled_read(dialect: Dialect, read: Read) -> _CompiledRead | None:
         return cache[cache_key]
     base = _compiled(dialect, Write(read.statement, read.params))
     found: _CompiledRead | None = None
-    compiler = None if base is None else base.compiled
-    if (
-        base is not None
-        and compiler is not None
-        and not (compiler.isinsert or compiler.isupdate or compiler.isdelete)
-        and compiler._result_columns
-    ):
+    if base is not None:
+        compiler = base.compiled
         columns = compiler._result_columns
-        found = _CompiledRead(
-            compiled=base,
-            keys=tuple(c.keyname for c in columns),
-            types=tuple(c.type for c in columns),
-        )
+        keys = tuple(c.keyname for c in columns)
+        if (
+            not (compiler.isinsert or compiler.isupdate or compiler.isdelete)
+            and keys
+            # Read by key like a Row: every key a distinct public identifier (otherwise
+            # the statement runs on its own, through SQLAlchemy's own rows).
+            and len(set(keys)) == len(keys)
+            and all(k.isidentifier() and not k.startswith("_") for k in keys)
+        ):
+            found = _CompiledRead(compiled=base, keys=keys, types=tuple(c.type for c in columns))
     cache[cache_key] = found
     return found
 
@@ -287,7 +288,7 @@ def _typed(dialect: Dialect, read: _CompiledRead, description: Any, rows: list[A
     if not rows:
         return []
     if description is None or len(description) != len(read.keys):
-        raise RuntimeError("a batched read's result set does not match its statement")
+        raise InvariantError("a batched read's result set does not match its statement")
     processors = [
         t._cached_result_processor(dialect, d[1])
         for t, d in zip(read.types, description, strict=True)

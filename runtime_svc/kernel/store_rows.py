@@ -348,7 +348,7 @@ def fenced_locked(
         FenceLostError: as :func:`lock_fenced`.
     """
     if len(rows) > 1:
-        raise RuntimeError("a fence's locking read matched several rows")
+        raise InvariantError("a fence's locking read matched several rows")
     if not rows:
         raise fence_lost(RUNS, fence.flow_run_id, fence.root_state_version, None, "missing")
     row = rows[0]

@@ -35,6 +35,7 @@ from services.db import insert_prepared, now_column, remember_now
 from services.db_batch import Read, Write, if_absent
 from services.digest import canonical_json
 from services.errors import FenceLostError
+from services.invariants import InvariantError
 
 __all__ = [
     "AuditRow",
@@ -213,7 +214,7 @@ def record_history_locked(
     """The rows of :func:`record_history_read` as :func:`lock_record_history_txn`
     answers them (its clock kept as the transaction's ``db_now``)."""
     if len(rows) > 1:
-        raise RuntimeError("a record's locking read matched several rows")
+        raise InvariantError("a record's locking read matched several rows")
     if not rows:
         return None, None
     row = rows[0]

@@ -384,6 +384,20 @@ async def test_reads_share_one_round_trip_and_return_the_rows_of_single_reads(
     assert [tuple(r) for r in batched[2]] == [("t", 9)]
 
 
+async def test_a_read_whose_columns_cannot_be_keys_runs_on_its_own(engine: AsyncEngine) -> None:
+    """A column key a batched row could not carry (here ``_private``) sends that read on
+    its own, through SQLAlchemy's rows — the same rows, one round trip more."""
+    async with db.transaction(engine) as conn:
+        await execute_writes(conn, [_note("k1")])
+    odd = Read(select(notes.c.note_id.label("_private")).where(notes.c.org_id == ORG), {})
+    plain = Read(_TALLY_LOCKED, {"org": ORG, "id": "none"})
+    with round_trips(engine) as trips:
+        async with db.transaction(engine) as conn:
+            rows, empty = await execute_reads(conn, [odd, plain])
+    assert [tuple(r) for r in rows] == [("k1",)] and empty == []
+    assert len([t for t in trips if not t.startswith(("BEGIN", "COMMIT"))]) == 2
+
+
 async def test_a_failing_read_raises_the_drivers_error_as_alone(engine: AsyncEngine) -> None:
     """A read the server refuses — first or after another — raises the driver's error
     (wrapped by SQLAlchemy), as it does alone; the transaction rolls back."""
