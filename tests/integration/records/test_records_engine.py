@@ -203,6 +203,19 @@ async def test_cross_org_reads_and_writes_answer_not_found(engine: AsyncEngine, 
     assert (await rec.get(other, "Account", "shared-id")).fields["Name"] == "Theirs"
 
 
+async def _move(conn: AsyncConnection, org: str, moved: str) -> None:
+    """Move Account/a1's record version (or its history sequence) on by one inside the
+    caller's transaction: what a lost pessimistic lock would let another writer do."""
+    table = records if moved == "record" else record_history_sequences
+    column = "record_version" if moved == "record" else "last_sequence"
+    c = table.c
+    await conn.execute(
+        update(table)
+        .where(c.org_id == org, c.object_name == "Account", c.record_id == "a1")
+        .values({column: c[column] + 1})
+    )
+
+
 @pytest.mark.parametrize("moved", ["record", "history"])
 async def test_a_moved_record_or_history_row_under_the_lock_writes_nothing(
     engine: AsyncEngine, org: str, moved: str
@@ -222,14 +235,7 @@ async def test_a_moved_record_or_history_row_under_the_lock_writes_nothing(
             current = await record_store.read_record_txn(conn, org, "Account", "a1")
             plan = plan_mutation(VIEW, mutation, current)
             locks = await acquire_locks_txn(conn, org, VIEW, plan)
-            table = records if moved == "record" else record_history_sequences
-            column = "record_version" if moved == "record" else "last_sequence"
-            c = table.c
-            await conn.execute(
-                update(table)
-                .where(c.org_id == org, c.object_name == "Account", c.record_id == "a1")
-                .values({column: c[column] + 1})
-            )
+            await _move(conn, org, moved)
             await apply_mutation_txn(conn, org, VIEW, mutation, locks, actor=ACTOR)
     if moved == "history":
         assert caught.value.attributes["entity"] == "record_history_sequences"
@@ -297,14 +303,7 @@ async def test_a_row_moved_before_deferred_writes_run_refuses_them_with_the_same
             locks = await acquire_locks_txn(conn, org, VIEW, plan)
             deferred: list[Write] = []
             await apply_mutation_txn(conn, org, VIEW, mutation, locks, actor=ACTOR, defer=deferred)
-            table = records if moved == "record" else record_history_sequences
-            column = "record_version" if moved == "record" else "last_sequence"
-            c = table.c
-            await conn.execute(
-                update(table)
-                .where(c.org_id == org, c.object_name == "Account", c.record_id == "a1")
-                .values({column: c[column] + 1})
-            )
+            await _move(conn, org, moved)
             await execute_writes(conn, deferred)
     assert caught.value.found_version == 2
     state = await rec.get(org, "Account", "a1")
