@@ -133,7 +133,9 @@ __all__ = [
 
 class ChangeSink(Protocol):
     """Derived rows written for a record change inside its own transaction, after the
-    record, history, event and audit rows — the ``record.change`` wake-signal producer
+    record, history, event and audit rows were built (sent before them when the
+    mutation's writes are deferred to its step's commit, ADR 0011; they commit together)
+    — the ``record.change`` wake-signal producer
     (:class:`runtime_svc.waits.RecordChangeProducer`, §14.1: producer evidence shares the
     database, so the signal commits with the change)."""
 
@@ -322,7 +324,8 @@ async def apply_mutation_txn(
     """Apply one validated mutation under locks the caller already holds.
 
     ``changes`` (the record-change wake-signal producer) writes its derived rows last,
-    in this transaction.
+    in this transaction (with ``defer``: before the deferred rows are sent — they commit
+    together; the producer reads only its watch table).
 
     ``defer``: instead of executing the mutation's checked writes (the record's
     compare-and-swap with its history advance where both rows are held, the event and

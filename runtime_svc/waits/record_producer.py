@@ -160,7 +160,8 @@ class RecordChangeProducer:
     async def on_change_txn(
         self, conn: AsyncConnection, org_id: str, record: RecordState, now: datetime
     ) -> int:
-        """Inside the record transaction, after the record, history, event and audit rows:
+        """Inside the record transaction, after the record, history, event and audit rows
+        were built (a durable step sends them after this, with its commit — ADR 0011):
         one signal per work scope waiting on the record's object. Returns how many."""
         scopes = await self.watches.scopes_txn(conn, org_id, record.object_name)
         if not scopes:
