@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,8 +66,7 @@ from runtime_svc.records import (
     RecordState,
     RecordValidationError,
     RecordView,
-    prepare_create,
-    prepare_update,
+    prepare_transformed,
 )
 from runtime_svc.records import store as record_store
 from runtime_svc.records.store import read_record_txn
@@ -286,7 +284,6 @@ class BeforeSaveDispatcher:
         for admitted in selection.plans:
             await self._ensure_row(conn, org_id, admitted.plan_id)
             plan = self._plan(org_id, admitted)
-            evidence = _evidence(org_id, mutation, event, admitted)
             if plan.profile is not ExecutionProfile.EMBEDDED_BEFORE_SAVE:
                 raise FailedPreconditionError(
                     f"Flow {admitted.flow_api_name} is subscribed before-save but its active "
@@ -299,6 +296,7 @@ class BeforeSaveDispatcher:
                     plan, mutation.record_id, fields, prior, reader=reader, query=query
                 )
             except BeforeSaveFault as fault:
+                evidence = _evidence(org_id, mutation, event, admitted)
                 raise BeforeSaveFailedError(
                     _with(evidence, fault.code, fault.bound), fault.message
                 ) from None
@@ -308,7 +306,7 @@ class BeforeSaveDispatcher:
                 self.skipped += 1
             fields = dict(outcome.fields)
         try:
-            return _rebuild(view, mutation, start, fields)
+            return prepare_transformed(view, mutation, start, fields)
         except RecordValidationError as exc:
             last = selection.plans[-1]
             raise BeforeSaveFailedError(
@@ -335,26 +333,6 @@ def _evidence(
 
 def _with(evidence: BeforeSaveEvidence, code: str, bound: str | None) -> BeforeSaveEvidence:
     return BeforeSaveEvidence(**{**evidence.__dict__, "code": code, "bound": bound})
-
-
-def _rebuild(
-    view: RecordView,
-    mutation: RecordMutation,
-    start: Mapping[str, Any],
-    final: Mapping[str, Any],
-) -> RecordMutation:
-    """The validated mutation that writes ``final``: a create writes every non-null value;
-    an update writes the request's changes plus every field a Flow changed."""
-    if mutation.kind is MutationKind.CREATE:
-        values = {k: v for k, v in final.items() if v is not None}
-        return prepare_create(view, mutation.object_name, mutation.record_id, values)
-    delta = dict(mutation.fields)
-    for name, value in final.items():
-        if name not in start or start[name] != value:
-            delta[name] = value
-    return prepare_update(
-        view, mutation.object_name, mutation.record_id, mutation.expected_version, delta
-    )
 
 
 async def record_failure(engine: AsyncEngine, evidence: BeforeSaveEvidence, actor: Actor) -> None:

@@ -35,6 +35,7 @@ from runtime_svc.records.validation import (
     RecordValidationError,
     prepare_create,
     prepare_delete,
+    prepare_transformed,
     prepare_update,
 )
 from runtime_svc.records.view import FieldRules, FieldType, ObjectRules, RecordView
@@ -66,5 +67,6 @@ __all__ = [
     "plan_mutation",
     "prepare_create",
     "prepare_delete",
+    "prepare_transformed",
     "prepare_update",
 ]

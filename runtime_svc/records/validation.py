@@ -41,6 +41,7 @@ __all__ = [
     "parent_refs_of",
     "prepare_create",
     "prepare_delete",
+    "prepare_transformed",
     "prepare_update",
     "references_of",
     "require_object",
@@ -346,6 +347,80 @@ def prepare_update(
         issues.add("fields", "empty_update")
     issues.raise_any()
     return RecordMutation(MutationKind.UPDATE, object_name, record_id, values, expected_version)
+
+
+#: Value types a validated field keeps unchanged (immutable scalars; a list may have been
+#: changed in place, so it is always validated again).
+_SCALARS = frozenset({str, int, float, bool, Decimal})
+
+
+def _kept(validated: Any, value: Any) -> bool:
+    """``value`` is the already-validated ``validated``: the same immutable scalar type
+    and an equal value (validating it again would return it unchanged)."""
+    t = type(value)
+    return t is type(validated) and t in _SCALARS and validated == value
+
+
+def prepare_transformed(
+    view: RecordView,
+    mutation: RecordMutation,
+    start: Mapping[str, Any],
+    final: Mapping[str, Any],
+) -> RecordMutation:
+    """The validated mutation that writes ``final``, the record a before-save transform
+    produced from ``start`` (the stored values overlaid with ``mutation``'s; a create's
+    ``start`` is ``mutation.fields``): a create writes every non-null value, an update
+    the request's changes plus every field the transform changed.
+
+    ``mutation`` must be the :func:`prepare_create` / :func:`prepare_update` result for
+    the same ``view``: its values are validated already, so only what the transform
+    changed is validated again (same type and equal immutable scalar: kept as is) — the
+    same mutation, issues and normalisation as preparing the whole record again.
+
+    Raises:
+        RecordValidationError: every issue of the transformed record at once.
+    """
+    obj = require_object(view, mutation.object_name)
+    issues = _Issues()
+    base = mutation.fields
+    if mutation.kind is MutationKind.CREATE:
+        values: dict[str, Any] = {}
+        changed: dict[str, Any] = {}
+        for name, value in final.items():
+            if value is None:
+                continue  # a create writes non-null values only
+            if name in base and _kept(base[name], value):
+                values[name] = base[name]
+            else:
+                changed[name] = value
+        values.update(_fields(obj, changed, issues, creating=True))
+        issues.raise_any()
+        check_required(obj, values)
+        return RecordMutation(
+            MutationKind.CREATE, mutation.object_name, mutation.record_id, _sorted(values), None
+        )
+    if mutation.kind is not MutationKind.UPDATE:
+        raise ValueError(f"a {mutation.kind.value} is not transformed")
+    # The request's own changes stay as validated; a field the transform changed (from
+    # ``start``) is validated again, whether the request named it or not.
+    delta = dict(base)
+    touched = {
+        name: value for name, value in final.items() if name not in start or start[name] != value
+    }
+    delta.update(_fields(obj, touched, issues, creating=False))
+    issues.raise_any()
+    return RecordMutation(
+        MutationKind.UPDATE,
+        mutation.object_name,
+        mutation.record_id,
+        _sorted(delta),
+        mutation.expected_version,
+    )
+
+
+def _sorted(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` in name order (the order :func:`prepare_create` returns them in)."""
+    return {name: values[name] for name in sorted(values)}
 
 
 def prepare_delete(

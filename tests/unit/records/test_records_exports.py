@@ -35,6 +35,7 @@ def test_record_engine_exports() -> None:
         "plan_mutation",
         "prepare_create",
         "prepare_delete",
+        "prepare_transformed",
         "prepare_update",
     ]
     for name in records.__all__:
