@@ -620,6 +620,7 @@ class FlowRunStateStore:
         *,
         lease_owner: str,
         trace_id: str | None = None,
+        first: Sequence[Write] = (),
         last: Write | None = None,
     ) -> LeaseFence | NotEligible:
         """The pre-claimed wake (``docs/adr/0007-pre-claimed-wake.md``): inside the
@@ -637,9 +638,12 @@ class FlowRunStateStore:
         refuses (paused, deleted, not due, epoch, attempt budget spent …): nothing of the
         claim is written then, and the step stays ``Pending`` for an ordinary claim.
 
-        ``last``: the resolution's own last write (its signal UPDATE), sent as the last
-        write of the claim's round trip — or alone when nothing is claimed: it is always
-        executed, exactly once.
+        ``first``: the resolution's own root/step and dependency UPDATEs, not executed
+        yet (``root`` and ``step`` are the rows they leave: the claim's UPDATEs expect
+        their versions), sent at the head of the claim's round trip; ``last``: the
+        resolution's own last write (its signal UPDATE), sent as the last write of that
+        round trip. Without a claim both go alone, in one round trip: each is always
+        executed, exactly once (ADR 0010's addenda).
 
         Raises:
             FenceLostError: a conditional UPDATE found its row moved (unreachable while
@@ -662,14 +666,17 @@ class FlowRunStateStore:
         )
         decision = decide_claim(root, step, now, self.policy, request)
         if not isinstance(decision, Claimed):
-            if last is not None:
-                await execute_writes(conn, [last])
+            pending = [*first, *(() if last is None else (last,))]
+            if pending:
+                await execute_writes(conn, pending)
             if isinstance(decision, NotEligible):
                 return decision
             # RetryExhausted: left to the ordinary claim, which records it.
             return NotEligible("attempt_budget_spent")
         fence, running_patch = _claimed_running(org_id, root, step, decision, request, token, now)
-        await apply_claim_running(conn, org_id, decision.transition, running_patch, now, last=last)
+        await apply_claim_running(
+            conn, org_id, decision.transition, running_patch, now, before=first, last=last
+        )
         return fence
 
     async def mark_running(self, org_id: str, fence: LeaseFence) -> LeaseFence:

@@ -102,6 +102,7 @@ __all__ = [
     "fence_error",
     "fenced_locked",
     "fenced_read",
+    "held_transition_writes",
     "last_checkpoint_sequence",
     "lock_attempt",
     "lock_fenced",
@@ -569,22 +570,16 @@ async def apply_transition(
         FenceLostError: any conditional UPDATE matched no row (the caller's transaction
             must roll back; everything it wrote goes with it).
     """
-    writes: list[FencedWrite] = []
-    if transition.run is not None:
-        projected = projected_step_state(transition)
-        writes.append(_run_write(org_id, transition.run, projected, now))
-    if transition.step is not None:
-        writes.append(_step_write(org_id, transition.step, now))
-    if transition.attempt is not None:
-        writes.append(_attempt_write(org_id, transition.attempt))
-    batch = [*before, *fenced_writes(conn, writes, together=rows_locked)]
-    if transition.new_attempt is not None:
-        batch.append(attempt_insert(org_id, transition.new_attempt))
-    if transition.new_step is not None:
-        batch.append(step_insert(org_id, transition.new_step, now, None))
-    batch.extend(after)
-    if last is not None:
-        batch.append(last)
+    batch = _transition_batch(
+        conn,
+        org_id,
+        transition,
+        now,
+        rows_locked=rows_locked,
+        before=before,
+        last=last,
+        after=after,
+    )
     if_absent = any(is_if_absent(w) for w in after)
     if rows_locked:
         # In order, one round trip where the backend allows (ADR 0010): each UPDATE's
@@ -604,6 +599,63 @@ async def apply_transition(
     return True
 
 
+def _transition_batch(
+    conn: AsyncConnection,
+    org_id: str,
+    transition: Transition,
+    now: datetime,
+    *,
+    rows_locked: bool,
+    before: Sequence[Write] = (),
+    last: Write | None = None,
+    after: Sequence[Write] = (),
+) -> list[Write]:
+    """:func:`apply_transition`'s writes, in its order, not executed."""
+    writes: list[FencedWrite] = []
+    if transition.run is not None:
+        projected = projected_step_state(transition)
+        writes.append(_run_write(org_id, transition.run, projected, now))
+    if transition.step is not None:
+        writes.append(_step_write(org_id, transition.step, now))
+    if transition.attempt is not None:
+        writes.append(_attempt_write(org_id, transition.attempt))
+    batch = [*before, *fenced_writes(conn, writes, together=rows_locked)]
+    if transition.new_attempt is not None:
+        batch.append(attempt_insert(org_id, transition.new_attempt))
+    if transition.new_step is not None:
+        batch.append(step_insert(org_id, transition.new_step, now, None))
+    batch.extend(after)
+    if last is not None:
+        batch.append(last)
+    return batch
+
+
+def held_transition_writes(
+    conn: AsyncConnection,
+    org_id: str,
+    transition: Transition,
+    now: datetime,
+    *,
+    last: Write | None = None,
+) -> list[Write]:
+    """The writes :func:`apply_transition` ``(rows_locked=True, last=last)`` would execute,
+    in its order, for the caller to send at the head of a later round trip of the same
+    transaction (the pre-claimed wake: ``store_waits.resolve_in``). The caller holds the
+    lock of every row the transition patches; the transition inserts nothing (a wait's
+    resolution) and patches no attempt.
+
+    Raises:
+        InvariantError: the transition inserts a row or patches an attempt.
+    """
+    if (
+        transition.attempt is not None
+        or transition.new_attempt is not None
+        or transition.new_step is not None
+    ):
+        raise InvariantError("only a root/step transition's writes are deferred")
+    return _transition_batch(conn, org_id, transition, now, rows_locked=True, last=last)
+
+
 async def apply_claim_running(
     conn: AsyncConnection,
     org_id: str,
@@ -611,13 +663,17 @@ async def apply_claim_running(
     running: StepPatch,
     now: datetime,
     *,
+    before: Sequence[Write] = (),
     last: Write | None = None,
 ) -> None:
     """A claim's ``transition`` with its step going on to ``Running`` in the same
     conditional UPDATE (the fused claim, ``docs/adr/0003-fused-claim-running.md``).
 
-    ``last``: a write of the caller's transaction that goes after the claim's, in the
-    same round trip (``apply_transition``'s ``last``: its row need not be held).
+    ``before``: writes of the caller's transaction that go first, in the same round trip
+    (a wait resolution's root/step and dependency UPDATEs, :func:`held_transition_writes`,
+    whose rows leave the versions this claim expects). ``last``: a write of the caller's
+    transaction that goes after the claim's, in the same round trip (``apply_transition``'s
+    ``last``: its row need not be held).
 
     ``running`` is ``decide_start_running``'s patch, decided on the rows the claim
     leaves (``kernel.applied``). The root UPDATE and the attempt INSERT are the claim's;
@@ -651,6 +707,7 @@ async def apply_claim_running(
     await execute_writes(
         conn,
         [
+            *before,
             *fenced_writes(conn, writes, together=True),
             attempt_insert(org_id, claim.new_attempt),
             *(() if last is None else (last,)),

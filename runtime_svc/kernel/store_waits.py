@@ -16,7 +16,7 @@ the signal API's acceptance transaction.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -31,7 +31,11 @@ from runtime_svc.kernel.decisions import NoChange
 from runtime_svc.kernel.model import LeaseFence, RunRecord, StepRecord
 from runtime_svc.kernel.states import RunState, StepState
 from runtime_svc.kernel.store_reads import Candidate
-from runtime_svc.kernel.store_rows import apply_transition, lock_run_and_step
+from runtime_svc.kernel.store_rows import (
+    apply_transition,
+    held_transition_writes,
+    lock_run_and_step,
+)
 from runtime_svc.kernel.transitions_waits import (
     CAUSE_WAIT_EXPIRED,
     WaitTransition,
@@ -459,7 +463,8 @@ async def apply_wait_transition(
     now: datetime,
     *,
     defer_signal: bool = False,
-) -> Write | None:
+    defer_transition: bool = False,
+) -> tuple[list[Write], Write | None]:
     """Apply ``wt`` in §12 order: root, step (+ successor), dependency, signal.
 
     Every caller holds the root's and the step's locks (its lock phase read them ``FOR
@@ -470,28 +475,41 @@ async def apply_wait_transition(
     transaction where the statements one by one would). The signal's UPDATE, which may
     take the signal's lock, stays after that check.
 
-    ``defer_signal``: the signal's UPDATE is not executed but returned, for the caller to
-    send as the last write of its next round trip (the pre-claimed wake's claim:
-    ``WokenClaim.claim_txn(last=…)``) — the caller must execute it exactly once.
+    Returns ``(first, last)``, the writes left to the caller (empty / ``None`` unless
+    deferred), which it must execute exactly once, in that order, in this transaction:
+
+    * ``defer_signal``: the signal's UPDATE is not executed but returned as ``last``, for
+      the caller to send as the last write of its next round trip (the pre-claimed wake's
+      claim: ``WokenClaim.claim_txn(last=…)``);
+    * ``defer_transition`` (with ``defer_signal``): the root/step UPDATE and the
+      dependency's UPDATE are not executed either but returned as ``first``, for the
+      claim's round trip to begin with (``WokenClaim.claim_txn(first=…)``; ADR 0010's
+      addendum, round 17) — when the transition has that shape (no attempt patched, no
+      row inserted); otherwise they are executed here as without it.
 
     Raises:
         FenceLostError: any compare-and-swap matched no row (roll back, re-read).
     """
     dependency = None if wt.dependency is None else _dependency_write(org_id, wt.dependency)
-    if wt.transition.attempt is None:
+    first: list[Write] = []
+    t = wt.transition
+    if t.attempt is None:
         last = None if dependency is None else fenced_write(conn, dependency)
-        await apply_transition(conn, org_id, wt.transition, now, rows_locked=True, last=last)
+        if defer_transition and defer_signal and t.new_attempt is None and t.new_step is None:
+            first = held_transition_writes(conn, org_id, t, now, last=last)
+        else:
+            await apply_transition(conn, org_id, t, now, rows_locked=True, last=last)
     else:
-        await apply_transition(conn, org_id, wt.transition, now)
+        await apply_transition(conn, org_id, t, now)
         if dependency is not None:
             await fenced_updates(conn, [dependency])
     if wt.signal is None:
-        return None
+        return first, None
     signal = _signal_write(wt.signal)
     if defer_signal:
-        return fenced_write(conn, signal)
+        return first, fenced_write(conn, signal)
     await fenced_updates(conn, [signal])
-    return None
+    return first, None
 
 
 async def _lock_step_dependencies(
@@ -616,14 +634,17 @@ class WokenClaim(Protocol):
         step: StepRecord,
         now: datetime,
         *,
+        first: Sequence[Write] = (),
         last: Write | None = None,
     ) -> LeaseFence | None:
         """Claim the woken ``step`` of ``root`` (both as the resolution left them) for a
         local worker and make it ``Running`` in ``conn``; ``None`` writes nothing of a
         claim (no local worker with room, admission or the claim decision refused).
 
-        ``last``: the resolution's signal UPDATE, executed exactly once either way — as
-        the last write of the claim's round trip, or alone (ADR 0010's addendum)."""
+        ``first``: the resolution's own root/step and dependency UPDATEs (not executed
+        yet: ``root`` and ``step`` are the rows they leave); ``last``: its signal UPDATE.
+        Both are executed exactly once either way — around the claim's writes in one
+        round trip, or alone in one (ADR 0010's addenda)."""
         ...
 
     def rolled_back(self) -> None:
@@ -796,23 +817,32 @@ class WaitStore:
             root, step, dep, signal, now, receipt=receipt, wake_version=wake_version
         )
         if isinstance(decision, WaitTransition):
-            # With a claim to offer, the signal's UPDATE goes last in the claim's round
-            # trip (after the claim's writes on the held root and step): one round trip
-            # less per pre-claimed wake.
-            signal_write = await apply_wait_transition(
-                conn, org_id, decision, now, defer_signal=claim is not None
+            # With a claim to offer, the resolution's writes and the claim's share one
+            # round trip: root/step and dependency UPDATEs first, then the claim's on the
+            # rows they leave (held: root and step), the signal's UPDATE last (ADR 0010's
+            # addenda) — two round trips less per pre-claimed wake than one each.
+            woken = (
+                None if claim is None or step is None else _woken_rows(root, step, decision, now)
+            )
+            first, signal_write = await apply_wait_transition(
+                conn,
+                org_id,
+                decision,
+                now,
+                defer_signal=claim is not None,
+                defer_transition=woken is not None,
             )
             if step is not None:
                 fence = None
-                woken = None if claim is None else _woken_rows(root, step, decision, now)
                 if claim is not None and woken is not None:
-                    fence = await claim.claim_txn(conn, *woken, now, last=signal_write)
-                    signal_write = None  # executed by the claim, with it or alone
+                    fence = await claim.claim_txn(conn, *woken, now, first=first, last=signal_write)
+                    first, signal_write = [], None  # executed by the claim, with it or alone
                 decision = replace(
                     decision, resumed=resumed_candidate(root, step, now), preclaimed=fence
                 )
-            if signal_write is not None:
-                await execute_writes(conn, [signal_write])
+            pending = [*first, *(() if signal_write is None else (signal_write,))]
+            if pending:
+                await execute_writes(conn, pending)
         return decision
 
     async def _fault(

@@ -24,6 +24,7 @@ No seats (an API-only process, 0 workers): nothing is ever pre-claimed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
@@ -97,10 +98,12 @@ class PreClaims:
         step: StepRecord,
         now: datetime,
         *,
+        first: Sequence[Write] = (),
         last: Write | None = None,
     ) -> LeaseFence | None:
         """Reserve a seat, then claim ``step`` for it (see the module docstring);
-        ``last`` as :meth:`~runtime_svc.kernel.store_waits.WokenClaim.claim_txn`'s."""
+        ``first`` and ``last`` as
+        :meth:`~runtime_svc.kernel.store_waits.WokenClaim.claim_txn`'s."""
         self.rolled_back()
         # The candidate as it stands after the resolution's writes (its versions are the
         # resolved rows'): the admission subject, and the worker's watch.
@@ -112,8 +115,9 @@ class PreClaims:
         )
         seat = self._seats.reserve(root.org_id, candidate)
         if seat is None:
-            if last is not None:
-                await execute_writes(conn, [last])
+            pending = [*first, *(() if last is None else (last,))]
+            if pending:
+                await execute_writes(conn, pending)
             return None
         try:
             claimed = await self._store.claim_woken_txn(
@@ -124,6 +128,7 @@ class PreClaims:
                 now,
                 lease_owner=seat.lease_owner,
                 trace_id=trace_id_of(root.trace_context),
+                first=first,
                 last=last,
             )
         except BaseException:

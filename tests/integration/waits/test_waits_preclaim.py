@@ -8,10 +8,12 @@ duplicate and stale signals stay no-ops."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -21,6 +23,7 @@ from runtime_svc.kernel import RunState
 from runtime_svc.kernel.store_operator import OperatorActor, pause_run_txn, resume_run_txn
 from runtime_svc.kernel.wait_model import DependencyState, SignalState
 from runtime_svc.schema import flow_step_attempts, flow_step_executions
+from runtime_svc.waits import queries
 from runtime_svc.waits.preclaim import PreClaimedWake, PreClaimer
 from runtime_svc.waits.resolution import ResolvedRun
 from runtime_svc.worker import FixedViews, Outcome, StepWorker
@@ -52,6 +55,12 @@ def round_trips(engine: AsyncEngine) -> Iterator[list[list[str]]]:
         yield trips
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", on_execute)
+
+
+def _table_of(statement: str) -> str:
+    """``UPDATE <table>`` / ``INSERT INTO <table>`` of a collapsed statement."""
+    words = statement.replace(",", " ").split()
+    return " ".join(words[:3] if words[0] == "INSERT" else words[:2])
 
 
 def _preclaiming(world: World, seats: LocalWakeSeats) -> None:
@@ -108,13 +117,22 @@ async def test_a_preclaimed_wake_runs_the_step_once_and_the_run_finishes(world: 
     world.rt.matcher._on_resolved = hints.append  # the hinted path would publish here
     with round_trips(world.engine) as trips:
         await world.rt.signals.submit(world.work, approval("pc1", "t1"))
-    # The signal's UPDATE rides last in the claim's round trip (ADR 0010's addendum).
+    # The resolution's root/step and dependency UPDATEs open the claim's round trip and
+    # the signal's UPDATE closes it (ADR 0010's addenda): one round trip of writes.
     [claim_trip] = [t for t in trips if any(x.startswith("INSERT INTO flow_step_att") for x in t)]
     [signal_trip] = [t for t in trips if any(x.startswith("UPDATE flow_wake_signals") for x in t)]
+    dependency_trips = [t for t in trips if any(x.startswith("UPDATE flow_dep") for x in t)]
     if db.strategy_for(world.engine.dialect).multi_statements:
-        assert signal_trip is claim_trip and claim_trip[-1].startswith("UPDATE flow_wake_signals")
+        assert signal_trip is claim_trip and dependency_trips == [claim_trip]
+        assert [_table_of(x) for x in claim_trip] == [
+            "UPDATE flow_runs",  # the resolution: root and step, one statement
+            "UPDATE flow_dependencies",
+            "UPDATE flow_runs",  # the claim: root and step Running, one statement
+            "INSERT INTO flow_step_attempts",
+            "UPDATE flow_wake_signals",
+        ]
     else:
-        assert len(signal_trip) == 1
+        assert len(signal_trip) == 1 and len(dependency_trips) == 1
     # The resolution committed with the claim: the step is Running (a new attempt, the
     # seat's lease owner), the root Running on it — nothing left for anyone to claim.
     assert (await world.run(run_id)).state is RunState.RUNNING
@@ -357,3 +375,47 @@ async def test_a_runtime_process_with_a_worker_preclaims_its_wakes(world: World)
         world.rt.matcher.preclaim = None
     assert [w.fence.flow_run_id for w in taken] == [run.flow_run_id]
     assert await events_of(world.engine, world.org, run.flow_run_id) == 1
+
+
+async def test_a_dependency_that_moved_rolls_the_fused_resolution_and_claim_back_together(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resolution's dependency UPDATE is checked inside the claim's round trip: when
+    the dependency moved after the fused match read it, that UPDATE matches no row, the
+    claim's writes sent after it roll back with it (no attempt, no lease, the seat given
+    back) and the locking two-transaction match resolves and pre-claims the wake once."""
+    run_id = await _waiting(world, "moved1")
+    before = await _resumed_step(world.engine, world.org, run_id)
+    seats = LocalWakeSeats([world.worker])
+    _preclaiming(world, seats)
+    calls: list[int] = []
+    original = queries.pending_for_key_txn
+
+    async def stale(*args: Any, **kwargs: Any) -> list[Any]:
+        rows = await original(*args, **kwargs)
+        calls.append(len(rows))
+        if len(calls) == 1:  # the fused match's read: one version behind the row
+            return [dataclasses.replace(r, state_version=r.state_version - 1) for r in rows]
+        return rows
+
+    monkeypatch.setattr(queries, "pending_for_key_txn", stale)
+    with round_trips(world.engine) as trips:
+        await world.rt.signals.submit(world.work, approval("moved1", "t1"))
+    claim_trips = [t for t in trips if any(x.startswith("INSERT INTO flow_step_att") for x in t)]
+    if db.strategy_for(world.engine.dialect).multi_statements:
+        # The fused attempt sent its claim with the stale dependency UPDATE, and rolled back;
+        # the locking match claimed again.
+        assert len(claim_trips) == 2
+    # One claim survived: one new attempt, the step Running for the seat, one handover.
+    step = await _resumed_step(world.engine, world.org, run_id)
+    assert step["state"] == "Running" and step["lease_owner"] == seats.owner
+    assert step["attempt_count"] == before["attempt_count"] + 1
+    attempts = await _attempts(world.engine, world.org, step["step_execution_id"])
+    assert len(attempts) == step["attempt_count"]
+    wake = _taken(seats)
+    assert seats.outstanding() == 0
+    [dep] = await dependencies(world.engine, world.org, run_id)
+    assert dep.state is DependencyState.RESOLVED
+    assert await world.worker.process_preclaimed(wake) == [Outcome.COMMITTED] * 2
+    assert (await world.run(run_id)).state is RunState.SUCCEEDED
+    assert await events_of(world.engine, world.org, run_id) == 1
