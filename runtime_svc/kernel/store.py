@@ -118,6 +118,7 @@ from runtime_svc.kernel.store_rows import (
     checkpoint_insert,
     checkpoint_written,
     count_fenced_attempts,
+    execute_deferred,
     extend_lease_row,
     fence_error,
     fenced_locked,
@@ -154,7 +155,7 @@ from runtime_svc.kernel.wait_model import DependencyRecord, DependencyState
 from runtime_svc.resources import LockPlan
 from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now, run_in_transaction, transaction
-from services.db_batch import Companion, Write, execute_writes
+from services.db_batch import Companion, Write
 from services.errors import FenceLostError, NotFoundError
 from services.invariants import InvariantError
 from services.telemetry import trace_id_of
@@ -666,9 +667,7 @@ class FlowRunStateStore:
         )
         decision = decide_claim(root, step, now, self.policy, request)
         if not isinstance(decision, Claimed):
-            pending = [*first, *(() if last is None else (last,))]
-            if pending:
-                await execute_writes(conn, pending)
+            await execute_deferred(conn, first, last)
             if isinstance(decision, NotEligible):
                 return decision
             # RetryExhausted: left to the ordinary claim, which records it.

@@ -98,6 +98,7 @@ __all__ = [
     "checkpoint_written",
     "claimed_run_values",
     "count_fenced_attempts",
+    "execute_deferred",
     "extend_lease_row",
     "fence_error",
     "fenced_locked",
@@ -637,23 +638,28 @@ def held_transition_writes(
     now: datetime,
     *,
     last: Write | None = None,
-) -> list[Write]:
+) -> list[Write] | None:
     """The writes :func:`apply_transition` ``(rows_locked=True, last=last)`` would execute,
     in its order, for the caller to send at the head of a later round trip of the same
-    transaction (the pre-claimed wake: ``store_waits.resolve_in``). The caller holds the
-    lock of every row the transition patches; the transition inserts nothing (a wait's
-    resolution) and patches no attempt.
-
-    Raises:
-        InvariantError: the transition inserts a row or patches an attempt.
-    """
+    transaction (the pre-claimed wake: ``store_waits.resolve_in``), or ``None`` when the
+    transition inserts a row or patches an attempt (apply it with :func:`apply_transition`
+    instead). The caller holds the lock of every row the transition patches."""
     if (
         transition.attempt is not None
         or transition.new_attempt is not None
         or transition.new_step is not None
     ):
-        raise InvariantError("only a root/step transition's writes are deferred")
+        return None
     return _transition_batch(conn, org_id, transition, now, rows_locked=True, last=last)
+
+
+async def execute_deferred(
+    conn: AsyncConnection, first: Sequence[Write], last: Write | None
+) -> None:
+    """Writes a resolution deferred for a claim's round trip (:func:`held_transition_writes`
+    and its signal UPDATE), executed without the claim: in order, in one round trip where
+    the backend batches; nothing when nothing was deferred."""
+    await execute_writes(conn, [*first, *(() if last is None else (last,))])
 
 
 async def apply_claim_running(

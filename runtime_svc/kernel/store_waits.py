@@ -33,6 +33,7 @@ from runtime_svc.kernel.states import RunState, StepState
 from runtime_svc.kernel.store_reads import Candidate
 from runtime_svc.kernel.store_rows import (
     apply_transition,
+    execute_deferred,
     held_transition_writes,
     lock_run_and_step,
 )
@@ -495,10 +496,15 @@ async def apply_wait_transition(
     t = wt.transition
     if t.attempt is None:
         last = None if dependency is None else fenced_write(conn, dependency)
-        if defer_transition and defer_signal and t.new_attempt is None and t.new_step is None:
-            first = held_transition_writes(conn, org_id, t, now, last=last)
-        else:
+        held = (
+            held_transition_writes(conn, org_id, t, now, last=last)
+            if defer_transition and defer_signal
+            else None
+        )
+        if held is None:
             await apply_transition(conn, org_id, t, now, rows_locked=True, last=last)
+        else:
+            first = held
     else:
         await apply_transition(conn, org_id, t, now)
         if dependency is not None:
@@ -840,9 +846,7 @@ class WaitStore:
                 decision = replace(
                     decision, resumed=resumed_candidate(root, step, now), preclaimed=fence
                 )
-            pending = [*first, *(() if signal_write is None else (signal_write,))]
-            if pending:
-                await execute_writes(conn, pending)
+            await execute_deferred(conn, first, signal_write)
         return decision
 
     async def _fault(

@@ -35,8 +35,9 @@ from runtime_svc.kernel.decisions import NotEligible
 from runtime_svc.kernel.model import LeaseFence, RunRecord, StepRecord
 from runtime_svc.kernel.store import FlowRunStateStore
 from runtime_svc.kernel.store_reads import Candidate
+from runtime_svc.kernel.store_rows import execute_deferred
 from runtime_svc.kernel.store_waits import resumed_candidate
-from services.db_batch import Write, execute_writes
+from services.db_batch import Write
 from services.telemetry import trace_id_of
 
 __all__ = ["PreClaimedWake", "PreClaimer", "PreClaims", "WakeSeat", "WakeSeats"]
@@ -115,9 +116,7 @@ class PreClaims:
         )
         seat = self._seats.reserve(root.org_id, candidate)
         if seat is None:
-            pending = [*first, *(() if last is None else (last,))]
-            if pending:
-                await execute_writes(conn, pending)
+            await execute_deferred(conn, first, last)
             return None
         try:
             claimed = await self._store.claim_woken_txn(
