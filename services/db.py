@@ -72,6 +72,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.schema import PrimaryKeyConstraint, UniqueConstraint
 from sqlalchemy.sql.elements import ClauseElement, TextClause
 from sqlalchemy.types import TypeDecorator, TypeEngine
+from sqlalchemy.util.concurrency import greenlet_spawn
 
 from services.db_cluster import install_session_hooks
 from services.db_mysql import DRIVERS as MYSQL_DRIVERS
@@ -503,11 +504,11 @@ async def transaction(
         CommitOutcomeUnknownError: the connection was lost during COMMIT, or COMMIT failed
             without a proven rollback.
     """
-    conn = await engine.connect()
+    # Check-out, BEGIN, and COMMIT with the check-in, each in one hand-off to
+    # SQLAlchemy's greenlet (≈ 9 µs of CPU each) rather than one per call.
+    sync = await greenlet_spawn(_open, engine.sync_engine, readonly)
+    conn = AsyncConnection(engine, sync)
     try:
-        if readonly:
-            await conn.execution_options(**{_BEGIN_MODE_OPTION: "DEFERRED"})
-        await conn.begin()
         try:
             yield conn
         except BaseException as exc:
@@ -515,7 +516,7 @@ async def transaction(
             metrics().transaction_finished("rolled_back", classify_db_error(exc).value)
             raise
         try:
-            await conn.commit()
+            check_in_failure = await greenlet_spawn(_commit_and_close, sync)
         except Exception as exc:
             kind = classify_db_error(exc)
             outcome = "rolled_back" if kind in _ROLLED_BACK_AT_COMMIT else "commit_unknown"
@@ -534,8 +535,37 @@ async def transaction(
             await _rollback_quietly(conn)
             raise
         metrics().transaction_finished("committed")
+        if check_in_failure is not None:
+            raise check_in_failure
     finally:
-        await conn.close()
+        if not sync.closed:
+            await conn.close()
+
+
+def _open(engine: Engine, readonly: bool) -> Connection:
+    """A pooled connection inside its transaction (``BEGIN``; ``DEFERRED`` on SQLite when
+    ``readonly``), or nothing held if either step fails."""
+    conn = engine.connect()
+    try:
+        if readonly:
+            conn.execution_options(**{_BEGIN_MODE_OPTION: "DEFERRED"})
+        conn.begin()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _commit_and_close(conn: Connection) -> Exception | None:
+    """``COMMIT`` (raises, the connection still open, if it failed), then return the
+    connection to the pool: a failure of that check-in is returned, not raised — the
+    ``COMMIT`` stands whatever happens to the connection after it."""
+    conn.commit()
+    try:
+        conn.close()
+    except Exception as exc:
+        return exc
+    return None
 
 
 async def run_in_transaction(

@@ -27,6 +27,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -838,3 +839,50 @@ async def test_a_commit_with_unknown_outcome_never_returns_its_connection_to_the
     for i in range(3):
         await _insert(engine, _row(f"after-{i}"))
     assert (await _get(engine, "after-2")) is not None
+
+
+async def test_a_failed_begin_holds_no_connection(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Check-out and BEGIN are one hand-off (``services.db._open``): a BEGIN that fails
+    returns the connection to the pool and raises; nothing ran."""
+    real_begin = Connection.begin
+
+    def failing_begin(self: Connection) -> Any:
+        raise RuntimeError("BEGIN refused")
+
+    monkeypatch.setattr(Connection, "begin", failing_begin)
+    with pytest.raises(RuntimeError, match="BEGIN refused"):
+        async with db.transaction(engine) as conn:
+            await conn.execute(items.insert().values(**_row("never")))
+    assert engine.pool.checkedout() == 0
+    monkeypatch.setattr(Connection, "begin", real_begin)
+    await _insert(engine, _row("after"))
+    assert (await _get(engine, "never")) is None
+    assert (await _get(engine, "after")) is not None
+
+
+async def test_a_failed_check_in_after_commit_raises_but_the_commit_stands(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """COMMIT and the check-in are one hand-off (``services.db._commit_and_close``): a
+    check-in that fails after a successful COMMIT is raised as itself — never read as a
+    COMMIT failure (no CommitOutcomeUnknownError, no rollback) — and the connection is
+    still returned to the pool."""
+    real_close = Connection.close
+    failures: list[bool] = []
+
+    def close_failing_once(self: Connection) -> None:
+        if not failures:
+            failures.append(True)
+            raise RuntimeError("check-in failed")
+        real_close(self)
+
+    monkeypatch.setattr(Connection, "close", close_failing_once)
+    with pytest.raises(RuntimeError, match="check-in failed"):
+        async with db.transaction(engine) as conn:
+            await conn.execute(items.insert().values(**_row("committed")))
+    monkeypatch.setattr(Connection, "close", real_close)
+    assert failures == [True]
+    assert engine.pool.checkedout() == 0
+    assert (await _get(engine, "committed")) is not None
