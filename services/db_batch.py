@@ -39,10 +39,11 @@ import collections
 import functools
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, cast
 
 from sqlalchemy import Dialect, Engine, Executable, Table, event
+from sqlalchemy.engine.cursor import _NO_CURSOR_DML
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -141,6 +142,13 @@ class _CompiledRead:
     keys: tuple[str, ...]
     #: Each column's type (its result processor is chosen per the cursor's description).
     types: tuple[Any, ...]
+    #: The row type (read by position or by column key).
+    row_type: Any
+    #: Each column's result processor, by the description's type codes (chosen once
+    #: per shape of result set: the same statement gets the same codes).
+    processors: dict[tuple[Any, ...], list[Any]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
 
 @dataclass
@@ -193,6 +201,12 @@ def install_batch_hooks(engine: Engine) -> None:
                 if index:
                     cursor.nextset()
                 collector.results.append((cursor.description, list(cursor.fetchall())))
+            # Nothing is left for the execution's own result: it is made as a DML
+            # statement's, without the result metadata SQLAlchemy would otherwise build
+            # afresh from the last set's description on every round trip (driver SQL
+            # has no compiled form to cache it on) — ≈ 70 columns of type lookups for
+            # a step's lifecycle read. The cursor is closed as for any DML result.
+            context.cursor_fetch_strategy = _NO_CURSOR_DML
             return
         if not isinstance(collector, _Collector):
             return
@@ -279,7 +293,12 @@ def _compiled_read(dialect: Dialect, read: Read) -> _CompiledRead | None:
             and len(set(keys)) == len(keys)
             and all(k.isidentifier() and not k.startswith("_") for k in keys)
         ):
-            found = _CompiledRead(compiled=base, keys=keys, types=tuple(c.type for c in columns))
+            found = _CompiledRead(
+                compiled=base,
+                keys=keys,
+                types=tuple(c.type for c in columns),
+                row_type=_row_type(keys),
+            )
     cache[cache_key] = found
     return found
 
@@ -289,11 +308,14 @@ def _typed(dialect: Dialect, read: _CompiledRead, description: Any, rows: list[A
         return []
     if description is None or len(description) != len(read.keys):
         raise InvariantError("a batched read's result set does not match its statement")
-    processors = [
-        t._cached_result_processor(dialect, d[1])
-        for t, d in zip(read.types, description, strict=True)
-    ]
-    row_type = _row_type(read.keys)
+    codes = tuple(d[1] for d in description)
+    processors = read.processors.get(codes)
+    if processors is None:
+        processors = read.processors[codes] = [
+            t._cached_result_processor(dialect, code)
+            for t, code in zip(read.types, codes, strict=True)
+        ]
+    row_type = read.row_type
     return [
         row_type(*(v if p is None else p(v) for p, v in zip(processors, raw, strict=True)))
         for raw in rows

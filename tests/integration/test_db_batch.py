@@ -26,6 +26,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.engine.cursor import CursorResultMetaData
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -382,6 +383,42 @@ async def test_reads_share_one_round_trip_and_return_the_rows_of_single_reads(
     assert second[1] == "n2" and second.next_version == 5 and second.seen_at is None
     assert batched[1] == []
     assert [tuple(r) for r in batched[2]] == [("t", 9)]
+
+
+async def test_a_batched_read_builds_no_result_metadata_and_leaves_no_result_open(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The round trip's own result is made as a DML statement's: SQLAlchemy builds no
+    result metadata from the last set's description (it would, afresh, for every round
+    trip of driver SQL), the rows are still typed per column (the processors chosen
+    once per shape), and the connection takes the next statement at once (every set
+    was read, the cursor closed)."""
+    if not _batches(engine):
+        pytest.skip("SQLite runs the reads one by one through SQLAlchemy's own results")
+    seen_at = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    async with db.transaction(engine) as conn:
+        await execute_writes(conn, [_note("m1", seen_at=seen_at)])
+    reads = [
+        Read(_NOTES_LOCKED, {"org": ORG, "from_id": "m"}),
+        Read(_NOTES_LOCKED, {"org": ORG, "from_id": "m"}),
+    ]
+    built: list[int] = []
+    real_init = CursorResultMetaData.__init__
+
+    def counting_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(CursorResultMetaData, "__init__", counting_init)
+    for _ in range(2):
+        async with db.transaction(engine) as conn:
+            first, second = await execute_reads(conn, reads)
+            assert [(r.note_id, r.seen_at, r.next_version) for r in first + second] == [
+                ("m1", seen_at, 1),
+                ("m1", seen_at, 1),
+            ]
+            assert (await conn.execute(text("SELECT 7"))).scalar_one() == 7
+    assert built == [1, 1]  # the two ``SELECT 7`` results only
 
 
 async def test_a_read_whose_columns_cannot_be_keys_runs_on_its_own(engine: AsyncEngine) -> None:
