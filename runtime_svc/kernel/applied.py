@@ -16,7 +16,6 @@ transaction back — it can cost liveness, never admit a stale writer.
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import datetime
 
 from runtime_svc.kernel.model import (
@@ -32,6 +31,7 @@ from runtime_svc.kernel.model import (
 )
 from runtime_svc.kernel.states import ACTIVE_RUN_STATES, AttemptOutcome, StepState
 from runtime_svc.kernel.tables import compatibility_status
+from services.evolve import evolve
 
 __all__ = [
     "applied_run",
@@ -57,7 +57,7 @@ def applied_run(
 ) -> RunRecord:
     """``root`` after ``patch`` was applied at ``now`` (``store_rows._run_write``)."""
     paused = root.operator_paused_at is not None and patch.to_state in ACTIVE_RUN_STATES
-    return dataclasses.replace(
+    return evolve(
         root,
         **patch_changes(patch),
         state=patch.to_state,
@@ -69,7 +69,7 @@ def applied_run(
 
 def applied_step(step: StepRecord, patch: StepPatch, now: datetime) -> StepRecord:
     """``step`` after ``patch`` was applied at ``now`` (``store_rows._step_write``)."""
-    return dataclasses.replace(
+    return evolve(
         step,
         **patch_changes(patch),
         state=patch.to_state,

@@ -157,6 +157,7 @@ from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now, run_in_transaction, transaction
 from services.db_batch import Companion, Write
 from services.errors import FenceLostError, NotFoundError
+from services.evolve import evolve
 from services.invariants import InvariantError
 from services.telemetry import trace_id_of
 
@@ -701,7 +702,7 @@ class FlowRunStateStore:
             if isinstance(decision, FenceLost):
                 raise fence_error(decision)
             await extend_lease_row(conn, org_id, step, fence.token_digest, decision.lease_until)
-            return dataclasses.replace(fence, lease_until=decision.lease_until)
+            return evolve(fence, lease_until=decision.lease_until)
 
         return await self._run(fn)
 
@@ -820,7 +821,7 @@ class FlowRunStateStore:
         lifecycle: Companion | None = None,
     ) -> CommitResult:
         if isinstance(advance, NextStep) and not advance.step_execution_id:
-            advance = dataclasses.replace(advance, step_execution_id=new_id("step"))
+            advance = evolve(advance, step_execution_id=new_id("step"))
         # The lock read carries the clock (no statement of its own for it).
         if lifecycle is not None and lifecycle.rows is not None:
             root, step, attempt = fenced_locked(conn, lifecycle.rows, fence)
@@ -928,14 +929,14 @@ class FlowRunStateStore:
         # One root UPDATE carries the commit and the claim: the root moves one version
         # (the claim decided on the commit's, one more), and the attempt records it.
         version = root.state_version + 1
-        claim = dataclasses.replace(
+        claim = evolve(
             claim,
-            new_attempt=dataclasses.replace(claim.new_attempt, root_state_version_at_claim=version),
+            new_attempt=evolve(claim.new_attempt, root_state_version_at_claim=version),
         )
         await apply_commit_continued(
             conn, org_id, commit, claim, started.transition.step, now, before=before
         )
-        return dataclasses.replace(fence, root_state_version=version, step_state_version=1)
+        return evolve(fence, root_state_version=version, step_state_version=1)
 
     async def record_rollback(
         self, org_id: str, fence: LeaseFence, failure: StepFailure
@@ -1296,4 +1297,4 @@ async def _start_running_rows(
     if isinstance(decision, FenceLost):
         raise fence_error(decision)
     await apply_transition(conn, org_id, decision.transition, now, rows_locked=True)
-    return dataclasses.replace(fence, step_state_version=decision.step_state_version)
+    return evolve(fence, step_state_version=decision.step_state_version)

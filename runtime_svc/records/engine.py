@@ -48,7 +48,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
@@ -105,6 +105,7 @@ from services.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
+from services.evolve import evolve
 from services.invariants import InvariantError
 from services.request_dedupe import (
     Deduplicated,
@@ -391,7 +392,7 @@ async def apply_mutation_txn(
                 else:
                     fields[name] = value
             check_required(rules, fields)
-        after = replace(
+        after = evolve(
             current,
             fields=fields,
             parent_refs=parent_refs_of(view, obj, fields),
@@ -426,7 +427,7 @@ async def apply_mutation_txn(
             locks.history[hkey] = sequence
         else:
             version = await _update_record(conn, org_id, after, expected, lock_relevant, encoded)
-        after = replace(after, version=version)
+        after = evolve(after, version=version)
         locks.rows[rkey] = after
 
     if sequence is None:

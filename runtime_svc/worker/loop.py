@@ -39,7 +39,6 @@ is then served by the kernel's bounded ``eligible_work``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import random
@@ -123,6 +122,7 @@ from services.errors import (
     FlowError,
     NotFoundError,
 )
+from services.evolve import evolve
 from services.faults import (
     CrashPoint,
     crash_point,
@@ -605,7 +605,7 @@ class StepWorker:
         if self._hook is not None:
             await self._hook("executed", fence, None)
         if known is not None:
-            prepared = dataclasses.replace(prepared, input_sequence=known.sequence)
+            prepared = evolve(prepared, input_sequence=known.sequence)
         return await self._commit(org_id, fence, prepared, chain)
 
     async def _prepare(self, org_id: str, fence: LeaseFence, known: _Known | None) -> _Prepared:

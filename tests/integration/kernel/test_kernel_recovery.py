@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pymysql
 import pytest
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from runtime_svc.kernel import (
     CheckpointInput,
@@ -259,13 +259,14 @@ async def test_commit_unknown_quarantines_and_never_retries(
     """The connection drops during COMMIT and the server rolled back: quarantine."""
     run_id = await start(world)
     fence = await running(world, run_id)
-    real_rollback = AsyncConnection.rollback
+    real_rollback = Connection.rollback
 
-    async def lost_commit(self: AsyncConnection) -> None:
-        await real_rollback(self)  # the server never applied it...
+    def lost_commit(self: Connection) -> None:
+        real_rollback(self)  # the server never applied it...
         raise pymysql.err.OperationalError(2013, "Lost connection during query")  # ...we can't tell
 
-    monkeypatch.setattr(AsyncConnection, "commit", lost_commit)
+    # The COMMIT of services.db.transaction (its sync half, in the driver's greenlet).
+    monkeypatch.setattr(Connection, "commit", lost_commit)
     with pytest.raises(CommitOutcomeUnknownError):
         await business_commit(world, fence, "rec-unknown")
     monkeypatch.undo()
@@ -294,13 +295,13 @@ async def test_commit_unknown_after_a_durable_commit_reads_the_marker(
 ) -> None:
     run_id = await start(world)
     fence = await running(world, run_id)
-    real_commit = AsyncConnection.commit
+    real_commit = Connection.commit
 
-    async def commit_then_lose_response(self: AsyncConnection) -> None:
-        await real_commit(self)
+    def commit_then_lose_response(self: Connection) -> None:
+        real_commit(self)
         raise pymysql.err.OperationalError(2013, "Lost connection during query")
 
-    monkeypatch.setattr(AsyncConnection, "commit", commit_then_lose_response)
+    monkeypatch.setattr(Connection, "commit", commit_then_lose_response)
     with pytest.raises(CommitOutcomeUnknownError):
         await business_commit(world, fence, "rec-durable")
     monkeypatch.undo()
