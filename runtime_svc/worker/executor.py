@@ -197,11 +197,28 @@ class StepBudgetExceeded(StepFault):
 def env_of(context: Mapping[str, Any]) -> dict[str, Any]:
     """The interpreter environment of a checkpoint context (a deep copy)."""
     variables = context.get("variables")
-    env: dict[str, Any] = copy.deepcopy(dict(variables)) if isinstance(variables, Mapping) else {}
+    env: dict[str, Any] = _deep_copy(dict(variables)) if isinstance(variables, Mapping) else {}
     for key in _INTERNAL_KEYS:
         if key in context:
-            env[key] = copy.deepcopy(context[key])
+            env[key] = _deep_copy(context[key])
     return env
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), Decimal})
+
+
+def _deep_copy(value: Any) -> Any:
+    """``copy.deepcopy`` of a JSON-shaped value (a context's dicts, lists and scalars)
+    without its memo and dispatch (several times cheaper on a step's context); any other
+    type goes through ``copy.deepcopy``."""
+    kind = type(value)
+    if kind in _IMMUTABLE:
+        return value
+    if kind is dict:
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [_deep_copy(v) for v in value]
+    return copy.deepcopy(value)
 
 
 def context_of(env: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:

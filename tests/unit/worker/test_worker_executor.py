@@ -3,6 +3,7 @@ fail-closed step kinds."""
 
 from __future__ import annotations
 
+import copy
 import json
 from decimal import Decimal
 from typing import Any
@@ -19,7 +20,7 @@ from runtime_svc.worker import (
     interpret,
     needs_transaction,
 )
-from runtime_svc.worker.executor import LOOPS_KEY, to_json_value
+from runtime_svc.worker.executor import LOOPS_KEY, env_of, to_json_value
 from services.config import ConfigError, ServiceName, load_config
 from tests.unit.compiler.compiler_corpus import FLOWS, inputs_doc, merge_patch, read_json
 
@@ -226,3 +227,39 @@ def test_settings_are_read_through_the_service_config() -> None:
     ):
         with pytest.raises(ConfigError):
             _settings(bad)
+
+
+def _containers(value: Any) -> list[int]:
+    if isinstance(value, dict):
+        return [id(value), *(i for v in value.values() for i in _containers(v))]
+    if isinstance(value, list):
+        return [id(value), *(i for v in value for i in _containers(v))]
+    return []
+
+
+def test_env_of_is_a_deep_copy_sharing_no_container_with_the_context() -> None:
+    """``env_of`` copies a context's JSON shapes itself (no ``copy.deepcopy`` memo) and
+    hands anything else to ``copy.deepcopy``: equal to it, nothing shared."""
+    context: dict[str, Any] = {
+        "variables": {
+            "n": 1,
+            "x": 2.5,
+            "s": "text",
+            "flag": False,
+            "none": None,
+            "exact": Decimal("1.10"),
+            "list": [1, {"a": [2, 3]}, []],
+            "nested": {"b": {"c": ["d"]}},
+            "pair": (1, [2]),
+        },
+        "$output": {"record_id": "r1", "fields": {"Name": "Ada"}},
+        "trigger": {"ignored": True},
+    }
+    env = env_of(context)
+    expected = copy.deepcopy(dict(context["variables"]))
+    expected["$output"] = copy.deepcopy(context["$output"])
+    assert env == expected
+    assert not set(_containers(env)) & set(_containers(context))
+    assert env["pair"] == (1, [2]) and env["pair"][1] is not context["variables"]["pair"][1]
+    env["list"][1]["a"].append(4)
+    assert context["variables"]["list"][1]["a"] == [2, 3]
