@@ -698,49 +698,78 @@ class StepWorker:
     ) -> _Prepared:
         """Run ``work`` while a concurrent task extends the lease every heartbeat period.
 
-        The heartbeat is stopped (never cancelled mid-transaction) once ``work`` ends. A
-        transient heartbeat error is logged and retried next period (the commit does not
-        depend on it); a lost fence cancels ``work`` and raises.
+        ``work`` runs in the calling task; the heartbeat task is started only once
+        ``work`` has run one period (most steps finish well within one, and pay a timer
+        instead of two tasks). The heartbeat is stopped (never cancelled
+        mid-transaction) once ``work`` ends. A transient heartbeat error is logged and
+        retried next period (the commit does not depend on it); a lost fence cancels
+        ``work`` and raises — a cancellation from outside stays a cancellation.
 
         Raises:
             FenceLostError: the heartbeat found the lease expired or fenced.
         """
         if not self._heartbeat:
             return await work
+        caller = asyncio.current_task()
+        if caller is None:  # pragma: no cover - always called from a task
+            raise InvariantError("the heartbeat needs the calling task")
         stop = asyncio.Event()
         lost: list[FenceLostError] = []
+        beater: asyncio.Task[None] | None = None
+        finished = False  # ``work`` ended: a lost fence no longer cancels anything
+        cancelled = False  # the heartbeat cancelled ``work`` (the caller's task)
 
         async def beat() -> None:
+            nonlocal cancelled
             current = fence
             while True:
-                try:
-                    await asyncio.wait_for(stop.wait(), self._beat_s)
-                    return
-                except TimeoutError:
-                    pass
                 try:
                     current = await self.store.extend_lease(org_id, current)
                     if self._hook is not None:
                         await self._hook("heartbeat", current, None)
                 except FenceLostError as exc:
                     lost.append(exc)
+                    if not finished:
+                        cancelled = True
+                        caller.cancel()
                     return
                 except Exception:
                     log.warning("heartbeat of %s failed", fence.step_execution_id, exc_info=True)
+                try:
+                    await asyncio.wait_for(stop.wait(), self._beat_s)
+                    return
+                except TimeoutError:
+                    pass
 
-        task = asyncio.ensure_future(work)
-        beater = asyncio.ensure_future(beat())
+        def start() -> None:
+            nonlocal beater
+            if not finished:
+                beater = asyncio.ensure_future(beat())
+
+        timer = asyncio.get_running_loop().call_later(self._beat_s, start)
         try:
-            await asyncio.wait({task, beater}, return_when=asyncio.FIRST_COMPLETED)
+            prepared = await work
+        except asyncio.CancelledError:
+            # The heartbeat's own cancellation becomes its FenceLostError; one from
+            # outside (too) stays a cancellation.
+            if not cancelled or caller.uncancel() > 0:
+                raise
+            cancelled = False
+            log.info("heartbeat lost the fence of %s; abandoning", fence.step_execution_id)
+            raise lost[0] from None
         finally:
+            finished = True
+            timer.cancel()
             stop.set()
-            if not task.done():
-                task.cancel()
-            await asyncio.gather(task, beater, return_exceptions=True)
+            if beater is not None:
+                # A heartbeat in flight finishes its transaction (never cancelled in it).
+                await asyncio.gather(beater, return_exceptions=True)
+        if cancelled:  # ``work`` swallowed the cancellation and returned
+            caller.uncancel()
         if lost:
             log.info("heartbeat lost the fence of %s; abandoning", fence.step_execution_id)
             raise lost[0]
-        return task.result()
+        return prepared
 
     async def _commit(
         self, org_id: str, fence: LeaseFence, prepared: _Prepared, chain: _Chain

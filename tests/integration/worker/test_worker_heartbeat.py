@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel import FlowRunStateStore, LeaseFence, RunState
@@ -149,3 +150,42 @@ async def test_a_heartbeat_that_loses_the_fence_abandons_the_step(
     await Sweeper(engine, store).sweep_org(seeded.org)
     final = await store.get_run(seeded.org, run.flow_run_id, include_deleted=True)
     assert final.state is RunState.CANCELLED
+
+
+async def test_a_cancellation_from_outside_stays_a_cancellation_and_stops_the_heartbeat(
+    engine: AsyncEngine, store: FlowRunStateStore
+) -> None:
+    """The step's preparation runs in the worker's own task, the heartbeat beside it
+    once one period has passed: cancelling the worker while the heartbeat runs cancels
+    it (never read as the heartbeat's lost fence), the heartbeat stops, and nothing of
+    the step is committed."""
+    seeded = await seed(engine)
+    run = await start_run(store, seeded)
+    beats: list[LeaseFence] = []
+    beating = asyncio.Event()
+    computing: list[bool] = []
+
+    async def hook(at: str, fence: LeaseFence, conn: AsyncConnection | None) -> None:
+        if at == "heartbeat":
+            beats.append(fence)
+            beating.set()
+            return
+        if at != "compute" or await _step_key(engine, seeded, fence) != "calc":
+            return
+        computing.append(True)
+        await asyncio.sleep(WAIT_S)  # "compute" until cancelled
+
+    worker = make_worker(
+        engine, store, hook=hook, heartbeat_interval_s=BEAT_S, continuation_limit=0
+    )
+    assert await worker.run_batch(seeded.org) == [Outcome.COMMITTED]  # bump1
+    batch = asyncio.create_task(worker.run_batch(seeded.org))
+    await asyncio.wait_for(beating.wait(), WAIT_S)
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert batch.cancelled() and computing == [True]
+    seen = len(beats)
+    await asyncio.sleep(BEAT_S * 5)
+    assert len(beats) == seen  # the heartbeat stopped with the step
+    assert (await step_counts(engine, seeded.org, run.flow_run_id, "calc")).committed_attempts == 0
