@@ -35,6 +35,7 @@ not in canonical order cannot be built.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
@@ -196,11 +197,13 @@ def is_canonical(keys: Iterable[ResourceKey]) -> bool:
     return seq == canonical_order(seq) and len(set(seq)) == len(seq)
 
 
+@functools.lru_cache(maxsize=4096)
 def business_key(object_name: str, record_id: str) -> ResourceKey:
     """Key of the business row ``object_name``/``record_id`` (record or parent role)."""
     return ResourceKey(ResourceClass.BUSINESS_RECORD, object_name, record_id)
 
 
+@functools.lru_cache(maxsize=4096)
 def history_key(object_name: str, record_id: str) -> ResourceKey:
     """Key of the history-sequence row of ``object_name``/``record_id``."""
     return ResourceKey(ResourceClass.HISTORY_SEQUENCE, object_name, record_id)

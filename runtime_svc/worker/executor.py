@@ -204,7 +204,9 @@ def env_of(context: Mapping[str, Any]) -> dict[str, Any]:
     return env
 
 
-_IMMUTABLE = frozenset({str, int, float, bool, type(None), Decimal})
+#: JSON scalars, returned as they are by :func:`to_json_value` (not their subclasses).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_IMMUTABLE = _SCALARS | {Decimal}
 
 
 def _deep_copy(value: Any) -> Any:
@@ -265,6 +267,13 @@ def needs_transaction(step: PlanStep) -> bool:
 
 def to_json_value(value: Any) -> Any:
     """A checkpoint-safe JSON value: exact decimals become ``int`` or their text."""
+    kind = type(value)
+    if kind in _SCALARS:  # the common case, before the abstract-class checks below
+        return value
+    if kind is dict:
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if kind is list:
+        return [to_json_value(v) for v in value]
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else str(value)
     if isinstance(value, Mapping):

@@ -203,6 +203,37 @@ def test_checkpoint_values_are_json_safe() -> None:
     assert json.loads(json.dumps(to_json_value(value))) == {"a": 2, "b": ["1.50"], "c": "x"}
 
 
+class _Tagged(str):
+    """A str subclass: not a JSON scalar's own type (it takes the general path)."""
+
+
+def test_json_values_take_the_fast_path_with_the_same_result() -> None:
+    from collections import OrderedDict
+
+    value = {
+        1: True,
+        "n": None,
+        "f": 1.5,
+        "t": (Decimal("3"), [Decimal("0.5")]),
+        "m": OrderedDict(k=Decimal("4")),
+        "s": _Tagged("tag"),
+        "nested": [{"d": Decimal("1.0")}, []],
+    }
+    converted = to_json_value(value)
+    assert converted == {
+        "1": True,
+        "n": None,
+        "f": 1.5,
+        "t": [3, ["0.5"]],
+        "m": {"k": 4},
+        "s": "tag",
+        "nested": [{"d": 1}, []],
+    }
+    assert type(converted["m"]) is dict and type(converted["t"]) is list
+    inner = value["nested"]
+    assert converted["nested"] is not inner and converted["nested"][0] is not inner[0]
+
+
 def _settings(env: dict[str, str]) -> WorkerSettings:
     return WorkerSettings.from_config(load_config(ServiceName.RUNTIME, env))
 
