@@ -259,8 +259,6 @@ def test_union_is_order_independent(ids: list[str]) -> None:
 def test_record_keys_are_built_once_per_identity_and_still_validated() -> None:
     """``business_key``/``history_key`` are cached per (object, record): the same
     (frozen) key comes back, and a bad identity is refused on every call."""
-    from runtime_svc.resources import business_key, history_key
-
     assert business_key("Account", "a1") is business_key("Account", "a1")
     assert history_key("Account", "a1") is history_key("Account", "a1")
     assert business_key("Account", "a1") != history_key("Account", "a1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import OrderedDict
 from decimal import Decimal
 from typing import Any
 
@@ -208,8 +209,6 @@ class _Tagged(str):
 
 
 def test_json_values_take_the_fast_path_with_the_same_result() -> None:
-    from collections import OrderedDict
-
     value = {
         1: True,
         "n": None,
