@@ -10,7 +10,9 @@ Prints, on SQLite and (when ``FLOW_TEST_MYSQL_URL`` is set) MariaDB:
   transactions, SQL statements (SQLAlchemy ``begin`` and ``before_cursor_execute`` events on
   the engine; SQLite's own ``BEGIN`` statement is not counted) and CPU milliseconds of this
   process (``time.process_time``) — so every change to the hot path shows its cost;
-* the raw single-row commit rate of the same database and the ratio steps/s ÷ commits/s;
+* the raw single-row commit rate of the same database (through the same transaction
+  frame) and the ratio steps/s ÷ commits/s, the raw rate measured right before and right
+  after each throughput figure (their mean: the host's speed drifts within a minute);
 * 1-worker steps/s and CPU per step on the standard library's event loop vs ``uvloop``
   (``FLOW_EVENT_LOOP``; the rest of the bench runs on the loop it names);
 * claim latency (eligible-work query + claim transaction) with 1,000 and with 100,000
@@ -25,6 +27,7 @@ Nothing is asserted; figures depend on the machine. Bounded: every figure stops 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import time
@@ -47,6 +50,9 @@ from tests.integration.worker.support import make_worker, seed, start_run
 __all__ = ["run"]
 
 _POLICY = RetryPolicy(lease_duration_ms=120_000)
+#: Runs a throughput figure seeds per second of its window (10 steps each: room for
+#: 600 steps/s before the work, not the window, would end the figure).
+_RUNS_PER_S = 60
 _META = sa.MetaData()
 _RAW = sa.Table(
     "bench_durable_raw",
@@ -104,10 +110,13 @@ class _StepCost:
 async def _raw_rate(engine: AsyncEngine, seconds: float) -> float:
     async with engine.begin() as conn:
         await conn.run_sync(_META.create_all)
+    prefix = uuid.uuid4().hex[:12]  # measured several times on one table
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         async with db.transaction(engine) as conn:
-            await conn.execute(_RAW.insert().values(org_id="org-b", id=f"r{n}", payload="{}"))
+            await conn.execute(
+                _RAW.insert().values(org_id="org-b", id=f"{prefix}-{n}", payload="{}")
+            )
         n += 1
     return n / (time.perf_counter() - start)
 
@@ -262,12 +271,21 @@ async def _bench(label: str, url: str, seconds: float) -> None:
         print(f"{label:<8} raw single-row commits/s          {raw:9.0f}")
         for workers in (1, 4):
             # Enough runs that the window, not the work, ends the figure (8 per worker
-            # ran out after ~1.3 s at 60 steps/s: start-up costs weighed on it).
-            cost = await _steps_rate(engine, workers, seconds, counters, runs_per_worker=32)
+            # ran out after ~1.3 s at 60 steps/s, 32 after ~1.6 s at 200: start-up costs
+            # weighed on it): room for _RUNS_PER_S runs a second.
+            runs = max(32, math.ceil(seconds * _RUNS_PER_S / workers))
+            # The ratio's raw rate is measured right before and right after the figure
+            # (their mean): this host's speed drifts within a minute, and a raw rate
+            # taken at another moment than the steps moves the ratio by as much.
+            cost = await _steps_rate(engine, workers, seconds, counters, runs_per_worker=runs)
+            after = await _raw_rate(engine, seconds / 2)
+            around = (raw + after) / 2
             print(
                 f"{label:<8} durable steps/s, {workers} worker(s)      {cost.steps_per_s:9.1f}"
-                f"   ratio steps/commits {cost.steps_per_s / raw:5.3f}"
+                f"   ratio steps/commits {cost.steps_per_s / around:5.3f}"
+                f"   (raw commits/s before / after: {raw:.0f} / {after:.0f})"
             )
+            raw = after
             print(
                 f"{label:<8}   per step: write txns {cost.write_txns:5.2f}"
                 f"  txns {cost.txns:5.2f}  statements {cost.statements:5.1f}"
