@@ -747,16 +747,19 @@ class StepWorker:
                 beater = asyncio.ensure_future(beat())
 
         timer = asyncio.get_running_loop().call_later(self._beat_s, start)
+        failure: Exception | None = None
         try:
             prepared = await work
         except asyncio.CancelledError:
-            # The heartbeat's own cancellation becomes its FenceLostError; one from
-            # outside (too) stays a cancellation.
-            if not cancelled or caller.uncancel() > 0:
+            # The heartbeat's own cancellation becomes its FenceLostError (below); one
+            # from outside (too) stays a cancellation.
+            if not cancelled:
                 raise
             cancelled = False
-            log.info("heartbeat lost the fence of %s; abandoning", fence.step_execution_id)
-            raise lost[0] from None
+            if caller.uncancel() > 0:
+                raise
+        except Exception as exc:
+            failure = exc  # a lost fence, if any, is what is reported (below)
         finally:
             finished = True
             timer.cancel()
@@ -764,11 +767,13 @@ class StepWorker:
             if beater is not None:
                 # A heartbeat in flight finishes its transaction (never cancelled in it).
                 await asyncio.gather(beater, return_exceptions=True)
-        if cancelled:  # ``work`` swallowed the cancellation and returned
+        if cancelled:  # ``work`` swallowed the cancellation
             caller.uncancel()
         if lost:
             log.info("heartbeat lost the fence of %s; abandoning", fence.step_execution_id)
             raise lost[0]
+        if failure is not None:
+            raise failure
         return prepared
 
     async def _commit(

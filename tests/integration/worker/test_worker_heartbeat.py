@@ -189,3 +189,36 @@ async def test_a_cancellation_from_outside_stays_a_cancellation_and_stops_the_he
     await asyncio.sleep(BEAT_S * 5)
     assert len(beats) == seen  # the heartbeat stopped with the step
     assert (await step_counts(engine, seeded.org, run.flow_run_id, "calc")).committed_attempts == 0
+
+
+async def test_a_lost_fence_is_what_is_reported_when_the_step_fails_as_it_is_abandoned(
+    engine: AsyncEngine, store: FlowRunStateStore
+) -> None:
+    """The heartbeat loses the fence and cancels the preparation, which fails with an
+    error of its own instead of ending cancelled: the lost fence is the step's outcome
+    (nothing committed), and the worker's task is left with no cancellation pending (its
+    next batch runs normally)."""
+    seeded = await seed(engine)
+    run = await start_run(store, seeded)
+    converted: list[bool] = []
+
+    async def hook(at: str, fence: LeaseFence, conn: AsyncConnection | None) -> None:
+        if at != "compute" or converted or await _step_key(engine, seeded, fence) != "calc":
+            return
+        await store.request_cancel(seeded.org, run.flow_run_id)
+        try:
+            await asyncio.sleep(WAIT_S)
+        except asyncio.CancelledError:
+            converted.append(True)
+            raise RuntimeError("the computation failed while being abandoned") from None
+
+    worker = make_worker(
+        engine, store, hook=hook, heartbeat_interval_s=BEAT_S, continuation_limit=0
+    )
+    assert await worker.run_batch(seeded.org) == [Outcome.COMMITTED]  # bump1
+    assert await worker.run_batch(seeded.org) == [Outcome.FENCE_LOST]
+    assert converted == [True]
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+    assert await worker.run_batch(seeded.org) == []  # cancelled run: nothing due
+    assert (await step_counts(engine, seeded.org, run.flow_run_id, "calc")).committed_attempts == 0
