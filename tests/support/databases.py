@@ -7,16 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import pymysql
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services import migrate
+from services import db, migrate
 
-__all__ = ["BACKENDS", "admin_connection", "mariadb_database", "module_database"]
+__all__ = [
+    "BACKENDS",
+    "admin_connection",
+    "driver_engine",
+    "mariadb_database",
+    "module_database",
+]
 
 #: ``params``/``ids`` of a fixture parametrized over the two backends.
 BACKENDS = {
@@ -36,6 +44,24 @@ def admin_connection(server_url: str) -> pymysql.connections.Connection:  # type
         charset="utf8mb4",
         autocommit=True,
     )
+
+
+@asynccontextmanager
+async def driver_engine(
+    server_url: str, driver: str, metadata: sa.MetaData, *, pool_size: int
+) -> AsyncIterator[AsyncEngine]:
+    """An engine on ``server_url``'s database through the MySQL ``driver`` (asyncmy or
+    aiomysql), with ``metadata``'s tables created; disposed afterwards."""
+    url = make_url(server_url).set(drivername=f"mysql+{driver}")
+    engine = db.create_engine(url, pool_size=pool_size)
+    if engine.dialect.driver != driver:
+        raise AssertionError(f"the engine runs on {engine.dialect.driver}, not {driver}")
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
 
 
 @contextmanager

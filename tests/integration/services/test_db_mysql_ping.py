@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services import db, db_mysql
 from services.db_mysql import DRIVERS
-from tests.support.databases import admin_connection
+from tests.support.databases import admin_connection, driver_engine
 
 pytestmark = pytest.mark.mariadb
 
@@ -33,17 +32,10 @@ _t = sa.Table(
 
 @pytest.fixture(params=DRIVERS)
 async def engine(mariadb_url: str, request: pytest.FixtureRequest) -> AsyncIterator[AsyncEngine]:
-    url = make_url(mariadb_url).set(drivername=f"mysql+{request.param}")
     # One connection: every transaction below checks out the same pooled connection
     # (until it is replaced).
-    eng = db.create_engine(url, pool_size=1)
-    assert eng.dialect.driver == request.param
-    async with eng.begin() as conn:
-        await conn.run_sync(_md.create_all)
-    try:
+    async with driver_engine(mariadb_url, request.param, _md, pool_size=1) as eng:
         yield eng
-    finally:
-        await eng.dispose()
 
 
 async def _adapter(conn: AsyncConnection) -> Any:

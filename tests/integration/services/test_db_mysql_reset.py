@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services import db
 from services.db_mysql import DRIVERS
-from tests.support.databases import admin_connection
+from tests.support.databases import admin_connection, driver_engine
 
 pytestmark = pytest.mark.mariadb
 
@@ -31,15 +30,8 @@ _t = sa.Table(
 
 @pytest.fixture(params=DRIVERS)
 async def engine(mariadb_url: str, request: pytest.FixtureRequest) -> AsyncIterator[AsyncEngine]:
-    url = make_url(mariadb_url).set(drivername=f"mysql+{request.param}")
-    eng = db.create_engine(url, pool_size=2)
-    assert eng.dialect.driver == request.param
-    async with eng.begin() as conn:
-        await conn.run_sync(_md.create_all)
-    try:
+    async with driver_engine(mariadb_url, request.param, _md, pool_size=2) as eng:
         yield eng
-    finally:
-        await eng.dispose()
 
 
 class _ServerRollbacks:
