@@ -713,10 +713,9 @@ class StepWorker:
         caller = asyncio.current_task()
         if caller is None:  # pragma: no cover - always called from a task
             raise InvariantError("the heartbeat needs the calling task")
-        stop = asyncio.Event()
+        stop = asyncio.Event()  # set once ``work`` ended: a lost fence cancels nothing then
         lost: list[FenceLostError] = []
         beater: asyncio.Task[None] | None = None
-        finished = False  # ``work`` ended: a lost fence no longer cancels anything
         cancelled = False  # the heartbeat cancelled ``work`` (the caller's task)
 
         async def beat() -> None:
@@ -729,7 +728,7 @@ class StepWorker:
                         await self._hook("heartbeat", current, None)
                 except FenceLostError as exc:
                     lost.append(exc)
-                    if not finished:
+                    if not stop.is_set():
                         cancelled = True
                         caller.cancel()
                     return
@@ -743,7 +742,7 @@ class StepWorker:
 
         def start() -> None:
             nonlocal beater
-            if not finished:
+            if not stop.is_set():
                 beater = asyncio.ensure_future(beat())
 
         timer = asyncio.get_running_loop().call_later(self._beat_s, start)
@@ -761,9 +760,8 @@ class StepWorker:
         except Exception as exc:
             failure = exc  # a lost fence, if any, is what is reported (below)
         finally:
-            finished = True
-            timer.cancel()
             stop.set()
+            timer.cancel()
             if beater is not None:
                 # A heartbeat in flight finishes its transaction (never cancelled in it).
                 await asyncio.gather(beater, return_exceptions=True)
