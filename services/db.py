@@ -77,6 +77,7 @@ from sqlalchemy.util.concurrency import greenlet_spawn
 from services.db_cluster import install_session_hooks
 from services.db_mysql import DRIVERS as MYSQL_DRIVERS
 from services.db_mysql import reset_aware_dbapi
+from services.db_raw import round_trip
 from services.db_sqlite import one_hop_dbapi
 from services.errors import CommitOutcomeUnknownError, ConflictError, FenceLostError
 from services.metrics import metrics
@@ -1053,10 +1054,17 @@ async def db_now(conn: AsyncConnection) -> datetime:
     if cached is not None:
         return cached
     strategy = strategy_for(conn.dialect)
-    stmt = _NOW_STATEMENTS.get(strategy.now_sql)
-    if stmt is None:
-        stmt = _NOW_STATEMENTS[strategy.now_sql] = text(strategy.now_sql)
-    now = strategy.parse_now((await conn.execute(stmt)).scalar_one())
+    if strategy.multi_statements:
+        # A MySQL-protocol backend: the driver's own cursor (services/db_raw.py).
+        answers: list[tuple[Any, list[Any], int]] = []
+        await round_trip(conn, strategy.now_sql, (), 1, answers)
+        [(_, [(reading, *_)], _)] = answers
+    else:
+        stmt = _NOW_STATEMENTS.get(strategy.now_sql)
+        if stmt is None:
+            stmt = _NOW_STATEMENTS[strategy.now_sql] = text(strategy.now_sql)
+        reading = (await conn.execute(stmt)).scalar_one()
+    now = strategy.parse_now(reading)
     sync = conn.sync_connection
     if sync is not None:
         # The clock statement itself may have begun the (autobegin) transaction.

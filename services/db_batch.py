@@ -24,27 +24,29 @@ Meaning is unchanged, on purpose:
 * each write's :attr:`Write.check` sees its row count, and a duplicate key raises the
   write's :attr:`Write.on_duplicate`, strictly in statement order — so the first
   failure the sequential code would have met is the one raised, with the same error;
-* the round trip goes through SQLAlchemy's execution (its events fire once, with every
-  statement joined by :data:`BATCH_SEPARATOR`; a driver error is wrapped and a lost
-  connection invalidated as for any statement).
+* the round trip goes to the driver's own cursor (``services.db_raw.round_trip``: no
+  SQLAlchemy execution context or result object) with what SQLAlchemy's execution does
+  around it: its statement events fire once, with every statement joined by
+  :data:`BATCH_SEPARATOR`; a driver error is wrapped and a lost connection invalidated
+  as for any statement. A single statement takes the same path (one round trip of one).
 
-Elsewhere (SQLite, one write, a statement with Python-side defaults) the writes run one
-by one through ``conn.execute`` with the same checks: :func:`execute_writes` is the one
-code path for both.
+Elsewhere (SQLite, a statement with Python-side defaults or ``RETURNING``) the writes run
+one by one through ``conn.execute`` with the same checks: :func:`execute_writes` is the
+one code path for both.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import operator
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, cast
 
 from sqlalchemy import Dialect, Engine, Executable, Table, event
-from sqlalchemy.engine.cursor import _NO_CURSOR_DML
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InvalidRequestError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
@@ -60,6 +62,7 @@ from services.db import (
     settle_fenced_together,
     strategy_for,
 )
+from services.db_raw import round_trip
 from services.invariants import InvariantError
 
 __all__ = [
@@ -84,8 +87,6 @@ __all__ = [
 BATCH_SEPARATOR = ";\n"
 #: ``CLIENT_MULTI_STATEMENTS`` of the MySQL protocol (the same bit in every driver).
 _CLIENT_MULTI_STATEMENTS = 1 << 16
-#: Execution option carrying the :class:`_Collector` of a batched round trip.
-_BATCH_OPTION = "flow_write_batch"
 
 
 @dataclass(frozen=True)
@@ -126,15 +127,6 @@ class Companion:
     rows: list[Any] | None = None
 
 
-@dataclass
-class _ReadCollector:
-    """The result sets of a batched round trip of reads: per statement, the cursor's
-    description and its raw rows, in order."""
-
-    statements: int
-    results: list[tuple[Any, list[Any]]]
-
-
 @dataclass(frozen=True)
 class _CompiledRead:
     compiled: _Compiled
@@ -144,19 +136,12 @@ class _CompiledRead:
     types: tuple[Any, ...]
     #: The row type (read by position or by column key).
     row_type: Any
-    #: Each column's result processor, by the description's type codes (chosen once
-    #: per shape of result set: the same statement gets the same codes).
-    processors: dict[tuple[Any, ...], list[Any]] = field(
+    #: The columns that have a result processor, as ``(position, processor)``, by the
+    #: description's type codes (chosen once per shape of result set: the same statement
+    #: gets the same codes); a column without one is the driver's value as it is.
+    processors: dict[tuple[Any, ...], tuple[tuple[int, Any], ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
-
-
-@dataclass
-class _Collector:
-    """Row counts of a batched round trip's statements, read back in order."""
-
-    statements: int
-    rowcounts: list[int]
 
 
 @dataclass(frozen=True)
@@ -164,6 +149,11 @@ class _Compiled:
     compiled: SQLCompiler
     positions: tuple[str, ...]
     processors: Mapping[str, Callable[[Any], Any]]
+    #: Per position: ``(parameter key, None, processor)`` for a value of the caller's
+    #: parameters, ``(None, value, None)`` for a bind with a fixed value (already
+    #: processed) — what ``construct_params`` and the bind processors make, found once
+    #: (:func:`_binder`); ``None``: every execution goes through ``construct_params``.
+    binder: tuple[tuple[str | None, Any, Callable[[Any], Any] | None], ...] | None = None
 
 
 #: Per dialect (an engine's: its server flags shape the SQL), per statement and parameter
@@ -179,8 +169,7 @@ def statements_of(sql: str) -> list[str]:
 
 
 def install_batch_hooks(engine: Engine) -> None:
-    """Let ``engine``'s connections run multi-statements, and read a batched round
-    trip's results back right after its execution (MySQL-protocol backends only)."""
+    """Let ``engine``'s connections run multi-statements (MySQL-protocol backends only)."""
 
     @event.listens_for(engine, "do_connect")
     def _multi_statements(
@@ -188,35 +177,6 @@ def install_batch_hooks(engine: Engine) -> None:
     ) -> None:
         # OR'ed into the flags the dialect chose (FOUND_ROWS: fences count matched rows).
         cparams["client_flag"] = int(cparams.get("client_flag", 0)) | _CLIENT_MULTI_STATEMENTS
-
-    @event.listens_for(engine, "after_cursor_execute")
-    def _read_back(
-        _conn: Any, cursor: Any, _sql: str, _params: Any, context: Any, _many: bool
-    ) -> None:
-        collector = context.execution_options.get(_BATCH_OPTION) if context else None
-        if isinstance(collector, _ReadCollector):
-            # Every result set is read here, before the cursor is closed: the first from
-            # the rows the adapter buffered, each next one as the cursor moves to it.
-            for index in range(collector.statements):
-                if index:
-                    cursor.nextset()
-                collector.results.append((cursor.description, list(cursor.fetchall())))
-            # Nothing is left for the execution's own result: it is made as a DML
-            # statement's, without the result metadata SQLAlchemy would otherwise build
-            # afresh from the last set's description on every round trip (driver SQL
-            # has no compiled form to cache it on) — ≈ 70 columns of type lookups for
-            # a step's lifecycle read. The cursor is closed as for any DML result.
-            context.cursor_fetch_strategy = _NO_CURSOR_DML
-            return
-        if not isinstance(collector, _Collector):
-            return
-        # Inside SQLAlchemy's execution: an error of statement k (raised while reading its
-        # result) is wrapped and handled like any statement's; the statements after it
-        # were not run by the server. Every result is read before the cursor is closed.
-        collector.rowcounts.append(cursor.rowcount)
-        for _ in range(collector.statements - 1):
-            cursor.nextset()
-            collector.rowcounts.append(cursor.rowcount)
 
 
 async def execute_reads(conn: AsyncConnection, reads: Sequence[Read]) -> list[list[Any]]:
@@ -237,20 +197,20 @@ async def execute_reads(conn: AsyncConnection, reads: Sequence[Read]) -> list[li
     if batched is None:
         return [list(await conn.execute(r.statement, dict(r.params))) for r in reads]
     sql, params, compiled = batched
-    collector = _ReadCollector(statements=len(reads), results=[])
-    await conn.exec_driver_sql(sql, tuple(params), execution_options={_BATCH_OPTION: collector})
-    if len(collector.results) != len(reads):  # pragma: no cover - the hook reads every set
+    results: list[tuple[Any, list[Any], int]] = []
+    await round_trip(conn, sql, params, len(reads), results)
+    if len(results) != len(reads):  # pragma: no cover - round_trip reads every set
         raise InvariantError("a batched read returned fewer result sets than statements")
     return [
         _typed(conn.dialect, read, description, rows)
-        for read, (description, rows) in zip(compiled, collector.results, strict=True)
+        for read, (description, rows, _) in zip(compiled, results, strict=True)
     ]
 
 
 def _read_batch(
     dialect: Dialect, reads: Sequence[Read]
 ) -> tuple[str, list[Any], list[_CompiledRead]] | None:
-    if len(reads) < 2 or not strategy_for(dialect).multi_statements:
+    if not reads or not strategy_for(dialect).multi_statements:
         return None
     parts: list[str] = []
     params: list[Any] = []
@@ -308,18 +268,28 @@ def _typed(dialect: Dialect, read: _CompiledRead, description: Any, rows: list[A
         return []
     if description is None or len(description) != len(read.keys):
         raise InvariantError("a batched read's result set does not match its statement")
-    codes = tuple(d[1] for d in description)
-    processors = read.processors.get(codes)
-    if processors is None:
-        processors = read.processors[codes] = [
-            t._cached_result_processor(dialect, code)
-            for t, code in zip(read.types, codes, strict=True)
-        ]
-    row_type = read.row_type
-    return [
-        row_type(*(v if p is None else p(v) for p, v in zip(processors, raw, strict=True)))
-        for raw in rows
-    ]
+    codes = tuple(map(_TYPE_CODE, description))
+    processed = read.processors.get(codes)
+    if processed is None:
+        processed = read.processors[codes] = tuple(
+            (position, processor)
+            for position, (t, code) in enumerate(zip(read.types, codes, strict=True))
+            if (processor := t._cached_result_processor(dialect, code)) is not None
+        )
+    make = read.row_type._make
+    if not processed:
+        return [make(raw) for raw in rows]
+    typed = []
+    for raw in rows:
+        values = list(raw)
+        for position, processor in processed:
+            values[position] = processor(values[position])
+        typed.append(make(values))
+    return typed
+
+
+#: A description entry's type code (its second item).
+_TYPE_CODE = operator.itemgetter(1)
 
 
 @functools.cache
@@ -350,27 +320,80 @@ def _compiled(dialect: Dialect, write: Write) -> _Compiled | None:
         and not compiled.literal_execute_params
         and not compiled.post_compile_params
     ):
+        positions = tuple(compiled.positiontup)
+        processors = {
+            name: cast(Callable[[Any], Any], processor)
+            for name, processor in compiled._bind_processors.items()
+        }
         found = _Compiled(
             compiled=compiled,
-            positions=tuple(compiled.positiontup),
-            processors={
-                name: cast(Callable[[Any], Any], processor)
-                for name, processor in compiled._bind_processors.items()
-            },
+            positions=positions,
+            processors=processors,
+            binder=_binder(compiled, keys, positions, processors),
         )
     cache[cache_key] = found
     return found
 
 
+class _Key:
+    """Stands for the caller's parameter ``key`` in :func:`_binder`'s probe."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _binder(
+    compiled: SQLCompiler,
+    keys: frozenset[str],
+    positions: tuple[str, ...],
+    processors: Mapping[str, Callable[[Any], Any]],
+) -> tuple[tuple[str | None, Any, Callable[[Any], Any] | None], ...] | None:
+    """Where each position's value comes from, found by running ``construct_params`` once
+    on stand-ins for the caller's parameters: a stand-in that comes back names the key
+    the position takes (then its bind processor runs per execution); any other value is
+    the bind's own fixed value (processed here, once). ``None`` — construct_params per
+    execution — for a bind whose value a function computes each time, or one it refuses
+    without a value (the execution then raises its error)."""
+    if any(bind.callable is not None for bind in compiled.binds.values()):
+        return None
+    try:
+        probed = compiled.construct_params({key: _Key(key) for key in keys})
+    except InvalidRequestError:  # a required bind without a value (see above)
+        return None
+    binder: list[tuple[str | None, Any, Callable[[Any], Any] | None]] = []
+    for name in positions:
+        value, processor = probed[name], processors.get(name)
+        if isinstance(value, _Key):
+            binder.append((value.key, None, processor))
+        else:
+            binder.append((None, value if processor is None else processor(value), None))
+    return tuple(binder)
+
+
 def _bound(write: Write, compiled: _Compiled) -> list[Any]:
     """The statement's DBAPI parameters, as SQLAlchemy's execution context makes them
-    (``construct_params``, then each bind's type processor, in position order)."""
-    values = compiled.compiled.construct_params(dict(write.params))
-    processors = compiled.processors
-    return [
-        processors[name](values[name]) if name in processors else values[name]
-        for name in compiled.positions
-    ]
+    (``construct_params``, then each bind's type processor, in position order) — from
+    the compiled form's :attr:`_Compiled.binder` where it has one."""
+    params = write.params
+    binder = compiled.binder
+    if binder is None:
+        values = compiled.compiled.construct_params(dict(params))
+        processors = compiled.processors
+        return [
+            processors[name](values[name]) if name in processors else values[name]
+            for name in compiled.positions
+        ]
+    bound: list[Any] = []
+    for key, fixed, processor in binder:
+        if key is None:
+            bound.append(fixed)
+        elif processor is None:
+            bound.append(params[key])
+        else:
+            bound.append(processor(params[key]))
+    return bound
 
 
 async def execute_writes(conn: AsyncConnection, writes: Sequence[Write]) -> list[int]:
@@ -396,25 +419,26 @@ async def execute_writes(conn: AsyncConnection, writes: Sequence[Write]) -> list
                 await write.check(result.rowcount)
         return counts
     sql, params = batched
-    collector = _Collector(statements=len(writes), rowcounts=[])
+    results: list[tuple[Any, list[Any], int]] = []
     failure: DBAPIError | None = None
     try:
-        await conn.exec_driver_sql(sql, tuple(params), execution_options={_BATCH_OPTION: collector})
+        await round_trip(conn, sql, params, len(writes), results)
     except DBAPIError as exc:
         if exc.connection_invalidated:
             # The connection is gone (outcome unknown to this transaction): no check may
             # run another statement on it, and nothing else is worth reporting.
             raise
         failure = exc
-    for write, count in zip(writes, collector.rowcounts, strict=False):
+    rowcounts = [count for _, _, count in results]
+    for write, count in zip(writes, rowcounts, strict=False):
         if write.check is not None:
             await write.check(count)
     if failure is not None:
-        failed = len(collector.rowcounts)
+        failed = len(rowcounts)
         if failed >= len(writes):  # the error came after every result (not a statement's)
             raise failure
         _raise_mapped(writes[failed], failure)
-    return collector.rowcounts
+    return rowcounts
 
 
 def fenced_writes(
@@ -498,7 +522,7 @@ def _raise_mapped(write: Write, exc: DBAPIError) -> NoReturn:
 
 
 def _batch(dialect: Dialect, writes: Sequence[Write]) -> tuple[str, list[Any]] | None:
-    if len(writes) < 2 or not strategy_for(dialect).multi_statements:
+    if not writes or not strategy_for(dialect).multi_statements:
         return None
     parts: list[str] = []
     params: list[Any] = []

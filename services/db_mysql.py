@@ -65,7 +65,7 @@ from sqlalchemy.dialects.mysql.asyncmy import (
 )
 from sqlalchemy.util.concurrency import await_
 
-__all__ = ["ALIVE_BYPASS_S", "DRIVERS", "reset_aware_dbapi"]
+__all__ = ["ALIVE_BYPASS_S", "DRIVERS", "reset_aware_dbapi", "statement_follows"]
 
 # asyncmy logs every note or warning a statement leaves (it sends SHOW WARNINGS after
 # it) at WARNING level — on MariaDB that is a "Name 'pk_…' ignored for PRIMARY key" note
@@ -126,6 +126,15 @@ class _ResetAware:
     def _ended(self) -> None:
         self.ended = True
         self.ended_at = time.monotonic()
+
+
+def statement_follows(adapter: Any) -> None:
+    """A statement is about to run on ``adapter``'s driver connection without its
+    ``cursor()`` (``services.db_batch`` sends a round trip on the driver's own cursor):
+    a transaction may be open from now on, as after :meth:`_ResetAware.cursor`. A no-op
+    for any other connection."""
+    if isinstance(adapter, _ResetAware):
+        adapter.ended = False
 
 
 class _ResetAwareAiomysqlConnection(_ResetAware, AsyncAdapt_aiomysql_connection):

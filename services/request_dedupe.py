@@ -108,7 +108,7 @@ from services.db import (
     transaction,
     work_scope_columns,
 )
-from services.db_batch import Write
+from services.db_batch import Read, Write, execute_reads
 from services.digest import versioned_digest
 from services.errors import ConflictError, FailedPreconditionError, InvalidArgumentError
 from services.invariants import InvariantError
@@ -513,7 +513,12 @@ class RequestLedger:
                 self._clocked[(conn.dialect.name, also.key)] = extended
             stmt = extended
             params.update(also.params())
-        row = (await conn.execute(stmt, params)).one()
+        # One read through the batched-read path: on a MySQL-protocol backend the round
+        # trip goes to the driver's cursor (services/db_raw.py), its rows typed alike.
+        [rows] = await execute_reads(conn, [Read(stmt, params)])
+        if len(rows) != 1:  # pragma: no cover - the clock's derived table is one row
+            raise InvariantError("the clocked ledger lookup must return exactly one row")
+        row = rows[0]
         if also is not None:
             also.accept(row[-1])
         # Kept as the transaction's ``db_now``: a later clock read of this transaction

@@ -48,7 +48,12 @@ from runtime_svc.schema import execution_plans, flow_runs
 from runtime_svc.schema_bridge import flow_deployment_control
 from services.auth import TrustedRuntimeWorkScope
 from services.db import db_now, now_column, remember_now
-from services.db_batch import execute_writes_if_absent, insert_if_absent_write
+from services.db_batch import (
+    Read,
+    execute_reads,
+    execute_writes_if_absent,
+    insert_if_absent_write,
+)
 from services.digest import versioned_digest
 from services.errors import ConflictError, NotFoundError
 from services.invariants import InvariantError
@@ -250,12 +255,12 @@ async def _admitted_plan(
     from runtime_svc.migration.control import DeploymentControl
 
     stmt, parse = _admission_read(conn.dialect)
-    row = (await conn.execute(stmt, {"org_id": scope.org_id, "plan_id": plan_id})).first()
-    if row is None:
+    [rows] = await execute_reads(conn, [Read(stmt, {"org_id": scope.org_id, "plan_id": plan_id})])
+    if not rows:
         # No control record: the plain check raises its fail-closed error.
         await require_v2_admission_txn(conn)
         raise InvariantError("the deployment control record vanished within a transaction")
-    values = row._mapping
+    values = rows[0]._asdict()
     remember_now(conn, parse(values["db_now"]))
     require_v2_admission(DeploymentControl.from_row(values))
     plan = {name: values[_P + name] for name in _PLAN_COLUMNS}

@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Integer, and_, bindparam, false, or_, select, union_all
-from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.model import AttemptRecord, CheckpointMeta, RunRecord, StepRecord
@@ -40,6 +39,7 @@ from runtime_svc.schema import (
     flow_versions,
 )
 from services.db import scoped_select
+from services.db_batch import Read, execute_reads
 from services.digest import versioned_digest
 from services.errors import InvalidArgumentError, NotFoundError
 
@@ -495,19 +495,20 @@ _CANDIDATE_FOR_RUN = (
 )
 
 
-def _candidate(org_id: str, row: RowMapping) -> Candidate:
+def _candidate(org_id: str, row: Any) -> Candidate:
+    """The candidate of one row of :data:`_CANDIDATE_COLUMNS` (read by column key)."""
     return Candidate(
         org_id=org_id,
-        flow_run_id=row["flow_run_id"],
-        step_execution_id=row["step_execution_id"],
-        root_state_version=row["root_state_version"],
-        step_state_version=row["state_version"],
-        run_after=row["run_after"],
-        queue_class=row["queue_class"],
-        plan_id=row["plan_id"],
-        trace_context=row["trace_context"],
-        execution_profile=row["execution_profile"],
-        step_kind=row["step_kind"],
+        flow_run_id=row.flow_run_id,
+        step_execution_id=row.step_execution_id,
+        root_state_version=row.root_state_version,
+        step_state_version=row.state_version,
+        run_after=row.run_after,
+        queue_class=row.queue_class,
+        plan_id=row.plan_id,
+        trace_context=row.trace_context,
+        execution_profile=row.execution_profile,
+        step_kind=row.step_kind,
     )
 
 
@@ -536,7 +537,7 @@ async def eligible_work_txn(
         "limit": limit,
         **_ELIGIBLE_STATES,
     }
-    rows = (await conn.execute(_ELIGIBLE_WORK, params)).mappings()
+    [rows] = await execute_reads(conn, [Read(_ELIGIBLE_WORK, params)])
     found = [_candidate(org_id, row) for row in rows]
     found.sort(key=lambda c: (c.run_after, c.step_execution_id))
     return found[:limit]
@@ -548,8 +549,8 @@ async def candidate_for_run_txn(
     """The run's current step as a claim candidate when it is due now (the conditions of
     :func:`eligible_work_txn`, by primary key), else ``None``."""
     params = {"org": org_id, "run": flow_run_id, "now": now, "epoch": ownership_epoch}
-    row = (await conn.execute(_CANDIDATE_FOR_RUN, params)).mappings().first()
-    return None if row is None else _candidate(org_id, row)
+    [rows] = await execute_reads(conn, [Read(_CANDIDATE_FOR_RUN, params)])
+    return _candidate(org_id, rows[0]) if rows else None
 
 
 _EXPIRED_LEASES = (

@@ -78,6 +78,7 @@ from services.db import (
 from services.db_batch import (
     Read,
     Write,
+    execute_reads,
     execute_writes,
     execute_writes_if_absent,
     fenced_writes,
@@ -228,7 +229,8 @@ async def _joined_row(
     transaction's ``db_now`` (``services.db.remember_now``; the first reading of a
     transaction wins). ``None``: no such root (nothing locked, no clock kept)."""
     stmt, parse_now = _clocked(conn.dialect, attempt=attempt)
-    row = (await conn.execute(stmt, params)).first()
+    [rows] = await execute_reads(conn, [Read(stmt, params)])
+    row = rows[0] if rows else None
     if row is not None:
         remember_now(conn, parse_now(row[-1]))
     return row
@@ -323,8 +325,8 @@ async def lock_fenced(
         FenceLostError: one of them does not exist in ``org_id`` (found version None) —
             checked root, then step, then attempt, as the sequential reads did.
     """
-    read = fenced_read(conn.dialect, org_id, fence)
-    return fenced_locked(conn, list(await conn.execute(read.statement, read.params)), fence)
+    [rows] = await execute_reads(conn, [fenced_read(conn.dialect, org_id, fence)])
+    return fenced_locked(conn, rows, fence)
 
 
 def fenced_read(dialect: Dialect, org_id: str, fence: LeaseFence) -> Read:
