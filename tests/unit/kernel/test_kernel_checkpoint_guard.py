@@ -7,9 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime_svc.kernel.checkpoint_guard import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
+    _clean,
+    _walk,
     find_credential_material,
     validate_checkpoint_payload,
 )
@@ -176,3 +180,37 @@ def test_a_repeated_field_name_is_judged_the_same_every_time() -> None:
             "$.x[0].apiKey"
         ]
         assert find_credential_material({"Name": "ok", "Id": "rec_1"}) == []
+
+
+_KEYS = st.sampled_from(["Name", "amount", "items", "note", "Id", *FIELD_NAMES[:8], "label"])
+_LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.sampled_from(["", "Deal 5", "ok", *VALUES.values()]),
+    st.text(max_size=12),
+)
+_PAYLOADS = st.recursive(
+    _LEAVES,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(_KEYS, children, max_size=4),
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=_PAYLOADS)
+def test_the_fast_check_answers_as_the_full_walk(payload: Any) -> None:
+    """``find_credential_material`` first asks a walk that builds no paths (issue 13);
+    it must find something exactly when the reporting walk does."""
+    assert _clean(payload, 0) == (list(_walk(payload, "$", 0)) == [])
+
+
+def test_the_fast_check_refuses_what_is_too_deep() -> None:
+    deep: Any = "x"
+    for _ in range(200):
+        deep = [deep]
+    assert not _clean(deep, 0)
+    assert [v.rule for v in find_credential_material(deep)] == ["too_deep"]
