@@ -286,6 +286,13 @@ def to_json_value(value: Any) -> Any:
 def to_record_value(value: Any) -> Any:
     """A record field value: exact decimals become ``int`` or ``float`` (record number
     fields hold JSON numbers), containers recursively."""
+    kind = type(value)
+    if kind in _SCALARS:  # the common case, before the abstract-class checks below
+        return value
+    if kind is dict:
+        return {str(k): to_record_value(v) for k, v in value.items()}
+    if kind is list:
+        return [to_record_value(v) for v in value]
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, Mapping):

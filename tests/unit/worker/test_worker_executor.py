@@ -21,7 +21,7 @@ from runtime_svc.worker import (
     interpret,
     needs_transaction,
 )
-from runtime_svc.worker.executor import LOOPS_KEY, env_of, to_json_value
+from runtime_svc.worker.executor import LOOPS_KEY, env_of, to_json_value, to_record_value
 from services.config import ConfigError, ServiceName, load_config
 from tests.unit.compiler.compiler_corpus import FLOWS, inputs_doc, merge_patch, read_json
 
@@ -293,3 +293,29 @@ def test_env_of_is_a_deep_copy_sharing_no_container_with_the_context() -> None:
     assert env["pair"] == (1, [2]) and env["pair"][1] is not context["variables"]["pair"][1]
     env["list"][1]["a"].append(4)
     assert context["variables"]["list"][1]["a"] == [2, 3]
+
+
+def test_record_values_take_the_fast_path_with_the_same_result() -> None:
+    value = {
+        1: True,
+        "n": None,
+        "f": 1.5,
+        "t": (Decimal("3"), [Decimal("0.5")]),
+        "m": OrderedDict(k=Decimal("4")),
+        "s": _Tagged("tag"),
+        "nested": [{"d": Decimal("1.0")}, []],
+    }
+    converted = to_record_value(value)
+    assert converted == {
+        "1": True,
+        "n": None,
+        "f": 1.5,
+        "t": [3, [0.5]],  # record number fields hold JSON numbers
+        "m": {"k": 4},
+        "s": "tag",
+        "nested": [{"d": 1}, []],
+    }
+    assert type(converted["m"]) is dict and type(converted["t"]) is list
+    assert type(converted["t"][1][0]) is float and type(converted["nested"][0]["d"]) is int
+    inner = value["nested"]
+    assert converted["nested"] is not inner and converted["nested"][0] is not inner[0]
