@@ -107,16 +107,24 @@ class _StepCost:
     cpu_ms: float
 
 
-async def _raw_rate(engine: AsyncEngine, seconds: float) -> float:
+async def _raw_table(engine: AsyncEngine) -> None:
+    """Create the raw commit's table (once per database)."""
     async with engine.begin() as conn:
         await conn.run_sync(_META.create_all)
+
+
+async def _raw_commit(engine: AsyncEngine, key: str) -> None:
+    """One raw single-row commit: an INSERT through SQLAlchemy and its COMMIT."""
+    async with db.transaction(engine) as conn:
+        await conn.execute(_RAW.insert().values(org_id="org-b", id=key, payload="{}"))
+
+
+async def _raw_rate(engine: AsyncEngine, seconds: float) -> float:
+    await _raw_table(engine)
     prefix = uuid.uuid4().hex[:12]  # measured several times on one table
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        async with db.transaction(engine) as conn:
-            await conn.execute(
-                _RAW.insert().values(org_id="org-b", id=f"{prefix}-{n}", payload="{}")
-            )
+        await _raw_commit(engine, f"{prefix}-{n}")
         n += 1
     return n / (time.perf_counter() - start)
 
