@@ -388,11 +388,11 @@ async def test_reads_share_one_round_trip_and_return_the_rows_of_single_reads(
 async def test_a_batched_read_builds_no_result_metadata_and_leaves_no_result_open(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The round trip's own result is made as a DML statement's: SQLAlchemy builds no
+    """The round trip goes to the driver's cursor (ADR 0012): SQLAlchemy builds no
     result metadata from the last set's description (it would, afresh, for every round
     trip of driver SQL), the rows are still typed per column (the processors chosen
     once per shape), and the connection takes the next statement at once (every set
-    was read, the cursor closed)."""
+    was read)."""
     if not _batches(engine):
         pytest.skip("SQLite runs the reads one by one through SQLAlchemy's own results")
     seen_at = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
