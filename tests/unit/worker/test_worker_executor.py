@@ -208,8 +208,10 @@ class _Tagged(str):
     """A str subclass: not a JSON scalar's own type (it takes the general path)."""
 
 
-def test_json_values_take_the_fast_path_with_the_same_result() -> None:
-    value = {
+def _mixed() -> dict[Any, Any]:
+    """Plain and general shapes together: an int key, decimals, a tuple, an ordered
+    mapping, a str subclass, nested containers."""
+    return {
         1: True,
         "n": None,
         "f": 1.5,
@@ -218,6 +220,10 @@ def test_json_values_take_the_fast_path_with_the_same_result() -> None:
         "s": _Tagged("tag"),
         "nested": [{"d": Decimal("1.0")}, []],
     }
+
+
+def test_json_values_take_the_fast_path_with_the_same_result() -> None:
+    value = _mixed()
     converted = to_json_value(value)
     assert converted == {
         "1": True,
@@ -296,15 +302,7 @@ def test_env_of_is_a_deep_copy_sharing_no_container_with_the_context() -> None:
 
 
 def test_record_values_take_the_fast_path_with_the_same_result() -> None:
-    value = {
-        1: True,
-        "n": None,
-        "f": 1.5,
-        "t": (Decimal("3"), [Decimal("0.5")]),
-        "m": OrderedDict(k=Decimal("4")),
-        "s": _Tagged("tag"),
-        "nested": [{"d": Decimal("1.0")}, []],
-    }
+    value = _mixed()
     converted = to_record_value(value)
     assert converted == {
         "1": True,
