@@ -130,7 +130,7 @@ class _ResetAware:
 
 def statement_follows(adapter: Any) -> None:
     """A statement is about to run on ``adapter``'s driver connection without its
-    ``cursor()`` (``services.db_batch`` sends a round trip on the driver's own cursor):
+    ``cursor()`` (``services.db_raw.round_trip`` sends one on the driver's own cursor):
     a transaction may be open from now on, as after :meth:`_ResetAware.cursor`. A no-op
     for any other connection."""
     if isinstance(adapter, _ResetAware):
