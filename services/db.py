@@ -76,10 +76,11 @@ from sqlalchemy.util.concurrency import greenlet_spawn
 
 from services.db_cluster import install_session_hooks
 from services.db_mysql import DRIVERS as MYSQL_DRIVERS
-from services.db_mysql import reset_aware_dbapi
+from services.db_mysql import carried_commit, reset_aware_dbapi
 from services.db_raw import round_trip
 from services.db_sqlite import one_hop_dbapi
 from services.errors import CommitOutcomeUnknownError, ConflictError, FenceLostError
+from services.invariants import InvariantError
 from services.metrics import metrics
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     "ID_LEN",
     "KEY_LEN",
     "LOCK_WAIT_TIMEOUT_S",
+    "ROLLED_BACK_AT_COMMIT",
     "SQLITE_BUSY_TIMEOUT_MS",
     "TABLE_OPTIONS",
     "TOKEN_LEN",
@@ -195,7 +197,7 @@ _RETRIED = frozenset({DbErrorClass.RETRYABLE_CONFLICT, DbErrorClass.LOCK_WAIT_TI
 #: COMMIT (TiDB optimistic mode). Any other COMMIT failure — a lost connection, a node
 #: leaving the primary component (1047), "error during COMMIT" (1180) — leaves the
 #: outcome unknown: the write-set may have been certified elsewhere.
-_ROLLED_BACK_AT_COMMIT = frozenset({DbErrorClass.RETRYABLE_CONFLICT, DbErrorClass.DUPLICATE_KEY})
+ROLLED_BACK_AT_COMMIT = frozenset({DbErrorClass.RETRYABLE_CONFLICT, DbErrorClass.DUPLICATE_KEY})
 
 # MySQL/MariaDB/TiDB server and client error numbers (pymysql ``err.args[0]``).
 _MYSQL_CODES: Mapping[int, DbErrorClass] = {
@@ -497,7 +499,7 @@ async def transaction(
 
     Nothing a caller wrote is won before ``COMMIT`` returns: on a cluster (Galera) every
     conditional UPDATE may report its row count and still lose at ``COMMIT``. A
-    ``COMMIT`` that fails with a proven rollback (:data:`_ROLLED_BACK_AT_COMMIT`)
+    ``COMMIT`` that fails with a proven rollback (:data:`ROLLED_BACK_AT_COMMIT`)
     re-raises the driver error (``run_in_transaction`` retries it whole); any other
     ``COMMIT`` failure is an unknown outcome.
 
@@ -513,16 +515,31 @@ async def transaction(
         try:
             yield conn
         except BaseException as exc:
+            # The transaction's last writes may have carried its COMMIT (ADR 0013) before
+            # the caller raised: then nothing is rolled back, and the caller must not
+            # take the error for a rollback.
+            carried = _carried(sync)
             await _rollback_quietly(conn)
-            metrics().transaction_finished("rolled_back", classify_db_error(exc).value)
+            if carried:
+                metrics().transaction_finished("committed")
+                if isinstance(exc, Exception):
+                    raise InvariantError(
+                        "the transaction committed with its last writes, then its caller"
+                        f" raised {type(exc).__name__}"
+                    ) from exc
+                raise
+            if isinstance(exc, CommitOutcomeUnknownError):  # a carried COMMIT's (ADR 0013)
+                metrics().transaction_finished("commit_unknown", DbErrorClass.OUTCOME_UNKNOWN.value)
+            else:
+                metrics().transaction_finished("rolled_back", classify_db_error(exc).value)
             raise
         try:
             check_in_failure = await greenlet_spawn(_commit_and_close, sync)
         except Exception as exc:
             kind = classify_db_error(exc)
-            outcome = "rolled_back" if kind in _ROLLED_BACK_AT_COMMIT else "commit_unknown"
+            outcome = "rolled_back" if kind in ROLLED_BACK_AT_COMMIT else "commit_unknown"
             metrics().transaction_finished(outcome, kind.value)
-            if kind not in _ROLLED_BACK_AT_COMMIT:
+            if kind not in ROLLED_BACK_AT_COMMIT:
                 # A connection whose COMMIT outcome is unknown is never reused: its
                 # session may still hold the transaction (or be gone).
                 with contextlib.suppress(Exception):
@@ -541,6 +558,12 @@ async def transaction(
     finally:
         if not sync.closed:
             await conn.close()
+
+
+def _carried(conn: Connection) -> bool:
+    """``conn``'s transaction was committed by its last writes' round trip (ADR 0013)."""
+    fairy = conn._dbapi_connection  # None once invalidated (never asks for a reconnect)
+    return fairy is not None and carried_commit(fairy.dbapi_connection)
 
 
 def _open(engine: Engine, readonly: bool) -> Connection:

@@ -38,6 +38,7 @@ one code path for both.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import operator
 import weakref
@@ -52,6 +53,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
 from services.db import (
+    ROLLED_BACK_AT_COMMIT,
     DbErrorClass,
     FencedWrite,
     classify_db_error,
@@ -62,7 +64,9 @@ from services.db import (
     settle_fenced_together,
     strategy_for,
 )
+from services.db_mysql import is_reset_aware
 from services.db_raw import round_trip
+from services.errors import CommitOutcomeUnknownError
 from services.invariants import InvariantError
 
 __all__ = [
@@ -70,6 +74,7 @@ __all__ = [
     "Companion",
     "Read",
     "Write",
+    "commit_writes",
     "execute_reads",
     "execute_writes",
     "execute_writes_if_absent",
@@ -85,6 +90,9 @@ __all__ = [
 #: Joins the statements of one round trip (what statement listeners see; see
 #: :func:`statements_of`).
 BATCH_SEPARATOR = ";\n"
+#: Ends the SQL of a round trip that carries its transaction's ``COMMIT``
+#: (:func:`commit_writes`; not one of its statements for :func:`statements_of`).
+_CARRIED_COMMIT = BATCH_SEPARATOR + "COMMIT"
 #: ``CLIENT_MULTI_STATEMENTS`` of the MySQL protocol (the same bit in every driver).
 _CLIENT_MULTI_STATEMENTS = 1 << 16
 
@@ -103,6 +111,10 @@ class Write:
     check: Callable[[int], Awaitable[None]] | None = None
     #: The error a duplicate key in this statement raises (``None``: the driver error).
     on_duplicate: Callable[[], BaseException] | None = None
+    #: Told the statement's row count, in statement order, if the statement ran; it only
+    #: observes (it cannot refuse, unlike :attr:`check`), so a write with no ``check``
+    #: may ride in the round trip that carries the ``COMMIT`` (:func:`commit_writes`).
+    observe: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -164,8 +176,10 @@ _COMPILED: weakref.WeakKeyDictionary[
 
 
 def statements_of(sql: str) -> list[str]:
-    """The statements one cursor execution sent (several for a batched round trip)."""
-    return sql.split(BATCH_SEPARATOR)
+    """The statements one cursor execution sent (several for a batched round trip); the
+    ``COMMIT`` a round trip carries (:func:`commit_writes`) is not one of them, as the
+    frame's own ``COMMIT`` is no statement to SQLAlchemy's events."""
+    return sql.removesuffix(_CARRIED_COMMIT).split(BATCH_SEPARATOR)
 
 
 def install_batch_hooks(engine: Engine) -> None:
@@ -406,6 +420,36 @@ async def execute_writes(conn: AsyncConnection, writes: Sequence[Write]) -> list
         Whatever a write's ``check`` or ``on_duplicate`` raises, or the driver error
         (wrapped by SQLAlchemy) of the first statement that failed.
     """
+    return await _execute(conn, writes, commit=False)
+
+
+async def commit_writes(conn: AsyncConnection, writes: Sequence[Write]) -> list[int]:
+    """:func:`execute_writes` of the transaction's **last** writes — and its ``COMMIT`` in
+    the same round trip where the backend runs multi-statements and no write has a
+    :attr:`Write.check` (a refusing check must see its row count before anything
+    commits), ADR 0013. The transaction frame's ``COMMIT`` then sends nothing; a
+    statement on ``conn`` before the frame ends the transaction raises an
+    ``InvariantError`` (it would run outside the committed transaction), and so does the
+    frame when the caller raises after this call returned. Elsewhere this is
+    :func:`execute_writes` and the frame commits as usual.
+
+    The server runs the ``COMMIT`` only if every write before it succeeded: a failed
+    write raises as from :func:`execute_writes`, nothing committed, the transaction still
+    open (e.g. :func:`execute_writes_if_absent`'s duplicate). A ``COMMIT`` that fails
+    raises what the frame's own would: its error when the server proved the rollback
+    (``services.db.ROLLED_BACK_AT_COMMIT``: a deadlock or certification failure is then
+    retried whole by ``run_in_transaction``), else ``CommitOutcomeUnknownError``; and a
+    connection lost during this round trip is ``CommitOutcomeUnknownError`` too (the
+    server may have committed) — the connection is then invalidated, never reused.
+
+    Raises:
+        CommitOutcomeUnknownError: see above.
+        The errors of :func:`execute_writes`.
+    """
+    return await _execute(conn, writes, commit=True)
+
+
+async def _execute(conn: AsyncConnection, writes: Sequence[Write], *, commit: bool) -> list[int]:
     batched = _batch(conn.dialect, writes)
     if batched is None:
         counts: list[int] = []
@@ -415,30 +459,59 @@ async def execute_writes(conn: AsyncConnection, writes: Sequence[Write]) -> list
             except DBAPIError as exc:
                 _raise_mapped(write, exc)
             counts.append(result.rowcount)
+            if write.observe is not None:
+                write.observe(result.rowcount)
             if write.check is not None:
                 await write.check(result.rowcount)
         return counts
     sql, params = batched
+    carries = commit and all(w.check is None for w in writes) and _can_carry(conn)
+    if carries:
+        sql += _CARRIED_COMMIT
     results: list[tuple[Any, list[Any], int]] = []
     failure: DBAPIError | None = None
     try:
-        await round_trip(conn, sql, params, len(writes), results)
+        await round_trip(conn, sql, params, len(writes), results, carries_commit=carries)
     except DBAPIError as exc:
         if exc.connection_invalidated:
+            if carries:
+                raise CommitOutcomeUnknownError(
+                    "connection lost during the round trip that carried COMMIT"
+                ) from exc
             # The connection is gone (outcome unknown to this transaction): no check may
             # run another statement on it, and nothing else is worth reporting.
             raise
         failure = exc
     rowcounts = [count for _, _, count in results]
     for write, count in zip(writes, rowcounts, strict=False):
+        if write.observe is not None:
+            write.observe(count)
         if write.check is not None:
             await write.check(count)
     if failure is not None:
         failed = len(rowcounts)
         if failed >= len(writes):  # the error came after every result (not a statement's)
+            if carries:  # the COMMIT's own
+                await _commit_failed(conn, failure)
             raise failure
         _raise_mapped(writes[failed], failure)
     return rowcounts
+
+
+def _can_carry(conn: AsyncConnection) -> bool:
+    sync = conn.sync_connection
+    return sync is not None and is_reset_aware(sync.connection.dbapi_connection)
+
+
+async def _commit_failed(conn: AsyncConnection, failure: DBAPIError) -> None:
+    """Raise what the frame's own failed ``COMMIT`` raises (``services.db.transaction``)."""
+    kind = classify_db_error(failure)
+    if kind in ROLLED_BACK_AT_COMMIT:
+        raise failure  # the frame rolls back (a no-op now); a conflict is retried whole
+    # Its session may still hold the transaction (or be gone): never reused.
+    with contextlib.suppress(Exception):
+        await conn.invalidate()
+    raise CommitOutcomeUnknownError("commit failed without a proven rollback") from failure
 
 
 def fenced_writes(
@@ -488,12 +561,18 @@ def is_if_absent(write: Write) -> bool:
     return write.on_duplicate is _Present
 
 
-async def execute_writes_if_absent(conn: AsyncConnection, writes: Sequence[Write]) -> bool:
+async def execute_writes_if_absent(
+    conn: AsyncConnection, writes: Sequence[Write], *, commit: bool = False
+) -> bool:
     """:func:`execute_writes` with one :func:`insert_if_absent_write` among ``writes``:
     ``False`` when its row was already there — the writes before it ran and passed their
     checks, the ones after it did not run (the server stops at the duplicate, as the
     statements one by one would), and the transaction stays usable (only the failed
     statement is rolled back: ``services.db.insert_if_absent``).
+
+    ``commit``: the writes are the transaction's last if they all run — sent as by
+    :func:`commit_writes`, whose ``COMMIT`` the server does not reach when the duplicate
+    stops the round trip (the transaction then goes on, uncommitted, as above).
 
     Raises:
         ValueError: not exactly one of ``writes`` is an :func:`insert_if_absent_write`.
@@ -501,7 +580,7 @@ async def execute_writes_if_absent(conn: AsyncConnection, writes: Sequence[Write
     if sum(1 for w in writes if is_if_absent(w)) != 1:
         raise ValueError("execute_writes_if_absent needs exactly one insert_if_absent_write")
     try:
-        await execute_writes(conn, writes)
+        await _execute(conn, writes, commit=commit)
     except _Present:
         return False
     return True

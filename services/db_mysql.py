@@ -41,6 +41,13 @@ the error of a connection lost mid-transaction, which every caller already handl
 SQLAlchemy then recycles every connection of the pool older than the failure, so one
 failure per process and outage, not one per pooled connection).
 
+**A COMMIT carried by the transaction's last writes.** ``services.db_batch.commit_writes``
+sends a transaction's last writes and its ``COMMIT`` in one round trip (ADR 0013); the
+adapter then knows the transaction is over (:func:`carried_commit`): the transaction
+frame's ``commit()`` sends nothing (its ``ROLLBACK`` neither), and a statement on the
+connection before that ``commit()`` or ``rollback()`` — which would run outside the
+committed transaction and be lost at check-in — raises an ``InvariantError`` instead.
+
 ``services.db`` passes :func:`reset_aware_dbapi` as the engine's DBAPI module
 (``create_async_engine(module=…)``), so nothing outside our engines changes.
 """
@@ -65,7 +72,17 @@ from sqlalchemy.dialects.mysql.asyncmy import (
 )
 from sqlalchemy.util.concurrency import await_
 
-__all__ = ["ALIVE_BYPASS_S", "DRIVERS", "reset_aware_dbapi", "statement_follows"]
+from services.invariants import InvariantError
+
+__all__ = [
+    "ALIVE_BYPASS_S",
+    "DRIVERS",
+    "carried_commit",
+    "commit_carried",
+    "is_reset_aware",
+    "reset_aware_dbapi",
+    "statement_follows",
+]
 
 # asyncmy logs every note or warning a statement leaves (it sends SHOW WARNINGS after
 # it) at WARNING level — on MariaDB that is a "Name 'pk_…' ignored for PRIMARY key" note
@@ -95,25 +112,43 @@ class _ResetAware:
     ended_at: float
     #: Pings sent to the server (the pool's checkout pings that were not skipped).
     pings: int
+    #: ``True`` from a round trip that carried the transaction's ``COMMIT`` with its last
+    #: writes (:func:`commit_carried`) until the frame's ``commit()`` or ``rollback()``.
+    carried: bool
+    #: ``COMMIT`` s sent on their own (the frame's ``commit()``; a carried one is not).
+    commits: int
 
     def __init__(self, dbapi: Any, connection: Any) -> None:
         super().__init__(dbapi, connection)  # type: ignore[call-arg]
         self.ended = False
         self.ended_at = 0.0
         self.pings = 0
+        self.carried = False
+        self.commits = 0
 
     def cursor(self, server_side: bool = False) -> AsyncAdapt_dbapi_cursor:
-        self.ended = False  # a statement follows: a transaction may be open from now on
+        statement_follows(self)
         return super().cursor(server_side)  # type: ignore[misc,no-any-return]
 
     def rollback(self) -> None:
+        if self.carried:
+            # Committed by the last writes' round trip; nothing ran since (a statement
+            # would have raised): nothing is open to roll back.
+            self.carried = False
+            self._ended()
+            return
         if self.ended:
             return  # our own COMMIT/ROLLBACK ended it and nothing ran since: a no-op
         super().rollback()  # type: ignore[misc]
         self._ended()
 
     def commit(self) -> None:
+        if self.carried:
+            self.carried = False  # the last writes' round trip carried the COMMIT
+            self._ended()
+            return
         self.ended = False
+        self.commits += 1
         super().commit()  # type: ignore[misc]
         self._ended()
 
@@ -129,12 +164,40 @@ class _ResetAware:
 
 
 def statement_follows(adapter: Any) -> None:
-    """A statement is about to run on ``adapter``'s driver connection without its
-    ``cursor()`` (``services.db_raw.round_trip`` sends one on the driver's own cursor):
-    a transaction may be open from now on, as after :meth:`_ResetAware.cursor`. A no-op
-    for any other connection."""
+    """A statement is about to run on ``adapter``'s driver connection (made a cursor for
+    it, or — ``services.db_raw.round_trip`` — sends it on the driver's own cursor): a
+    transaction may be open from now on. A no-op for any other connection.
+
+    Raises:
+        InvariantError: the transaction's ``COMMIT`` already went out with its last
+            writes (:func:`commit_carried`) and the frame has not ended it: the statement
+            would run in a new transaction nobody commits.
+    """
     if isinstance(adapter, _ResetAware):
+        if adapter.carried:
+            raise InvariantError(
+                "a statement after the COMMIT the transaction's last writes carried"
+            )
         adapter.ended = False
+
+
+def is_reset_aware(adapter: Any) -> bool:
+    """``adapter`` is this module's (it can carry a ``COMMIT``: :func:`commit_carried`)."""
+    return isinstance(adapter, _ResetAware)
+
+
+def commit_carried(adapter: Any) -> None:
+    """The round trip that just returned on ``adapter`` ended with the transaction's
+    ``COMMIT`` and the server committed: the frame's ``commit()`` sends nothing."""
+    if not isinstance(adapter, _ResetAware):
+        raise InvariantError("only a reset-aware MySQL connection carries a COMMIT")
+    adapter.carried = True
+
+
+def carried_commit(adapter: Any) -> bool:
+    """``adapter``'s transaction was committed by its last writes' round trip and the
+    frame has not yet ended it (``commit()``/``rollback()``)."""
+    return isinstance(adapter, _ResetAware) and adapter.carried
 
 
 class _ResetAwareAiomysqlConnection(_ResetAware, AsyncAdapt_aiomysql_connection):

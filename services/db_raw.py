@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.util.concurrency import greenlet_spawn
 
-from services.db_mysql import statement_follows
+from services.db_mysql import commit_carried, is_reset_aware, statement_follows
 from services.invariants import InvariantError
 
 __all__ = ["round_trip"]
@@ -30,6 +30,8 @@ async def round_trip(
     params: Sequence[Any],
     statements: int,
     results: list[tuple[Any, list[Any], int]],
+    *,
+    carries_commit: bool = False,
 ) -> None:
     """Send ``sql`` — ``statements`` statements, joined by
     ``services.db_batch.BATCH_SEPARATOR`` — with ``params`` in one round trip on
@@ -37,6 +39,11 @@ async def round_trip(
     count)`` to ``results`` in order, as the server answers them (a failed statement's
     error is raised after the ones before it were appended; the server ran none after
     it).
+
+    ``carries_commit``: ``sql`` ends, after those statements, with the transaction's
+    ``COMMIT`` (``services.db_batch.commit_writes``, ADR 0013): its answer is read too
+    (its error is raised with every statement's result appended) and, once the server
+    committed, the connection's adapter is told (``services.db_mysql.commit_carried``).
 
     The round trip goes to the driver's own cursor, not through SQLAlchemy's execution:
     driver SQL gains nothing from an execution context, a result object or the adapter's
@@ -54,6 +61,8 @@ async def round_trip(
     if not sync.in_transaction():
         await greenlet_spawn(sync._autobegin)  # as a statement through SQLAlchemy would
     adapter = sync.connection.dbapi_connection
+    if carries_commit and not is_reset_aware(adapter):
+        raise InvariantError("a COMMIT rides only on a reset-aware MySQL connection")
     driver = adapter.driver_connection  # type: ignore[union-attr]
     parameters: Any = tuple(params)
     events = sync._has_events or sync.engine._has_events
@@ -80,6 +89,9 @@ async def round_trip(
                 await cursor.nextset()
             rows = list(await cursor.fetchall()) if cursor.description else []
             results.append((cursor.description, rows, cursor.rowcount))
+        if carries_commit:
+            await cursor.nextset()  # the COMMIT's answer (its error raises here)
+            commit_carried(adapter)
     except BaseException as exc:
         await greenlet_spawn(_handled, sync, adapter, exc, sql, parameters)
         raise  # pragma: no cover - the handler always raises

@@ -418,14 +418,14 @@ class JoinedRecord(Generic[T]):
         self._pending = (value, response, final)
         key = self._key
 
-        async def ran(rowcount: int) -> None:
+        def ran(rowcount: int) -> None:
             self._ran = rowcount == 1
 
         return Write(
             self._ledger._insert,
             self._ledger._row(key, response, final, self._now),
-            check=ran,
             on_duplicate=lambda: DuplicateRequestRace(key),
+            observe=ran,
         )
 
     def recorded(self, value: T) -> Deduplicated[T] | None:
