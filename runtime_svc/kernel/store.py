@@ -311,7 +311,16 @@ class FlowRunStateStore:
         # Validate the input checkpoint before opening the transaction (no SQL for it).
         prepared = prepare_checkpoint(request.input, max_bytes=self.max_checkpoint_bytes)
         return await self._run(
-            lambda conn: self.create_run_txn(conn, scope, request, prepared=prepared)
+            lambda conn: create_run_txn(
+                conn,
+                scope,
+                request,
+                ownership_epoch=self.ownership_epoch,
+                max_checkpoint_bytes=self.max_checkpoint_bytes,
+                clock=self._clock,
+                prepared=prepared,
+                last=True,  # the whole transaction: the inserts carry its COMMIT
+            )
         )
 
     async def run_by_key_txn(
@@ -349,7 +358,7 @@ class FlowRunStateStore:
         prepared = prepare_checkpoint(request.input, max_bytes=self.max_checkpoint_bytes)
         return await self._run(
             lambda conn: self.create_run_claimed_txn(
-                conn, scope, request, lease_owner=lease_owner, prepared=prepared
+                conn, scope, request, lease_owner=lease_owner, prepared=prepared, last=True
             )
         )
 
@@ -361,6 +370,7 @@ class FlowRunStateStore:
         *,
         lease_owner: str,
         prepared: PreparedCheckpoint | None = None,
+        last: bool = False,
     ) -> StartRunResult:
         """:meth:`create_run_txn`, and — for a run this call creates — the ordinary
         fused claim (§12.1 decision, new attempt and lease token, ``Claimed -> Running``,
@@ -371,7 +381,9 @@ class FlowRunStateStore:
         carries the Running fence and the step's input; it is ``None`` on an idempotent
         replay or when the claim decision refuses (the run is then inserted as by
         :meth:`create_run` and its step waits for an ordinary claim). ``run`` and
-        ``step`` of the result are the rows as created *before* the claim, as before."""
+        ``step`` of the result are the rows as created *before* the claim, as before.
+        ``last``: nothing follows in the transaction (see
+        :func:`~runtime_svc.kernel.store_create.create_run_txn`)."""
         token = new_lease_token()
 
         async def claim(root: RunRecord, step: StepRecord) -> InsertClaimed | None:
@@ -404,6 +416,7 @@ class FlowRunStateStore:
             clock=self._clock,
             claim=claim,
             prepared=prepared,
+            last=last,
         )
 
     # --- claim, lifecycle, heartbeat -----------------------------------------------------

@@ -308,6 +308,7 @@ async def create_run_txn(
     clock: Callable[[AsyncConnection], Awaitable[datetime]] = db_now,
     claim: ClaimOnInsert | None = None,
     prepared: PreparedCheckpoint | None = None,
+    last: bool = False,
 ) -> StartRunResult:
     """Accept a run inside the caller's transaction.
 
@@ -322,6 +323,11 @@ async def create_run_txn(
     the root and step are inserted as its patches leave them (claimed, ``Running``,
     version 1 each), its attempt is inserted after them, and the result's ``claimed``
     carries the fence. Nothing of it is written on a replay.
+
+    ``last``: the caller's transaction ends with this creation — the inserts carry its
+    ``COMMIT`` where the backend allows (``services.db_batch.commit_writes``, ADR 0013;
+    a lost idempotency-key race stops the round trip before it, and the replay's read
+    runs in the still open transaction).
 
     Raises:
         NotFoundError: no such plan in the trusted work scope.
@@ -417,7 +423,7 @@ async def create_run_txn(
         ]
     # Root (if absent), checkpoint, step (and attempt) in one round trip where the backend
     # allows (ADR 0010): a root that exists stops it before the rest.
-    if not await execute_writes_if_absent(conn, writes):
+    if not await execute_writes_if_absent(conn, writes, commit=last):
         # Lost the insert race on the idempotency key: read the winner back.
         key = request.idempotency_key
         existing = None if key is None else await _by_idempotency_key(conn, org, key)

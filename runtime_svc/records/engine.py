@@ -96,7 +96,7 @@ from services.db import (
     run_in_transaction,
     strategy_for,
 )
-from services.db_batch import Write, execute_writes
+from services.db_batch import Write, commit_writes, execute_writes
 from services.digest import digest_bytes, versioned_digest
 from services.errors import (
     AlreadyExistsError,
@@ -713,8 +713,10 @@ class RecordEngine:
             defer=deferred,
         )
         if joined is not None and deferred is not None:
+            # The transaction's last writes (no on_applied): they carry its COMMIT where
+            # the backend allows (ADR 0013).
             ledger = joined.write(result)
-            await execute_writes(conn, deferred if ledger is None else [*deferred, ledger])
+            await commit_writes(conn, deferred if ledger is None else [*deferred, ledger])
         if on_applied is not None:
             await on_applied(conn, result)
         return result

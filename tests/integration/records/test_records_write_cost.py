@@ -39,6 +39,7 @@ from runtime_svc.schema import (
 )
 from services.db import db_now, strategy_for, transaction
 from services.db_batch import statements_of
+from services.db_mysql import carried_commit
 from services.digest import versioned_digest
 from services.errors import NotFoundError
 from services.request_dedupe import DedupeScope, RequestKey
@@ -74,6 +75,8 @@ class _Counts:
     transactions: int = 0
     statements: int = 0
     round_trips: int = 0
+    #: COMMITs sent on their own (not carried by the last writes' round trip, ADR 0013)
+    commits_sent: int = 0
 
 
 @contextmanager
@@ -89,13 +92,19 @@ def _counting(engine: AsyncEngine) -> Iterator[_Counts]:
             counts.statements += len(statements_of(str(args[2])))
             counts.round_trips += 1
 
+    def commit(conn: sa.Connection) -> None:
+        if not carried_commit(conn.connection.dbapi_connection):
+            counts.commits_sent += 1
+
     sa.event.listen(engine.sync_engine, "begin", begin)
     sa.event.listen(engine.sync_engine, "before_cursor_execute", statement)
+    sa.event.listen(engine.sync_engine, "commit", commit)
     try:
         yield counts
     finally:
         sa.event.remove(engine.sync_engine, "begin", begin)
         sa.event.remove(engine.sync_engine, "before_cursor_execute", statement)
+        sa.event.remove(engine.sync_engine, "commit", commit)
 
 
 def _encode(result: MutationResult) -> bytes:
@@ -122,6 +131,8 @@ async def test_a_deduplicated_create_and_update_cost_one_transaction_each(
     # locks); the event, audit and ledger rows (the ledger's joined last).
     batched = strategy_for(engine.dialect).multi_statements
     assert counts.round_trips == (3 if batched else CREATE_STATEMENTS)
+    # The last of them carries the COMMIT (ADR 0013): the frame sends none of its own.
+    assert counts.commits_sent == (0 if batched else 1)
     # The create's history row was inserted at its own sequence; an update advances it.
     assert done.value.history_sequence == 1
     assert await last_sequence(engine, org, "Account", rid) == 1
@@ -138,6 +149,9 @@ async def test_a_deduplicated_create_and_update_cost_one_transaction_each(
     # The lookup, the plain read, the record + history lock; the CAS with its history
     # advance, event, audit and ledger rows.
     assert counts.round_trips == (4 if batched else UPDATE_STATEMENTS)
+    # The CAS UPDATE's row-count check must see its count before anything commits: the
+    # frame's own COMMIT follows.
+    assert counts.commits_sent == 1
     assert again.value is not None and again.value.history_sequence == 2
     assert await last_sequence(engine, org, "Account", rid) == 2
     assert await sequences(engine, org, "Account", rid) == [1, 2]
