@@ -45,6 +45,7 @@ from runtime_svc.worker import Outcome
 from services import db, event_loop, migrate
 from services.db import BEGIN_MODE_OPTION
 from services.db_batch import statements_of
+from services.db_mysql import carried_commit
 from tests.integration.worker.support import make_worker, seed, start_run
 
 __all__ = ["run"]
@@ -73,9 +74,18 @@ class _Counters:
     statements: int = 0
     #: Statement round trips to the server (a batch of writes is one)
     round_trips: int = 0
+    #: ``COMMIT`` s sent in a round trip of their own (one carried by a transaction's last
+    #: writes, ADR 0013, is not: it rode on a statement round trip)
+    commits: int = 0
 
-    def snapshot(self) -> tuple[int, int, int, int]:
-        return self.transactions, self.write_transactions, self.statements, self.round_trips
+    def snapshot(self) -> tuple[int, int, int, int, int]:
+        return (
+            self.transactions,
+            self.write_transactions,
+            self.statements,
+            self.round_trips,
+            self.commits,
+        )
 
 
 def _count(engine: AsyncEngine) -> _Counters:
@@ -94,6 +104,11 @@ def _count(engine: AsyncEngine) -> _Counters:
             counters.statements += len(statements_of(str(statement)))
             counters.round_trips += 1
 
+    @sa.event.listens_for(engine.sync_engine, "commit")
+    def _commit(conn: sa.Connection) -> None:
+        if not carried_commit(conn.connection.dbapi_connection):
+            counters.commits += 1
+
     return counters
 
 
@@ -104,6 +119,7 @@ class _StepCost:
     txns: float
     statements: float
     round_trips: float
+    commits: float
     cpu_ms: float
 
 
@@ -162,7 +178,7 @@ async def _steps_rate(
     await asyncio.gather(*(loop(i) for i in range(workers)))
     elapsed = time.perf_counter() - start
     cpu = time.process_time() - cpu
-    txns, writes, statements, trips = (
+    txns, writes, statements, trips, commits = (
         a - b for a, b in zip(counters.snapshot(), before, strict=True)
     )
     per = max(committed, 1)
@@ -172,6 +188,7 @@ async def _steps_rate(
         txns=txns / per,
         statements=statements / per,
         round_trips=trips / per,
+        commits=commits / per,
         cpu_ms=cpu * 1000 / per,
     )
 
@@ -297,7 +314,8 @@ async def _bench(label: str, url: str, seconds: float) -> None:
             print(
                 f"{label:<8}   per step: write txns {cost.write_txns:5.2f}"
                 f"  txns {cost.txns:5.2f}  statements {cost.statements:5.1f}"
-                f"  round trips {cost.round_trips:5.1f}  CPU ms {cost.cpu_ms:6.2f}"
+                f"  round trips {cost.round_trips:5.1f}  COMMITs {cost.commits:4.2f}"
+                f"  CPU ms {cost.cpu_ms:6.2f}"
             )
         await _loop_comparison(label, url, seconds)
         small = await _claim_latency(engine, 1_000, 20)

@@ -366,6 +366,7 @@ class _Cost:
     write_transactions: int = 0
     statements: int = 0
     round_trips: int = 0
+    commits: int = 0
 
     @property
     def rate(self) -> float:
@@ -376,7 +377,8 @@ class _Cost:
         return (
             f"per op: write txns {self.write_transactions / n:4.2f}"
             f"  txns {self.transactions / n:4.2f}  statements {self.statements / n:5.1f}"
-            f"  round trips {self.round_trips / n:5.1f}  CPU ms {self.cpu_s * 1000 / n:6.2f}"
+            f"  round trips {self.round_trips / n:5.1f}  COMMITs {self.commits / n:4.2f}"
+            f"  CPU ms {self.cpu_s * 1000 / n:6.2f}"
         )
 
 
@@ -395,7 +397,7 @@ async def _rates(
             serial += 1
     while min(c.seconds for c in costs) < seconds:
         for cost, fn in zip(costs, variants, strict=True):
-            txns, writes, stmts, trips = counters.snapshot()
+            txns, writes, stmts, trips, commits = counters.snapshot()
             cpu, start = time.process_time(), time.perf_counter()
             await fn(serial)
             cost.seconds += time.perf_counter() - start
@@ -405,6 +407,7 @@ async def _rates(
             cost.write_transactions += counters.write_transactions - writes
             cost.statements += counters.statements - stmts
             cost.round_trips += counters.round_trips - trips
+            cost.commits += counters.commits - commits
             serial += 1
     return costs
 
