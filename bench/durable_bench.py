@@ -15,8 +15,9 @@ Prints, on SQLite and (when ``FLOW_TEST_MYSQL_URL`` is set) MariaDB:
   after each throughput figure (their mean: the host's speed drifts within a minute);
 * 1-worker steps/s and CPU per step on the standard library's event loop vs ``uvloop``
   (``FLOW_EVENT_LOOP``; the rest of the bench runs on the loop it names);
-* claim latency (eligible-work query + claim transaction) with 1,000 and with 100,000
-  waiting (non-eligible) runs in the table, and their ratio (should stay near 1).
+* claim latency (eligible-work query + claim transaction) in an org with 1,000 and in one
+  with 100,000 waiting (non-eligible) runs, both in the table, sampled in turn, and their
+  ratio (should stay near 1).
 
 The waiting population is cloned from one real run's rows by bulk insert (bench fixture
 data only: seeding 100,000 runs through the store would dominate the bench's time).
@@ -232,27 +233,37 @@ async def _clone_waiting(engine: AsyncEngine, org: str, template: str, total: in
             await conn.execute(flow_step_executions.insert(), steps)
 
 
-async def _claim_latency(engine: AsyncEngine, waiting: int, samples: int) -> float:
-    """Median ms of eligible_work + claim of one due run among ``waiting`` waiting runs."""
+async def _claim_latencies(
+    engine: AsyncEngine, populations: tuple[int, ...], samples: int
+) -> list[float]:
+    """Median ms of eligible_work + claim of one due run among each of ``populations``
+    waiting runs — one org per population, all loaded (and settled) first, then sampled
+    in turn (one claim per org per round), so the figures compare the populations at the
+    same moments of a host whose speed drifts within a minute."""
     store = FlowRunStateStore(engine, policy=_POLICY)
-    seeded = await seed(engine, mutations=1, pure_step=False)
-    template = await start_run(store, seeded)
-    await _clone_waiting(engine, seeded.org, template.flow_run_id, waiting)
-    # Timed as the population stands, not while the server writes the load back.
+    orgs = []
+    for waiting in populations:
+        seeded = await seed(engine, mutations=1, pure_step=False)
+        template = await start_run(store, seeded)
+        await _clone_waiting(engine, seeded.org, template.flow_run_id, waiting)
+        await store.request_cancel(seeded.org, template.flow_run_id)
+        orgs.append(seeded)
+    # Timed as the populations stand, not while the server writes the load back.
     settled = await settle(engine, (flow_runs, flow_step_executions))
-    print(f"    {waiting:,} waiting loaded and settled: {settled}")
-    await store.request_cancel(seeded.org, template.flow_run_id)
-    times: list[float] = []
+    loaded = " and ".join(f"{n:,}" for n in populations)
+    print(f"    {loaded} waiting loaded (one org each) and settled: {settled}")
+    times: list[list[float]] = [[] for _ in populations]
     for i in range(samples):
-        run = await start_run(store, seeded, label=f"c{i}")
-        t0 = time.perf_counter()
-        [candidate] = await store.eligible_work(seeded.org, "durable_mutation", limit=1)
-        fence = await store.claim(seeded.org, candidate, lease_owner="bench")
-        times.append((time.perf_counter() - t0) * 1000)
-        if fence is None:
-            raise RuntimeError("the bench run could not be claimed")
-        await store.request_cancel(seeded.org, run.flow_run_id)
-    return statistics.median(times)
+        for seeded, sampled in zip(orgs, times, strict=True):
+            run = await start_run(store, seeded, label=f"c{i}")
+            t0 = time.perf_counter()
+            [candidate] = await store.eligible_work(seeded.org, "durable_mutation", limit=1)
+            fence = await store.claim(seeded.org, candidate, lease_owner="bench")
+            sampled.append((time.perf_counter() - t0) * 1000)
+            if fence is None:
+                raise RuntimeError("the bench run could not be claimed")
+            await store.request_cancel(seeded.org, run.flow_run_id)
+    return [statistics.median(t) for t in times]
 
 
 async def _rate_on_own_engine(url: str, seconds: float) -> _StepCost:
@@ -318,8 +329,7 @@ async def _bench(label: str, url: str, seconds: float) -> None:
                 f"  CPU ms {cost.cpu_ms:6.2f}"
             )
         await _loop_comparison(label, url, seconds)
-        small = await _claim_latency(engine, 1_000, 20)
-        large = await _claim_latency(engine, 100_000, 20)
+        small, large = await _claim_latencies(engine, (1_000, 100_000), 30)
         print(
             f"{label:<8} claim latency ms (1k / 100k waiting) {small:7.2f} / {large:7.2f}"
             f"   ratio {large / small:5.2f}"

@@ -517,12 +517,13 @@ async def transaction(
         except BaseException as exc:
             # The transaction's last writes may have carried its COMMIT (ADR 0013) before
             # the caller raised: then nothing is rolled back, and the caller must not
-            # take the error for a rollback.
+            # take the error for a rollback (a read-only one's last reads: no matter).
             carried = _carried(sync)
             await _rollback_quietly(conn)
             if carried:
                 metrics().transaction_finished("committed")
-                if isinstance(exc, Exception):
+                # A read-only transaction wrote nothing: its caller's error stands.
+                if isinstance(exc, Exception) and not readonly:
                     raise InvariantError(
                         "the transaction committed with its last writes, then its caller"
                         f" raised {type(exc).__name__}"

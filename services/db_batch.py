@@ -53,6 +53,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
 from services.db import (
+    BEGIN_MODE_OPTION,
     ROLLED_BACK_AT_COMMIT,
     DbErrorClass,
     FencedWrite,
@@ -193,9 +194,18 @@ def install_batch_hooks(engine: Engine) -> None:
         cparams["client_flag"] = int(cparams.get("client_flag", 0)) | _CLIENT_MULTI_STATEMENTS
 
 
-async def execute_reads(conn: AsyncConnection, reads: Sequence[Read]) -> list[list[Any]]:
+async def execute_reads(
+    conn: AsyncConnection, reads: Sequence[Read], *, commit: bool = False
+) -> list[list[Any]]:
     """The rows of each of ``reads``, run in order in ``conn``'s transaction — in one
     round trip where the backend runs multi-statements, one by one elsewhere.
+
+    ``commit``: the reads are the last statements of a read-only transaction
+    (``services.db.transaction(readonly=True)``, e.g. claim discovery): their round trip
+    carries its ``COMMIT`` where the backend allows, as :func:`commit_writes` does for
+    writes (ADR 0013). Nothing was written, so every failure is raised as the read's own
+    and nothing is left in doubt; in a transaction that may have written, the frame
+    commits as usual.
 
     Meant for locking reads that follow each other in the lock order anyway (a step's
     business row, then its lifecycle rows): the server runs them in order, so the locks
@@ -211,8 +221,11 @@ async def execute_reads(conn: AsyncConnection, reads: Sequence[Read]) -> list[li
     if batched is None:
         return [list(await conn.execute(r.statement, dict(r.params))) for r in reads]
     sql, params, compiled = batched
+    carries = commit and _read_only(conn) and _can_carry(conn)
+    if carries:
+        sql += _CARRIED_COMMIT
     results: list[tuple[Any, list[Any], int]] = []
-    await round_trip(conn, sql, params, len(reads), results)
+    await round_trip(conn, sql, params, len(reads), results, carries_commit=carries)
     if len(results) != len(reads):  # pragma: no cover - round_trip reads every set
         raise InvariantError("a batched read returned fewer result sets than statements")
     return [
@@ -496,6 +509,12 @@ async def _execute(conn: AsyncConnection, writes: Sequence[Write], *, commit: bo
             raise failure
         _raise_mapped(writes[failed], failure)
     return rowcounts
+
+
+def _read_only(conn: AsyncConnection) -> bool:
+    """``conn`` is a ``services.db.transaction(readonly=True)``."""
+    sync = conn.sync_connection
+    return sync is not None and sync.get_execution_options().get(BEGIN_MODE_OPTION) == "DEFERRED"
 
 
 def _can_carry(conn: AsyncConnection) -> bool:

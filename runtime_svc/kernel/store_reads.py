@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, false, or_, select, union_all
+from sqlalchemy import Integer, and_, bindparam, false, literal_column, or_, select, union_all
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel.model import AttemptRecord, CheckpointMeta, RunRecord, StepRecord
@@ -42,6 +42,7 @@ from services.db import scoped_select
 from services.db_batch import Read, execute_reads
 from services.digest import versioned_digest
 from services.errors import InvalidArgumentError, NotFoundError
+from services.invariants import InvariantError
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -443,10 +444,10 @@ _CANDIDATE_ROOT = (
 )
 
 
-def _eligible_range(index: int) -> Any:
+def _eligible_range(index: int, now: Any) -> Any:
     """One claimable state's bounded range of :func:`eligible_work_txn` (``:state_<index>``):
     the step claim index range ``(org, state, queue_class, run_after, id)`` joined to the
-    root by primary key, in claim order, at most ``:limit`` rows."""
+    root by primary key, in claim order, at most ``:limit`` rows, due at ``now``."""
     return (
         select(*_CANDIDATE_COLUMNS)
         .select_from(
@@ -458,7 +459,7 @@ def _eligible_range(index: int) -> Any:
             _S.org_id == bindparam("org"),
             _S.state == bindparam(f"state_{index}"),
             _S.queue_class == bindparam("queue_class"),
-            _S.run_after <= bindparam("now"),
+            _S.run_after <= now,
             _R.current_step_execution_id == _S.step_execution_id,
             *_CANDIDATE_ROOT,
         )
@@ -472,7 +473,22 @@ def _eligible_range(index: int) -> Any:
 #: bounded range (each its own derived table, so each keeps its ORDER BY and LIMIT — the
 #: ranges the one-query-per-state reads scanned) in one statement, ``UNION ALL``.
 _ELIGIBLE_WORK = union_all(
-    *(select(*due.c) for due in (_eligible_range(i) for i in range(len(_CLAIMABLE_CODES))))
+    *(
+        select(*due.c)
+        for due in (_eligible_range(i, bindparam("now")) for i in range(len(_CLAIMABLE_CODES)))
+    )
+)
+#: The same query due at the MySQL-protocol server's clock as the statement runs
+#: (``UTC_TIMESTAMP(6)``, what ``services.db.db_now`` reads there; one value per
+#: statement): discovery without a round trip for the clock.
+_ELIGIBLE_WORK_AT_SERVER_NOW = union_all(
+    *(
+        select(*due.c)
+        for due in (
+            _eligible_range(i, literal_column("UTC_TIMESTAMP(6)"))
+            for i in range(len(_CLAIMABLE_CODES))
+        )
+    )
 )
 #: The state parameters of :data:`_ELIGIBLE_WORK`.
 _ELIGIBLE_STATES = {f"state_{i}": code for i, code in enumerate(_CLAIMABLE_CODES)}
@@ -516,11 +532,20 @@ async def eligible_work_txn(
     conn: AsyncConnection,
     org_id: str,
     queue_class: str,
-    now: datetime,
+    now: datetime | None,
     limit: int,
     ownership_epoch: int,
+    *,
+    last: bool = False,
 ) -> list[Candidate]:
     """§12.1 step 1: due current steps of runnable, non-deleted V2 roots.
+
+    ``now``: the durable clock's reading; ``None`` — only on a MySQL-protocol backend —
+    compares with the server's clock as the query runs (what ``services.db.db_now``
+    would have read there, in the query's own round trip).
+
+    ``last``: the query ends the caller's read-only transaction — its round trip carries
+    the ``COMMIT`` where the backend allows (``services.db_batch.execute_reads``).
 
     One bounded range per claimable step state over the step claim index
     ``(org, state, queue_class, run_after, id)``, joined to the root by primary key —
@@ -532,12 +557,17 @@ async def eligible_work_txn(
     params: dict[str, Any] = {
         "org": org_id,
         "queue_class": queue_class,
-        "now": now,
         "epoch": ownership_epoch,
         "limit": limit,
         **_ELIGIBLE_STATES,
     }
-    [rows] = await execute_reads(conn, [Read(_ELIGIBLE_WORK, params)])
+    if now is not None:
+        read = Read(_ELIGIBLE_WORK, {**params, "now": now})
+    elif conn.dialect.name == "mysql":
+        read = Read(_ELIGIBLE_WORK_AT_SERVER_NOW, params)
+    else:
+        raise InvariantError("only a MySQL-protocol server's clock is read in the query")
+    [rows] = await execute_reads(conn, [read], commit=last)
     found = [_candidate(org_id, row) for row in rows]
     found.sort(key=lambda c: (c.run_after, c.step_execution_id))
     return found[:limit]

@@ -114,7 +114,7 @@ from runtime_svc.worker.views import RecordViewSource
 from services.auth import TrustedRuntimeWorkScope
 from services.background import OrgRotation
 from services.db import DbErrorClass, classify_db_error, transaction
-from services.db_batch import Write
+from services.db_batch import Read, Write, execute_reads
 from services.errors import (
     CommitOutcomeUnknownError,
     ConflictError,
@@ -1186,7 +1186,8 @@ async def _step_input_txn(
     conn: AsyncConnection, org_id: str, fence: LeaseFence, checkpoint_id: str
 ) -> tuple[str, _StepRow, str, Any]:
     """The run's plan id, the step row and the input checkpoint's context payload and
-    ReadVerificationSet (decoded) of a claimed step, in one statement.
+    ReadVerificationSet (decoded) of a claimed step, in one statement — the last of the
+    caller's read-only transaction (its round trip carries the ``COMMIT``).
 
     Raises:
         NotFoundError: the run (or it is soft-deleted), the step or the checkpoint is
@@ -1198,7 +1199,9 @@ async def _step_input_txn(
         "step": fence.step_execution_id,
         "checkpoint": checkpoint_id,
     }
-    row = (await conn.execute(_STEP_INPUT, params)).first()
+    # The read-only transaction's only statement: it carries its COMMIT (ADR 0013).
+    [rows] = await execute_reads(conn, [Read(_STEP_INPUT, params)], commit=True)
+    row = rows[0] if rows else None
     if row is None:
         raise NotFoundError("flow_step_execution", fence.step_execution_id)
     raw = row[5]

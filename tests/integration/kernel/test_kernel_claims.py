@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import datetime
+from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from runtime_svc.kernel import (
@@ -22,6 +24,7 @@ from runtime_svc.kernel import (
 )
 from runtime_svc.kernel.decisions import RetryScheduled
 from runtime_svc.schema import flow_runs, flow_step_attempts, flow_step_executions
+from services.db import strategy_for
 from tests.integration.kernel.conftest import TEST_POLICY, World
 from tests.integration.kernel.helpers import QUEUE, claim, count, rows, start
 from tests.support.statements import clock_reads, watched_statements
@@ -179,3 +182,44 @@ async def test_claimed_step_projection_matches_root(world: World) -> None:
     assert view.run.state is RunState.RUNNING
     assert view.current_step is not None and view.current_step.state is StepState.CLAIMED
     assert view.run.interview_status == "Running"
+
+
+async def test_eligible_work_on_the_database_clock_reads_it_in_its_own_query(
+    world: World,
+) -> None:
+    """With the default durable clock (``services.db.db_now``: the server's own), the
+    discovery query compares with the server's clock itself on MariaDB — one round trip,
+    which also carries the read-only transaction's ``COMMIT`` (ADR 0013) — and decides
+    due-ness as the clock read first does: a retry scheduled minutes ahead is not due."""
+    due = await start(world)
+    later = await start(world)
+    fence = await world.store.mark_running(world.org, await claim(world, later))
+    decision = await world.store.record_rollback(
+        world.org, fence, StepFailure(FailureClass.RETRYABLE, "boom")
+    )
+    assert isinstance(decision, RetryScheduled)  # due a minute or more from now
+    plain = FlowRunStateStore(world.engine, policy=TEST_POLICY)  # the default clock
+    sent: list[str] = []
+
+    def on_statement(*args: Any) -> None:
+        sent.append(str(args[2]))
+
+    sync = world.engine.sync_engine
+    sa.event.listen(sync, "before_cursor_execute", on_statement)
+    try:
+        found = await plain.eligible_work(world.org, QUEUE)
+    finally:
+        sa.event.remove(sync, "before_cursor_execute", on_statement)
+    assert [c.flow_run_id for c in found] == [due]
+    assert found == await world.store.eligible_work(world.org, QUEUE)  # clock read first
+    queries = [s for s in sent if not s.startswith("BEGIN")]
+    if strategy_for(world.engine.dialect).multi_statements:
+        [query] = queries
+        assert "UTC_TIMESTAMP(6)" in query and query.endswith("COMMIT")
+    else:
+        assert len(clock_reads(world.engine, queries)) == 1 and len(queries) == 2
+    world.clock.advance(hours=2)
+    assert {c.flow_run_id for c in await world.store.eligible_work(world.org, QUEUE)} == {
+        due,
+        later,
+    }

@@ -6,8 +6,9 @@ check keeps the frame's ``COMMIT``; a statement or an exception after the carrie
 ``COMMIT`` is an ``InvariantError``, never a silent loss; a connection lost during the
 round trip, or a ``COMMIT`` that fails without a proven rollback, is
 ``CommitOutcomeUnknownError`` with the connection invalidated; a ``COMMIT`` refused with a
-proven rollback (a deadlock, a certification failure) is retried whole. On SQLite the
-call is ``execute_writes`` and the frame commits as before."""
+proven rollback (a deadlock, a certification failure) is retried whole; the last reads
+of a read-only transaction carry its ``COMMIT`` too. On SQLite the call is
+``execute_writes`` and the frame commits as before."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ import pymysql
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services import db, db_batch
 from services.db_batch import (
+    Read,
     Write,
     commit_writes,
+    execute_reads,
     execute_writes,
     execute_writes_if_absent,
     insert_if_absent_write,
@@ -367,3 +370,48 @@ async def test_an_error_in_the_commits_place_is_read_and_nothing_is_marked_commi
             await round_trip(conn, sql, (1, "x"), 1, results, carries_commit=True)
     assert [count for _, _, count in results] == [1]
     assert await _ids(engine) == []  # rolled back by the frame, not committed
+
+
+@pytest.mark.mariadb
+async def test_the_last_reads_of_a_read_only_transaction_carry_its_commit(
+    engine: AsyncEngine,
+) -> None:
+    async with db.transaction(engine) as conn:
+        await execute_writes(conn, [_row(1), _row(2)])
+    before = await _commits_sent(engine)
+    read = Read(sa.select(_t.c.id, _t.c.label).where(_t.c.id >= sa.bindparam("low")), {"low": 2})
+    with _Watch(engine) as watch:
+        async with db.transaction(engine, readonly=True) as conn:
+            [rows] = await execute_reads(conn, [read], commit=True)
+    assert [(r.id, r.label) for r in rows] == [(2, "x")]
+    assert len(watch.sql) == 1 and watch.sql[0].endswith("COMMIT")
+    assert await _commits_sent(engine) == before
+    # In a transaction that may have written, the frame commits as usual.
+    async with db.transaction(engine) as conn:
+        await execute_writes(conn, [_row(3)])
+        [rows] = await execute_reads(conn, [read], commit=True)
+    assert [r.id for r in rows] == [2, 3]
+    assert await _commits_sent(engine) == before + 1
+    assert await _ids(engine) == [1, 2, 3]
+
+
+@pytest.mark.mariadb
+async def test_after_a_read_only_carried_commit_the_callers_error_stands(
+    engine: AsyncEngine,
+) -> None:
+    """A read-only transaction wrote nothing: an error its caller raises after the reads
+    that carried its COMMIT is raised unchanged (not taken for a committed write's), and
+    a statement after them is still refused."""
+    read = Read(sa.select(_t.c.id).where(_t.c.id == sa.bindparam("id")), {"id": 1})
+    with pytest.raises(LookupError, match="no row 1"):
+        async with db.transaction(engine, readonly=True) as conn:
+            [rows] = await execute_reads(conn, [read], commit=True)
+            if not rows:
+                raise LookupError("no row 1")
+    # (SQLAlchemy's execution wraps the adapter's InvariantError as a StatementError.)
+    with pytest.raises(StatementError, match="a statement after the COMMIT") as caught:
+        async with db.transaction(engine, readonly=True) as conn:
+            await execute_reads(conn, [read], commit=True)
+            await conn.execute(sa.select(_t.c.id))
+    assert isinstance(caught.value.orig, InvariantError)
+    assert await _ids(engine) == []  # and the connection serves the next transaction
