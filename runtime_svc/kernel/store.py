@@ -311,16 +311,7 @@ class FlowRunStateStore:
         # Validate the input checkpoint before opening the transaction (no SQL for it).
         prepared = prepare_checkpoint(request.input, max_bytes=self.max_checkpoint_bytes)
         return await self._run(
-            lambda conn: create_run_txn(
-                conn,
-                scope,
-                request,
-                ownership_epoch=self.ownership_epoch,
-                max_checkpoint_bytes=self.max_checkpoint_bytes,
-                clock=self._clock,
-                prepared=prepared,
-                last=True,  # the whole transaction: the inserts carry its COMMIT
-            )
+            lambda conn: self.create_run_txn(conn, scope, request, prepared=prepared, last=True)
         )
 
     async def run_by_key_txn(
@@ -337,10 +328,12 @@ class FlowRunStateStore:
         request: StartRunRequest,
         *,
         prepared: PreparedCheckpoint | None = None,
+        last: bool = False,
     ) -> StartRunResult:
         """:meth:`create_run` inside the caller's transaction (see
-        :func:`runtime_svc.kernel.store_create.create_run_txn` for the errors and
-        ``prepared``)."""
+        :func:`runtime_svc.kernel.store_create.create_run_txn` for the errors,
+        ``prepared`` and ``last``: nothing follows in the transaction, the inserts carry
+        its ``COMMIT``)."""
         return await create_run_txn(
             conn,
             scope,
@@ -349,6 +342,7 @@ class FlowRunStateStore:
             max_checkpoint_bytes=self.max_checkpoint_bytes,
             clock=self._clock,
             prepared=prepared,
+            last=last,
         )
 
     async def create_run_claimed(

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager, contextmanager
 import pymysql
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services import db, migrate
@@ -46,6 +46,31 @@ def admin_connection(server_url: str) -> pymysql.connections.Connection:  # type
     )
 
 
+def kill_session(server_url: str, session: int) -> None:
+    """``KILL CONNECTION`` the server session ``session`` (its ``CONNECTION_ID()``), as a
+    server restart or a proxy would drop it."""
+    admin = admin_connection(server_url)
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f"KILL CONNECTION {session}")
+    finally:
+        admin.close()
+
+
+@asynccontextmanager
+async def tables_engine(
+    url: str | URL, metadata: sa.MetaData, *, pool_size: int
+) -> AsyncIterator[AsyncEngine]:
+    """An engine on ``url`` with ``metadata``'s tables created; disposed afterwards."""
+    engine = db.create_engine(url, pool_size=pool_size)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(metadata.create_all)
+        yield engine
+    finally:
+        await engine.dispose()
+
+
 @asynccontextmanager
 async def driver_engine(
     server_url: str, driver: str, metadata: sa.MetaData, *, pool_size: int
@@ -53,15 +78,10 @@ async def driver_engine(
     """An engine on ``server_url``'s database through the MySQL ``driver`` (asyncmy or
     aiomysql), with ``metadata``'s tables created; disposed afterwards."""
     url = make_url(server_url).set(drivername=f"mysql+{driver}")
-    engine = db.create_engine(url, pool_size=pool_size)
-    if engine.dialect.driver != driver:
-        raise AssertionError(f"the engine runs on {engine.dialect.driver}, not {driver}")
-    async with engine.begin() as conn:
-        await conn.run_sync(metadata.create_all)
-    try:
+    async with tables_engine(url, metadata, pool_size=pool_size) as engine:
+        if engine.dialect.driver != driver:
+            raise AssertionError(f"the engine runs on {engine.dialect.driver}, not {driver}")
         yield engine
-    finally:
-        await engine.dispose()
 
 
 @contextmanager

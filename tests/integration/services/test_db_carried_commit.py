@@ -38,7 +38,12 @@ from services.db_mysql import DRIVERS
 from services.db_raw import round_trip
 from services.errors import CommitOutcomeUnknownError
 from services.invariants import InvariantError
-from tests.support.databases import admin_connection, driver_engine
+from tests.support.databases import (
+    admin_connection,
+    driver_engine,
+    kill_session,
+    tables_engine,
+)
 
 _md = sa.MetaData()
 _t = sa.Table(
@@ -63,13 +68,8 @@ async def engine(mariadb_url: str, request: pytest.FixtureRequest) -> AsyncItera
 
 @pytest.fixture
 async def sqlite_engine(sqlite_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = db.create_engine(sqlite_url)
-    async with eng.begin() as conn:
-        await conn.run_sync(_md.create_all)
-    try:
+    async with tables_engine(sqlite_url, _md, pool_size=2) as eng:
         yield eng
-    finally:
-        await eng.dispose()
 
 
 async def _ids(engine: AsyncEngine) -> list[int]:
@@ -248,12 +248,7 @@ async def test_a_connection_lost_during_the_carried_round_trip_is_an_unknown_out
 
         async def kill_after(victim: int) -> None:
             await asyncio.sleep(0.3)
-            killer = admin_connection(mariadb_url)
-            try:
-                with killer.cursor() as cursor:
-                    cursor.execute(f"KILL {victim}")
-            finally:
-                killer.close()
+            kill_session(mariadb_url, victim)
 
         with pytest.raises(CommitOutcomeUnknownError, match="carried COMMIT"):
             async with db.transaction(engine) as conn:

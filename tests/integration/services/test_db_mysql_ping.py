@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services import db, db_mysql
 from services.db_mysql import DRIVERS
-from tests.support.databases import admin_connection, driver_engine
+from tests.support.databases import driver_engine, kill_session
 
 pytestmark = pytest.mark.mariadb
 
@@ -46,15 +46,6 @@ async def _adapter(conn: AsyncConnection) -> Any:
 
 async def _session(conn: AsyncConnection) -> int:
     return int((await conn.execute(sa.text("SELECT CONNECTION_ID()"))).scalar_one())
-
-
-def _kill(server_url: str, session: int) -> None:
-    admin = admin_connection(server_url)
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f"KILL CONNECTION {session}")
-    finally:
-        admin.close()
 
 
 async def _past_the_window() -> None:
@@ -106,7 +97,7 @@ async def test_a_connection_killed_while_idle_is_replaced_at_checkout(
     async with db.transaction(engine) as conn:
         killed = await _session(conn)
     await _past_the_window()
-    await asyncio.to_thread(_kill, mariadb_url, killed)
+    await asyncio.to_thread(kill_session, mariadb_url, killed)
     # The checkout ping finds it gone and the pool reconnects: the caller never sees it.
     async with db.transaction(engine) as conn:
         assert await _session(conn) != killed
@@ -121,7 +112,7 @@ async def test_a_connection_killed_within_the_window_fails_before_writing_and_th
 ) -> None:
     async with db.transaction(engine) as conn:
         killed = await _session(conn)
-    await asyncio.to_thread(_kill, mariadb_url, killed)
+    await asyncio.to_thread(kill_session, mariadb_url, killed)
     # Handed out unpinged: its first statement meets the dropped session — a connection
     # lost before COMMIT, the error every caller handles (never a retried write).
     with pytest.raises(DBAPIError) as caught:

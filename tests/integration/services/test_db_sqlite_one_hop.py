@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services import db
 from services.db_sqlite import OneHopCursor
+from tests.support.databases import tables_engine
 
 _md = sa.MetaData()
 _t = sa.Table(
@@ -46,13 +47,8 @@ def _count_driver_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
-    eng = db.create_engine(f"sqlite+aiosqlite:///{tmp_path}/one_hop.db", pool_size=2)
-    async with eng.begin() as conn:
-        await conn.run_sync(_md.create_all)
-    try:
+    async with tables_engine(f"sqlite+aiosqlite:///{tmp_path}/one_hop.db", _md, pool_size=2) as eng:
         yield eng
-    finally:
-        await eng.dispose()
 
 
 async def test_rows_description_rowcount_and_lastrowid_are_pysqlites(engine: AsyncEngine) -> None:
