@@ -154,7 +154,7 @@ from runtime_svc.kernel.transitions_effects import CAUSE_CANCELLED_AFTER_EFFECT
 from runtime_svc.kernel.wait_model import DependencyRecord, DependencyState
 from runtime_svc.resources import LockPlan
 from services.auth import TrustedRuntimeWorkScope
-from services.db import db_now, run_in_transaction, strategy_for, transaction
+from services.db import db_now, run_in_transaction, transaction
 from services.db_batch import Companion, Write
 from services.errors import FenceLostError, NotFoundError
 from services.evolve import evolve
@@ -1226,10 +1226,9 @@ class FlowRunStateStore:
         """§12.1 step 1: a bounded, stably ordered batch of due candidates."""
 
         async def fn(conn: AsyncConnection) -> list[Candidate]:
-            # On the database's own clock where the query can read it itself (one round
-            # trip, which also carries the COMMIT: ADR 0013); else read first.
-            server_clock = self._clock is db_now and strategy_for(conn.dialect).multi_statements
-            now = None if server_clock else await self._clock(conn)
+            # The database's own clock is read by the query itself where it can (one round
+            # trip, which also carries the COMMIT: ADR 0013); another clock is read first.
+            now = None if self._clock is db_now else await self._clock(conn)
             return await eligible_work_txn(
                 conn, org_id, queue_class, now, limit, self.ownership_epoch, last=True
             )

@@ -38,11 +38,10 @@ from runtime_svc.schema import (
     flow_step_executions,
     flow_versions,
 )
-from services.db import scoped_select
+from services.db import db_now, scoped_select
 from services.db_batch import Read, execute_reads
 from services.digest import versioned_digest
 from services.errors import InvalidArgumentError, NotFoundError
-from services.invariants import InvariantError
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -540,9 +539,10 @@ async def eligible_work_txn(
 ) -> list[Candidate]:
     """§12.1 step 1: due current steps of runnable, non-deleted V2 roots.
 
-    ``now``: the durable clock's reading; ``None`` — only on a MySQL-protocol backend —
-    compares with the server's clock as the query runs (what ``services.db.db_now``
-    would have read there, in the query's own round trip).
+    ``now``: the durable clock's reading; ``None``: the database's own clock
+    (``services.db.db_now``) — on a MySQL-protocol backend the query compares with it
+    as it runs (``UTC_TIMESTAMP(6)``, in the query's own round trip), elsewhere it is
+    read first.
 
     ``last``: the query ends the caller's read-only transaction — its round trip carries
     the ``COMMIT`` where the backend allows (``services.db_batch.execute_reads``).
@@ -561,12 +561,11 @@ async def eligible_work_txn(
         "limit": limit,
         **_ELIGIBLE_STATES,
     }
-    if now is not None:
-        read = Read(_ELIGIBLE_WORK, {**params, "now": now})
-    elif conn.dialect.name == "mysql":
+    if now is None and conn.dialect.name == "mysql":
         read = Read(_ELIGIBLE_WORK_AT_SERVER_NOW, params)
     else:
-        raise InvariantError("only a MySQL-protocol server's clock is read in the query")
+        at = now if now is not None else await db_now(conn)
+        read = Read(_ELIGIBLE_WORK, {**params, "now": at})
     [rows] = await execute_reads(conn, [read], commit=last)
     found = [_candidate(org_id, row) for row in rows]
     found.sort(key=lambda c: (c.run_after, c.step_execution_id))
