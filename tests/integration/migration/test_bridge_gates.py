@@ -8,6 +8,7 @@ Each test gets a brand-new database: the control record is deployment-wide.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -193,6 +194,10 @@ async def test_the_bridge_walk_through_adopts_every_row_after_a_zero_null_final_
     await backfill.org_backfill_sweep(fresh_engine, issuer.proven(scope))
     late = await old_insert(fresh_engine, flow="legacy_pure", position="calc")  # after a sweep
 
+    # The drain starts after that write: a later millisecond (the old writer stamps rows
+    # with its own clock in microseconds, SQLite's clock reads milliseconds — the same
+    # millisecond would be a write at the drain start, which the gate refuses).
+    await asyncio.sleep(0.01)
     await bridge.drain_begin(fresh_engine)
     await bridge.drain_verify(fresh_engine, settle_s=0)
     receipt = await bridge.org_schema_gate(
