@@ -134,7 +134,17 @@ async def _assert_once_on_every_side(
     # Step-entry counter: the submit and the completion each entered exactly once.
     assert stack.entries(SUBMIT) == 1
     assert stack.entries(COMPLETION) == 1
-    assert await _outbox_states(runtime_engine, org) == [DeliveryState.DELIVERED.value]
+    # The run can succeed before its outbox message is marked delivered: the completion
+    # travels owner -> runtime on its own, while a message a dead dispatcher left
+    # ``Delivering`` is only redelivered (and collapses at the owner's inbox) once its
+    # lease has expired. Wait, bounded, for the row to settle; it must settle Delivered.
+    delivered = [DeliveryState.DELIVERED.value]
+
+    async def settled() -> bool:
+        return await _outbox_states(runtime_engine, org) == delivered
+
+    await _until("the outbox message to be marked delivered", settled, stack)
+    assert await _outbox_states(runtime_engine, org) == delivered
     assert await _count(owner_engine, external_commands, org) == 1
     # One receipt, one wake signal consumed by the one completion.
     assert await _count(runtime_engine, flow_wake_signals, org) == 1
