@@ -72,6 +72,7 @@ from services.invariants import InvariantError
 
 __all__ = [
     "BATCH_SEPARATOR",
+    "CARRY_COMMIT_OPTION",
     "Companion",
     "Read",
     "Write",
@@ -85,6 +86,7 @@ __all__ = [
     "insert_if_absent_write",
     "install_batch_hooks",
     "is_if_absent",
+    "row_guard",
     "statements_of",
 ]
 
@@ -94,8 +96,31 @@ BATCH_SEPARATOR = ";\n"
 #: Ends the SQL of a round trip that carries its transaction's ``COMMIT``
 #: (:func:`commit_writes`; not one of its statements for :func:`statements_of`).
 _CARRIED_COMMIT = BATCH_SEPARATOR + "COMMIT"
+#: Execution option (engine or connection): ``False`` keeps every ``COMMIT`` on its own
+#: — for a tool that must hold a transaction between its last write and its ``COMMIT``
+#: (the cluster tests' commit gate); the statements are the same either way.
+CARRY_COMMIT_OPTION = "nexus_carry_commit"
 #: ``CLIENT_MULTI_STATEMENTS`` of the MySQL protocol (the same bit in every driver).
 _CLIENT_MULTI_STATEMENTS = 1 << 16
+#: :func:`row_guard`'s statement without its count and closing parenthesis (the user
+#: variable it assigns is never read).
+_ROW_GUARD_SQL = (
+    "SET @nexus_row_guard = (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> "
+)
+
+
+def row_guard(rows: int) -> str:
+    """The statement that follows a write of :attr:`Write.rows` in a round trip that
+    carries the ``COMMIT`` (ADR 0014): it fails — the scalar subquery returns two rows,
+    error 1242 — unless ``ROW_COUNT()``, the server's row count of the statement before
+    it (matched rows under ``CLIENT_FOUND_ROWS``, as the client's count), is ``rows``; a
+    failing statement stops the server's multi-statement there, before the ``COMMIT``.
+    (A ``SET``, not a ``DO``: MariaDB's ``DO`` turns that error into a warning.)"""
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+        raise InvariantError(f"a row guard needs a row count, not {rows!r}")
+    # An int checked above, never caller text: a literal is safe (and keeps the
+    # round trip's parameters those of its writes).
+    return _ROW_GUARD_SQL + str(rows) + ")"
 
 
 @dataclass(frozen=True)
@@ -116,6 +141,13 @@ class Write:
     #: observes (it cannot refuse, unlike :attr:`check`), so a write with no ``check``
     #: may ride in the round trip that carries the ``COMMIT`` (:func:`commit_writes`).
     observe: Callable[[int], None] | None = None
+    #: The one row count :attr:`check` accepts (a fenced ``UPDATE``'s: one per row it
+    #: fences), when it accepts exactly one. Declared, the write may ride in the round
+    #: trip that carries the ``COMMIT``: a guard statement right after it
+    #: (:func:`row_guard`) fails unless the server's ``ROW_COUNT()`` of the write is this
+    #: count, so the server stops before the ``COMMIT`` whenever the check would refuse,
+    #: and the check then decides on the count as always (ADR 0014).
+    rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -436,11 +468,19 @@ async def execute_writes(conn: AsyncConnection, writes: Sequence[Write]) -> list
     return await _execute(conn, writes, commit=False)
 
 
-async def commit_writes(conn: AsyncConnection, writes: Sequence[Write]) -> list[int]:
+async def commit_writes(
+    conn: AsyncConnection,
+    writes: Sequence[Write],
+    *,
+    before_commit: Callable[[], None] | None = None,
+) -> list[int]:
     """:func:`execute_writes` of the transaction's **last** writes — and its ``COMMIT`` in
-    the same round trip where the backend runs multi-statements and no write has a
-    :attr:`Write.check` (a refusing check must see its row count before anything
-    commits), ADR 0013. The transaction frame's ``COMMIT`` then sends nothing; a
+    the same round trip where the backend runs multi-statements and every write's
+    :attr:`Write.check` is decided on the server before the ``COMMIT`` (ADR 0013): a
+    write without one, or one that declares the row count its check accepts
+    (:attr:`Write.rows`: a :func:`row_guard` follows it, ADR 0014); a write with any
+    other check must see its row count before anything commits, so it keeps the frame's
+    ``COMMIT``. The transaction frame's ``COMMIT`` then sends nothing; a
     statement on ``conn`` before the frame ends the transaction raises an
     ``InvariantError`` (it would run outside the committed transaction), and so does the
     frame when the caller raises after this call returned. Elsewhere this is
@@ -455,15 +495,34 @@ async def commit_writes(conn: AsyncConnection, writes: Sequence[Write]) -> list[
     connection lost during this round trip is ``CommitOutcomeUnknownError`` too (the
     server may have committed) — the connection is then invalidated, never reused.
 
+    ``before_commit``: called once, right before the ``COMMIT`` goes out — before the
+    round trip that carries it, or (not carried) after the writes ran and passed their
+    checks — and not at all when a write fails first (a named crash point: "the
+    transaction's work is done, its ``COMMIT`` not sent").
+
     Raises:
         CommitOutcomeUnknownError: see above.
+        InvariantError: a row guard refused a row count its write's check accepted.
         The errors of :func:`execute_writes`.
     """
-    return await _execute(conn, writes, commit=True)
+    return await _execute(conn, writes, commit=True, before_commit=before_commit)
 
 
-async def _execute(conn: AsyncConnection, writes: Sequence[Write], *, commit: bool) -> list[int]:
-    batched = _batch(conn.dialect, writes)
+def _carriable(write: Write) -> bool:
+    """``write`` may ride in the round trip that carries the ``COMMIT``: its check (if
+    any) is decided on the server first (:attr:`Write.rows`)."""
+    return write.check is None or write.rows is not None
+
+
+async def _execute(
+    conn: AsyncConnection,
+    writes: Sequence[Write],
+    *,
+    commit: bool,
+    before_commit: Callable[[], None] | None = None,
+) -> list[int]:
+    carries = commit and all(_carriable(w) for w in writes) and _can_carry(conn)
+    batched = _batch(conn.dialect, writes, guarded=carries)
     if batched is None:
         counts: list[int] = []
         for write in writes:
@@ -476,15 +535,19 @@ async def _execute(conn: AsyncConnection, writes: Sequence[Write], *, commit: bo
                 write.observe(result.rowcount)
             if write.check is not None:
                 await write.check(result.rowcount)
+        if before_commit is not None:
+            before_commit()
         return counts
-    sql, params = batched
-    carries = commit and all(w.check is None for w in writes) and _can_carry(conn)
+    sql, params, positions = batched
+    statements = len(positions) + sum(1 for w in writes if carries and w.rows is not None)
     if carries:
         sql += _CARRIED_COMMIT
+        if before_commit is not None:
+            before_commit()
     results: list[tuple[Any, list[Any], int]] = []
     failure: DBAPIError | None = None
     try:
-        await round_trip(conn, sql, params, len(writes), results, carries_commit=carries)
+        await round_trip(conn, sql, params, statements, results, carries_commit=carries)
     except DBAPIError as exc:
         if exc.connection_invalidated:
             if carries:
@@ -495,19 +558,26 @@ async def _execute(conn: AsyncConnection, writes: Sequence[Write], *, commit: bo
             # run another statement on it, and nothing else is worth reporting.
             raise
         failure = exc
-    rowcounts = [count for _, _, count in results]
+    ran = len(results)
+    rowcounts = [results[p][2] for p in positions if p < ran]
     for write, count in zip(writes, rowcounts, strict=False):
         if write.observe is not None:
             write.observe(count)
         if write.check is not None:
             await write.check(count)
     if failure is not None:
-        failed = len(rowcounts)
-        if failed >= len(writes):  # the error came after every result (not a statement's)
+        if ran >= statements:  # the error came after every result (not a statement's)
             if carries:  # the COMMIT's own
                 await _commit_failed(conn, failure)
             raise failure
-        _raise_mapped(writes[failed], failure)
+        if ran in positions:
+            _raise_mapped(writes[positions.index(ran)], failure)
+        # A row guard stopped the round trip, and its write's check accepted the count.
+        raise InvariantError(
+            f"a row guard refused the row count {rowcounts[-1]} that its write's check accepted"
+        ) from failure
+    if not carries and commit and before_commit is not None:
+        before_commit()
     return rowcounts
 
 
@@ -519,7 +589,11 @@ def _read_only(conn: AsyncConnection) -> bool:
 
 def _can_carry(conn: AsyncConnection) -> bool:
     sync = conn.sync_connection
-    return sync is not None and is_reset_aware(sync.connection.dbapi_connection)
+    return (
+        sync is not None
+        and is_reset_aware(sync.connection.dbapi_connection)
+        and sync.get_execution_options().get(CARRY_COMMIT_OPTION, True) is not False
+    )
 
 
 async def _commit_failed(conn: AsyncConnection, failure: DBAPIError) -> None:
@@ -547,14 +621,14 @@ def fenced_writes(
         async def settle(rowcount: int) -> None:
             await settle_fenced_together(conn, writes, rowcount)
 
-        return [Write(statement, params, check=settle)]
+        return [Write(statement, params, check=settle, rows=len(writes))]
     return [fenced_write(conn, w) for w in writes]
 
 
 def fenced_write(conn: AsyncConnection, write: FencedWrite) -> Write:
     """``services.db.fenced_update`` of ``write`` as a write of a batch: its row-count
     check raises the same :class:`~services.errors.FenceLostError`."""
-    return Write(fenced_statement(write), write.params(), check=_one_row(conn, write))
+    return Write(fenced_statement(write), write.params(), check=_one_row(conn, write), rows=1)
 
 
 class _Present(Exception):
@@ -572,7 +646,9 @@ def insert_if_absent_write(table: Table, values: Mapping[str, Any]) -> Write:
 def if_absent(write: Write) -> Write:
     """``write`` (a prebuilt single-row ``INSERT``) as the insert-if-absent of
     :func:`execute_writes_if_absent`, like :func:`insert_if_absent_write`."""
-    return Write(write.statement, write.params, check=write.check, on_duplicate=_Present)
+    return Write(
+        write.statement, write.params, check=write.check, on_duplicate=_Present, rows=write.rows
+    )
 
 
 def is_if_absent(write: Write) -> bool:
@@ -619,15 +695,23 @@ def _raise_mapped(write: Write, exc: DBAPIError) -> NoReturn:
     raise exc
 
 
-def _batch(dialect: Dialect, writes: Sequence[Write]) -> tuple[str, list[Any]] | None:
+def _batch(
+    dialect: Dialect, writes: Sequence[Write], *, guarded: bool
+) -> tuple[str, list[Any], list[int]] | None:
+    """The round trip's SQL, its parameters and each write's statement position —
+    ``guarded``: a :func:`row_guard` after each write that declares :attr:`Write.rows`."""
     if not writes or not strategy_for(dialect).multi_statements:
         return None
     parts: list[str] = []
     params: list[Any] = []
+    positions: list[int] = []
     for write in writes:
         compiled = _compiled(dialect, write)
         if compiled is None:
             return None
+        positions.append(len(parts))
         parts.append(compiled.compiled.string)
         params.extend(_bound(write, compiled))
-    return BATCH_SEPARATOR.join(parts), params
+        if guarded and write.rows is not None:
+            parts.append(row_guard(write.rows))
+    return BATCH_SEPARATOR.join(parts), params, positions
