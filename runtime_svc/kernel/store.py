@@ -747,6 +747,8 @@ class FlowRunStateStore:
         tail: CommitTail | None = None,
         business: Sequence[Write] = (),
         lifecycle: Companion | None = None,
+        final: bool = False,
+        before_commit: Callable[[], None] | None = None,
     ) -> CommitResult:
         """§12.2 steps 9-12, inside the worker's business transaction and after its
         business locks: lock root, step, attempt; revalidate the whole fence; insert the
@@ -788,6 +790,14 @@ class FlowRunStateStore:
         round trip — ADR 0011's amendment) they are the lock read's rows; otherwise the
         lock read runs here.
 
+        ``final``: the commit's writes are the caller's transaction's last (nothing runs
+        on ``conn`` after this call): without a ``tail`` they carry its ``COMMIT`` where
+        the backend allows, every fenced UPDATE's row count guarded on the server before
+        it (``services.db_batch.commit_writes``, ADR 0014) — the caller's frame then
+        sends no ``COMMIT``. ``before_commit``: called once, right before the
+        ``COMMIT`` goes out (before the round trip that carries it; otherwise when this
+        method's writes are done), never when the commit fails first.
+
         Raises:
             FenceLostError: the fence no longer holds; the caller's transaction must roll
                 back (every business write in it goes too).
@@ -811,6 +821,8 @@ class FlowRunStateStore:
             tail,
             business,
             lifecycle,
+            final,
+            before_commit,
         )
 
     async def _commit(
@@ -826,6 +838,8 @@ class FlowRunStateStore:
         tail: CommitTail | None = None,
         business: Sequence[Write] = (),
         lifecycle: Companion | None = None,
+        final: bool = False,
+        before_commit: Callable[[], None] | None = None,
     ) -> CommitResult:
         if isinstance(advance, NextStep) and not advance.step_execution_id:
             advance = evolve(advance, step_execution_id=new_id("step"))
@@ -857,18 +871,31 @@ class FlowRunStateStore:
         before = [*business, checkpoint]
         transition = decision.transition
         new_step = transition.new_step
+        # The last writes carry the COMMIT (ADR 0014) unless a tail's rows follow them.
+        carry = final and tail is None
+        hook = before_commit if carry else None
         continued = None
         if continue_as is not None and decision.run_state is RunState.RUNNABLE:
             continued = await self._fused_continuation(
-                conn, org_id, root, transition, now, continue_as, before
+                conn, org_id, root, transition, now, continue_as, before, carry, hook
             )
         if continued is None:
             after = () if tail is None else await tail.writes(conn, now)
             inserted = await apply_transition(
-                conn, org_id, transition, now, rows_locked=True, before=before, after=after
+                conn,
+                org_id,
+                transition,
+                now,
+                rows_locked=True,
+                before=before,
+                after=after,
+                final=carry,
+                before_commit=hook,
             )
             if tail is not None:
                 await tail.settle(conn, inserted)
+        if not carry and before_commit is not None:
+            before_commit()
         checkpoint_written(prepared)
         # Continued: the root and next step were written as the continuation left them
         # (the fence carries what a caller needs); otherwise as the commit left them.
@@ -898,6 +925,8 @@ class FlowRunStateStore:
         now: datetime,
         continue_as: ContinueAs,
         before: Sequence[Write] = (),
+        final: bool = False,
+        before_commit: Callable[[], None] | None = None,
     ) -> LeaseFence | None:
         """Decide the continuation of ``commit`` on the rows it leaves (derived in
         memory) and, if the claim and ``Running`` decisions accept, write ``before`` (the
@@ -941,7 +970,15 @@ class FlowRunStateStore:
             new_attempt=evolve(claim.new_attempt, root_state_version_at_claim=version),
         )
         await apply_commit_continued(
-            conn, org_id, commit, claim, started.transition.step, now, before=before
+            conn,
+            org_id,
+            commit,
+            claim,
+            started.transition.step,
+            now,
+            before=before,
+            final=final,
+            before_commit=before_commit,
         )
         return evolve(fence, root_state_version=version, step_state_version=1)
 

@@ -78,6 +78,7 @@ from services.db import (
 from services.db_batch import (
     Read,
     Write,
+    commit_writes,
     execute_reads,
     execute_writes,
     execute_writes_if_absent,
@@ -542,6 +543,8 @@ async def apply_transition(
     before: Sequence[Write] = (),
     last: Write | None = None,
     after: Sequence[Write] = (),
+    final: bool = False,
+    before_commit: Callable[[], None] | None = None,
 ) -> bool:
     """Apply ``transition`` in §12 order: root, step, attempt CAS, then inserts.
 
@@ -569,10 +572,18 @@ async def apply_transition(
     predicates, all rows or none). Without it each UPDATE is its own statement, in
     root → step → attempt order, and takes its row's lock in that order.
 
+    ``final``: these are the transaction's last writes (``rows_locked``, no ``after``):
+    they carry its ``COMMIT`` where the backend allows, the fenced UPDATEs' row counts
+    guarded on the server before it (``services.db_batch.commit_writes``, ADR 0014);
+    ``before_commit`` is called right before the ``COMMIT`` goes out (there, or — not
+    carried — after these writes).
+
     Raises:
         FenceLostError: any conditional UPDATE matched no row (the caller's transaction
             must roll back; everything it wrote goes with it).
     """
+    if final and (not rows_locked or after):
+        raise InvariantError("only a held transition without new rows after it commits")
     batch = _transition_batch(
         conn,
         org_id,
@@ -589,7 +600,10 @@ async def apply_transition(
         # row count and each INSERT's duplicate key decide as the statements alone would.
         if if_absent:
             return await execute_writes_if_absent(conn, batch)
-        await execute_writes(conn, batch)
+        if final:
+            await commit_writes(conn, batch, before_commit=before_commit)
+        else:
+            await execute_writes(conn, batch)
         return True
     # Rows not held yet: a lost fence must stop the statements after it before they
     # take their rows' locks (a batch runs them, then rolls them back), so one by one.
@@ -732,10 +746,12 @@ async def apply_commit_continued(
     now: datetime,
     *,
     before: Sequence[Write] = (),
+    final: bool = False,
+    before_commit: Callable[[], None] | None = None,
 ) -> None:
     """A commit's ``transition`` fused with the continuation's claim of the step it
     inserts and that step's ``Running`` (``docs/adr/0003-fused-claim-running.md``).
-    ``before``: as :func:`apply_transition`'s.
+    ``before``, ``final`` and ``before_commit``: as :func:`apply_transition`'s.
 
     ``claim`` and ``running`` are ``decide_claim`` / ``decide_start_running`` decided on
     the rows ``commit`` leaves (``kernel.applied``). Written: one root UPDATE with the
@@ -766,15 +782,16 @@ async def apply_commit_continued(
         writes.append(_attempt_write(org_id, commit.attempt))
     # In order, one round trip where the backend allows (ADR 0010): the UPDATEs' row
     # counts decide first, then the INSERTs' duplicate keys, as the statements alone would.
-    await execute_writes(
-        conn,
-        [
-            *before,
-            *fenced_writes(conn, writes, together=True),
-            step_insert(org_id, new_step, now, (step, running)),
-            attempt_insert(org_id, claim.new_attempt),
-        ],
-    )
+    batch = [
+        *before,
+        *fenced_writes(conn, writes, together=True),
+        step_insert(org_id, new_step, now, (step, running)),
+        attempt_insert(org_id, claim.new_attempt),
+    ]
+    if final:
+        await commit_writes(conn, batch, before_commit=before_commit)
+    else:
+        await execute_writes(conn, batch)
 
 
 def step_insert(

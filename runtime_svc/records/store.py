@@ -445,7 +445,8 @@ def advancing_history_write(
         "k_now": now,
         **{f"r_{name}": value for name, value in columns.items()},
     }
-    return Write(_UPDATE_RECORD_ADVANCE_HISTORY, params, check=check)
+    # Its check accepts two rows only: declared, so it may ride with a COMMIT (ADR 0014).
+    return Write(_UPDATE_RECORD_ADVANCE_HISTORY, params, check=check, rows=2)
 
 
 def advanced_together(rowcount: int) -> bool:

@@ -16,6 +16,11 @@ One step, end to end (:meth:`StepWorker.process`)::
            ReadVerificationSet, root advance) → crash_point(before_step_commit)
       ─► COMMIT ─► crash_point(after_step_commit, step_key) ─► acknowledged
 
+(On MariaDB/MySQL the commit's writes and the COMMIT are one round trip, each fenced
+UPDATE's row count guarded on the server before the COMMIT — ADR 0014; the
+``before_step_commit`` point then fires after the fence's lock read and decision, right
+before that round trip.)
+
 The heartbeat covers only the phases outside the business transaction: the mutation
 transaction never depends on it (§12.3), and the step budget is admitted below the lease.
 
@@ -867,11 +872,15 @@ class StepWorker:
                     tail=self._tail(prepared),
                     business=business,
                     lifecycle=lifecycle,
+                    # Nothing runs in this transaction after the commit's writes: they
+                    # carry its COMMIT where the backend allows (ADR 0014), and the named
+                    # point fires right before the COMMIT goes out, however it is sent.
+                    final=True,
+                    before_commit=lambda: crash_point(CrashPoint.BEFORE_STEP_COMMIT, key),
                 )
                 continued = await self._continue_txn(
                     conn, org_id, fence, prepared, outcome, committed, chain
                 )
-                crash_point(CrashPoint.BEFORE_STEP_COMMIT, key)
             raise_connection_lost_after_commit(CrashPoint.AFTER_STEP_COMMIT, key)
             self.last_committed_root = committed.root
             metrics().step_transaction(plan.profile.value, step.kind.value, _since(began))

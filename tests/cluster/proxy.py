@@ -7,7 +7,8 @@ byte for byte; a dead backend closes its clients' connections.
 
 The trap makes "the node died during COMMIT" exact instead of lucky. The proxy parses
 the client-to-server stream into MySQL packets (3-byte length, sequence byte, payload)
-and recognises ``COM_QUERY "COMMIT"`` — what the driver sends for ``commit()``. When
+and recognises ``COM_QUERY "COMMIT"`` — what the driver sends for ``commit()`` — and a
+``COM_QUERY`` whose last statement is the ``COMMIT`` its last writes carry. When
 armed (:meth:`MySqlProxy.trap_next_commit`) it either
 
 * ``forward=False``: runs the callback (which SIGKILLs the node) *before* the COMMIT
@@ -29,6 +30,40 @@ from dataclasses import dataclass, field
 __all__ = ["MySqlProxy"]
 
 _COMMIT = b"\x03COMMIT"
+#: The end of a query whose last statement is its transaction's COMMIT: the last writes
+#: carry it (``services.db_batch.commit_writes``, ADR 0013/0014).
+_CARRIED_COMMIT = b";\nCOMMIT"
+
+
+def _commits(payload: bytes) -> bool:
+    """``payload`` (a client packet's) is a COM_QUERY that sends a ``COMMIT``: alone, or
+    carried by the transaction's last writes."""
+    return payload == _COMMIT or (payload[:1] == b"\x03" and payload.endswith(_CARRIED_COMMIT))
+
+
+#: ``SERVER_MORE_RESULTS_EXISTS`` in an OK packet's status flags.
+_MORE_RESULTS = 0x0008
+
+
+def _lenenc_end(payload: bytes, at: int) -> int:
+    """Where the length-encoded integer at ``payload[at]`` ends."""
+    first = payload[at]
+    return at + {0xFC: 3, 0xFD: 4, 0xFE: 9}.get(first, 1)
+
+
+def _last_answer(payload: bytes) -> bool:
+    """``payload`` (a server packet's) ends the answer to a query: an ERR packet (the
+    server stops a multi-statement at its first error), or an OK packet without
+    ``SERVER_MORE_RESULTS_EXISTS`` — a carried ``COMMIT``'s answer comes after one OK
+    packet per statement before it, each flagged that more results follow."""
+    if payload[:1] == b"\xff":
+        return True
+    if payload[:1] != b"\x00" or len(payload) < 7:
+        return False
+    at = _lenenc_end(payload, _lenenc_end(payload, 1))  # affected rows, last insert id
+    return not int.from_bytes(payload[at : at + 2], "little") & _MORE_RESULTS
+
+
 _CONNECT_TIMEOUT_S = 2.0
 
 
@@ -135,7 +170,7 @@ class MySqlProxy:
                     break
                 packet, buffer = buffer[: 4 + length], buffer[4 + length :]
                 trap = self._trap
-                if trap is not None and packet[4:] == _COMMIT:
+                if trap is not None and _commits(packet[4:]):
                     self._trap = None
                     if not trap.forward:
                         await _fire(trap)
@@ -146,16 +181,33 @@ class MySqlProxy:
                 await link.server.drain()
 
     async def _server_to_client(self, reader: asyncio.StreamReader, link: _Link) -> None:
+        held = b""
         while True:
             data = await reader.read(65536)
             if not data:
                 return
             trap = link.hold_reply
             if trap is not None:
-                # The node answered the COMMIT: it committed (or refused). Kill it before
-                # the client hears which.
-                await _fire(trap)
-                link.cut()
-                return
+                # Nothing more reaches the client. Once the node answered the COMMIT (the
+                # last packet of the query's answer: a carried COMMIT's comes after its
+                # writes'), it committed (or refused): kill it before the client hears.
+                held += data
+                if _answered(held):
+                    await _fire(trap)
+                    link.cut()
+                    return
+                continue
             link.client.write(data)
             await link.client.drain()
+
+
+def _answered(stream: bytes) -> bool:
+    """``stream`` (a server's bytes after a query) holds the query's last answer packet."""
+    while len(stream) >= 4:
+        length = stream[0] | stream[1] << 8 | stream[2] << 16
+        if len(stream) < 4 + length:
+            return False
+        if _last_answer(stream[4 : 4 + length]):
+            return True
+        stream = stream[4 + length :]
+    return False

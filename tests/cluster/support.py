@@ -17,6 +17,7 @@ from sqlalchemy.util import await_only
 
 from runtime_svc.kernel import FlowRunStateStore
 from services import db
+from services.db_batch import CARRY_COMMIT_OPTION
 from tests.integration.kernel.conftest import ShiftedClock
 from tests.integration.worker.conftest import WORKER_POLICY
 
@@ -45,7 +46,10 @@ class CommitGate:
     The ``commit`` event fires on the engine's sync facade right before the driver sends
     ``COMMIT``; the listener parks that greenlet on an asyncio event (``await_only``),
     so every statement of the transaction has run — its conditional UPDATEs included —
-    and only the COMMIT is outstanding.
+    and only the COMMIT is outstanding. That moment exists only while the COMMIT goes
+    on its own, so the gate keeps the engine's COMMITs off its last writes' round trip
+    (``services.db_batch.CARRY_COMMIT_OPTION``) until :meth:`remove`; the carried path's
+    own race is ``test_cluster_fencing``'s carried-commit test.
     """
 
     def __init__(self, engine: AsyncEngine) -> None:
@@ -53,6 +57,7 @@ class CommitGate:
         self._armed = False
         self.reached = asyncio.Event()
         self._open = asyncio.Event()
+        engine.sync_engine.update_execution_options(**{CARRY_COMMIT_OPTION: False})
         event.listen(engine.sync_engine, "commit", self._on_commit)
 
     def arm(self) -> None:
@@ -76,6 +81,7 @@ class CommitGate:
 
     def remove(self) -> None:
         event.remove(self._engine.sync_engine, "commit", self._on_commit)
+        self._engine.sync_engine.update_execution_options(**{CARRY_COMMIT_OPTION: True})
 
 
 @dataclass

@@ -6,18 +6,22 @@ both see their conditional UPDATE match it; only one COMMIT survives certificati
 test holds the competing transactions just before COMMIT (``CommitGate``), so both have
 passed every fence *locally*, then lets them commit in a chosen order and proves the
 loser's COMMIT failed (1213, a proven rollback) and that it abandoned — never a duplicate
-claim, commit or business effect, never a commit-unknown.
+claim, commit or business effect, never a commit-unknown. Where a step's last writes
+carry its COMMIT (ADR 0014) the competitor commits before that round trip instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import pytest
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel import LeaseFence, NotEligible, RunState, StepState
 from runtime_svc.kernel.decisions import CancelRecorded, NoChange, Recovered
 from runtime_svc.worker import Outcome, StepWorker
+from services import db_batch
 from tests.cluster.support import CommitGate, Node, commit_errors, count, nodes
 from tests.integration.kernel.conftest import ShiftedClock
 from tests.integration.worker.support import (
@@ -130,6 +134,44 @@ async def test_cancellation_on_another_node_wins_against_a_committing_step(
         gate.open()
         assert await processing == [Outcome.FENCE_LOST]
     assert errors.codes == [DEADLOCK]
+
+    counts = await step_counts(engines[2], seeded.org, run.flow_run_id, "bump1")
+    assert (counts.committed_attempts, counts.business_events, counts.audit_records) == (0, 0, 0)
+    assert await run_records(engines[2], seeded.org) == []
+    await n[2].store.complete_cancel(seeded.org, run.flow_run_id)
+    view = await n[1].store.support_view(seeded.org, run.flow_run_id)
+    assert view.run.state is RunState.CANCELLED
+    assert [a.outcome.name for a in view.attempts] == ["CANCELLED"]
+
+
+async def test_cancellation_on_another_node_wins_against_a_step_whose_commit_rides_its_writes(
+    engines: list[AsyncEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same race on the production path, where the step's last writes carry its
+    COMMIT (ADR 0014) and no client can stand between them: the worker on node 1 holds
+    its lifecycle locks (node-local) and its fence passed; the cancellation commits on
+    node 2 right before the worker's one round trip of writes + COMMIT goes out. That
+    round trip fails (a certification conflict, 1213 — a proven rollback), so nothing of
+    the step commits, and the worker abandons the step to the cancellation."""
+    n = nodes(engines)
+    seeded = await seed(engines[0])
+    run = await start_run(n[0].store, seeded)
+    cancelled: list[object] = []
+    carried: list[str] = []
+    real_round_trip = db_batch.round_trip
+
+    async def round_trip(conn: AsyncConnection, sql: str, *args: Any, **kw: Any) -> None:
+        if sql.endswith(";\nCOMMIT") and "INSERT INTO flow_checkpoints" in sql and not cancelled:
+            carried.append(sql)
+            cancelled.append(await n[1].store.request_cancel(seeded.org, run.flow_run_id))
+        await real_round_trip(conn, sql, *args, **kw)
+
+    monkeypatch.setattr(db_batch, "round_trip", round_trip)
+    worker = make_worker(n[0].engine, n[0].store, owner="w0", heartbeat=False, continuation_limit=0)
+    assert await worker.run_batch(seeded.org) == [Outcome.FENCE_LOST]
+    assert [type(c) for c in cancelled] == [CancelRecorded]
+    # The step's writes went out with their COMMIT, each fenced UPDATE guarded before it.
+    assert len(carried) == 1 and "ROW_COUNT()" in carried[0]
 
     counts = await step_counts(engines[2], seeded.org, run.flow_run_id, "bump1")
     assert (counts.committed_attempts, counts.business_events, counts.audit_records) == (0, 0, 0)

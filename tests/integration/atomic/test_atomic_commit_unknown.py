@@ -1,8 +1,9 @@
 """A Bounded Atomic step whose COMMIT outcome is unknown is never retried (§13.4):
 
 * the connection drops during ``COMMIT`` (MariaDB: the server really kills the session as
-  the driver sends ``COMMIT``, so the transaction rolls back server-side; SQLite: the
-  driver's lost-connection error is raised where ``COMMIT`` would run) → the attempt is
+  the driver sends the round trip that carries the ``COMMIT`` — the step's last writes,
+  ADR 0014 — so the transaction rolls back server-side; SQLite: the driver's
+  lost-connection error is raised where ``COMMIT`` would run) → the attempt is
   ``CommitUnknown``, the run ``Quarantined``, no business write, no second attempt;
 * the COMMIT was durable but its response was lost (the ``after_step_commit`` fault hook)
   → the kernel finds the attempt's commit marker: the run stays ``Succeeded`` with one
@@ -34,31 +35,49 @@ from tests.integration.atomic.support import (
 from tests.integration.worker.support import record_view
 
 
-def _drop_connection_at_commit(engine: AsyncEngine, server_thread_id: int | None) -> Any:
-    """A one-shot ``commit`` listener: the connection is lost as COMMIT is sent."""
+def _drop_connection_at_commit(sync_conn: Connection, engine: AsyncEngine) -> None:
+    """SQLite: a one-shot ``commit`` listener — the driver's lost-connection error is raised
+    where ``COMMIT`` would run (its open transaction discarded with the connection, as a
+    killed server session's is rolled back)."""
 
-    def on_commit(sync_conn: Connection) -> None:
-        if server_thread_id is None:
-            # SQLite has no server to lose: discard the connection (its open transaction
-            # rolls back with it, as a killed server session's does) and raise what the
-            # driver raises for a COMMIT whose connection was lost.
-            sync_conn.invalidate()
-            raise pymysql.err.OperationalError(2013, "Lost connection to server during query")
-        url = make_url(engine.url)
-        admin = pymysql.connect(
-            host=url.host or "127.0.0.1",
-            port=url.port or 3306,
-            user=url.username or "root",
-            password=url.password or "",
-            autocommit=True,
-        )
-        try:
-            with admin.cursor() as cursor:
-                cursor.execute(f"KILL CONNECTION {int(server_thread_id)}")
-        finally:
-            admin.close()
+    def on_commit(conn: Connection) -> None:
+        conn.invalidate()
+        raise pymysql.err.OperationalError(2013, "Lost connection to server during query")
 
-    return on_commit
+    event.listen(sync_conn, "commit", on_commit, once=True)
+
+
+def _kill_session_as_commit_is_sent(
+    sync_conn: Connection, engine: AsyncEngine, thread: int
+) -> None:
+    """MariaDB: the step's last writes carry its ``COMMIT`` (ADR 0014) — the server
+    session is killed as that round trip is about to be sent, so the connection is lost
+    during it and the transaction rolls back server-side."""
+    fired: list[bool] = []
+
+    def before(_c: Connection, _cur: Any, statement: str, *_: Any) -> None:
+        if fired or not statement.endswith(";\nCOMMIT"):
+            return
+        fired.append(True)
+        _kill(engine, thread)
+
+    event.listen(sync_conn, "before_cursor_execute", before)
+
+
+def _kill(engine: AsyncEngine, server_thread_id: int) -> None:
+    url = make_url(engine.url)
+    admin = pymysql.connect(
+        host=url.host or "127.0.0.1",
+        port=url.port or 3306,
+        user=url.username or "root",
+        password=url.password or "",
+        autocommit=True,
+    )
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f"KILL CONNECTION {int(server_thread_id)}")
+    finally:
+        admin.close()
 
 
 async def test_connection_dropped_during_commit_quarantines_the_run_without_retry(
@@ -73,12 +92,13 @@ async def test_connection_dropped_during_commit_quarantines_the_run_without_retr
         if at != "in_txn" or armed or conn is None:
             return
         armed.append(True)
-        thread_id = None
-        if engine.dialect.name != "sqlite":
+        sync = conn.sync_connection
+        assert sync is not None
+        if engine.dialect.name == "sqlite":
+            _drop_connection_at_commit(sync, engine)
+        else:
             thread_id = int((await conn.execute(text("SELECT CONNECTION_ID()"))).scalar_one())
-        event.listen(
-            conn.sync_connection, "commit", _drop_connection_at_commit(engine, thread_id), once=True
-        )
+            _kill_session_as_commit_is_sent(sync, engine, thread_id)
 
     runner = make_runner(engine, store, hook=hook)
     service = make_service(engine, store, runner, budget_s=5.0)

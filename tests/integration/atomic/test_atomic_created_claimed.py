@@ -80,11 +80,11 @@ async def test_a_run_created_claimed_commits_in_two_write_transactions(
 
     # create+claim, then the business transaction: nothing else, not even a read.
     assert counters.snapshot()[:2] == (2, 2)
-    # The creating transaction's inserts carry its COMMIT where statements share a round
-    # trip (ADR 0013); the business transaction's fenced UPDATE must see its row count
-    # first, so its frame sends its own.
+    # Where statements share a round trip, both transactions' last writes carry their
+    # COMMIT: the creating transaction's inserts (ADR 0013) and the business
+    # transaction's writes, its fenced UPDATEs guarded on the server first (ADR 0014).
     batched = strategy_for(engine.dialect).multi_statements
-    assert counters.commits == (1 if batched else 2)
+    assert counters.commits == (0 if batched else 2)
     assert created.created and created.claimed is not None
     assert created.claimed.fence.attempt_number == 1
     assert run.state is RunState.SUCCEEDED

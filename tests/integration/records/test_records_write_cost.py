@@ -63,11 +63,16 @@ UNPARENTED_UPDATE_STATEMENTS = 7
 UNPARENTED_PLAIN_UPDATE_STATEMENTS = 5
 
 
-def _update_statements(engine: AsyncEngine, count: int) -> int:
+def _update_statements(engine: AsyncEngine, count: int, *, carried: bool = True) -> int:
     """``count`` on a backend with multi-table UPDATE (MariaDB) is one less: the record's
     CAS UPDATE and its history advance are one statement there (both rows held by the
-    lock phase; ``store.advancing_history_write``)."""
-    return count - 1 if strategy_for(engine.dialect).multi_table_update else count
+    lock phase; ``store.advancing_history_write``) — and, ``carried``, one more: where that
+    UPDATE rides in the round trip that carries the COMMIT (a deduplicated write's last
+    round trip), the statement after it guards its row count on the server
+    (``services.db_batch.row_guard``, ADR 0014)."""
+    if not strategy_for(engine.dialect).multi_table_update:
+        return count
+    return count if carried else count - 1
 
 
 @dataclass
@@ -149,9 +154,9 @@ async def test_a_deduplicated_create_and_update_cost_one_transaction_each(
     # The lookup, the plain read, the record + history lock; the CAS with its history
     # advance, event, audit and ledger rows.
     assert counts.round_trips == (4 if batched else UPDATE_STATEMENTS)
-    # The CAS UPDATE's row-count check must see its count before anything commits: the
-    # frame's own COMMIT follows.
-    assert counts.commits_sent == 1
+    # The CAS UPDATE's row count is checked on the server before the COMMIT that rides
+    # with it (ADR 0014): the frame sends none of its own.
+    assert counts.commits_sent == (0 if batched else 1)
     assert again.value is not None and again.value.history_sequence == 2
     assert await last_sequence(engine, org, "Account", rid) == 2
     assert await sequences(engine, org, "Account", rid) == [1, 2]
@@ -195,9 +200,10 @@ async def test_an_object_without_lock_relevant_parents_reads_its_row_once_under_
         again = await rec.mutate(
             org, VIEW, prepare_update(VIEW, "Note", rid, 2, {"Body": "three"}), actor=ACTOR
         )
+    # Not deduplicated: its frame commits (no ledger row joins a last round trip).
     assert (counts.transactions, counts.statements) == (
         1,
-        _update_statements(engine, UNPARENTED_PLAIN_UPDATE_STATEMENTS),
+        _update_statements(engine, UNPARENTED_PLAIN_UPDATE_STATEMENTS, carried=False),
     )
     assert again.history_sequence == 3 and again.record.version == 3
     with pytest.raises(StaleVersionError):
