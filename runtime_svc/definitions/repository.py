@@ -12,6 +12,7 @@ Plans have no update helper at all: an ``execution_plans`` row is written once b
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -660,7 +661,18 @@ def parse_active_plan_ids(value: Any) -> list[tuple[str, str, str | None]]:
     """
     if value is None:
         return []
-    items = json.loads(value) if isinstance(value, str | bytes) else value
+    if isinstance(value, str | bytes):
+        # Every before-save write of an object reads the same few values: decoded once.
+        return list(_parsed_active_plan_ids(value))
+    return _active_plan_ids(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_active_plan_ids(raw: str | bytes) -> tuple[tuple[str, str, str | None], ...]:
+    return tuple(_active_plan_ids(json.loads(raw)))
+
+
+def _active_plan_ids(items: Any) -> list[tuple[str, str, str | None]]:
     if not isinstance(items, list):
         raise ValueError("active plan ids: not a JSON array")
     out: list[tuple[str, str, str | None]] = []

@@ -19,6 +19,17 @@ def test_rows_decode_by_flow_name_with_a_missing_plan_as_none() -> None:
     assert repo.parse_active_plan_ids(raw.encode()) == repo.parse_active_plan_ids(raw)
 
 
+def test_a_decoded_value_is_reused_and_never_shared_with_a_caller() -> None:
+    raw = '[["Beta", "fv-3", "plan-3"]]'
+    first = repo.parse_active_plan_ids(raw)
+    first.append(("Mutated", "by", "a caller"))
+    assert repo.parse_active_plan_ids(raw) == [("Beta", "fv-3", "plan-3")]
+    # An already decoded column (a driver that decodes JSON) is read as it is.
+    assert repo.parse_active_plan_ids([["Beta", "fv-3", "plan-3"]]) == [("Beta", "fv-3", "plan-3")]
+    with pytest.raises(ValueError, match="active plan ids"):
+        repo.parse_active_plan_ids({"not": "a list"})
+
+
 @pytest.mark.parametrize("empty", [None, "[]"])
 def test_no_active_activation_is_no_row(empty: str | None) -> None:
     assert repo.parse_active_plan_ids(empty) == []
@@ -26,8 +37,9 @@ def test_no_active_activation_is_no_row(empty: str | None) -> None:
 
 @pytest.mark.parametrize("bad", ['{"a": 1}', '[["Alpha", "fv-1"]]', '["Alpha"]'])
 def test_anything_else_is_refused(bad: str) -> None:
-    with pytest.raises(ValueError, match="active plan ids"):
-        repo.parse_active_plan_ids(bad)
+    for _ in range(2):  # a refused value is refused every time (nothing of it is kept)
+        with pytest.raises(ValueError, match="active plan ids"):
+            repo.parse_active_plan_ids(bad)
 
 
 @pytest.mark.parametrize(
