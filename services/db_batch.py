@@ -496,9 +496,9 @@ async def commit_writes(
     server may have committed) — the connection is then invalidated, never reused.
 
     ``before_commit``: called once, right before the ``COMMIT`` goes out — before the
-    round trip that carries it, or (not carried) after the writes ran and passed their
-    checks — and not at all when a write fails first (a named crash point: "the
-    transaction's work is done, its ``COMMIT`` not sent").
+    round trip that carries it (whatever the server then answers), or (not carried)
+    after the writes ran and passed their checks, never after a write that failed — for
+    a named crash point: "the transaction's work is decided, its ``COMMIT`` not sent".
 
     Raises:
         CommitOutcomeUnknownError: see above.

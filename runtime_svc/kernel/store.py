@@ -796,7 +796,7 @@ class FlowRunStateStore:
         it (``services.db_batch.commit_writes``, ADR 0014) — the caller's frame then
         sends no ``COMMIT``. ``before_commit``: called once, right before the
         ``COMMIT`` goes out (before the round trip that carries it; otherwise when this
-        method's writes are done), never when the commit fails first.
+        method's writes are done), never after a lost fence or a write that failed.
 
         Raises:
             FenceLostError: the fence no longer holds; the caller's transaction must roll
