@@ -16,7 +16,7 @@ from typing import Any
 
 import pymysql
 from sqlalchemy import event, text
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from runtime_svc.kernel import FlowRunStateStore, LeaseFence, RunState
@@ -33,9 +33,10 @@ from tests.integration.atomic.support import (
     seed_business,
 )
 from tests.integration.worker.support import record_view
+from tests.support.databases import kill_session
 
 
-def _drop_connection_at_commit(sync_conn: Connection, engine: AsyncEngine) -> None:
+def _drop_connection_at_commit(sync_conn: Connection) -> None:
     """SQLite: a one-shot ``commit`` listener — the driver's lost-connection error is raised
     where ``COMMIT`` would run (its open transaction discarded with the connection, as a
     killed server session's is rolled back)."""
@@ -59,25 +60,9 @@ def _kill_session_as_commit_is_sent(
         if fired or not statement.endswith(";\nCOMMIT"):
             return
         fired.append(True)
-        _kill(engine, thread)
+        kill_session(engine.url.render_as_string(hide_password=False), thread)
 
     event.listen(sync_conn, "before_cursor_execute", before)
-
-
-def _kill(engine: AsyncEngine, server_thread_id: int) -> None:
-    url = make_url(engine.url)
-    admin = pymysql.connect(
-        host=url.host or "127.0.0.1",
-        port=url.port or 3306,
-        user=url.username or "root",
-        password=url.password or "",
-        autocommit=True,
-    )
-    try:
-        with admin.cursor() as cursor:
-            cursor.execute(f"KILL CONNECTION {int(server_thread_id)}")
-    finally:
-        admin.close()
 
 
 async def test_connection_dropped_during_commit_quarantines_the_run_without_retry(
@@ -95,7 +80,7 @@ async def test_connection_dropped_during_commit_quarantines_the_run_without_retr
         sync = conn.sync_connection
         assert sync is not None
         if engine.dialect.name == "sqlite":
-            _drop_connection_at_commit(sync, engine)
+            _drop_connection_at_commit(sync)
         else:
             thread_id = int((await conn.execute(text("SELECT CONNECTION_ID()"))).scalar_one())
             _kill_session_as_commit_is_sent(sync, engine, thread_id)
