@@ -9,6 +9,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import pymysql
 import pytest
@@ -20,7 +21,9 @@ from services import db, migrate
 
 __all__ = [
     "BACKENDS",
+    "StatementWatch",
     "admin_connection",
+    "commits_sent",
     "driver_engine",
     "mariadb_database",
     "module_database",
@@ -44,6 +47,34 @@ def admin_connection(server_url: str) -> pymysql.connections.Connection:  # type
         charset="utf8mb4",
         autocommit=True,
     )
+
+
+async def commits_sent(engine: AsyncEngine) -> int:
+    """``COMMIT`` s the pooled connection's reset-aware adapter sent on their own so far
+    (one carried by a transaction's last writes is not counted: ADR 0013/0014)."""
+    async with engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        commits: int = raw.dbapi_connection.commits  # type: ignore[union-attr]
+        return commits
+
+
+class StatementWatch:
+    """The SQL of every cursor execution on ``engine`` while in use (a batched round
+    trip is one entry)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.sync = engine.sync_engine
+        self.sql: list[str] = []
+
+    def _before(self, _c: Any, _cur: Any, sql: str, *_: Any) -> None:
+        self.sql.append(sql)
+
+    def __enter__(self) -> StatementWatch:
+        sa.event.listen(self.sync, "before_cursor_execute", self._before)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        sa.event.remove(self.sync, "before_cursor_execute", self._before)
 
 
 def kill_session(server_url: str, session: int) -> None:

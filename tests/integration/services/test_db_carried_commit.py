@@ -19,7 +19,7 @@ from typing import Any
 import pymysql
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event, make_url
+from sqlalchemy import make_url
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -39,7 +39,9 @@ from services.db_raw import round_trip
 from services.errors import CommitOutcomeUnknownError
 from services.invariants import InvariantError
 from tests.support.databases import (
+    StatementWatch,
     admin_connection,
+    commits_sent,
     driver_engine,
     kill_session,
     tables_engine,
@@ -77,36 +79,10 @@ async def _ids(engine: AsyncEngine) -> list[int]:
         return [r[0] for r in await conn.execute(sa.select(_t.c.id).order_by(_t.c.id))]
 
 
-async def _commits_sent(engine: AsyncEngine) -> int:
-    """``COMMIT`` s the pooled connection's adapter sent on their own so far."""
-    async with engine.connect() as conn:
-        raw = await conn.get_raw_connection()
-        commits: int = raw.dbapi_connection.commits  # type: ignore[union-attr]
-        return commits
-
-
-class _Watch:
-    """The SQL of every cursor execution on ``engine`` while in use."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.sync = engine.sync_engine
-        self.sql: list[str] = []
-
-    def _before(self, _c: Any, _cur: Any, sql: str, *_: Any) -> None:
-        self.sql.append(sql)
-
-    def __enter__(self) -> _Watch:
-        event.listen(self.sync, "before_cursor_execute", self._before)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        event.remove(self.sync, "before_cursor_execute", self._before)
-
-
 @pytest.mark.mariadb
 async def test_the_last_writes_and_the_commit_go_in_one_round_trip(engine: AsyncEngine) -> None:
-    before = await _commits_sent(engine)
-    with _Watch(engine) as watch:
+    before = await commits_sent(engine)
+    with StatementWatch(engine) as watch:
         async with db.transaction(engine) as conn:
             counts = await commit_writes(conn, [_row(1), _row(2)])
     assert counts == [1, 1]
@@ -116,7 +92,7 @@ async def test_the_last_writes_and_the_commit_go_in_one_round_trip(engine: Async
         "INSERT INTO carried_commit",
         "INSERT INTO carried_commit",
     ]
-    assert await _commits_sent(engine) == before  # the frame sent no COMMIT
+    assert await commits_sent(engine) == before  # the frame sent no COMMIT
     assert await _ids(engine) == [1, 2]
 
 
@@ -141,7 +117,7 @@ async def test_the_rows_are_committed_when_the_round_trip_returns(
 async def test_a_failing_write_stops_the_server_before_the_commit(engine: AsyncEngine) -> None:
     async with db.transaction(engine) as conn:
         await execute_writes(conn, [_row(1)])
-    before = await _commits_sent(engine)
+    before = await commits_sent(engine)
 
     async def both(conn: AsyncConnection) -> None:
         await commit_writes(conn, [_row(2), _row(1)])  # 1 exists: duplicate key
@@ -149,7 +125,7 @@ async def test_a_failing_write_stops_the_server_before_the_commit(engine: AsyncE
     with pytest.raises(DBAPIError) as caught:
         await db.run_in_transaction(engine, both)
     assert db.classify_db_error(caught.value) is db.DbErrorClass.DUPLICATE_KEY
-    assert await _commits_sent(engine) == before  # and the frame rolled back
+    assert await commits_sent(engine) == before  # and the frame rolled back
     assert await _ids(engine) == [1]  # row 2 rolled back with its transaction
 
 
@@ -159,7 +135,7 @@ async def test_an_insert_if_absent_that_finds_its_row_leaves_the_transaction_ope
 ) -> None:
     async with db.transaction(engine) as conn:
         await execute_writes(conn, [_row(1)])
-    before = await _commits_sent(engine)
+    before = await commits_sent(engine)
     async with db.transaction(engine) as conn:
         present = not await execute_writes_if_absent(
             conn, [insert_if_absent_write(_t, {"id": 1, "label": "again"})], commit=True
@@ -167,7 +143,7 @@ async def test_an_insert_if_absent_that_finds_its_row_leaves_the_transaction_ope
         assert present
         # Not committed: the transaction goes on and the frame commits it.
         await execute_writes(conn, [_row(3)])
-    assert await _commits_sent(engine) == before + 1
+    assert await commits_sent(engine) == before + 1
     assert await _ids(engine) == [1, 3]
 
 
@@ -180,13 +156,13 @@ async def test_a_write_with_a_check_keeps_the_frames_commit(engine: AsyncEngine)
         if count != 1:
             raise AssertionError("refused")
 
-    before = await _commits_sent(engine)
-    with _Watch(engine) as watch:
+    before = await commits_sent(engine)
+    with StatementWatch(engine) as watch:
         async with db.transaction(engine) as conn:
             await commit_writes(conn, [_row(1), Write(_INSERT, {"id": 2, "label": "c"}, check)])
     assert seen == [1]
     assert not watch.sql[0].endswith("COMMIT")
-    assert await _commits_sent(engine) == before + 1
+    assert await commits_sent(engine) == before + 1
     assert await _ids(engine) == [1, 2]
 
 
@@ -195,13 +171,13 @@ async def test_an_observer_sees_the_row_counts_and_the_commit_still_rides(
     engine: AsyncEngine,
 ) -> None:
     seen: list[int] = []
-    before = await _commits_sent(engine)
+    before = await commits_sent(engine)
     async with db.transaction(engine) as conn:
         await commit_writes(
             conn, [_row(1), Write(_INSERT, {"id": 2, "label": "o"}, observe=seen.append)]
         )
     assert seen == [1]
-    assert await _commits_sent(engine) == before
+    assert await commits_sent(engine) == before
 
 
 @pytest.mark.mariadb
@@ -342,7 +318,7 @@ async def test_a_carried_commit_that_fails_otherwise_is_an_unknown_outcome(
 
 
 async def test_on_sqlite_the_frame_commits_the_last_writes(sqlite_engine: AsyncEngine) -> None:
-    with _Watch(sqlite_engine) as watch:
+    with StatementWatch(sqlite_engine) as watch:
         async with db.transaction(sqlite_engine) as conn:
             assert await commit_writes(conn, [_row(1), _row(2)]) == [1, 1]
             await conn.execute(_INSERT, {"id": 3, "label": "after"})  # still the transaction
@@ -373,20 +349,20 @@ async def test_the_last_reads_of_a_read_only_transaction_carry_its_commit(
 ) -> None:
     async with db.transaction(engine) as conn:
         await execute_writes(conn, [_row(1), _row(2)])
-    before = await _commits_sent(engine)
+    before = await commits_sent(engine)
     read = Read(sa.select(_t.c.id, _t.c.label).where(_t.c.id >= sa.bindparam("low")), {"low": 2})
-    with _Watch(engine) as watch:
+    with StatementWatch(engine) as watch:
         async with db.transaction(engine, readonly=True) as conn:
             [rows] = await execute_reads(conn, [read], commit=True)
     assert [(r.id, r.label) for r in rows] == [(2, "x")]
     assert len(watch.sql) == 1 and watch.sql[0].endswith("COMMIT")
-    assert await _commits_sent(engine) == before
+    assert await commits_sent(engine) == before
     # In a transaction that may have written, the frame commits as usual.
     async with db.transaction(engine) as conn:
         await execute_writes(conn, [_row(3)])
         [rows] = await execute_reads(conn, [read], commit=True)
     assert [r.id for r in rows] == [2, 3]
-    assert await _commits_sent(engine) == before + 1
+    assert await commits_sent(engine) == before + 1
     assert await _ids(engine) == [1, 2, 3]
 
 

@@ -12,11 +12,9 @@ failed write. On SQLite no guard is sent and the frame commits."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -32,7 +30,7 @@ from services.db_batch import (
 from services.db_mysql import DRIVERS
 from services.errors import FenceLostError
 from services.invariants import InvariantError
-from tests.support.databases import driver_engine, tables_engine
+from tests.support.databases import StatementWatch, commits_sent, driver_engine, tables_engine
 
 _md = sa.MetaData()
 _t = sa.Table(
@@ -84,34 +82,9 @@ async def _rows(engine: AsyncEngine) -> list[tuple[int, int]]:
         return [(r[0], r[1]) for r in result]
 
 
-async def _commits_sent(engine: AsyncEngine) -> int:
-    async with engine.connect() as conn:
-        raw = await conn.get_raw_connection()
-        commits: int = raw.dbapi_connection.commits  # type: ignore[union-attr]
-        return commits
-
-
 async def _seed(engine: AsyncEngine) -> None:
     async with db.transaction(engine) as conn:
         await execute_writes(conn, [Write(_INSERT, {"id": 1, "version": 0})])
-
-
-class _Watch:
-    """The SQL of every cursor execution on ``engine`` while in use."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.sync = engine.sync_engine
-        self.sql: list[str] = []
-
-    def _before(self, _c: Any, _cur: Any, sql: str, *_: Any) -> None:
-        self.sql.append(sql)
-
-    def __enter__(self) -> _Watch:
-        event.listen(self.sync, "before_cursor_execute", self._before)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        event.remove(self.sync, "before_cursor_execute", self._before)
 
 
 def test_a_row_guard_names_a_row_count_and_nothing_else() -> None:
@@ -126,8 +99,8 @@ async def test_a_guarded_fenced_write_rides_with_the_commit(engine: AsyncEngine)
     await _seed(engine)
     seen: list[int] = []
     fired: list[int] = []
-    before = await _commits_sent(engine)
-    with _Watch(engine) as watch:
+    before = await commits_sent(engine)
+    with StatementWatch(engine) as watch:
         async with db.transaction(engine) as conn:
             counts = await commit_writes(
                 conn,
@@ -142,7 +115,7 @@ async def test_a_guarded_fenced_write_rides_with_the_commit(engine: AsyncEngine)
     assert kinds == ["UPDATE", "SET", "INSERT"]
     assert "ROW_COUNT() <> 1" in statements_of(sql)[1]
     assert fired == [0]  # right before the round trip that carried the COMMIT
-    assert await _commits_sent(engine) == before  # the frame sent none
+    assert await commits_sent(engine) == before  # the frame sent none
     assert await _rows(engine) == [(1, 1), (2, 0)]
 
 
@@ -156,7 +129,7 @@ async def test_a_refused_row_count_stops_the_server_before_the_commit(
     await _seed(engine)
     seen: list[int] = []
     fired: list[int] = []
-    before = await _commits_sent(engine)
+    before = await commits_sent(engine)
     with pytest.raises(_Lost):
         async with db.transaction(engine) as conn:
             try:
@@ -175,7 +148,7 @@ async def test_a_refused_row_count_stops_the_server_before_the_commit(
                 assert [r[0] for r in got] == [1, 3]
     assert seen == [0]
     assert fired == [1]  # it fired before the round trip; the COMMIT never ran
-    assert await _commits_sent(engine) == before
+    assert await commits_sent(engine) == before
     assert await _rows(engine) == [(1, 0)]  # nothing committed
 
 
@@ -200,15 +173,15 @@ async def test_a_check_without_a_declared_count_keeps_the_frames_commit(
     await _seed(engine)
     seen: list[int] = []
     fired: list[int] = []
-    before = await _commits_sent(engine)
-    with _Watch(engine) as watch:
+    before = await commits_sent(engine)
+    with StatementWatch(engine) as watch:
         async with db.transaction(engine) as conn:
             await commit_writes(
                 conn, [_bump(1, 0, seen, rows=None)], before_commit=lambda: fired.append(1)
             )
             assert fired == [1]  # after the writes, before the frame's COMMIT
     assert not watch.sql[0].endswith("COMMIT") and "ROW_COUNT" not in watch.sql[0]
-    assert await _commits_sent(engine) == before + 1
+    assert await commits_sent(engine) == before + 1
     assert await _rows(engine) == [(1, 1)]
 
 
@@ -216,13 +189,13 @@ async def test_a_check_without_a_declared_count_keeps_the_frames_commit(
 async def test_an_engine_may_keep_every_commit_on_its_own(engine: AsyncEngine) -> None:
     await _seed(engine)
     seen: list[int] = []
-    before = await _commits_sent(engine)
+    before = await commits_sent(engine)
     engine.sync_engine.update_execution_options(**{CARRY_COMMIT_OPTION: False})
-    with _Watch(engine) as watch:
+    with StatementWatch(engine) as watch:
         async with db.transaction(engine) as conn:
             await commit_writes(conn, [_bump(1, 0, seen), Write(_INSERT, {"id": 2, "version": 0})])
     assert not watch.sql[0].endswith("COMMIT") and "ROW_COUNT" not in watch.sql[0]
-    assert await _commits_sent(engine) == before + 1
+    assert await commits_sent(engine) == before + 1
     assert await _rows(engine) == [(1, 1), (2, 0)]
 
 
@@ -252,7 +225,7 @@ async def test_on_sqlite_no_guard_is_sent_and_the_frame_commits(
     await _seed(sqlite_engine)
     seen: list[int] = []
     fired: list[int] = []
-    with _Watch(sqlite_engine) as watch:
+    with StatementWatch(sqlite_engine) as watch:
         async with db.transaction(sqlite_engine) as conn:
             await commit_writes(conn, [_bump(1, 0, seen)], before_commit=lambda: fired.append(1))
             assert fired == [1]
