@@ -45,7 +45,7 @@ from runtime_svc.schema import flow_runs, flow_step_executions
 from runtime_svc.worker import Outcome
 from services import db, event_loop, migrate
 from services.db import BEGIN_MODE_OPTION
-from services.db_batch import statements_of
+from services.db_batch import row_guard, statements_of
 from services.db_mysql import carried_commit
 from tests.integration.worker.support import make_worker, seed, start_run
 
@@ -65,6 +65,10 @@ _RAW = sa.Table(
 )
 
 
+#: How a row guard statement begins (``services.db_batch.row_guard``).
+_ROW_GUARD = row_guard(0).split("(")[0]
+
+
 @dataclass
 class _Counters:
     """Transactions and statements an engine ran (its sync facade's events)."""
@@ -78,6 +82,9 @@ class _Counters:
     #: ``COMMIT`` s sent in a round trip of their own (one carried by a transaction's last
     #: writes, ADR 0013, is not: it rode on a statement round trip)
     commits: int = 0
+    #: Of :attr:`statements`, the row guards after fenced writes whose round trip carries
+    #: the ``COMMIT`` (``services.db_batch.row_guard``, ADR 0014): no table access
+    row_guards: int = 0
 
     def snapshot(self) -> tuple[int, int, int, int, int]:
         return (
@@ -87,6 +94,17 @@ class _Counters:
             self.round_trips,
             self.commits,
         )
+
+
+def _note_statement(counters: _Counters, statement: object) -> None:
+    """Count one cursor execution: a round trip, its statements, the row guards among
+    them (a ``BEGIN`` is none of these)."""
+    if isinstance(statement, str) and statement.startswith("BEGIN"):
+        return
+    statements = statements_of(str(statement))
+    counters.statements += len(statements)
+    counters.row_guards += sum(1 for s in statements if s.startswith(_ROW_GUARD))
+    counters.round_trips += 1
 
 
 def _count(engine: AsyncEngine) -> _Counters:
@@ -100,10 +118,7 @@ def _count(engine: AsyncEngine) -> _Counters:
 
     @sa.event.listens_for(engine.sync_engine, "before_cursor_execute")
     def _statement(*args: Any) -> None:
-        statement = args[2]
-        if not (isinstance(statement, str) and statement.startswith("BEGIN")):
-            counters.statements += len(statements_of(str(statement)))
-            counters.round_trips += 1
+        _note_statement(counters, args[2])
 
     @sa.event.listens_for(engine.sync_engine, "commit")
     def _commit(conn: sa.Connection) -> None:
@@ -122,6 +137,8 @@ class _StepCost:
     round_trips: float
     commits: float
     cpu_ms: float
+    #: Of :attr:`statements`, row guards (ADR 0014)
+    row_guards: float = 0.0
 
 
 async def _raw_table(engine: AsyncEngine) -> None:
@@ -164,7 +181,7 @@ async def _steps_rate(
         await start_run(store, seeded, label=f"b{i}")
     pool = [make_worker(engine, store, owner=f"b{i}", batch_size=2) for i in range(workers)]
     committed = 0
-    before = counters.snapshot()
+    before, guards = counters.snapshot(), counters.row_guards
     cpu = time.process_time()
     start = time.perf_counter()
 
@@ -191,6 +208,7 @@ async def _steps_rate(
         round_trips=trips / per,
         commits=commits / per,
         cpu_ms=cpu * 1000 / per,
+        row_guards=(counters.row_guards - guards) / per,
     )
 
 
@@ -325,6 +343,7 @@ async def _bench(label: str, url: str, seconds: float) -> None:
             print(
                 f"{label:<8}   per step: write txns {cost.write_txns:5.2f}"
                 f"  txns {cost.txns:5.2f}  statements {cost.statements:5.1f}"
+                f" ({cost.row_guards:3.1f} row guards)"
                 f"  round trips {cost.round_trips:5.1f}  COMMITs {cost.commits:4.2f}"
                 f"  CPU ms {cost.cpu_ms:6.2f}"
             )

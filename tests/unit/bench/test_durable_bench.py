@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bench import durable_bench
 from services import db, migrate
+from services.db_batch import row_guard
 
 
 async def test_the_durable_bench_counts_transactions_statements_and_cpu_per_step(
@@ -36,4 +37,17 @@ async def test_the_durable_bench_counts_transactions_statements_and_cpu_per_step
     # root UPDATE carries the continuation's claim, the next step is inserted Running),
     # the lone record's lock-first read and that lock carrying the clock.
     assert 10 < cost.statements < 17
+    # SQLite commits in its frame: no write rides with a COMMIT, so no row guard (ADR 0014).
+    assert cost.row_guards == 0
     assert cost.cpu_ms > 0
+
+
+def test_the_durable_bench_counts_the_row_guards_among_the_statements() -> None:
+    """A row guard is a statement that touches no table; the bench counts it among the
+    statements and says how many of them were guards."""
+    counters = durable_bench._Counters()
+    guard = row_guard(1)
+    carried = f"UPDATE t SET v = 1;\n{guard};\nINSERT INTO u VALUES (1);\nCOMMIT"
+    durable_bench._note_statement(counters, carried)
+    durable_bench._note_statement(counters, "SELECT 1")
+    assert (counters.statements, counters.row_guards, counters.round_trips) == (4, 1, 2)
