@@ -456,6 +456,7 @@ class FlowRunStateStore:
                 expected_root_version=candidate.root_state_version,
                 expected_step_version=candidate.step_state_version,
                 running=running,
+                final=True,  # the claim's writes end its transaction (ADR 0014)
             )
 
         try:
@@ -480,6 +481,7 @@ class FlowRunStateStore:
         expected_step_version: int | None,
         held: tuple[RunRecord, StepRecord] | None = None,
         running: bool = False,
+        final: bool = False,
     ) -> tuple[LeaseFence, Transition | None] | NotEligible:
         """The one claim path (§12.1 steps 3-5) of :meth:`claim` and
         :meth:`continue_txn`: lock root then step, decide, apply. ``held`` is the root
@@ -489,7 +491,9 @@ class FlowRunStateStore:
         write both in the claim's UPDATEs (ADR 0003); the fence then carries the
         Running version. Returns the fence and, for a claim that won, the transition
         it applied. ``now=None``: the clock is read after the locks, by the same
-        statement (:func:`lock_run_and_step`)."""
+        statement (:func:`lock_run_and_step`). ``final``: nothing follows the claim's
+        writes in the caller's transaction — they carry its ``COMMIT`` where the backend
+        allows (ADR 0014)."""
         if held is not None:
             root, step = held
         else:
@@ -516,14 +520,18 @@ class FlowRunStateStore:
         if isinstance(decision, NotEligible):
             return decision
         if isinstance(decision, RetryExhausted) or not running:
-            await apply_transition(conn, org_id, decision.transition, now, rows_locked=True)
+            await apply_transition(
+                conn, org_id, decision.transition, now, rows_locked=True, final=final
+            )
             if isinstance(decision, RetryExhausted):
                 return NotEligible("attempt_budget_spent")
             return decision.fence(org_id, root.flow_run_id, step, request, token), (
                 decision.transition
             )
         fence, running_patch = _claimed_running(org_id, root, step, decision, request, token, now)
-        await apply_claim_running(conn, org_id, decision.transition, running_patch, now)
+        await apply_claim_running(
+            conn, org_id, decision.transition, running_patch, now, final=final
+        )
         # One UPDATE moved the step by one version, Pending -> Running.
         return fence, decision.transition
 

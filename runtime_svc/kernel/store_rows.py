@@ -687,6 +687,7 @@ async def apply_claim_running(
     *,
     before: Sequence[Write] = (),
     last: Write | None = None,
+    final: bool = False,
 ) -> None:
     """A claim's ``transition`` with its step going on to ``Running`` in the same
     conditional UPDATE (the fused claim, ``docs/adr/0003-fused-claim-running.md``).
@@ -695,7 +696,9 @@ async def apply_claim_running(
     (a wait resolution's root/step and dependency UPDATEs, :func:`held_transition_writes`,
     whose rows leave the versions this claim expects). ``last``: a write of the caller's
     transaction that goes after the claim's, in the same round trip (``apply_transition``'s
-    ``last``: its row need not be held).
+    ``last``: its row need not be held). ``final``: these are the transaction's last
+    writes — they carry its ``COMMIT`` where the backend allows, the fenced UPDATE's row
+    count guarded on the server first (``apply_transition``'s, ADR 0014).
 
     ``running`` is ``decide_start_running``'s patch, decided on the rows the claim
     leaves (``kernel.applied``). The root UPDATE and the attempt INSERT are the claim's;
@@ -726,15 +729,16 @@ async def apply_claim_running(
         _step_write(org_id, step, now, then=running),
     )
     # One round trip where the backend allows (ADR 0010), decided in statement order.
-    await execute_writes(
-        conn,
-        [
-            *before,
-            *fenced_writes(conn, writes, together=True),
-            attempt_insert(org_id, claim.new_attempt),
-            *(() if last is None else (last,)),
-        ],
-    )
+    batch = [
+        *before,
+        *fenced_writes(conn, writes, together=True),
+        attempt_insert(org_id, claim.new_attempt),
+        *(() if last is None else (last,)),
+    ]
+    if final:
+        await commit_writes(conn, batch)
+    else:
+        await execute_writes(conn, batch)
 
 
 async def apply_commit_continued(
