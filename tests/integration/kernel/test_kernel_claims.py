@@ -86,6 +86,33 @@ async def test_duplicate_scheduler_delivery_claims_once(world: World) -> None:
     assert await world.store.eligible_work(world.org, QUEUE) == []
 
 
+async def test_a_claims_writes_carry_its_commit_behind_a_row_guard(world: World) -> None:
+    """ADR 0014: a claim ends with its fused root/step UPDATE and attempt INSERT; where
+    statements share a round trip those carry its COMMIT, the UPDATE's row count guarded
+    on the server first, and its frame sends none. Elsewhere the frame commits."""
+    await start(world)
+    [candidate] = await world.store.eligible_work(world.org, QUEUE)
+    sent: list[str] = []
+
+    def watch(*args: Any) -> None:
+        sent.append(str(args[2]))
+
+    sa.event.listen(world.engine.sync_engine, "before_cursor_execute", watch)
+    try:
+        fence = await world.store.claim(world.org, candidate, lease_owner="w1", running=True)
+    finally:
+        sa.event.remove(world.engine.sync_engine, "before_cursor_execute", watch)
+    assert isinstance(fence, LeaseFence)
+    writes = [sql for sql in sent if "INSERT INTO flow_step_attempts" in sql]
+    assert len(writes) == 1
+    if strategy_for(world.engine.dialect).multi_statements:
+        assert writes[0].endswith(";\nCOMMIT") and "ROW_COUNT() <> 2" in writes[0]
+    else:
+        assert "COMMIT" not in writes[0] and "ROW_COUNT" not in writes[0]
+    [step] = await rows(world.engine, flow_step_executions, org_id=world.org)
+    assert step["state"] == "Running" and step["lease_token"] == fence.token_digest
+
+
 async def test_claim_records_the_immutable_attempt_inputs(world: World) -> None:
     run_id = await start(world)
     fence = await claim(world, run_id)
