@@ -45,7 +45,7 @@ from runtime_svc.schema import flow_runs, flow_step_executions
 from runtime_svc.worker import Outcome
 from services import db, event_loop, migrate
 from services.db import BEGIN_MODE_OPTION
-from services.db_batch import row_guard, statements_of
+from services.db_batch import is_row_guard, statements_of
 from services.db_mysql import carried_commit
 from tests.integration.worker.support import make_worker, seed, start_run
 
@@ -63,10 +63,6 @@ _RAW = sa.Table(
     sa.Column("id", sa.String(64), primary_key=True),
     sa.Column("payload", sa.Text, nullable=False),
 )
-
-
-#: How a row guard statement begins (``services.db_batch.row_guard``).
-_ROW_GUARD = row_guard(0).split("(")[0]
 
 
 @dataclass
@@ -103,7 +99,7 @@ def _note_statement(counters: _Counters, statement: object) -> None:
         return
     statements = statements_of(str(statement))
     counters.statements += len(statements)
-    counters.row_guards += sum(1 for s in statements if s.startswith(_ROW_GUARD))
+    counters.row_guards += sum(1 for s in statements if is_row_guard(s))
     counters.round_trips += 1
 
 

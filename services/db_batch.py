@@ -86,6 +86,7 @@ __all__ = [
     "insert_if_absent_write",
     "install_batch_hooks",
     "is_if_absent",
+    "is_row_guard",
     "row_guard",
     "statements_of",
 ]
@@ -121,6 +122,11 @@ def row_guard(rows: int) -> str:
     # An int checked above, never caller text: a literal is safe (and keeps the
     # round trip's parameters those of its writes).
     return _ROW_GUARD_SQL + str(rows) + ")"
+
+
+def is_row_guard(statement: str) -> bool:
+    """``statement`` (one of :func:`statements_of`'s) is a :func:`row_guard`."""
+    return statement.startswith(_ROW_GUARD_SQL)
 
 
 @dataclass(frozen=True)
@@ -538,8 +544,7 @@ async def _execute(
         if before_commit is not None:
             before_commit()
         return counts
-    sql, params, positions = batched
-    statements = len(positions) + sum(1 for w in writes if carries and w.rows is not None)
+    sql, params, positions, statements = batched
     if carries:
         sql += _CARRIED_COMMIT
         if before_commit is not None:
@@ -697,9 +702,10 @@ def _raise_mapped(write: Write, exc: DBAPIError) -> NoReturn:
 
 def _batch(
     dialect: Dialect, writes: Sequence[Write], *, guarded: bool
-) -> tuple[str, list[Any], list[int]] | None:
-    """The round trip's SQL, its parameters and each write's statement position —
-    ``guarded``: a :func:`row_guard` after each write that declares :attr:`Write.rows`."""
+) -> tuple[str, list[Any], list[int], int] | None:
+    """The round trip's SQL, its parameters, each write's statement position and the
+    number of statements — ``guarded``: a :func:`row_guard` after each write that
+    declares :attr:`Write.rows`."""
     if not writes or not strategy_for(dialect).multi_statements:
         return None
     parts: list[str] = []
@@ -714,4 +720,4 @@ def _batch(
         params.extend(_bound(write, compiled))
         if guarded and write.rows is not None:
             parts.append(row_guard(write.rows))
-    return BATCH_SEPARATOR.join(parts), params, positions
+    return BATCH_SEPARATOR.join(parts), params, positions, len(parts)

@@ -600,10 +600,7 @@ async def apply_transition(
         # row count and each INSERT's duplicate key decide as the statements alone would.
         if if_absent:
             return await execute_writes_if_absent(conn, batch)
-        if final:
-            await commit_writes(conn, batch, before_commit=before_commit)
-        else:
-            await execute_writes(conn, batch)
+        await _send(conn, batch, final=final, before_commit=before_commit)
         return True
     # Rows not held yet: a lost fence must stop the statements after it before they
     # take their rows' locks (a batch runs them, then rolls them back), so one by one.
@@ -614,6 +611,21 @@ async def apply_transition(
         else:
             await execute_writes(conn, [write])
     return True
+
+
+async def _send(
+    conn: AsyncConnection,
+    batch: Sequence[Write],
+    *,
+    final: bool,
+    before_commit: Callable[[], None] | None = None,
+) -> None:
+    """``batch`` in order: the transaction's last writes carrying its ``COMMIT`` when
+    ``final`` (``services.db_batch.commit_writes``, ADR 0014), else ``execute_writes``."""
+    if final:
+        await commit_writes(conn, batch, before_commit=before_commit)
+    else:
+        await execute_writes(conn, batch)
 
 
 def _transition_batch(
@@ -735,10 +747,7 @@ async def apply_claim_running(
         attempt_insert(org_id, claim.new_attempt),
         *(() if last is None else (last,)),
     ]
-    if final:
-        await commit_writes(conn, batch)
-    else:
-        await execute_writes(conn, batch)
+    await _send(conn, batch, final=final)
 
 
 async def apply_commit_continued(
@@ -792,10 +801,7 @@ async def apply_commit_continued(
         step_insert(org_id, new_step, now, (step, running)),
         attempt_insert(org_id, claim.new_attempt),
     ]
-    if final:
-        await commit_writes(conn, batch, before_commit=before_commit)
-    else:
-        await execute_writes(conn, batch)
+    await _send(conn, batch, final=final, before_commit=before_commit)
 
 
 def step_insert(
