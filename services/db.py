@@ -98,6 +98,7 @@ __all__ = [
     "TOKEN_LEN",
     "TRACE_CONTEXT_BYTES",
     "WORK_SCOPE",
+    "AsciiId",
     "Backoff",
     "DbErrorClass",
     "DialectStrategy",
@@ -866,16 +867,42 @@ def _fenced_together_statement(shapes: tuple[tuple[Any, ...], ...]) -> Any:
     """One multi-table ``UPDATE`` carrying every shape's predicates and values
     (parameters prefixed ``u<i>_``); the tables are related by their (equal) ``org_id``
     only — each row is named by its own key, as in its single-table statement."""
-    first: Table = shapes[0][0]
+    lead = next((i for i, shape in enumerate(shapes) if _sets_wide(shape)), 0)
+    first: Table = shapes[lead][0]
     where: list[Any] = []
     sets: dict[Any, Any] = {}
     for i, shape in enumerate(shapes):
         w, s = _fenced_clauses(*shape, prefix=f"u{i}_")
         where += w
         sets.update(s)
-        if i:
+        if i != lead:
             where.append(shape[0].c.org_id == first.c.org_id)
     return update(first).where(*where).values(sets)
+
+
+#: MariaDB stores a temporary-table column longer than this many bytes as a BLOB, and a
+#: temporary table with a BLOB on disk (``CONVERT_IF_BIGGER_TO_BLOB``).
+_TMP_COLUMN_BYTES = 512
+
+
+def _sets_wide(shape: tuple[Any, ...]) -> bool:
+    """Whether a write of ``shape`` sets a column MariaDB's multi-table ``UPDATE`` would
+    keep in an on-disk temporary table (text, or a string wider than 512 bytes) were its
+    table not the one updated on the fly — the first of the statement's tables. Such a
+    table is named first (ADR 0015): e.g. the attempt row's ``metrics_summary`` in a step
+    commit. The order of the tables in the statement is free: every row is already
+    locked by the caller's lock read (see :func:`fenced_updates`)."""
+    table: Table = shape[0]
+    for name, _ in shape[3]:
+        column_type = table.c[name].type
+        if isinstance(column_type, TypeDecorator):
+            column_type = column_type.impl_instance
+        if isinstance(column_type, Text) or (
+            isinstance(column_type, String)
+            and (column_type.length is None or 4 * column_type.length > _TMP_COLUMN_BYTES)
+        ):
+            return True
+    return False
 
 
 async def fenced_update(
@@ -1176,6 +1203,54 @@ class UtcDateTime(TypeDecorator[datetime]):
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         return None if value is None else value.replace(tzinfo=UTC)
+
+
+#: What a non-ASCII value is bound as on MySQL-family servers (:class:`AsciiId`): ASCII, so
+#: the comparison is legal, and longer than any stored identifier, so it equals none and
+#: no INSERT in strict mode can store it ("data too long").
+NON_ASCII_ID = "non-ascii-identifier:" + "~" * (ID_LEN + 1 - len("non-ascii-identifier:"))
+
+
+class AsciiId(TypeDecorator[str]):
+    """A machine identifier that joins the runtime's hot rows — runs, steps, attempts,
+    checkpoints, records — or an object API name: ASCII by construction (``run_<hex>``,
+    ``RECORD_ID_RE``, the catalog's object-name rule), stored as ``VARCHAR(64)
+    CHARACTER SET ascii COLLATE ascii_bin`` on MySQL-family servers (ADR 0015), text on
+    SQLite.
+
+    One byte per character instead of utf8mb4's four keeps a primary key of ``org_id``
+    and one or two such columns under the 512 bytes above which MariaDB's multi-table
+    ``UPDATE`` (ADR 0009) keeps its row ids in an on-disk temporary table. Comparison is
+    byte-for-byte, as with ``utf8mb4_bin``.
+
+    A value that is not ASCII cannot be a stored identifier, but MariaDB refuses to even
+    compare one with an ``ascii`` column (error 1267, "illegal mix of collations"). On
+    MySQL-family servers such a value is therefore bound as :data:`NON_ASCII_ID`: a
+    lookup by it finds nothing (a run id from a request answers NOT_FOUND, as any unknown
+    id does), and an INSERT of it fails as too long instead of storing anything. SQLite
+    binds every value as it is.
+    """
+
+    impl = String(ID_LEN)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(
+                mysql.VARCHAR(ID_LEN, charset="ascii", collation="ascii_bin")
+            )
+        return dialect.type_descriptor(String(ID_LEN))
+
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
+        # Directly, not through process_bind_param: one plain call per bound id on the
+        # hot path (the VARCHAR itself has no bind processor on either MySQL driver).
+        if dialect.name in ("mysql", "mariadb"):
+            return _ascii_or_sentinel
+        return None
+
+
+def _ascii_or_sentinel(value: Any) -> Any:
+    return value if value is None or value.isascii() else NON_ASCII_ID
 
 
 class JsonText(TypeDecorator[str]):

@@ -35,6 +35,7 @@ from sqlalchemy import Column, Index, MetaData, Table
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.schema import ColumnCollectionConstraint
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from services.config import ServiceName, load_config
 from services.db import create_engine, strategy_for, transaction
@@ -198,13 +199,48 @@ def _describe(diff: Any) -> str:
     return f"{op}: {' '.join(parts)}"
 
 
+def _declared_charset(declared: TypeEngine[Any]) -> str | None:
+    while isinstance(declared, TypeDecorator):
+        declared = declared.impl_instance
+    charset = getattr(declared, "charset", None)
+    return charset if isinstance(charset, str) else None
+
+
+def _charset_drift(conn: Connection, metadata: MetaData) -> list[str]:
+    """Columns whose declared MySQL character set (``services.db.AsciiId``) the live
+    column does not have — a difference Alembic's type comparison does not see. MariaDB
+    and MySQL only: SQLite has none, and TiDB keeps ``utf8mb4`` ids (it cannot convert a
+    column to ``ascii``; revision ``0015_ascii_ids`` of the runtime leaves it alone)."""
+    if conn.dialect.name not in ("mysql", "mariadb"):
+        return []
+    if "tidb" in str(conn.exec_driver_sql("SELECT VERSION()").scalar_one()).lower():
+        return []
+    live = {
+        (str(t), str(c)): str(cs)
+        for t, c, cs in conn.exec_driver_sql(
+            "SELECT table_name, column_name, character_set_name FROM information_schema.columns"
+            " WHERE table_schema = DATABASE()"
+        ).all()
+    }
+    problems = []
+    for table in metadata.sorted_tables:
+        for column in table.columns:
+            wanted = _declared_charset(column.type.dialect_impl(conn.dialect))
+            found = live.get((table.name, column.name))
+            if wanted and found is not None and found != wanted:
+                name = f"{table.name}.{column.name}"
+                problems.append(f"modify_charset: column {name} is {found}, declared {wanted}")
+    return problems
+
+
 async def verify(db_url: str, service_pkg: str) -> list[str]:
     """Differences between the live database and the service's ``schema.py``.
 
     Returns:
         One line per problem: a revision other than head, then every difference Alembic's
         comparison finds (tables, columns, types, nullability, server defaults, indexes,
-        unique and foreign keys). Empty when the schema is exactly as declared.
+        unique and foreign keys), then every column whose declared MySQL character set the
+        live column lacks. Empty when the schema is exactly as declared.
     """
     metadata = _metadata(service_pkg)
     expected_heads = heads(service_pkg)
@@ -216,6 +252,7 @@ async def verify(db_url: str, service_pkg: str) -> list[str]:
         if at != expected_heads:
             problems.append(f"database is at revision {at or 'none'}, head is {expected_heads}")
         problems.extend(_describe(d) for d in compare_metadata(mc, metadata))
+        problems.extend(_charset_drift(sync_conn, metadata))
         return problems
 
     engine = create_engine(db_url, pool_size=1)

@@ -14,6 +14,9 @@ the org-keyed ``flow_runs`` (§20.2, §20.3 4).
   legacy status/element/context; a row left ``Running`` by a drained process becomes
   ``Paused`` and due, resuming from its last persisted position) and marked adopted, one
   row per transaction. No run changes owner or epoch; nothing becomes a V2 checkpoint.
+  A row is refused (left for an operator, the org-schema gate names it) when its interview
+  id is not ASCII (``flow_run_id`` is an ASCII identifier, ADR 0015), its Flow version is
+  missing, its legacy context does not parse, or another run already holds its identity.
 
 Every receipt row is ``FlowInterviewOrgBackfillReceipt``: authority digest, exact OrgID,
 scanned / stamped / already-matching counts, null and mismatch counts, schema generation,
@@ -302,6 +305,11 @@ async def adopt_prebridge_rows(
             if raw is None or raw["adopted_at"] is not None:
                 continue
             row = PreBridgeInterview.from_row(raw)
+            if not interview_id.isascii():
+                # It would become the run's ``flow_run_id``: an ASCII column on
+                # MariaDB/MySQL (ADR 0015), and an ASCII identifier everywhere.
+                refused[interview_id] = "interview_id_not_ascii"
+                continue
             version = await repo.get_flow_version_by_number_txn(
                 conn, org, row.flow_api_name, row.flow_version_number
             )

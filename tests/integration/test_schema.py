@@ -174,6 +174,8 @@ def _keys(table: Table) -> list[tuple[str, list[str]]]:
 
 
 def _column_bytes(column_type: object) -> int:
+    if isinstance(column_type, db.AsciiId):
+        return 4 * db.ID_LEN  # as utf8mb4: TiDB keeps these columns utf8mb4 (ADR 0015)
     if isinstance(column_type, String):
         assert column_type.length is not None
         return 4 * column_type.length

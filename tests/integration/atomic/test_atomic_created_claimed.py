@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.durable_bench import _count
@@ -27,6 +28,7 @@ from runtime_svc.kernel import (
 )
 from runtime_svc.runs.resolve import first_step_of
 from runtime_svc.worker import Outcome
+from services import db
 from services.db import strategy_for
 from services.errors import FenceLostError
 from tests.integration.atomic.support import (
@@ -167,3 +169,37 @@ async def test_an_idempotent_replay_claims_nothing_and_answers_the_same_run(
     assert replayed.flow_run_id == run.flow_run_id and replayed.state is RunState.SUCCEEDED
     assert runner.outcomes == [Outcome.COMMITTED]  # nothing executed a second time
     assert len((await business_rows(engine, seeded.org))["Task"]) == 1
+
+
+async def _temporary_tables(engine: AsyncEngine) -> tuple[int, int]:
+    """The server's (in-memory + on-disk, on-disk) temporary tables created so far."""
+    async with db.transaction(engine, readonly=True) as conn:
+        rows = (await conn.execute(text("SHOW GLOBAL STATUS LIKE 'Created_tmp%tables'"))).all()
+    status = {str(name): int(value) for name, value in rows}
+    return status["Created_tmp_tables"], status["Created_tmp_disk_tables"]
+
+
+async def test_a_runs_multi_table_updates_keep_their_temporary_tables_in_memory(
+    engine: AsyncEngine, store: FlowRunStateStore
+) -> None:
+    # MariaDB's multi-table UPDATE keeps the row ids (and new values) of each table it
+    # does not update on the fly in a temporary table, on disk when a key passes 512
+    # bytes or a value is text (ADR 0015): the ids are ASCII columns and a table setting
+    # a text column (the attempt's metrics summary) is the one named first.
+    if not strategy_for(engine.dialect).multi_table_update:
+        pytest.skip("no multi-table UPDATE on this backend")
+    seeded = await seed_atomic(engine)
+    biz = await seed_business(engine, seeded.org)
+    runner = make_runner(engine, store)
+    _, warm = await runner.start(seeded.scope, _request(seeded, biz), 20.0)
+    assert warm.state is RunState.SUCCEEDED
+    tables, on_disk = await _temporary_tables(engine)
+
+    # Two record updates (record + history row) and the final fence (root, step and
+    # attempt): three multi-table UPDATEs, three temporary tables at least.
+    _, run = await runner.start(seeded.scope, _request(seeded, biz), 20.0)
+
+    assert run.state is RunState.SUCCEEDED
+    tables_after, on_disk_after = await _temporary_tables(engine)
+    assert tables_after - tables >= 3
+    assert on_disk_after == on_disk

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import NoResultFound
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from runtime_svc.kernel import CheckpointInput, FirstStep, FlowRunStateStore, StartRunRequest
@@ -332,3 +333,33 @@ async def test_no_id_only_flowinterview_path_remains_past_the_org_schema_gate(
     assert (await store.get(scope.org_id, old)).flow_run_id == old
     with pytest.raises(NotFoundError):
         await store.get(new_scope().org_id, old)
+
+
+async def test_an_interview_id_that_is_not_ascii_is_refused_at_adoption_and_named_by_the_gate(
+    fresh_engine: AsyncEngine,
+) -> None:
+    # flow_run_id is an ASCII identifier (ADR 0015: an ascii column on MariaDB/MySQL); an
+    # adopted interview keeps its id, so a non-ASCII one cannot be adopted as it is.
+    issuer, scope = Issuer.new(), new_scope()
+    await register_flow(fresh_engine, scope.org_id, pure_flow("legacy_pure"))
+    await bridge.bridge_begin(fresh_engine)
+    plain = await old_insert(fresh_engine, flow="legacy_pure", position="calc")
+    odd = await old_insert(
+        fresh_engine, flow="legacy_pure", position="calc", interview_id="int-ümlaut-1"
+    )
+    await asyncio.sleep(0.01)
+    await bridge.drain_begin(fresh_engine)
+    await bridge.drain_verify(fresh_engine, settle_s=0)
+
+    with pytest.raises(bridge.GateRefusedError) as refused:
+        await bridge.org_schema_gate(
+            fresh_engine, issuer.proven(scope), LegacyInterviewStore(fresh_engine)
+        )
+
+    assert refused.value.reasons == ("rows_not_adoptable",)
+    assert refused.value.evidence["refused"] == {odd: "interview_id_not_ascii"}
+    rows = await prebridge_rows(fresh_engine)
+    assert rows[odd]["adopted_at"] is None  # left for an operator, nothing half-written
+    assert rows[plain]["adopted_at"] is not None
+    with pytest.raises(NoResultFound):  # no run; on MariaDB also no 1267 collation error
+        await raw_run(fresh_engine, scope.org_id, odd)

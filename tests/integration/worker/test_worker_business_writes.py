@@ -110,7 +110,9 @@ async def test_a_steps_business_writes_follow_its_lifecycle_lock_read(
             [trip] = [r for r in txn if any(_EVENT in s for s in r)]
             assert all(flat[i] in trip for i in cas)
             assert any(s.startswith("INSERT INTO flow_checkpoints") for s in trip)
-            assert any(s.startswith("UPDATE flow_runs") for s in trip)
+            # The final fenced UPDATE of root, step and attempt (the attempt named first:
+            # it sets a text column, ADR 0015).
+            assert any(s.startswith("UPDATE ") and "flow_runs" in s.split(" SET ")[0] for s in trip)
         if batched and cas:
             # An update: the record's lock and the lifecycle locks in one round trip,
             # record first, then that write round trip — two before the COMMIT.
