@@ -418,8 +418,10 @@ _CLAIMABLE_CODES: Sequence[str] = (StepState.PENDING.code, StepState.RETRY_SCHED
 
 
 _S, _R = flow_step_executions.c, flow_runs.c
-#: The columns a claim candidate is built from (step joined to its root).
-_CANDIDATE_COLUMNS = (
+#: The columns of a claim candidate's range row (step joined to its root): every column
+#: of :data:`_CANDIDATE_COLUMNS` but the root's ``trace_context``, which is text — a
+#: derived table carrying it is materialized on disk by MariaDB (ADR 0015).
+_RANGE_COLUMNS = (
     _S.flow_run_id,
     _S.step_execution_id,
     _S.state_version,
@@ -428,9 +430,10 @@ _CANDIDATE_COLUMNS = (
     _S.step_kind,
     _R.state_version.label("root_state_version"),
     _R.plan_id,
-    _R.trace_context,
     _R.execution_profile,
 )
+#: The columns a claim candidate is built from (step joined to its root).
+_CANDIDATE_COLUMNS = (*_RANGE_COLUMNS, _R.trace_context)
 #: The root conditions of a claim candidate besides its key: runnable, live, not
 #: paused, owned by V2 at the worker's epoch.
 _CANDIDATE_ROOT = (
@@ -448,7 +451,7 @@ def _eligible_range(index: int, now: Any) -> Any:
     the step claim index range ``(org, state, queue_class, run_after, id)`` joined to the
     root by primary key, in claim order, at most ``:limit`` rows, due at ``now``."""
     return (
-        select(*_CANDIDATE_COLUMNS)
+        select(*_RANGE_COLUMNS)
         .select_from(
             flow_step_executions.join(
                 flow_runs, and_(_R.org_id == _S.org_id, _R.flow_run_id == _S.flow_run_id)
@@ -468,12 +471,31 @@ def _eligible_range(index: int, now: Any) -> Any:
     )
 
 
+def _with_trace(due: Any) -> Any:
+    """A range's rows with their root's ``trace_context``, read by primary key outside the
+    derived table (which stays narrow enough for a memory temporary table). On
+    MariaDB/MySQL ``STRAIGHT_JOIN`` keeps the range first: read from the root side, the
+    optimizer could scan every run of the org to probe the (few) range rows."""
+    root = flow_runs.alias("root_")
+    return (
+        select(*due.c, root.c.trace_context)
+        .select_from(
+            due.join(
+                root,
+                and_(root.c.org_id == bindparam("org"), root.c.flow_run_id == due.c.flow_run_id),
+            )
+        )
+        .prefix_with("STRAIGHT_JOIN", dialect="mysql")
+        .prefix_with("STRAIGHT_JOIN", dialect="mariadb")
+    )
+
+
 #: :func:`eligible_work_txn`'s query, built once (issue 13): every claimable state's
 #: bounded range (each its own derived table, so each keeps its ORDER BY and LIMIT — the
 #: ranges the one-query-per-state reads scanned) in one statement, ``UNION ALL``.
 _ELIGIBLE_WORK = union_all(
     *(
-        select(*due.c)
+        _with_trace(due)
         for due in (_eligible_range(i, bindparam("now")) for i in range(len(_CLAIMABLE_CODES)))
     )
 )
@@ -482,7 +504,7 @@ _ELIGIBLE_WORK = union_all(
 #: statement): discovery without a round trip for the clock.
 _ELIGIBLE_WORK_AT_SERVER_NOW = union_all(
     *(
-        select(*due.c)
+        _with_trace(due)
         for due in (
             _eligible_range(i, literal_column("UTC_TIMESTAMP(6)"))
             for i in range(len(_CLAIMABLE_CODES))

@@ -8,6 +8,7 @@ import contextlib
 from datetime import datetime
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -23,6 +24,7 @@ from runtime_svc.kernel import (
     StepState,
 )
 from runtime_svc.kernel.decisions import RetryScheduled
+from runtime_svc.kernel.store_reads import eligible_work_txn
 from runtime_svc.schema import flow_runs, flow_step_attempts, flow_step_executions
 from services.db import strategy_for
 from tests.integration.kernel.conftest import TEST_POLICY, World
@@ -194,6 +196,38 @@ async def test_eligible_work_reads_both_claimable_states_in_one_bounded_statemen
         assert (
             await world.store.eligible_work(world.org, QUEUE, limit=limit) == (everything[:limit])
         )
+
+
+async def _session_status(conn: AsyncConnection) -> dict[str, int]:
+    rows = await conn.execute(sa.text("SHOW SESSION STATUS"))
+    return {str(k): int(v) for k, v in rows if str(v).isdigit()}
+
+
+async def test_eligible_work_reads_its_ranges_first_and_keeps_them_in_memory(
+    world: World,
+) -> None:
+    """On MariaDB the discovery statement reads each state's bounded range first and only
+    then each candidate's root by primary key (``STRAIGHT_JOIN``): read from the root side,
+    the optimizer would scan every run of the org. Its derived tables carry no text column
+    (the root's ``trace_context`` is read outside them), so they stay in memory (ADR 0015)."""
+    if not strategy_for(world.engine.dialect).multi_statements:
+        pytest.skip("MariaDB's join order and temporary tables")
+    runs = [await start(world) for _ in range(60)]
+    async with world.engine.connect() as conn:
+        before = await _session_status(conn)
+        found = await eligible_work_txn(conn, world.org, QUEUE, None, 2, 1)
+        after = await _session_status(conn)
+        await conn.rollback()
+
+    assert len(found) == 2 and {c.flow_run_id for c in found} <= set(runs)
+    assert all(c.trace_context is None or isinstance(c.trace_context, str) for c in found)
+    reads = sum(
+        after[k] - before[k]
+        for k in after
+        if k.startswith("Handler_read") and k in before and k != "Handler_read_key"
+    )
+    assert reads < len(runs) // 2, {k: after[k] - before[k] for k in after if k in before}
+    assert after["Created_tmp_disk_tables"] == before["Created_tmp_disk_tables"]
 
 
 async def test_eligible_work_ignores_other_queues_and_other_orgs(world: World) -> None:
