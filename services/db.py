@@ -92,6 +92,7 @@ __all__ = [
     "ID_LEN",
     "KEY_LEN",
     "LOCK_WAIT_TIMEOUT_S",
+    "NON_ASCII_ID",
     "ROLLED_BACK_AT_COMMIT",
     "SQLITE_BUSY_TIMEOUT_MS",
     "TABLE_OPTIONS",

@@ -40,6 +40,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 from services.config import ServiceName, load_config
 from services.db import create_engine, strategy_for, transaction
 from services.db_cluster import ClusterSettingsError, check_cluster
+from services.db_profiles import ServerFlavor, flavor_of
 from services.schema_lock import LOCK_TABLE, SchemaLockTimeoutError, schema_lock
 
 __all__ = [
@@ -213,7 +214,8 @@ def _charset_drift(conn: Connection, metadata: MetaData) -> list[str]:
     column to ``ascii``; revision ``0015_ascii_ids`` of the runtime leaves it alone)."""
     if conn.dialect.name not in ("mysql", "mariadb"):
         return []
-    if "tidb" in str(conn.exec_driver_sql("SELECT VERSION()").scalar_one()).lower():
+    version = str(conn.exec_driver_sql("SELECT VERSION()").scalar_one())
+    if flavor_of(version) is ServerFlavor.TIDB:
         return []
     live = {
         (str(t), str(c)): str(cs)
