@@ -150,7 +150,12 @@ async def test_support_view_has_checkpoint_metadata_but_no_payload(world: World)
 
 
 async def test_list_runs_pages_are_stable_and_filtered(world: World) -> None:
-    runs = sorted([await start(world) for _ in range(5)])
+    started = [await start(world) for _ in range(5)]
+    # The listing's order is (created_at, flow_run_id): two runs started in the same
+    # millisecond of the id's clock may straddle one of the database clock's, so the ids'
+    # own order is not the expectation — the stored creation times are.
+    created = {r: (await world.store.get_run(world.org, r)).created_at for r in started}
+    runs = sorted(started, key=lambda r: (created[r], r))
     await world.store.delete_run(world.org, runs[0])
     await claim(world, runs[1])
 
