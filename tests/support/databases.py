@@ -15,7 +15,7 @@ import pymysql
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services import db, migrate
 
@@ -75,6 +75,15 @@ class StatementWatch:
 
     def __exit__(self, *_: object) -> None:
         sa.event.remove(self.sync, "before_cursor_execute", self._before)
+
+
+async def status_counters(conn: AsyncConnection, scope: str = "SESSION") -> dict[str, int]:
+    """MariaDB's numeric status counters (``SHOW SESSION STATUS`` or, with ``scope`` =
+    ``"GLOBAL"``, the server's), e.g. ``Created_tmp_disk_tables``, ``Handler_read_next``."""
+    if scope not in ("SESSION", "GLOBAL"):
+        raise ValueError(scope)
+    rows = await conn.execute(sa.text(f"SHOW {scope} STATUS"))
+    return {str(k): int(v) for k, v in rows if str(v).isdigit()}
 
 
 def kill_session(server_url: str, session: int) -> None:

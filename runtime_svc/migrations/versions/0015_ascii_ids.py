@@ -137,8 +137,11 @@ FOREIGN_KEYS: Mapping[str, tuple[str, tuple[str, ...], str]] = {
     ),
 }
 
-_ASCII = "CHARACTER SET ascii COLLATE ascii_bin"
-_UTF8MB4 = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+#: The column specification of each character set the revision converts to.
+_SPEC = {
+    "ascii": "CHARACTER SET ascii COLLATE ascii_bin",
+    "utf8mb4": "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+}
 
 
 class NonAsciiIdentifierError(RuntimeError):
@@ -189,7 +192,7 @@ def _refuse_non_ascii(conn: Connection) -> None:
         )
 
 
-def _convert(charset: str, spec: str) -> None:
+def _convert(charset: str) -> None:
     conn = op.get_bind()
     if not _applies(conn):
         return
@@ -206,7 +209,7 @@ def _convert(charset: str, spec: str) -> None:
             conn.exec_driver_sql(
                 f"ALTER TABLE {table} "
                 + ", ".join(
-                    f"MODIFY {c} VARCHAR({_LEN}) {spec} {'NULL' if n else 'NOT NULL'}"
+                    f"MODIFY {c} VARCHAR({_LEN}) {_SPEC[charset]} {'NULL' if n else 'NOT NULL'}"
                     for c, n in todo
                 )
             )
@@ -221,8 +224,8 @@ def _convert(charset: str, spec: str) -> None:
 
 
 def upgrade() -> None:
-    _convert("ascii", _ASCII)
+    _convert("ascii")
 
 
 def downgrade() -> None:
-    _convert("utf8mb4", _UTF8MB4)
+    _convert("utf8mb4")

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.durable_bench import _count
@@ -42,6 +41,7 @@ from tests.integration.atomic.support import (
     seed_business,
 )
 from tests.integration.kernel.conftest import ShiftedClock
+from tests.support.databases import status_counters
 
 
 @pytest.fixture
@@ -174,8 +174,7 @@ async def test_an_idempotent_replay_claims_nothing_and_answers_the_same_run(
 async def _temporary_tables(engine: AsyncEngine) -> tuple[int, int]:
     """The server's (in-memory + on-disk, on-disk) temporary tables created so far."""
     async with db.transaction(engine, readonly=True) as conn:
-        rows = (await conn.execute(text("SHOW GLOBAL STATUS LIKE 'Created_tmp%tables'"))).all()
-    status = {str(name): int(value) for name, value in rows}
+        status = await status_counters(conn, "GLOBAL")
     return status["Created_tmp_tables"], status["Created_tmp_disk_tables"]
 
 

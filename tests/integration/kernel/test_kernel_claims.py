@@ -29,6 +29,7 @@ from runtime_svc.schema import flow_runs, flow_step_attempts, flow_step_executio
 from services.db import strategy_for
 from tests.integration.kernel.conftest import TEST_POLICY, World
 from tests.integration.kernel.helpers import QUEUE, claim, count, rows, start
+from tests.support.databases import status_counters
 from tests.support.statements import clock_reads, watched_statements
 
 
@@ -198,11 +199,6 @@ async def test_eligible_work_reads_both_claimable_states_in_one_bounded_statemen
         )
 
 
-async def _session_status(conn: AsyncConnection) -> dict[str, int]:
-    rows = await conn.execute(sa.text("SHOW SESSION STATUS"))
-    return {str(k): int(v) for k, v in rows if str(v).isdigit()}
-
-
 async def test_eligible_work_reads_its_ranges_first_and_keeps_them_in_memory(
     world: World,
 ) -> None:
@@ -214,9 +210,9 @@ async def test_eligible_work_reads_its_ranges_first_and_keeps_them_in_memory(
         pytest.skip("MariaDB's join order and temporary tables")
     runs = [await start(world) for _ in range(60)]
     async with world.engine.connect() as conn:
-        before = await _session_status(conn)
+        before = await status_counters(conn)
         found = await eligible_work_txn(conn, world.org, QUEUE, None, 2, 1)
-        after = await _session_status(conn)
+        after = await status_counters(conn)
         await conn.rollback()
 
     assert len(found) == 2 and {c.flow_run_id for c in found} <= set(runs)
