@@ -526,9 +526,22 @@ async def _execute(
     *,
     commit: bool,
     before_commit: Callable[[], None] | None = None,
+    then: Companion | None = None,
 ) -> list[int]:
     carries = commit and all(_carriable(w) for w in writes) and _can_carry(conn)
     batched = _batch(conn.dialect, writes, guarded=carries)
+    read: _CompiledRead | None = None
+    if batched is not None and then is not None and not commit:
+        read = _compiled_read(conn.dialect, then.read)
+        if read is not None:
+            sql, params, positions, statements = batched
+            params = [*params, *_bound(Write(then.read.statement, then.read.params), read.compiled)]
+            batched = (
+                sql + BATCH_SEPARATOR + read.compiled.compiled.string,
+                params,
+                positions,
+                statements + 1,
+            )
     if batched is None:
         counts: list[int] = []
         for write in writes:
@@ -577,10 +590,16 @@ async def _execute(
             raise failure
         if ran in positions:
             _raise_mapped(writes[positions.index(ran)], failure)
+        if read is not None and ran == statements - 1:
+            raise failure  # the riding read's own (e.g. a lock wait timeout), not a write's
         # A row guard stopped the round trip, and its write's check accepted the count.
         raise InvariantError(
             f"a row guard refused the row count {rowcounts[-1]} that its write's check accepted"
         ) from failure
+    if read is not None and then is not None:
+        # Every write ran and passed its check: the read ran after them (the last set).
+        description, rows, _ = results[-1]
+        then.rows = _typed(conn.dialect, read, description, rows)
     if not carries and commit and before_commit is not None:
         before_commit()
     return rowcounts
@@ -662,7 +681,11 @@ def is_if_absent(write: Write) -> bool:
 
 
 async def execute_writes_if_absent(
-    conn: AsyncConnection, writes: Sequence[Write], *, commit: bool = False
+    conn: AsyncConnection,
+    writes: Sequence[Write],
+    *,
+    commit: bool = False,
+    then: Companion | None = None,
 ) -> bool:
     """:func:`execute_writes` with one :func:`insert_if_absent_write` among ``writes``:
     ``False`` when its row was already there — the writes before it ran and passed their
@@ -674,13 +697,21 @@ async def execute_writes_if_absent(
     :func:`commit_writes`, whose ``COMMIT`` the server does not reach when the duplicate
     stops the round trip (the transaction then goes on, uncommitted, as above).
 
+    ``then``: a read the caller knows comes right after these writes in its lock order
+    (a durable step's lifecycle locking read after its created record and history row,
+    ADR 0016): where the backend runs multi-statements, it rides after the writes in
+    their round trip — the server runs it only once every write ran — and its rows are
+    set on it once every write's check passed; elsewhere, with ``commit``, or when a
+    duplicate stopped the writes, it is left unsent (its rows stay ``None``) and the
+    caller runs it itself.
+
     Raises:
         ValueError: not exactly one of ``writes`` is an :func:`insert_if_absent_write`.
     """
     if sum(1 for w in writes if is_if_absent(w)) != 1:
         raise ValueError("execute_writes_if_absent needs exactly one insert_if_absent_write")
     try:
-        await _execute(conn, writes, commit=commit)
+        await _execute(conn, writes, commit=commit, then=None if commit else then)
     except _Present:
         return False
     return True

@@ -29,7 +29,7 @@ from runtime_svc.resources import (
     plan_record_mutation,
 )
 from services.db import db_now
-from services.db_batch import execute_writes_if_absent
+from services.db_batch import Companion, execute_writes_if_absent
 from services.errors import AlreadyExistsError
 from services.metrics import metrics
 
@@ -148,6 +148,7 @@ async def acquire_locks_txn(
     now: datetime | None = None,
     locked: Mapping[ResourceKey, RecordState | None] | None = None,
     locked_history: Mapping[ResourceKey, int | None] | None = None,
+    then: Companion | None = None,
 ) -> HeldLocks:
     """Take the business/parent, then history-sequence locks of ``plan`` (§13.1 steps 1-3).
 
@@ -172,6 +173,12 @@ async def acquire_locks_txn(
             ``FOR UPDATE`` on ``conn`` (``None`` = no such row;
             :func:`runtime_svc.records.store.lock_record_history_txn`); with ``locked``
             they must head the plan's order, and are not read again.
+        then: the caller's next lock after the plan's last (a durable step's lifecycle
+            locking read, ``FlowRunStateStore.lifecycle_lock``): when the plan ends with a
+            created record and its history row, it rides in their round trip
+            (``services.db_batch.execute_writes_if_absent``) and its rows are left in it
+            (ADR 0016); otherwise — or with ``on_locked``, which pauses lock by lock —
+            it is left unsent (its rows stay ``None``) for the caller to run.
 
     Raises:
         AlreadyExistsError: a record the plan creates exists (even soft-deleted).
@@ -221,6 +228,9 @@ async def acquire_locks_txn(
                             ),
                             store.history_insert_write(org_id, obj, rid, 1, held.now),
                         ],
+                        # The plan's last locks: the caller's next lock follows them in
+                        # the §13.1 order with nothing between (ADR 0016).
+                        then=then if index + 2 == len(keys) and on_locked is None else None,
                     )
                 elif not await store.insert_record_txn(
                     conn, state, lock_relevant, encoded_fields=encoded

@@ -781,8 +781,10 @@ async def apply_intents_txn(
     lock-relevant relationships and no ``before_writes`` — the record and its history row
     are the step's only business locks, and nothing runs between them and the lifecycle
     locks — it is sent right after the record's locking read, in its round trip, and its
-    rows are left in it for the commit (ADR 0011's amendment). Otherwise it is left
-    unsent and the commit reads it as always.
+    rows are left in it for the commit (ADR 0011's amendment). For one create whose
+    record and history row end its lock plan (no parent locked after them) and no
+    ``before_writes``, it rides after their INSERTs in the same way (ADR 0016).
+    Otherwise it is left unsent and the commit reads it as always.
 
     ``before_writes`` runs once all business locks are held and before the first write
     (snapshot-token verification, §12.2 step 6); raising there rolls everything back.
@@ -868,8 +870,20 @@ async def apply_intents_txn(
         # §13.3: the step's actual resource set must stay within its declared classes
         # and bounds *before* any business lock is taken.
         check_resource_bounds(declared, plan)
+    # A lone create: its record and history row are the plan's last locks and nothing
+    # runs between them and the lifecycle locks — the lifecycle read rides in their
+    # round trip where the plan allows (ADR 0016).
+    rides = len(intents) == 1 and intents[0].kind == "create" and before_writes is None
     try:
-        locks = await acquire_locks_txn(conn, org_id, view, plan, mutations, on_locked=on_locked)
+        locks = await acquire_locks_txn(
+            conn,
+            org_id,
+            view,
+            plan,
+            mutations,
+            on_locked=on_locked,
+            then=lifecycle if rides else None,
+        )
         if before_writes is not None:
             await before_writes()
         return [

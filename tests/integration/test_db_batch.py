@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services import db
 from services.db_batch import (
     BATCH_SEPARATOR,
+    Companion,
     Read,
     Write,
     execute_reads,
@@ -445,6 +446,82 @@ async def test_a_failing_read_raises_the_drivers_error_as_alone(engine: AsyncEng
             async with db.transaction(engine) as conn:
                 await execute_reads(conn, reads)
         assert "no_such_column" in str(caught.value)
+
+
+async def test_a_read_rides_after_inserts_if_absent_only_when_every_write_ran(
+    engine: AsyncEngine,
+) -> None:
+    """``execute_writes_if_absent(then=…)`` (ADR 0016): where the backend runs
+    multi-statements the read rides after the writes in their round trip and its rows —
+    typed as alone, and seeing the writes before it — are set on the companion; a
+    duplicate stops the round trip before the read (its rows stay ``None``); elsewhere,
+    or with ``commit``, it is left unsent for the caller."""
+    seen_at = datetime(2026, 3, 4, 5, 6, 7, 123000, tzinfo=UTC)
+    async with db.transaction(engine) as conn:
+        await execute_writes(
+            conn,
+            [
+                Write(
+                    _INSERT_TALLY,
+                    {"org_id": ORG, "tally_id": "t", "state_version": 1, "counter": 9},
+                )
+            ],
+        )
+    tally = Companion(Read(_TALLY_LOCKED, {"org": ORG, "id": "t"}))
+    with round_trips(engine) as trips:
+        async with db.transaction(engine) as conn:
+            inserted = await execute_writes_if_absent(
+                conn, [_note("r1", seen_at=seen_at), _absent_note("r2")], then=tally
+            )
+    assert inserted
+    if _batches(engine):
+        assert len([t for t in trips if not t.startswith(("BEGIN", "COMMIT"))]) == 1
+        assert tally.rows is not None and [tuple(r) for r in tally.rows] == [("t", 9)]
+        assert tally.rows[0].counter == 9
+    else:
+        assert tally.rows is None
+    # The read runs after the writes: it sees them (typed as a read alone).
+    notes_after = Companion(Read(_NOTES_LOCKED, {"org": ORG, "from_id": "r"}))
+    async with db.transaction(engine) as conn:
+        assert await execute_writes_if_absent(conn, [_absent_note("r3")], then=notes_after)
+    if _batches(engine):
+        assert notes_after.rows is not None
+        assert [(r.note_id, r.seen_at, r.next_version) for r in notes_after.rows] == [
+            ("r1", seen_at, 1),
+            ("r2", None, 1),
+            ("r3", None, 1),
+        ]
+    # A duplicate stops the round trip before the read: left for the caller.
+    stopped = Companion(Read(_TALLY_LOCKED, {"org": ORG, "id": "t"}))
+    async with db.transaction(engine) as conn:
+        assert not await execute_writes_if_absent(conn, [_absent_note("r1")], then=stopped)
+    assert stopped.rows is None
+    # With the writes' COMMIT nothing may follow them: left unsent.
+    late = Companion(Read(_TALLY_LOCKED, {"org": ORG, "id": "t"}))
+    async with db.transaction(engine) as conn:
+        assert await execute_writes_if_absent(conn, [_absent_note("r4")], commit=True, then=late)
+    assert late.rows is None
+    async with db.transaction(engine, readonly=True) as conn:
+        assert await _note_ids(conn) == ["r1", "r2", "r3", "r4"]
+
+
+async def test_a_failing_riding_read_raises_its_own_error_and_nothing_commits(
+    engine: AsyncEngine,
+) -> None:
+    """A read the server refuses after the writes ran raises the driver's error of that
+    read (not a write's, not a row guard's), its rows stay ``None``, and the writes
+    before it roll back with the transaction."""
+    broken = Companion(Read(select(notes.c.note_id).where(text("no_such_column = 1")), {}))
+    with pytest.raises(DBAPIError) as caught:
+        async with db.transaction(engine) as conn:
+            await execute_writes_if_absent(conn, [_note("f1"), _absent_note("f2")], then=broken)
+            if not _batches(engine):  # left unsent: the caller runs it itself
+                assert broken.rows is None
+                await execute_reads(conn, [broken.read])
+    assert "no_such_column" in str(caught.value)
+    assert broken.rows is None
+    async with db.transaction(engine, readonly=True) as conn:
+        assert await _note_ids(conn) == []
 
 
 def test_statement_listeners_split_a_round_trip_into_its_statements() -> None:

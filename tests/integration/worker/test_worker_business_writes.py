@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -119,11 +120,26 @@ async def test_a_steps_business_writes_follow_its_lifecycle_lock_read(
             lock, write = txn
             assert lock[0].startswith("SELECT records.") and _LOCK_READ in lock[1]
             assert write is trip
+        if batched and not cas:
+            # A create: its record and history INSERTs are its locks, and the lifecycle
+            # locking read rides after them in their round trip (ADR 0016), right after
+            # the clock's (this first step was claimed by discovery, so its commit then
+            # reads the run's last checkpoint sequence).
+            clock, insert, *_, write = txn
+            assert clock == ["SELECT UTC_TIMESTAMP(6)"]
+            assert insert[0].startswith("INSERT INTO records ")
+            assert insert[1].startswith("INSERT INTO record_history_sequences ")
+            assert _LOCK_READ in insert[2] and len(insert) == 3
+            assert write is trip
 
 
+@pytest.mark.parametrize("moved", ["bump1", "bump2"])
 async def test_a_fence_lost_at_the_lifecycle_lock_sends_no_business_write(
-    engine: AsyncEngine, store: FlowRunStateStore
+    engine: AsyncEngine, store: FlowRunStateStore, moved: str
 ) -> None:
+    """bump2 updates the record (its lock read rides with the record's ``FOR UPDATE``);
+    bump1 creates it (the lock read rides after the record's INSERT on MariaDB, which
+    the refused fence rolls back with the transaction)."""
     seeded = await seed(engine)
     run = await start_run(store, seeded)
     fired: list[str] = []
@@ -141,7 +157,7 @@ async def test_a_fence_lost_at_the_lifecycle_lock_sends_no_business_write(
                     {"o": seeded.org, "s": fence.step_execution_id},
                 )
             ).scalar_one()
-            if key != "bump2":
+            if key != moved:
                 return
             fired.append(key)
             # The step moves on after its preparation and before its business
@@ -164,7 +180,7 @@ async def test_a_fence_lost_at_the_lifecycle_lock_sends_no_business_write(
             outcomes.extend(batch)
             if not batch or Outcome.FENCE_LOST in batch:
                 break
-    assert fired == ["bump2"]
+    assert fired == [moved]
     assert outcomes[-1] is Outcome.FENCE_LOST
     after_hook = trips[trips.index(["<hook>"]) + 1 :]
     refused = after_hook[: after_hook.index([_END])]
@@ -173,9 +189,17 @@ async def test_a_fence_lost_at_the_lifecycle_lock_sends_no_business_write(
     assert not any(_EVENT in s or _AUDIT in s for s in sent)
     if strategy_for(engine.dialect).multi_table_update:
         assert not any(s.startswith(_RECORD_CAS) for s in sent)
+    counts = await step_counts(engine, seeded.org, run.flow_run_id, moved)
+    assert counts.business_events == 0
+    if moved == "bump1":
+        # The create's INSERTs went out with the lock read and rolled back with it.
+        if strategy_for(engine.dialect).multi_statements:
+            [trip] = [t for t in refused if any(_LOCK_READ in s for s in t)]
+            assert trip[0].startswith("INSERT INTO records ")
+        assert await run_records(engine, seeded.org) == []
+        assert await count(engine, business_events, org_id=seeded.org) == 0
+        return
     # Nothing of bump2 was kept: the record is bump1's, with bump1's event only.
     [record] = await run_records(engine, seeded.org)
     assert record["record_version"] == 1
     assert await count(engine, business_events, org_id=seeded.org) == 1
-    counts = await step_counts(engine, seeded.org, run.flow_run_id, "bump2")
-    assert counts.business_events == 0

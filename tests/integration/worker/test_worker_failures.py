@@ -220,31 +220,6 @@ async def test_stale_worker_after_lease_recovery_cannot_commit(
     await _assert_once(engine, seeded, run.flow_run_id)
 
 
-@pytest.mark.parametrize("kernel_db_url", ["mariadb"], indirect=True)
-async def test_lease_recovered_during_the_mutation_transaction_rolls_business_writes_back(
-    engine: AsyncEngine, store: FlowRunStateStore, clock: ShiftedClock
-) -> None:
-    # MariaDB only: recovery runs on a second connection while the worker's business
-    # transaction holds its record locks (SQLite has one writer at a time).
-    seeded = await seed(engine)
-    run = await start_run(store, seeded)
-    sweeper = Sweeper(engine, store)
-    fired: list[int] = []
-
-    async def hook(at: str, fence: LeaseFence, conn: AsyncConnection | None) -> None:
-        if at == "in_txn" and not fired:
-            fired.append(1)
-            clock.advance(seconds=store.policy.lease_duration_ms / 1000 + 1)
-            assert (await sweeper.sweep_org(seeded.org))[0] == 1
-
-    worker = make_worker(engine, store, hook=hook)
-    assert await worker.run_batch(seeded.org) == [Outcome.FENCE_LOST]
-    assert await run_records(engine, seeded.org) == []
-    clock.advance(hours=1)
-    assert (await drive(worker, seeded.org, run.flow_run_id)).state is RunState.SUCCEEDED
-    await _assert_once(engine, seeded, run.flow_run_id)
-
-
 @pytest.mark.parametrize("delete", [False, True], ids=["cancel", "delete"])
 async def test_cancellation_while_running_is_cleaned_up_to_cancelled(
     engine: AsyncEngine, store: FlowRunStateStore, delete: bool
