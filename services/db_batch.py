@@ -528,6 +528,8 @@ async def _execute(
     before_commit: Callable[[], None] | None = None,
     then: Companion | None = None,
 ) -> list[int]:
+    # ``then`` (execute_writes_if_absent's): a read riding after the writes — never after
+    # a COMMIT, and only where they share a round trip.
     carries = commit and all(_carriable(w) for w in writes) and _can_carry(conn)
     batched = _batch(conn.dialect, writes, guarded=carries)
     read: _CompiledRead | None = None
@@ -711,7 +713,7 @@ async def execute_writes_if_absent(
     if sum(1 for w in writes if is_if_absent(w)) != 1:
         raise ValueError("execute_writes_if_absent needs exactly one insert_if_absent_write")
     try:
-        await _execute(conn, writes, commit=commit, then=None if commit else then)
+        await _execute(conn, writes, commit=commit, then=then)
     except _Present:
         return False
     return True
