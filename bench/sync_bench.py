@@ -23,8 +23,10 @@ operation (create one ``Opportunity`` with ``Name``, ``Amount``, ``StageName``):
 
 For each variant the bench also prints its cost drivers per operation: transactions,
 SQL statements (SQLAlchemy ``begin`` and ``before_cursor_execute`` events on the engine;
-SQLite's own ``BEGIN`` is not counted) and CPU milliseconds of this process
-(``time.process_time``), and the raw single-row commit rate of the same database through the
+SQLite's own ``BEGIN`` is not counted), CPU milliseconds of this process
+(``time.process_time``) and wait milliseconds (the rest of the wall time: the database's
+work, the network, scheduling) — for (c) also as multiples of (a)'s, which split c/a into
+its two causes — and the raw single-row commit rate of the same database through the
 same driver (one ``INSERT`` through SQLAlchemy and its ``COMMIT`` per call), so the ratios
 a/raw and c/a of issue 13 are printed in one run.
 
@@ -378,8 +380,21 @@ class _Cost:
             f"per op: write txns {self.write_transactions / n:4.2f}"
             f"  txns {self.transactions / n:4.2f}  statements {self.statements / n:5.1f}"
             f"  round trips {self.round_trips / n:5.1f}  COMMITs {self.commits / n:4.2f}"
-            f"  CPU ms {self.cpu_s * 1000 / n:6.2f}"
+            f"  CPU ms {self.cpu_s * 1000 / n:6.2f}  wait ms {self.wait_s * 1000 / n:6.2f}"
         )
+
+    @property
+    def wait_s(self) -> float:
+        """Wall time not spent on this process's CPU: the database's work, the network
+        and scheduling."""
+        return max(self.seconds - self.cpu_s, 0.0)
+
+    def times(self, other: _Cost) -> str:
+        """This variant's CPU and wait per call as multiples of ``other``'s."""
+        mine, theirs = max(self.calls, 1), max(other.calls, 1)
+        cpu = (self.cpu_s / mine) / max(other.cpu_s / theirs, 1e-12)
+        wait = (self.wait_s / mine) / max(other.wait_s / theirs, 1e-12)
+        return f"CPU x{cpu:4.2f}, wait x{wait:4.2f}"
 
 
 async def _rates(
@@ -456,7 +471,8 @@ async def _bench(label: str, url: str, seconds: float) -> None:
         print(f"{label:<8}     {before_cost.per_op()}")
         print(
             f"{label:<8} (c) Bounded Atomic runs/s            {atomic:9.1f}"
-            f"   ratio c/a {atomic / bare:5.3f} (target >= 0.5)"
+            f"   ratio c/a {atomic / bare:5.3f} (target >= 0.5;"
+            f" per run {atomic_cost.times(bare_cost)} of (a))"
         )
         print(f"{label:<8}     {atomic_cost.per_op()}")
     finally:

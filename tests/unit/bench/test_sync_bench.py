@@ -32,12 +32,14 @@ async def test_the_three_variants_do_their_work_and_are_reported(
     assert re.search(r"\(a\) bare record mutations/s\s+\d", out), out
     assert re.search(r"\(b\) \+ 5-element before-save Flow/s\s+\d.*ratio b/a.*overhead", out)
     assert re.search(r"\(c\) Bounded Atomic runs/s\s+\d.*ratio c/a", out), out
+    # c/a split into its two causes: the run's CPU and its wait, as multiples of (a)'s.
+    assert re.search(r"ratio c/a .*per run CPU x\d+\.\d+, wait x\d+\.\d+ of \(a\)", out), out
     # The cost drivers of each variant and the raw commit rate they are measured against.
     assert re.search(r"raw single-row commits/s\s+\d", out), out
     assert re.search(r"\(a\) bare record mutations/s\s+\d.*ratio a/raw", out), out
     per_op = re.findall(
         r"per op: write txns (\S+)\s+txns (\S+)\s+statements\s+(\S+)"
-        r"\s+round trips\s+\S+\s+COMMITs\s+(\S+)\s+CPU ms\s+\S+",
+        r"\s+round trips\s+\S+\s+COMMITs\s+(\S+)\s+CPU ms\s+\S+\s+wait ms\s+\d+\.\d+",
         out,
     )
     assert len(per_op) == 4, out
@@ -57,3 +59,15 @@ async def test_the_three_variants_do_their_work_and_are_reported(
     # transaction — two write transactions and nothing else (pinned in detail by
     # tests/integration/atomic/test_atomic_created_claimed.py).
     assert atomic[:2] == ("2.00", "2.00"), per_op
+
+
+def test_the_cost_split_divides_cpu_and_wait_per_call() -> None:
+    """(c)'s CPU and wait per call as multiples of (a)'s: per call, not per total (the
+    variants make different numbers of calls), and the wait is the wall time not spent on
+    this process's CPU."""
+    bare = sync_bench._Cost(calls=10, seconds=10.0, cpu_s=6.0)  # 0.6 CPU + 0.4 wait per call
+    atomic = sync_bench._Cost(calls=5, seconds=15.0, cpu_s=9.0)  # 1.8 CPU + 1.2 wait per call
+    assert atomic.wait_s == pytest.approx(6.0)
+    assert atomic.times(bare) == "CPU x3.00, wait x3.00"
+    # A call that used more CPU than wall time (other threads' CPU) waits no negative time.
+    assert sync_bench._Cost(calls=1, seconds=1.0, cpu_s=1.5).wait_s == 0.0
