@@ -55,13 +55,13 @@ from bench import (
     compile_bench,
     durable_bench,
     effect_bench,
+    on_service_loop,
     process_bench,
     sync_bench,
     telemetry_bench,
     wait_bench,
 )
-from services import db, event_loop
-from services.config import event_loop_choice
+from services import db
 from services.digest import versioned_digest
 
 _META = sa.MetaData()
@@ -165,8 +165,7 @@ async def _main() -> None:
 
 if __name__ == "__main__":
     # Every figure runs on the loop the services run on (FLOW_EVENT_LOOP, default auto).
-    _LOOP = event_loop_choice()
-    event_loop.install(_LOOP)
+    _LOOP = on_service_loop()
     print(f"event loop: {_LOOP} (FLOW_EVENT_LOOP)")
     asyncio.run(_main())
     durable_bench.run(_SECONDS)

@@ -33,6 +33,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench import on_service_loop
 from runtime_svc.kernel import FlowRunStateStore, NotEligible, RetryPolicy
 from runtime_svc.worker import Outcome
 from services import db, migrate
@@ -191,4 +192,5 @@ def run(seconds: float) -> None:
 
 
 if __name__ == "__main__":
+    print(f"event loop: {on_service_loop()} (FLOW_EVENT_LOOP)")
     run(float(os.environ.get("BENCH_SECONDS", "3")))

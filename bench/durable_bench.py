@@ -39,6 +39,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench import on_service_loop
 from bench.databases import on_each_database, settle
 from runtime_svc.kernel import FlowRunStateStore, RetryPolicy, RunState, StepState
 from runtime_svc.schema import flow_runs, flow_step_executions
@@ -367,4 +368,5 @@ def run(seconds: float) -> None:
 
 
 if __name__ == "__main__":
+    print(f"event loop: {on_service_loop()} (FLOW_EVENT_LOOP)")
     run(float(os.environ.get("BENCH_SECONDS", "3")))

@@ -26,6 +26,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench import on_service_loop
 from bench.databases import on_each_database
 from bench.durable_bench import _POLICY, _raw_rate
 from runtime_svc.kernel import FlowRunStateStore
@@ -146,4 +147,5 @@ def run(seconds: float) -> None:
 
 
 if __name__ == "__main__":
+    print(f"event loop: {on_service_loop()} (FLOW_EVENT_LOOP)")
     run(float(os.environ.get("BENCH_SECONDS", "3")))

@@ -51,6 +51,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from bench import on_service_loop
 from bench.databases import on_each_database
 from bench.durable_bench import _count, _Counters, _raw_commit, _raw_table
 from runtime_svc.atomic import AtomicRunner
@@ -500,4 +501,5 @@ def run(seconds: float) -> None:
 
 
 if __name__ == "__main__":
+    print(f"event loop: {on_service_loop()} (FLOW_EVENT_LOOP)")
     run(float(os.environ.get("BENCH_SECONDS", "3")))

@@ -52,6 +52,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench import on_service_loop
 from bench.databases import on_each_database, settle
 from runtime_svc.api.signals import encode_submit_response
 from runtime_svc.kernel import NotEligible
@@ -548,4 +549,5 @@ def run(seconds: float) -> None:
 
 
 if __name__ == "__main__":
+    print(f"event loop: {on_service_loop()} (FLOW_EVENT_LOOP)")
     run(float(os.environ.get("BENCH_SECONDS", "3")))
