@@ -391,11 +391,14 @@ class _Cost:
         return max(self.seconds - self.cpu_s, 0.0)
 
     def times(self, other: _Cost) -> str:
-        """This variant's CPU and wait per call as multiples of ``other``'s."""
+        """This variant's CPU and wait per call as multiples of ``other``'s (``x-``
+        where ``other`` spent none)."""
         mine, theirs = max(self.calls, 1), max(other.calls, 1)
-        cpu = (self.cpu_s / mine) / max(other.cpu_s / theirs, 1e-12)
-        wait = (self.wait_s / mine) / max(other.wait_s / theirs, 1e-12)
-        return f"CPU x{cpu:4.2f}, wait x{wait:4.2f}"
+
+        def ratio(own: float, base: float) -> str:
+            return f"x{(own / mine) / (base / theirs):4.2f}" if base > 0 else "x-"
+
+        return f"CPU {ratio(self.cpu_s, other.cpu_s)}, wait {ratio(self.wait_s, other.wait_s)}"
 
 
 async def _rates(

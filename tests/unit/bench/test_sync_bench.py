@@ -69,5 +69,8 @@ def test_the_cost_split_divides_cpu_and_wait_per_call() -> None:
     atomic = sync_bench._Cost(calls=5, seconds=15.0, cpu_s=9.0)  # 1.8 CPU + 1.2 wait per call
     assert atomic.wait_s == pytest.approx(6.0)
     assert atomic.times(bare) == "CPU x3.00, wait x3.00"
-    # A call that used more CPU than wall time (other threads' CPU) waits no negative time.
-    assert sync_bench._Cost(calls=1, seconds=1.0, cpu_s=1.5).wait_s == 0.0
+    # A call that used more CPU than wall time (other threads' CPU) waits no negative time,
+    # and a multiple of nothing is not printed as a number.
+    busy = sync_bench._Cost(calls=1, seconds=1.0, cpu_s=1.5)
+    assert busy.wait_s == 0.0
+    assert atomic.times(busy) == "CPU x1.20, wait x-"
