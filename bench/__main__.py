@@ -165,8 +165,7 @@ async def _main() -> None:
 
 if __name__ == "__main__":
     # Every figure runs on the loop the services run on (FLOW_EVENT_LOOP, default auto).
-    _LOOP = on_service_loop()
-    print(f"event loop: {_LOOP} (FLOW_EVENT_LOOP)")
+    on_service_loop()
     asyncio.run(_main())
     durable_bench.run(_SECONDS)
     process_bench.run(_SECONDS)

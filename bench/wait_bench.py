@@ -549,5 +549,5 @@ def run(seconds: float) -> None:
 
 
 if __name__ == "__main__":
-    print(f"event loop: {on_service_loop()} (FLOW_EVENT_LOOP)")
+    on_service_loop()
     run(float(os.environ.get("BENCH_SECONDS", "3")))
